@@ -1,0 +1,39 @@
+"""Encrypted runner checkpoint parts (UPSTREAM §1.11): one row per (run, part)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+from django.db import models
+from django.db.models.functions import Now
+
+from paperclip.models import Company, HeartbeatRun, Issue
+
+
+class NativeRunnerCheckpoint(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    issue = models.ForeignKey(Issue, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(HeartbeatRun, on_delete=models.CASCADE, related_name="checkpoint_parts")
+    part = models.TextField()
+    # The encrypted envelope: {scheme, keyId, nonce, ciphertext}; never plaintext.
+    material = models.JSONField()
+    # Plaintext size, kept so the admin can show sizes without decrypting.
+    size_bytes = models.IntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "native_runner_checkpoints"
+        constraints: ClassVar[list[Any]] = [
+            models.UniqueConstraint(
+                fields=["run", "part"], name="native_runner_checkpoints_run_part_uq"
+            )
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["company", "issue", "run"], name="checkpoints_scope_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.part}"

@@ -1,0 +1,41 @@
+"""The audit log writer. Every state change records one row in the caller's transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from paperclip.models import ActivityEvent
+
+
+def require_transaction() -> None:
+    """Private helpers that must run inside their caller's transaction start with this."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("this helper must run inside the caller's transaction.atomic()")
+
+
+def activity_record(
+    *,
+    company_id: UUID | str | None,
+    actor_type: str,
+    actor_id: str,
+    action: str,
+    entity_type: str,
+    entity_id: UUID | str,
+    run_id: UUID | str | None = None,
+    details: dict[str, Any] | None = None,
+) -> ActivityEvent:
+    """Write one audit row. Must be called inside the transaction that makes the change."""
+    require_transaction()
+    return ActivityEvent.objects.create(
+        company_id=company_id,
+        actor_type=actor_type,
+        actor_id=str(actor_id),
+        action=action,
+        entity_type=entity_type,
+        entity_id=str(entity_id),
+        run_id=run_id,
+        details=details or {},
+    )

@@ -1,0 +1,106 @@
+"""The one error model of the HTTP API and the only kind-to-status table.
+
+Every error response is `{"error": {"code", "message", "details", "remediation"?}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
+
+from paperclip.errors import DomainError
+
+
+def error_body(
+    code: str, message: str, details: dict[str, Any] | None = None, remediation: str | None = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message, "details": details or {}}
+    if remediation:
+        error["remediation"] = remediation
+    return {"error": error}
+
+
+def domain_error_response(exc: DomainError) -> Response:
+    return Response(
+        error_body(exc.code, exc.text, exc.details, exc.remediation_text),
+        status=exc.status_code,
+    )
+
+
+def _flatten(detail: Any) -> Any:
+    if isinstance(detail, dict):
+        return {str(k): _flatten(v) for k, v in detail.items()}
+    if isinstance(detail, list):
+        return [_flatten(v) for v in detail]
+    return str(detail)
+
+
+_DRF_CODES: dict[type[exceptions.APIException], tuple[str, str]] = {
+    exceptions.NotAuthenticated: (
+        "not_authenticated",
+        "Authentication credentials were not provided.",
+    ),
+    exceptions.AuthenticationFailed: ("not_authenticated", "Invalid authentication credentials."),
+    exceptions.PermissionDenied: (
+        "permission_denied",
+        "You do not have permission to perform this action.",
+    ),
+    exceptions.NotFound: ("not_found", "Not found."),
+    exceptions.MethodNotAllowed: ("method_not_allowed", "Method not allowed."),
+    exceptions.NotAcceptable: ("not_acceptable", "Not acceptable."),
+    exceptions.UnsupportedMediaType: ("unsupported_media_type", "Unsupported media type."),
+    exceptions.Throttled: ("throttled", "Request was throttled."),
+}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        set_rollback()
+        return domain_error_response(exc)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None  # unknown: a 500 that leaks nothing (DEBUG is off in production)
+    if isinstance(exc, exceptions.ValidationError):
+        fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        response.data = error_body(
+            "invalid_request", "The request is malformed.", {"fields": _flatten(fields)}
+        )
+        response.status_code = status.HTTP_400_BAD_REQUEST
+        return response
+    if isinstance(exc, exceptions.ParseError):
+        response.data = error_body(
+            "invalid_request", "The request body is not valid JSON.", {"fields": {}}
+        )
+        return response
+    code, message = "error", "The request failed."
+    for kind, (kind_code, kind_message) in _DRF_CODES.items():
+        if isinstance(exc, kind):
+            code, message = kind_code, kind_message
+            break
+    else:
+        if isinstance(exc, exceptions.APIException):
+            code = str(exc.default_code)
+    if isinstance(exc, exceptions.APIException) and isinstance(exc.detail, str):
+        message = str(exc.detail)
+    response.data = error_body(code, message)
+    return response
+
+
+def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """handler404: a JSON body for the API (a malformed UUID in a path lands here)."""
+    return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+def json_server_error(request: HttpRequest) -> JsonResponse:
+    """handler500: never leaks internals."""
+    return JsonResponse(error_body("internal_error", "Internal server error."), status=500)

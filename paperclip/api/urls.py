@@ -1,0 +1,5 @@
+"""Core API routes."""
+
+from django.urls import URLPattern
+
+urlpatterns: list[URLPattern] = []

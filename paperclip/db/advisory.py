@@ -1,0 +1,79 @@
+"""PostgreSQL advisory locks, in raw SQL, keyed by `hashtextextended(key, 0)`.
+
+Global lock order (a reviewed change to alter): advisory locks first (sorted by key), then rows
+of `paperclip`, `leases`, `recovery`, `checkpoints`; ascending pk within a table, parent before
+child. The one deliberate long-held lock is the finalization ownership lock, held on a
+dedicated connection (see `dedicated_connection`) for the whole finalization.
+
+Only the 64-bit `hashtextextended` scheme is used, everywhere: mixing it with a Python-side hash
+would let two processes each hold "the same" lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
+
+
+def _require_atomic(using: str, fn: str) -> None:
+    if not connections[using].in_atomic_block:
+        # Outside atomic() the lock would vanish when the statement's implicit transaction ends.
+        raise RuntimeError(f"{fn}() needs an open transaction.atomic()")
+
+
+def advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Block until the transaction-scoped advisory lock for `key` is held."""
+    _require_atomic(using, "advisory_xact_lock")
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+
+
+def try_advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Take the transaction-scoped advisory lock for `key` if free; False when another holds it."""
+    _require_atomic(using, "try_advisory_xact_lock")
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def set_local_lock_timeout(timeout: str = "5s", *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Bound row-lock waits on hot paths; a timeout surfaces as `ResourceBusy`."""
+    _require_atomic(using, "set_local_lock_timeout")
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])
+
+
+def connection_params(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """psycopg connect() keyword arguments for the configured database (test DB included)."""
+    return dict(connections[using].get_connection_params())
+
+
+@contextmanager
+def dedicated_connection(
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    autocommit: bool = False,
+    application_name: str = "paperclip-dedicated",
+) -> Iterator[psycopg.Connection[Any]]:
+    """A psycopg connection outside Django's connection handling, closed on exit.
+
+    It is separate from the connection the request uses, so it can keep a lock transaction open
+    while ordinary reads and writes commit on the normal connection, even when the application
+    itself is limited to one connection.
+    """
+    params = connection_params(using)
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("server_side_binding", None)
+    params["autocommit"] = autocommit
+    params["application_name"] = application_name
+    conn = psycopg.connect(**params)
+    try:
+        yield conn
+    finally:
+        conn.close()

@@ -1,0 +1,21 @@
+"""Root URL configuration: admin, health check, the API of every app and its docs."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from paperclip.api.views import healthz
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/", include("paperclip.api.urls")),
+    path("api/", include("leases.api.urls")),
+    path("api/", include("recovery.api.urls")),
+    path("api/", include("checkpoints.api.urls")),
+]
+
+handler404 = "paperclip.api.errors.json_not_found"
+handler500 = "paperclip.api.errors.json_server_error"

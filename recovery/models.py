@@ -1,0 +1,109 @@
+"""Issue recovery actions (UPSTREAM §1.4): at most one live action per source issue."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+from django.db import models
+from django.db.models import Q
+
+from paperclip.models import Agent, Company, Issue, TimestampedModel
+
+LIVE_STATUSES = ("active", "escalated")
+
+
+class IssueRecoveryAction(TimestampedModel):
+    class Kind(models.TextChoices):
+        MISSING_DISPOSITION = "missing_disposition"
+        STRANDED_ASSIGNED_ISSUE = "stranded_assigned_issue"
+        WORKSPACE_VALIDATION = "workspace_validation"
+        CONFIGURATION_VALIDATION = "configuration_validation"
+        ACTIVE_RUN_WATCHDOG = "active_run_watchdog"
+        ISSUE_GRAPH_LIVENESS = "issue_graph_liveness"
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        ESCALATED = "escalated"
+        RESOLVED = "resolved"
+        CANCELLED = "cancelled"
+
+    class OwnerType(models.TextChoices):
+        AGENT = "agent"
+        USER = "user"
+        BOARD = "board"
+        SYSTEM = "system"
+
+    class Outcome(models.TextChoices):
+        RESTORED = "restored"
+        DELEGATED = "delegated"
+        FALSE_POSITIVE = "false_positive"
+        BLOCKED = "blocked"
+        ESCALATED = "escalated"
+        CANCELLED = "cancelled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    source_issue = models.ForeignKey(
+        Issue, on_delete=models.CASCADE, related_name="recovery_actions"
+    )
+    recovery_issue = models.ForeignKey(
+        Issue, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    kind = models.TextField(choices=Kind.choices)
+    status = models.TextField(choices=Status.choices, default=Status.ACTIVE)
+    owner_type = models.TextField(choices=OwnerType.choices, default=OwnerType.AGENT)
+    owner_agent = models.ForeignKey(
+        Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    owner_user_id = models.TextField(null=True, blank=True)
+    previous_owner_agent = models.ForeignKey(
+        Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    return_owner_agent = models.ForeignKey(
+        Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    cause = models.TextField()
+    fingerprint = models.TextField()
+    evidence = models.JSONField(default=dict, blank=True)
+    next_action = models.TextField()
+    wake_policy = models.JSONField(null=True, blank=True)
+    monitor_policy = models.JSONField(null=True, blank=True)
+    attempt_count = models.IntegerField(default=0)
+    max_attempts = models.IntegerField(null=True, blank=True)
+    stale = models.BooleanField(default=False)
+    timeout_at = models.DateTimeField(null=True, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.TextField(choices=Outcome.choices, null=True, blank=True)
+    resolution_note = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "issue_recovery_actions"
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(
+                fields=["company", "source_issue", "status"], name="recovery_company_source_idx"
+            ),
+            models.Index(
+                fields=["company", "owner_agent", "status"], name="recovery_company_owner_idx"
+            ),
+            models.Index(
+                fields=["company", "recovery_issue"], name="recovery_company_rec_issue_idx"
+            ),
+            models.Index(fields=["company", "stale", "status"], name="recovery_company_stale_idx"),
+        ]
+        constraints: ClassVar[list[Any]] = [
+            models.UniqueConstraint(
+                fields=["company", "source_issue"],
+                condition=Q(status__in=LIVE_STATUSES),
+                name="issue_recovery_actions_active_source_uq",
+            ),
+            models.UniqueConstraint(
+                fields=["company", "source_issue", "cause", "fingerprint"],
+                condition=Q(status__in=LIVE_STATUSES),
+                name="issue_recovery_actions_active_fingerprint_uq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cause} ({self.status})"

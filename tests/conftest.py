@@ -1,0 +1,69 @@
+"""Shared fixtures: API clients authenticated as an agent or a board member."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from paperclip.credentials import agent_key_create, board_token_create
+from paperclip.models import Agent, BoardMembership, Company
+from tests.factories import AgentFactory, CompanyFactory, UserFactory
+
+
+@pytest.fixture
+def company() -> Company:
+    return CompanyFactory()
+
+
+@pytest.fixture
+def other_company() -> Company:
+    return CompanyFactory()
+
+
+@pytest.fixture
+def agent(company: Company) -> Agent:
+    return AgentFactory(company=company)
+
+
+@pytest.fixture
+def make_agent_client() -> Callable[[Agent], APIClient]:
+    """An APIClient sending `Bearer pcak_...` for the given agent (a real key, real auth)."""
+
+    def make(agent: Agent) -> APIClient:
+        client = APIClient()
+        client.credentials(
+            HTTP_AUTHORIZATION=f"Bearer {agent_key_create(agent_id=agent.pk).secret}"
+        )
+        return client
+
+    return make
+
+
+@pytest.fixture
+def make_board_client() -> Callable[..., APIClient]:
+    """An APIClient sending `Bearer pcbt_...` for a staff user who is a board member of the
+    given companies (or a superuser with `superuser=True`)."""
+
+    def make(*companies: Company, superuser: bool = False, **user_fields: Any) -> APIClient:
+        user = UserFactory(is_superuser=superuser, **user_fields)
+        for c in companies:
+            BoardMembership.objects.get_or_create(user=user, company=c)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {board_token_create(user=user).secret}")
+        client.user = user  # type: ignore[attr-defined]
+        return client
+
+    return make
+
+
+@pytest.fixture
+def agent_client(agent: Agent, make_agent_client: Callable[[Agent], APIClient]) -> APIClient:
+    return make_agent_client(agent)
+
+
+@pytest.fixture
+def board_client(company: Company, make_board_client: Callable[..., APIClient]) -> APIClient:
+    return make_board_client(company)
