@@ -1,0 +1,5 @@
+"""HTTP API for environment leases (provider cleanup protocol)."""
+
+from django.urls import URLPattern
+
+urlpatterns: list[URLPattern] = []

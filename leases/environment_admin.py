@@ -1,0 +1,1 @@
+"""Admin for environment leases (registered from leases/admin.py)."""
