@@ -272,21 +272,31 @@ def _is_our_postmaster(pid: int, pgdata: Path) -> bool:
     return Path(cwd) == pgdata or str(pgdata) in cmdline
 
 
+def embedded_server_pid(data_dir: Path) -> int | None:
+    """PID of the live postmaster serving `<data_dir>/pgdata`, or None."""
+    pgdata = Path(data_dir).expanduser().resolve() / PGDATA_NAME
+    pid = _read_pid(pgdata / "postmaster.pid")
+    return pid if pid is not None and _is_our_postmaster(pid, pgdata) else None
+
+
 def embedded_server_stop(data_dir: Path, *, timeout: float = 15.0) -> bool:
     """Stop the embedded server of `data_dir` now, whoever is registered; True if one ran.
 
     For `make clean-data` and test teardown. Sends SIGINT (PostgreSQL's "fast" shutdown:
     open sessions are rolled back) and escalates to SIGKILL after `timeout` seconds.
     """
-    pgdata = Path(data_dir).expanduser().resolve() / PGDATA_NAME
-    pid = _read_pid(pgdata / "postmaster.pid")
-    if pid is None or not _is_our_postmaster(pid, pgdata):
+    pid = embedded_server_pid(data_dir)
+    if pid is None:
         return False
-    proc = psutil.Process(pid)
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout)
-    except psutil.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    with contextlib.suppress(psutil.Error):
+        psutil.Process(pid).send_signal(signal.SIGINT)
+    # Polled rather than Process.wait(): the postmaster is not our child, and an exited one
+    # can linger as a zombie until PID 1 reaps it.
+    deadline = time.monotonic() + timeout
+    while _is_alive(pid):
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+            break
+        time.sleep(0.05)
     return True

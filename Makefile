@@ -1,0 +1,77 @@
+# Paperclip control plane: `make run` for a local server, `make test` for the checks CI runs.
+# Without DATABASE_URL, every manage.py process starts or joins an embedded PostgreSQL in
+# $(PAPERCLIP_DATA_DIR)/pgdata (default .data/pgdata); see docs/setup.md.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+# Set to 1 to accept pytest's exit code 5 ("no tests ran") as success.
+PYTEST_NO_TESTS_OK ?=
+
+.PHONY: help run test lint bench clean clean-data
+
+help:
+	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
+	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
+	@echo "make lint       ruff, ruff format --check, mypy"
+	@echo "make bench      run bench/leases.py and bench/checkpoints.py where present"
+	@echo "make clean      remove .venv and tool caches (keeps .data, the local database)"
+	@echo "make clean-data stop the embedded PostgreSQL and delete .data"
+
+# The interpreter is only looked for when .venv is missing.
+$(PY):
+	@py=$$(scripts/find-python.sh) || exit 1; \
+	echo "Creating $(VENV) with $$py"; \
+	"$$py" -m venv $(VENV)
+
+# Reinstall only when pyproject.toml changed since the last install.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+run: $(STAMP)
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/; Ctrl-C stops)"
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} $(PY) manage.py runserver $(HOST):$(PORT)
+
+lint: $(STAMP)
+	@rc=0; \
+	$(PY) -m ruff check . || rc=1; \
+	$(PY) -m ruff format --check . || rc=1; \
+	$(PY) -m mypy . || rc=1; \
+	exit $$rc
+
+# Lint and tests both run, whatever the other's outcome; either failing fails the target.
+test: $(STAMP)
+	@lint=0; $(MAKE) --no-print-directory lint || lint=$$?; \
+	tests=0; $(PY) -m pytest $(PYTEST_ARGS) || tests=$$?; \
+	if [ "$$tests" = 5 ] && [ -n "$(PYTEST_NO_TESTS_OK)" ]; then \
+		echo "pytest collected no tests (accepted: PYTEST_NO_TESTS_OK is set)"; tests=0; \
+	fi; \
+	echo "make test: lint $$([ $$lint = 0 ] && echo ok || echo FAILED)," \
+	     "pytest $$([ $$tests = 0 ] && echo ok || echo "FAILED (exit $$tests)")"; \
+	[ "$$lint" = 0 ] && [ "$$tests" = 0 ]
+
+bench: $(STAMP)
+	@for f in bench/leases.py bench/checkpoints.py; do \
+		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" || exit 1; \
+		else echo "skip $$f (not written yet)"; fi; \
+	done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	find . -path ./.data -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+clean-data:
+	@if [ -x $(PY) ]; then \
+		$(PY) -c 'import os, pathlib; from paperclip.db.embedded import embedded_server_stop as stop; \
+print("stopped embedded PostgreSQL" if stop(pathlib.Path(os.environ.get("PAPERCLIP_DATA_DIR", ".data"))) else "no embedded PostgreSQL running")'; \
+	fi
+	rm -rf $${PAPERCLIP_DATA_DIR:-.data}
