@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from paperclip.api.auth import (
     new_credential_parts,
 )
 from paperclip.errors import NotFoundError
+from paperclip.locks import agent_keys_for_update
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 
 
@@ -33,7 +35,10 @@ class IssuedCredential:
 def agent_key_create(
     *, agent_id: UUID, actor_type: str = "system", actor_id: str = "cli", name: str = ""
 ) -> IssuedCredential:
-    """Create an API key for the agent; the secret is only returned here."""
+    """Create an API key for the agent; the secret is only returned here.
+
+    Raises NotFoundError for an unknown agent. Callers check the actor's access first.
+    """
     prefix, secret = new_credential_parts()
     with transaction.atomic(durable=True):
         agent = Agent.objects.filter(pk=agent_id).first()
@@ -54,17 +59,31 @@ def agent_key_create(
     return IssuedCredential(id=key.pk, prefix=prefix, secret=f"{AGENT_KEY_KIND}_{prefix}.{secret}")
 
 
-def agent_key_revoke(*, key_id: UUID, actor_type: str, actor_id: str) -> AgentApiKey:
+@dataclass(frozen=True, slots=True)
+class CredentialRevocation:
+    id: UUID
+    prefix: str
+    revoked_at: datetime
+    changed: bool  # False when it was already revoked (nothing written)
+
+
+def _revoked_at(value: datetime | None) -> datetime:
+    if value is None:  # pragma: no cover - set in the same transaction just above
+        raise RuntimeError("revoked_at was not set")
+    return value
+
+
+def agent_key_revoke(*, key_id: UUID, actor_type: str, actor_id: str) -> CredentialRevocation:
+    """Revoke an agent key (idempotent: a revoked key stays revoked, with no second audit row).
+
+    Locks the key row. Raises NotFoundError for an unknown key.
+    """
     with transaction.atomic(durable=True):
-        key = (
-            AgentApiKey.objects.select_for_update()
-            .select_related("agent")
-            .filter(pk=key_id)
-            .first()
-        )
+        key = agent_keys_for_update().select_related("agent").filter(pk=key_id).first()
         if key is None:
             raise NotFoundError()
-        if key.revoked_at is None:
+        changed = key.revoked_at is None
+        if changed:
             AgentApiKey.objects.filter(pk=key.pk).update(revoked_at=Now())
             activity_record(
                 company_id=key.agent.company_id,
@@ -75,11 +94,40 @@ def agent_key_revoke(*, key_id: UUID, actor_type: str, actor_id: str) -> AgentAp
                 entity_id=key.pk,
                 details={"agent_id": str(key.agent_id), "prefix": key.prefix},
             )
-        key.refresh_from_db()
-    return key
+            key.refresh_from_db(fields=["revoked_at"])
+    return CredentialRevocation(
+        id=key.pk, prefix=key.prefix, revoked_at=_revoked_at(key.revoked_at), changed=changed
+    )
 
 
-def board_token_create(*, user: Any, name: str = "") -> IssuedCredential:
+def board_token_revoke(*, token_id: UUID, actor_type: str, actor_id: str) -> CredentialRevocation:
+    """Revoke a board token (idempotent). Locks the token row; NotFoundError if unknown."""
+    with transaction.atomic(durable=True):
+        token = BoardApiToken.objects.select_for_update(no_key=True).filter(pk=token_id).first()
+        if token is None:
+            raise NotFoundError()
+        changed = token.revoked_at is None
+        if changed:
+            BoardApiToken.objects.filter(pk=token.pk).update(revoked_at=Now())
+            activity_record(
+                company_id=None,
+                actor_type=actor_type,
+                actor_id=actor_id,
+                action="board_token.revoked",
+                entity_type="board_api_token",
+                entity_id=token.pk,
+                details={"user_id": str(token.user_id), "prefix": token.prefix},
+            )
+            token.refresh_from_db(fields=["revoked_at"])
+    return CredentialRevocation(
+        id=token.pk, prefix=token.prefix, revoked_at=_revoked_at(token.revoked_at), changed=changed
+    )
+
+
+def board_token_create(
+    *, user: Any, actor_type: str = "system", actor_id: str = "cli", name: str = ""
+) -> IssuedCredential:
+    """Create an API token for a board (staff) user; the secret is only returned here."""
     prefix, secret = new_credential_parts()
     with transaction.atomic(durable=True):
         token = BoardApiToken.objects.create(
@@ -87,8 +135,8 @@ def board_token_create(*, user: Any, name: str = "") -> IssuedCredential:
         )
         activity_record(
             company_id=None,
-            actor_type="system",
-            actor_id="cli",
+            actor_type=actor_type,
+            actor_id=actor_id,
             action="board_token.created",
             entity_type="board_api_token",
             entity_id=token.pk,

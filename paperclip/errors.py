@@ -69,3 +69,8 @@ class InvalidRunTransition(RuleViolationError):
 class IssueExecutionLocked(ConflictError):
     code = "issue_execution_locked"
     message = "Another live run holds the issue's execution lock."
+
+
+class AgentNotActive(RuleViolationError):
+    code = "agent_not_active"
+    message = "The agent is paused or terminated and cannot start runs."

@@ -142,6 +142,13 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several models have a `status` field with different choices; name their enums.
+    "ENUM_NAME_OVERRIDES": {
+        "AgentStatusEnum": "paperclip.models.Agent.Status",
+        "IssueStatusEnum": "paperclip.models.Issue.Status",
+        "ExecutionWorkspaceStatusEnum": "paperclip.models.ExecutionWorkspace.Status",
+        "RunStatusEnum": "paperclip.models.HeartbeatRun.Status",
+    },
 }
 
 LOGGING = {

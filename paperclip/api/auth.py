@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import models
+from django.db.models import Q
 from django.db.models.functions import Now
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
@@ -26,6 +29,13 @@ from paperclip.models import Agent, AgentApiKey, BoardApiToken, BoardMembership,
 
 AGENT_KEY_KIND = "pcak"
 BOARD_TOKEN_KIND = "pcbt"  # noqa: S105 - a key prefix, not a secret
+
+
+_PREFIX_RE = re.compile(r"[0-9a-f]{1,32}")
+_SECRET_RE = re.compile(r"[A-Za-z0-9_\-]{1,256}")
+# last_used_at is bookkeeping, not a decision: refresh it at most this often, so a busy key does
+# not turn every request into a write on one hot row.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 def hash_secret(secret: str) -> str:
@@ -46,7 +56,8 @@ def parse_bearer(header: str, kind: str) -> tuple[str, str] | None:
     if not token.startswith(f"{kind}_"):
         return None
     prefix, sep, secret = token[len(kind) + 1 :].partition(".")
-    if not sep or not prefix or not secret:
+    # Checked before any query: a NUL or an oversized value must be a 401, not a database error.
+    if not sep or not _PREFIX_RE.fullmatch(prefix) or not _SECRET_RE.fullmatch(secret):
         raise exceptions.AuthenticationFailed("Malformed API credential.")
     return prefix, secret
 
@@ -64,7 +75,9 @@ def _verify(
         raise exceptions.AuthenticationFailed("Invalid API credential.")
     if credential.revoked_at is not None:
         raise exceptions.AuthenticationFailed("This API credential has been revoked.")
-    model.objects.filter(pk=credential.pk).update(last_used_at=Now())
+    model.objects.filter(pk=credential.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=Now() - LAST_USED_RESOLUTION)
+    ).update(last_used_at=Now())
     return credential
 
 
@@ -176,7 +189,7 @@ def actor_for(request: Request) -> Actor:
     """The Actor of an authenticated request (cached on the request)."""
     cached = getattr(request, "_paperclip_actor", None)
     if cached is not None:
-        return cached  # type: ignore[no-any-return]
+        return cached
     user = request.user
     if isinstance(user, Agent):
         actor = agent_actor(user)

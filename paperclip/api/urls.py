@@ -1,5 +1,36 @@
-"""Core API routes."""
+"""Core API routes (CONTRACT.md "Core API"), mounted under `api/`; no trailing slashes.
 
-from django.urls import URLPattern
+Path ids use Django's `uuid` converter, so a malformed id never reaches a view: it is a JSON
+404 from `handler404`, like an id of another company.
+"""
 
-urlpatterns: list[URLPattern] = []
+from django.urls import URLPattern, path
+
+from paperclip.api import core_views as views
+from paperclip.api import schema as _schema  # noqa: F401  (registers auth extensions)
+
+urlpatterns: list[URLPattern] = [
+    path("me", views.MeApi.as_view(), name="me"),
+    path("companies", views.CompanyCreateApi.as_view(), name="company-create"),
+    path("companies/<uuid:company_id>/agents", views.AgentCreateApi.as_view(), name="agent-create"),
+    path("agents/<uuid:agent_id>/keys", views.AgentKeyCreateApi.as_view(), name="agent-key-create"),
+    path(
+        "agent-keys/<uuid:key_id>/revoke",
+        views.AgentKeyRevokeApi.as_view(),
+        name="agent-key-revoke",
+    ),
+    path("companies/<uuid:company_id>/issues", views.IssueCreateApi.as_view(), name="issue-create"),
+    path("issues/<uuid:issue_id>", views.IssueDetailApi.as_view(), name="issue-detail"),
+    path(
+        "companies/<uuid:company_id>/execution-workspaces",
+        views.ExecutionWorkspaceCreateApi.as_view(),
+        name="execution-workspace-create",
+    ),
+    path(
+        "execution-workspaces/<uuid:workspace_id>",
+        views.ExecutionWorkspaceGetApi.as_view(),
+        name="execution-workspace-detail",
+    ),
+    path("heartbeat-runs", views.RunCreateApi.as_view(), name="heartbeat-run-create"),
+    path("heartbeat-runs/<uuid:run_id>", views.RunDetailApi.as_view(), name="heartbeat-run-detail"),
+]

@@ -1,0 +1,130 @@
+"""Reusable output serializers of the core models and the error body (for the schema).
+
+Other apps import these to render core objects the same way everywhere, e.g.
+`run_to_json(run)` inside their own responses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
+from rest_framework import serializers
+
+from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
+from paperclip.selectors import run_finalization_owner
+
+
+class ErrorDetailSerializer(serializers.Serializer[Any]):
+    code = serializers.CharField(help_text="Stable snake_case code; frozen once shipped.")
+    message = serializers.CharField(help_text="Human-readable text; may change.")
+    details = serializers.DictField(
+        child=serializers.JSONField(),
+        help_text="Per-code details; `fields` lists offending fields for invalid_request.",
+    )
+    remediation = serializers.CharField(required=False, help_text="What to do next, if any.")
+
+
+@extend_schema_serializer(component_name="Error")
+class ErrorSerializer(serializers.Serializer[Any]):
+    """`{"error": {"code", "message", "details", "remediation"?}}`: every error response."""
+
+    error = ErrorDetailSerializer()
+
+
+class CompanyOutputSerializer(serializers.Serializer[Company]):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class AgentOutputSerializer(serializers.Serializer[Agent]):
+    id = serializers.UUIDField()
+    company_id = serializers.UUIDField()
+    name = serializers.CharField()
+    status = serializers.ChoiceField(choices=Agent.Status.choices)
+    created_at = serializers.DateTimeField()
+
+
+class IssueOutputSerializer(serializers.Serializer[Issue]):
+    id = serializers.UUIDField()
+    company_id = serializers.UUIDField()
+    title = serializers.CharField()
+    status = serializers.ChoiceField(choices=Issue.Status.choices)
+    hidden_at = serializers.DateTimeField(allow_null=True)
+    assignee_agent_id = serializers.UUIDField(allow_null=True)
+    execution_run_id = serializers.UUIDField(allow_null=True)
+    checkout_run_id = serializers.UUIDField(allow_null=True)
+    execution_workspace_id = serializers.UUIDField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class ExecutionWorkspaceOutputSerializer(serializers.Serializer[ExecutionWorkspace]):
+    id = serializers.UUIDField()
+    company_id = serializers.UUIDField()
+    name = serializers.CharField()
+    cwd = serializers.CharField(allow_null=True)
+    status = serializers.ChoiceField(choices=ExecutionWorkspace.Status.choices)
+    created_at = serializers.DateTimeField()
+
+
+class FinalizationOwnerSerializer(serializers.Serializer[Any]):
+    """The durable finalization owner receipt; unreadable fields are null."""
+
+    token = serializers.CharField(allow_null=True)
+    hostname = serializers.CharField(allow_null=True)
+    pid = serializers.IntegerField(allow_null=True)
+    process_started_at = serializers.CharField(
+        allow_null=True, help_text="As recorded (ISO-8601 when well-formed)."
+    )
+
+
+class RunOutputSerializer(serializers.Serializer[HeartbeatRun]):
+    id = serializers.UUIDField()
+    company_id = serializers.UUIDField()
+    agent_id = serializers.UUIDField()
+    issue_id = serializers.UUIDField(allow_null=True)
+    status = serializers.ChoiceField(choices=HeartbeatRun.Status.choices)
+    runtime_mode = serializers.ChoiceField(choices=HeartbeatRun.RuntimeMode.choices)
+    native_phase = serializers.CharField(allow_null=True)
+    execution_workspace_id = serializers.UUIDField(allow_null=True)
+    completion_contract_id = serializers.UUIDField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    finalization_owner = serializers.SerializerMethodField()
+
+    @staticmethod
+    @extend_schema_field(FinalizationOwnerSerializer(allow_null=True))
+    def get_finalization_owner(run: HeartbeatRun) -> dict[str, Any] | None:
+        owner = run_finalization_owner(run)
+        if owner is None:
+            return None
+        return {
+            "token": owner.token,
+            "hostname": owner.hostname,
+            "pid": owner.pid,
+            "process_started_at": owner.process_started_at,
+        }
+
+
+def company_to_json(company: Company) -> dict[str, Any]:
+    return dict(CompanyOutputSerializer(company).data)
+
+
+def agent_to_json(agent: Agent) -> dict[str, Any]:
+    return dict(AgentOutputSerializer(agent).data)
+
+
+def issue_to_json(issue: Issue) -> dict[str, Any]:
+    return dict(IssueOutputSerializer(issue).data)
+
+
+def execution_workspace_to_json(workspace: ExecutionWorkspace) -> dict[str, Any]:
+    return dict(ExecutionWorkspaceOutputSerializer(workspace).data)
+
+
+def run_to_json(run: HeartbeatRun) -> dict[str, Any]:
+    """The Run JSON of CONTRACT.md (with `finalization_owner`), for any app's responses."""
+    return dict(RunOutputSerializer(run).data)

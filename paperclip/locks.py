@@ -1,0 +1,94 @@
+"""Row-locking querysets of the core models: the only place that builds them.
+
+Lock order for the rows of a run (a reviewed change to alter; see also `paperclip.db.advisory`
+for the global order): advisory locks first, then
+
+    coordinator (NativeRunFinalization) -> issue -> run
+
+The coordinator is the arbiter of a native run's finalization, so whoever decides from it takes
+it first; the issue comes before the run because a run moving to `running` must check the issue's
+current execution holder before it commits to it. Code that only needs the issue and the run
+(status transitions) takes `issue -> run`; nothing here ever takes a run and then its issue.
+
+All locks are `FOR NO KEY UPDATE` (`no_key=True`): none of these rows is deleted or re-keyed
+under them, and the weaker lock lets foreign-key inserts pointing at the row (activity events,
+workspace operations, results) proceed without waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from uuid import UUID
+
+from django.db import OperationalError
+from django.db.models import QuerySet
+
+from paperclip.activity import require_transaction
+from paperclip.errors import NotFoundError, ResourceBusy
+from paperclip.models import AgentApiKey, HeartbeatRun, Issue, NativeRunFinalization
+
+# SQLSTATE 55P03: raised when `lock_timeout` expires (or NOWAIT finds the row locked).
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def issues_for_update() -> QuerySet[Issue]:
+    return Issue.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def runs_for_update() -> QuerySet[HeartbeatRun]:
+    return HeartbeatRun.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def coordinators_for_update() -> QuerySet[NativeRunFinalization]:
+    return NativeRunFinalization.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def agent_keys_for_update() -> QuerySet[AgentApiKey]:
+    return AgentApiKey.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+@dataclass(frozen=True, slots=True)
+class LockedRun:
+    """A run and its issue, both locked (issue first) and re-read under the locks."""
+
+    run: HeartbeatRun
+    issue: Issue | None
+
+
+def run_lock_with_issue(*, run_id: UUID, attempts: int = 3) -> LockedRun:
+    """Lock the run's issue (if any), then the run, inside the caller's transaction.
+
+    The run's issue is only known after reading the run, so the run is read unlocked first, the
+    issue locked, then the run locked and checked to still point at that issue (it can only
+    change by the issue being deleted, which sets it NULL). Raises NotFoundError when the run is
+    gone and ResourceBusy if the binding keeps moving.
+    """
+    require_transaction()
+    for _ in range(attempts):
+        issue_id = HeartbeatRun.objects.filter(pk=run_id).values_list("issue_id", flat=True).first()
+        if issue_id is None and not HeartbeatRun.objects.filter(pk=run_id).exists():
+            raise NotFoundError()
+        issue = issues_for_update().filter(pk=issue_id).first() if issue_id is not None else None
+        run = runs_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise NotFoundError()
+        if run.issue_id == (issue.pk if issue is not None else None):
+            return LockedRun(run=run, issue=issue)
+    raise ResourceBusy(run_id=str(run_id))
+
+
+@contextmanager
+def busy_on_lock_timeout(**details: str) -> Iterator[None]:
+    """Turn PostgreSQL's "lock not available" into a retryable ResourceBusy (409).
+
+    Wrap it around the whole `transaction.atomic()` block (outermost), so the aborted
+    transaction has been rolled back before the domain error is raised.
+    """
+    try:
+        yield
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise ResourceBusy(**details) from exc
+        raise

@@ -1,0 +1,638 @@
+"""Writes of the core models: companies, agents and keys, issues, execution workspaces, runs.
+
+Every public service takes keyword-only arguments (the acting `Actor` and plain values), checks
+what it can before opening a transaction, owns one `transaction.atomic(durable=True)`, writes one
+audit row per state change inside it, and returns a frozen dataclass. Access is enforced here,
+not only in the views: another company's objects answer NotFoundError (404), exactly like
+missing ones.
+
+Run lifecycle (`run_transition`):
+
+    queued  -> running | cancelled | failed | timed_out | interrupted
+    running -> succeeded | failed | cancelled | timed_out | interrupted
+    terminal (succeeded, failed, cancelled, timed_out, interrupted) -> nothing
+
+`queued -> succeeded` is refused: a run that never started has not done its work. Asking for the
+status a run already has is an idempotent no-op (no audit row). A native run whose result has
+been accepted reaches `succeeded` only through finalization.
+
+Composable helpers for other apps (they run inside the caller's transaction, never open one):
+`_run_start_locked` and `_run_finish_locked`; lock with `paperclip.locks.run_lock_with_issue`
+first (lock order: coordinator -> issue -> run, see `paperclip.locks`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from paperclip import selectors
+from paperclip.activity import activity_record, require_transaction
+from paperclip.api.auth import Actor
+from paperclip.credentials import (
+    CredentialRevocation,
+    IssuedCredential,
+    agent_key_create,
+)
+from paperclip.credentials import (
+    agent_key_revoke as _credential_agent_key_revoke,
+)
+from paperclip.db.advisory import set_local_lock_timeout
+from paperclip.errors import (
+    AgentNotActive,
+    InvalidRequest,
+    InvalidRunTransition,
+    IssueExecutionLocked,
+    NotFoundError,
+    PermissionDenied,
+)
+from paperclip.locks import (
+    busy_on_lock_timeout,
+    coordinators_for_update,
+    issues_for_update,
+    run_lock_with_issue,
+)
+from paperclip.models import (
+    Agent,
+    BoardMembership,
+    Company,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+)
+
+RunStatus = HeartbeatRun.Status
+
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.QUEUED: frozenset(
+        {
+            RunStatus.RUNNING,
+            RunStatus.CANCELLED,
+            RunStatus.FAILED,
+            RunStatus.TIMED_OUT,
+            RunStatus.INTERRUPTED,
+        }
+    ),
+    RunStatus.RUNNING: frozenset(
+        {
+            RunStatus.SUCCEEDED,
+            RunStatus.FAILED,
+            RunStatus.CANCELLED,
+            RunStatus.TIMED_OUT,
+            RunStatus.INTERRUPTED,
+        }
+    ),
+}
+
+# Coordinator phases at or after result acceptance: the run's success belongs to finalization.
+RESULT_ACCEPTED_PHASES = frozenset(
+    {
+        NativeRunFinalization.Phase.RESULT_ACCEPTED,
+        NativeRunFinalization.Phase.WORKSPACE_FINALIZING,
+        NativeRunFinalization.Phase.COMMITTED,
+        NativeRunFinalization.Phase.APPLIED,
+    }
+)
+
+HOT_PATH_LOCK_TIMEOUT = "5s"
+
+
+# --- validation shared with the API serializers ---------------------------------------------
+
+
+def absolute_path_error(value: str) -> str | None:
+    """Why `value` is not an acceptable absolute directory path, or None if it is.
+
+    Paths are POSIX, absolute, without NUL bytes and without `..` segments: the directory is
+    later a copy-back destination, so it must say plainly where it points.
+    """
+    if "\x00" in value:
+        return "Must not contain NUL bytes."
+    if not value.startswith("/"):
+        return "Must be an absolute path."
+    if ".." in PurePosixPath(value).parts:
+        return "Must not contain '..' segments."
+    return None
+
+
+def _require_board(actor: Actor) -> None:
+    if not actor.is_board:
+        raise PermissionDenied("This operation is for board members.")
+
+
+def _audit(
+    actor: Actor,
+    *,
+    company_id: UUID | None,
+    action: str,
+    entity_type: str,
+    entity_id: UUID,
+    run_id: UUID | None = None,
+    details: dict[str, Any] | None = None,
+) -> None:
+    activity_record(
+        company_id=company_id,
+        actor_type=actor.actor_type,
+        actor_id=actor.actor_id,
+        action=action,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        run_id=run_id,
+        details=details,
+    )
+
+
+# --- companies, agents, keys ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompanyCreated:
+    company: Company
+
+
+def company_create(*, actor: Actor, name: str) -> CompanyCreated:
+    """Create a company and make the creating (superuser) board user a member of it.
+
+    Raises PermissionDenied unless the actor is a superuser board member.
+    """
+    if not actor.is_superuser or actor.user is None:
+        raise PermissionDenied("Only superusers may create companies.")
+    with transaction.atomic(durable=True):
+        company = Company.objects.create(name=name)
+        BoardMembership.objects.create(user_id=actor.user.pk, company=company)
+        _audit(
+            actor,
+            company_id=company.pk,
+            action="company.created",
+            entity_type="company",
+            entity_id=company.pk,
+            details={"name": name, "board_member_user_id": str(actor.user.pk)},
+        )
+    return CompanyCreated(company=company)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCreated:
+    agent: Agent
+
+
+def agent_create(*, actor: Actor, company_id: UUID | str, name: str) -> AgentCreated:
+    """Create an agent in a company the board actor belongs to.
+
+    Raises PermissionDenied (not a board actor) or NotFoundError (company not visible).
+    """
+    _require_board(actor)
+    company = selectors.company_get(actor=actor, company_id=company_id)
+    with transaction.atomic(durable=True):
+        agent = Agent.objects.create(company=company, name=name)
+        _audit(
+            actor,
+            company_id=company.pk,
+            action="agent.created",
+            entity_type="agent",
+            entity_id=agent.pk,
+            details={"name": name},
+        )
+    return AgentCreated(agent=agent)
+
+
+def agent_key_issue(*, actor: Actor, agent_id: UUID | str, name: str = "") -> IssuedCredential:
+    """Mint an API key for an agent of the board actor's company; the secret is returned once.
+
+    Raises PermissionDenied (not a board actor) or NotFoundError (agent not visible).
+    """
+    _require_board(actor)
+    agent = selectors.agent_get(actor=actor, agent_id=agent_id)
+    return agent_key_create(
+        agent_id=agent.pk, actor_type=actor.actor_type, actor_id=actor.actor_id, name=name
+    )
+
+
+def agent_key_revoke(*, actor: Actor, key_id: UUID | str) -> CredentialRevocation:
+    """Revoke an agent key (idempotent). Locks the key row.
+
+    Raises PermissionDenied (not a board actor) or NotFoundError (key not visible).
+    """
+    _require_board(actor)
+    key = selectors.agent_key_get(actor=actor, key_id=key_id)
+    return _credential_agent_key_revoke(
+        key_id=key.pk, actor_type=actor.actor_type, actor_id=actor.actor_id
+    )
+
+
+# --- issues, execution workspaces --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IssueCreated:
+    issue: Issue
+
+
+def issue_create(
+    *,
+    actor: Actor,
+    company_id: UUID | str,
+    title: str,
+    status: str = Issue.Status.BACKLOG,
+    assignee_agent_id: UUID | None = None,
+) -> IssueCreated:
+    """Create an issue. The assignee must be an agent of the same company.
+
+    Raises PermissionDenied (not a board actor), InvalidRequest (unknown status) or
+    NotFoundError (company or assignee not visible / not in the company).
+    """
+    _require_board(actor)
+    if status not in Issue.Status.values:
+        raise InvalidRequest(fields={"status": [f'"{status}" is not a valid choice.']})
+    company = selectors.company_get(actor=actor, company_id=company_id)
+    with transaction.atomic(durable=True):
+        if (
+            assignee_agent_id is not None
+            and not Agent.objects.filter(pk=assignee_agent_id, company=company).exists()
+        ):
+            raise NotFoundError("The assignee agent was not found in this company.")
+        issue = Issue.objects.create(
+            company=company, title=title, status=status, assignee_agent_id=assignee_agent_id
+        )
+        _audit(
+            actor,
+            company_id=company.pk,
+            action="issue.created",
+            entity_type="issue",
+            entity_id=issue.pk,
+            details={
+                "title": title,
+                "status": status,
+                "assignee_agent_id": str(assignee_agent_id) if assignee_agent_id else None,
+            },
+        )
+    return IssueCreated(issue=issue)
+
+
+@dataclass(frozen=True, slots=True)
+class IssueUpdate:
+    issue: Issue
+    changed: bool  # False when the request asked for the state the issue already had
+
+
+def issue_update(
+    *,
+    actor: Actor,
+    issue_id: UUID | str,
+    status: str | None = None,
+    hidden: bool | None = None,
+) -> IssueUpdate:
+    """Change an issue's status and/or hide it (hidden_at = database now()) or unhide it.
+
+    Hiding an already hidden issue keeps its original hidden_at. Locks the issue row.
+    Raises PermissionDenied, InvalidRequest (nothing to change / unknown status),
+    NotFoundError, or ResourceBusy when the row stays locked for 5 s.
+    """
+    _require_board(actor)
+    if status is None and hidden is None:
+        raise InvalidRequest(
+            "Nothing to update.", fields={"non_field_errors": ["Give status and/or hidden."]}
+        )
+    if status is not None and status not in Issue.Status.values:
+        raise InvalidRequest(fields={"status": [f'"{status}" is not a valid choice.']})
+    visible = selectors.issue_get(actor=actor, issue_id=issue_id)
+    with busy_on_lock_timeout(issue_id=str(visible.pk)), transaction.atomic(durable=True):
+        set_local_lock_timeout(HOT_PATH_LOCK_TIMEOUT)
+        issue = issues_for_update().filter(pk=visible.pk).first()
+        if issue is None:
+            raise NotFoundError()
+        changes: dict[str, Any] = {}
+        values: dict[str, Any] = {}
+        if status is not None and status != issue.status:
+            changes["status"] = {"from": issue.status, "to": status}
+            values["status"] = status
+        if hidden is not None and hidden != (issue.hidden_at is not None):
+            changes["hidden"] = {"from": not hidden, "to": hidden}
+            values["hidden_at"] = Now() if hidden else None
+        if values:
+            Issue.objects.filter(pk=issue.pk).update(**values, updated_at=Now())
+            _audit(
+                actor,
+                company_id=issue.company_id,
+                action="issue.updated",
+                entity_type="issue",
+                entity_id=issue.pk,
+                details=changes,
+            )
+            issue.refresh_from_db()
+    return IssueUpdate(issue=issue, changed=bool(values))
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionWorkspaceCreated:
+    workspace: ExecutionWorkspace
+
+
+def execution_workspace_create(
+    *, actor: Actor, company_id: UUID | str, name: str, cwd: str | None = None
+) -> ExecutionWorkspaceCreated:
+    """Create an execution workspace; `cwd`, if given, must be an absolute path.
+
+    Raises PermissionDenied, InvalidRequest (bad cwd) or NotFoundError (company not visible).
+    """
+    _require_board(actor)
+    if cwd is not None and (problem := absolute_path_error(cwd)):
+        raise InvalidRequest(fields={"cwd": [problem]})
+    company = selectors.company_get(actor=actor, company_id=company_id)
+    with transaction.atomic(durable=True):
+        workspace = ExecutionWorkspace.objects.create(company=company, name=name, cwd=cwd)
+        _audit(
+            actor,
+            company_id=company.pk,
+            action="execution_workspace.created",
+            entity_type="execution_workspace",
+            entity_id=workspace.pk,
+            details={"name": name, "cwd": cwd},
+        )
+    return ExecutionWorkspaceCreated(workspace=workspace)
+
+
+# --- heartbeat runs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunCreated:
+    run: HeartbeatRun
+    finalization: NativeRunFinalization | None  # the coordinator of a native run
+
+
+def run_create(
+    *,
+    actor: Actor,
+    runtime_mode: str,
+    agent_id: UUID | None = None,
+    issue_id: UUID | None = None,
+    execution_workspace_id: UUID | None = None,
+    workspace_dir: str | None = None,
+) -> RunCreated:
+    """Queue a heartbeat run for an agent (an agent: for itself; a board: `agent_id` required).
+
+    A native run needs an issue: it is bound as both `issue` and `native_issue`, gets a fresh
+    `completion_contract_id`, and its coordinator (NativeRunFinalization, phase `observed`) is
+    created in the same transaction. `workspace_dir` goes to
+    `runner_profile_json.nativeExecutionInput.binding.workspaceDir`.
+
+    Raises InvalidRequest (bad mode, missing agent_id / issue_id, bad workspace_dir),
+    PermissionDenied (an agent asking for another agent), NotFoundError (agent, issue or
+    workspace not visible or not in the agent's company), AgentNotActive.
+    """
+    fields: dict[str, list[str]] = {}
+    if runtime_mode not in HeartbeatRun.RuntimeMode.values:
+        fields["runtime_mode"] = [f'"{runtime_mode}" is not a valid choice.']
+    if runtime_mode == HeartbeatRun.RuntimeMode.NATIVE and issue_id is None:
+        fields["issue_id"] = ["Required for native runs."]
+    if workspace_dir is not None and (problem := absolute_path_error(workspace_dir)):
+        fields["workspace_dir"] = [problem]
+    if actor.is_board and agent_id is None:
+        fields["agent_id"] = ["Required when a board member creates a run."]
+    if fields:
+        raise InvalidRequest(fields=fields)
+
+    if actor.is_agent:
+        if agent_id is not None and agent_id != actor.agent_id:
+            raise PermissionDenied("An agent can only create runs for itself.")
+        agent_id = actor.agent_id
+    if agent_id is None:  # pragma: no cover - rejected above for boards; agents have an id
+        raise InvalidRequest(fields={"agent_id": ["Required."]})
+    agent = selectors.agent_get(actor=actor, agent_id=agent_id)
+    if agent.status != Agent.Status.ACTIVE:
+        raise AgentNotActive(agent_id=str(agent.pk), status=agent.status)
+
+    native = runtime_mode == HeartbeatRun.RuntimeMode.NATIVE
+    with transaction.atomic(durable=True):
+        # Related rows must be in the agent's company, whatever else the actor may see.
+        issue = None
+        if issue_id is not None:
+            issue = Issue.objects.filter(pk=issue_id, company_id=agent.company_id).first()
+            if issue is None:
+                raise NotFoundError("The issue was not found in the agent's company.")
+        workspace = None
+        if execution_workspace_id is not None:
+            workspace = ExecutionWorkspace.objects.filter(
+                pk=execution_workspace_id, company_id=agent.company_id
+            ).first()
+            if workspace is None:
+                raise NotFoundError("The execution workspace was not found in the agent's company.")
+        profile: dict[str, Any] = {}
+        if workspace_dir is not None:
+            profile["nativeExecutionInput"] = {"binding": {"workspaceDir": workspace_dir}}
+        run = HeartbeatRun.objects.create(
+            company_id=agent.company_id,
+            agent=agent,
+            issue=issue,
+            native_issue=issue if native else None,
+            status=RunStatus.QUEUED,
+            runtime_mode=runtime_mode,
+            execution_workspace=workspace,
+            completion_contract_id=uuid.uuid4() if native else None,
+            context_snapshot={
+                "issueId": str(issue.pk) if issue else None,
+                "executionWorkspaceId": str(workspace.pk) if workspace else None,
+            },
+            runner_profile_json=profile,
+        )
+        finalization = None
+        if native and issue is not None:  # issue_id is required for native runs (checked above)
+            finalization = NativeRunFinalization.objects.create(
+                run=run,
+                company_id=agent.company_id,
+                issue=issue,
+                phase=NativeRunFinalization.Phase.OBSERVED,
+            )
+        _audit(
+            actor,
+            company_id=agent.company_id,
+            action="heartbeat_run.created",
+            entity_type="heartbeat_run",
+            entity_id=run.pk,
+            run_id=run.pk,
+            details={
+                "agent_id": str(agent.pk),
+                "runtime_mode": runtime_mode,
+                "issue_id": str(issue.pk) if issue else None,
+                "execution_workspace_id": str(workspace.pk) if workspace else None,
+            },
+        )
+        run.refresh_from_db()
+    return RunCreated(run=run, finalization=finalization)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTransition:
+    run: HeartbeatRun
+    from_status: str
+    changed: bool  # False when the run already had the requested status
+
+
+def _run_has_accepted_result(run: HeartbeatRun) -> bool:
+    """Whether a native run's result has been accepted (the caller holds the coordinator)."""
+    coordinator = coordinators_for_update().filter(pk=run.pk).first()
+    if coordinator is not None and (
+        coordinator.result_id is not None or coordinator.phase in RESULT_ACCEPTED_PHASES
+    ):
+        return True
+    return NativeRunResult.objects.filter(
+        run_id=run.pk, schema_status=NativeRunResult.SchemaStatus.ACCEPTED
+    ).exists()
+
+
+def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTransition:
+    """Move a run along its lifecycle (see the module docstring).
+
+    Allowed for the run's own agent or a board member of its company. Locks, in order: the
+    coordinator (only for a native run asked to succeed), the issue, the run; hot-path lock
+    timeout 5 s. Moving to `running` takes the issue's execution and checkout slots; reaching a
+    terminal status frees them.
+
+    Raises InvalidRequest (unknown status), NotFoundError, PermissionDenied (another agent),
+    InvalidRunTransition (422), IssueExecutionLocked (409: another live run holds the issue),
+    ResourceBusy (409: lock wait timed out; retry).
+    """
+    if to_status not in RunStatus.values:
+        raise InvalidRequest(fields={"status": [f'"{to_status}" is not a valid choice.']})
+    visible = selectors.run_get(actor=actor, run_id=run_id)
+    if actor.is_agent and visible.agent_id != actor.agent_id:
+        raise PermissionDenied("Only the run's own agent may change its status.")
+
+    with busy_on_lock_timeout(run_id=str(visible.pk)), transaction.atomic(durable=True):
+        set_local_lock_timeout(HOT_PATH_LOCK_TIMEOUT)
+        accepted = False
+        if (
+            to_status == RunStatus.SUCCEEDED
+            and visible.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE
+        ):
+            # Coordinator first (lock order), so a result cannot be accepted between the check
+            # and the status write.
+            accepted = _run_has_accepted_result(visible)
+        locked = run_lock_with_issue(run_id=visible.pk)
+        run, issue = locked.run, locked.issue
+        from_status = run.status
+        if from_status == to_status:
+            return RunTransition(run=run, from_status=from_status, changed=False)
+        if to_status not in RUN_TRANSITIONS.get(from_status, frozenset()):
+            raise InvalidRunTransition(
+                f"A {from_status} run cannot become {to_status}.",
+                run_id=str(run.pk),
+                from_status=from_status,
+                to_status=to_status,
+            )
+        if accepted:
+            raise InvalidRunTransition(
+                "This native run has an accepted result; it reaches succeeded through "
+                "finalization, not by a status update.",
+                remediation="Finalize the run (POST /api/heartbeat-runs/{run_id}/finalize).",
+                run_id=str(run.pk),
+                from_status=from_status,
+                to_status=to_status,
+            )
+        if to_status == RunStatus.RUNNING:
+            _run_start_locked(
+                run=run, issue=issue, actor_type=actor.actor_type, actor_id=actor.actor_id
+            )
+        else:
+            _run_finish_locked(
+                run=run, to_status=to_status, actor_type=actor.actor_type, actor_id=actor.actor_id
+            )
+    return RunTransition(run=run, from_status=from_status, changed=True)
+
+
+def _run_start_locked(
+    *, run: HeartbeatRun, issue: Issue | None, actor_type: str, actor_id: str
+) -> None:
+    """Move a locked queued run to `running`, taking its issue's execution and checkout slots.
+
+    Runs inside the caller's transaction with the issue and then the run locked
+    (`run_lock_with_issue`). Raises IssueExecutionLocked while another live run holds either
+    slot; a terminal holder is simply replaced. Writes the audit row; refreshes `run`.
+    """
+    require_transaction()
+    from_status = run.status
+    if issue is not None:
+        holder_ids = [
+            pk
+            for pk in {issue.execution_run_id, issue.checkout_run_id}
+            if pk is not None and pk != run.pk
+        ]
+        holder = (
+            HeartbeatRun.objects.filter(pk__in=holder_ids, status__in=HeartbeatRun.LIVE_STATUSES)
+            .order_by("pk")
+            .values("pk", "status")
+            .first()
+        )
+        if holder is not None:
+            raise IssueExecutionLocked(
+                issue_id=str(issue.pk),
+                holder_run_id=str(holder["pk"]),
+                holder_status=holder["status"],
+            )
+        Issue.objects.filter(pk=issue.pk).update(
+            execution_run=run, checkout_run=run, execution_locked_at=Now(), updated_at=Now()
+        )
+        issue.refresh_from_db()
+    HeartbeatRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, started_at=Now(), updated_at=Now()
+    )
+    activity_record(
+        company_id=run.company_id,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        action="heartbeat_run.status_changed",
+        entity_type="heartbeat_run",
+        entity_id=run.pk,
+        run_id=run.pk,
+        details={"from": from_status, "to": RunStatus.RUNNING},
+    )
+    run.refresh_from_db()
+
+
+def _run_finish_locked(
+    *,
+    run: HeartbeatRun,
+    to_status: str,
+    actor_type: str,
+    actor_id: str,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """Move a locked live run to a terminal status and free its issue's execution slots.
+
+    For composition inside another service's transaction (finalization, recovery): the caller
+    has locked the run's issue and then the run (`paperclip.locks.run_lock_with_issue`), and has
+    decided the transition is allowed. Sets `finished_at` (database time), clears the issue's
+    `execution_run` / `checkout_run` where they point at this run, writes one
+    `heartbeat_run.status_changed` audit row (extra `details` are merged in), refreshes `run`.
+    """
+    require_transaction()
+    if to_status not in HeartbeatRun.TERMINAL_STATUSES:
+        raise ValueError(f"{to_status!r} is not a terminal run status")
+    from_status = run.status
+    HeartbeatRun.objects.filter(pk=run.pk).update(
+        status=to_status, finished_at=Now(), updated_at=Now()
+    )
+    Issue.objects.filter(execution_run_id=run.pk).update(
+        execution_run=None, execution_locked_at=None, updated_at=Now()
+    )
+    Issue.objects.filter(checkout_run_id=run.pk).update(checkout_run=None, updated_at=Now())
+    activity_record(
+        company_id=run.company_id,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        action="heartbeat_run.status_changed",
+        entity_type="heartbeat_run",
+        entity_id=run.pk,
+        run_id=run.pk,
+        details={**(details or {}), "from": from_status, "to": to_status},
+    )
+    run.refresh_from_db()
