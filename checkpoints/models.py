@@ -37,3 +37,29 @@ class NativeRunnerCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.part}"
+
+
+class NativeRunnerCheckpointWork(models.Model):
+    """The work command ids of the last checkpoint written for a run, and who wrote it.
+
+    Upstream keeps these in the writer's memory; here the writer is a stateless HTTP endpoint,
+    so they are stored. A write counts as "adding new work" when it names a command id the same
+    lease owner's previous snapshot did not (another owner's snapshot counts as no memory, as a
+    fresh upstream writer starts empty). Kept out of the parts table so a `reset` or a part
+    listing never sees it.
+    """
+
+    run = models.OneToOneField(
+        HeartbeatRun, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    issue = models.ForeignKey(Issue, on_delete=models.CASCADE, related_name="+")
+    lease_owner = models.TextField()
+    work_command_ids = models.JSONField(default=list)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "native_runner_checkpoint_work"
+
+    def __str__(self) -> str:
+        return f"work of {self.run_id}"

@@ -1,0 +1,343 @@
+"""Encryption of checkpoint parts at rest: AES-256-GCM with a random 96-bit nonce per part.
+
+Keys
+    `settings.PAPERCLIP_CHECKPOINT_KEYS` (a list; the first key is the primary, the others only
+    decrypt) or, when that is empty, the key file `settings.DATA_DIR / "checkpoint_keys"` (same
+    order, one key per line, `#` comments). A key is 32 random bytes written as base64 (standard
+    or URL-safe alphabet) or as 64 hex digits. Its id is the first 12 hex digits of the key's
+    SHA-256, so an id names a key without revealing it.
+
+    The key file is created (mode 0600, O_EXCL so racing processes agree on one key) only by
+    writers. Readers never create it: a missing key makes parts unreadable instead of silently
+    minting a key that cannot decrypt anything.
+
+Envelope (the `material` jsonb)
+    `{"scheme": "paperclip_aes256gcm_v1", "keyId", "nonce": b64, "ciphertext": b64}`; the
+    ciphertext carries GCM's 16-byte tag at its end.
+
+Binding (beyond upstream)
+    The associated data binds company, issue, run, part and key id, so a ciphertext copied to
+    another row, run, part or company fails authentication. The plaintext also carries the
+    binding (`{companyId, issueId, runId, part, contents}`, UPSTREAM §3.5) and is checked after
+    decryption, as a second, independent line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from uuid import UUID
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from checkpoints.errors import CheckpointUnreadable
+
+SCHEME = "paperclip_aes256gcm_v1"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+KEY_FILE_NAME = "checkpoint_keys"
+
+UnreadableReason = Literal[
+    "malformed_envelope", "unknown_key", "key_unavailable", "authentication_failed", "binding"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """The row a part belongs to; every read and write is scoped by it."""
+
+    company_id: UUID
+    issue_id: UUID
+    run_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointKey:
+    key_id: str
+    secret: bytes = field(repr=False)
+    aead: AESGCM = field(repr=False, compare=False)
+
+    @classmethod
+    def from_secret(cls, secret: bytes) -> CheckpointKey:
+        if len(secret) != KEY_BYTES:
+            raise ValueError(f"a checkpoint key is {KEY_BYTES} bytes, got {len(secret)}")
+        return cls(key_id=key_id_for(secret), secret=secret, aead=AESGCM(secret))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRing:
+    keys: tuple[CheckpointKey, ...]
+    source: Literal["settings", "file"]
+
+    @property
+    def primary(self) -> CheckpointKey:
+        return self.keys[0]
+
+    def get(self, key_id: str) -> CheckpointKey | None:
+        return next((k for k in self.keys if k.key_id == key_id), None)
+
+
+class KeyUnavailable(Exception):
+    """No key is configured and the key file does not exist (readers never create one)."""
+
+
+def key_id_for(secret: bytes) -> str:
+    return hashlib.sha256(secret).hexdigest()[:12]
+
+
+def parse_key(text: str) -> bytes:
+    """A key from its text form: 64 hex digits, or base64 (either alphabet) of 32 bytes."""
+    value = text.strip()
+    if len(value) == 2 * KEY_BYTES:
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    try:
+        padded = value + "=" * (-len(value) % 4)
+        secret = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("a checkpoint key must be base64 or hex") from exc
+    if len(secret) != KEY_BYTES:
+        raise ValueError(f"a checkpoint key is {KEY_BYTES} bytes, got {len(secret)}")
+    return secret
+
+
+def generate_key_text() -> str:
+    return base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode("ascii")
+
+
+def key_file_path() -> Path:
+    return Path(settings.DATA_DIR) / KEY_FILE_NAME
+
+
+def _parse_key_lines(lines: Iterable[str], origin: str) -> tuple[CheckpointKey, ...]:
+    keys: list[CheckpointKey] = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            keys.append(CheckpointKey.from_secret(parse_key(line)))
+        except ValueError as exc:
+            # Never echo the line: it may be a (mistyped) secret.
+            raise ImproperlyConfigured(f"{origin}: entry {number} is not a valid key") from exc
+    return tuple(keys)
+
+
+_cache_lock = threading.Lock()
+_cache: dict[tuple[Any, ...], KeyRing] = {}
+
+
+def _file_ring(path: Path) -> KeyRing | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    cache_key = ("file", str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    with _cache_lock:
+        cached = _cache.get(cache_key)
+    if cached is not None:
+        return cached
+    keys = _parse_key_lines(path.read_text().splitlines(), str(path))
+    if not keys:
+        raise ImproperlyConfigured(f"{path} holds no checkpoint key")
+    ring = KeyRing(keys=keys, source="file")
+    with _cache_lock:
+        _cache.clear()
+        _cache[cache_key] = ring
+    return ring
+
+
+def _create_key_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = f"# Paperclip checkpoint keys: first line is the primary.\n{generate_key_text()}\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return  # another process created it first: use theirs
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def keyring(*, create: bool = False) -> KeyRing:
+    """The configured keys. `create=True` (writers only) creates the key file when missing.
+
+    Raises KeyUnavailable when no key exists and `create` is False; ImproperlyConfigured when a
+    configured key is malformed.
+    """
+    configured = tuple(settings.PAPERCLIP_CHECKPOINT_KEYS or ())
+    if configured:
+        cache_key = ("settings", configured)
+        with _cache_lock:
+            cached = _cache.get(cache_key)
+        if cached is not None:
+            return cached
+        keys = _parse_key_lines(configured, "PAPERCLIP_CHECKPOINT_KEYS")
+        if not keys:
+            raise ImproperlyConfigured("PAPERCLIP_CHECKPOINT_KEYS holds no key")
+        ring = KeyRing(keys=keys, source="settings")
+        with _cache_lock:
+            _cache[cache_key] = ring
+        return ring
+    path = key_file_path()
+    ring_or_none = _file_ring(path)
+    if ring_or_none is None and create:
+        _create_key_file(path)
+        ring_or_none = _file_ring(path)
+    if ring_or_none is None:
+        raise KeyUnavailable(str(path))
+    return ring_or_none
+
+
+def key_file_prepend_new_key() -> CheckpointKey:
+    """Generate a key and make it the key file's primary; the old keys stay for decryption.
+
+    Only for keys kept in the key file. The file is rewritten atomically (temp file with mode
+    0600, fsync, rename) under an exclusive flock so two operators cannot lose each other's key.
+    """
+    if settings.PAPERCLIP_CHECKPOINT_KEYS:
+        raise ImproperlyConfigured(
+            "keys come from PAPERCLIP_CHECKPOINT_KEYS: prepend the new key to that setting"
+        )
+    path = key_file_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_name(f".{path.name}.lock")
+    lock_fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        old = path.read_text() if path.exists() else ""
+        _parse_key_lines(old.splitlines(), str(path))  # refuse to rewrite a broken file
+        new_text = generate_key_text()
+        body = [line for line in old.splitlines() if line.strip() and not line.startswith("#")]
+        content = "# Paperclip checkpoint keys: first line is the primary.\n"
+        content += "\n".join([new_text, *body]) + "\n"
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(content)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+    return CheckpointKey.from_secret(parse_key(new_text))
+
+
+def _associated_data(binding: Binding, part: str, key_id: str) -> bytes:
+    # JSON array: unambiguous for any part name, unlike a separator-joined string.
+    return json.dumps(
+        [
+            SCHEME,
+            str(binding.company_id),
+            str(binding.issue_id),
+            str(binding.run_id),
+            part,
+            key_id,
+        ],
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
+
+
+def encrypt_part(binding: Binding, part: str, contents: str, key: CheckpointKey) -> dict[str, str]:
+    """The envelope for one part, bound to its row and key."""
+    plaintext = json.dumps(
+        {
+            "companyId": str(binding.company_id),
+            "issueId": str(binding.issue_id),
+            "runId": str(binding.run_id),
+            "part": part,
+            "contents": contents,
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    ciphertext = key.aead.encrypt(nonce, plaintext, _associated_data(binding, part, key.key_id))
+    return {
+        "scheme": SCHEME,
+        "keyId": key.key_id,
+        "nonce": base64.b64encode(nonce).decode("ascii"),
+        "ciphertext": base64.b64encode(ciphertext).decode("ascii"),
+    }
+
+
+def envelope_key_id(material: Any) -> str | None:
+    if isinstance(material, Mapping) and isinstance(material.get("keyId"), str):
+        return str(material["keyId"])
+    return None
+
+
+def decrypt_part(binding: Binding, part: str, material: Any, ring: KeyRing | None) -> str:
+    """The contents of one stored part; CheckpointUnreadable (naming the part) on any failure.
+
+    `ring=None` means no key is available at all (reported as `key_unavailable`).
+    """
+
+    def unreadable(reason: UnreadableReason) -> CheckpointUnreadable:
+        return CheckpointUnreadable(part=part, reason=reason, key_id=envelope_key_id(material))
+
+    if not isinstance(material, Mapping) or material.get("scheme") != SCHEME:
+        raise unreadable("malformed_envelope")
+    key_id, nonce_b64, ct_b64 = (
+        material.get("keyId"),
+        material.get("nonce"),
+        material.get("ciphertext"),
+    )
+    if not (isinstance(key_id, str) and isinstance(nonce_b64, str) and isinstance(ct_b64, str)):
+        raise unreadable("malformed_envelope")
+    try:
+        nonce = base64.b64decode(nonce_b64, validate=True)
+        ciphertext = base64.b64decode(ct_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise unreadable("malformed_envelope") from None
+    if len(nonce) != NONCE_BYTES:
+        raise unreadable("malformed_envelope")
+    if ring is None:
+        raise unreadable("key_unavailable")
+    key = ring.get(key_id)
+    if key is None:
+        raise unreadable("unknown_key")
+    try:
+        plaintext = key.aead.decrypt(nonce, ciphertext, _associated_data(binding, part, key_id))
+    except InvalidTag:
+        raise unreadable("authentication_failed") from None
+    try:
+        envelope = json.loads(plaintext)
+    except ValueError:
+        raise unreadable("binding") from None
+    if (
+        not isinstance(envelope, dict)
+        or envelope.get("companyId") != str(binding.company_id)
+        or envelope.get("issueId") != str(binding.issue_id)
+        or envelope.get("runId") != str(binding.run_id)
+        or envelope.get("part") != part
+        or not isinstance(envelope.get("contents"), str)
+    ):
+        raise unreadable("binding")
+    return str(envelope["contents"])
+
+
+def read_keyring() -> KeyRing | None:
+    """The keys for decryption, or None when none exist (never creates the key file)."""
+    try:
+        return keyring(create=False)
+    except KeyUnavailable:
+        return None

@@ -1,0 +1,94 @@
+"""Re-encrypt every checkpoint part under the primary key, in batches, resumably."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from checkpoints.crypto import KeyUnavailable, key_file_prepend_new_key, keyring
+from checkpoints.services import (
+    checkpoint_key_rotate_batch,
+    checkpoint_parts_remaining_under_old_keys,
+)
+from paperclip.errors import DomainError
+
+
+class Command(BaseCommand):
+    help = (
+        "Re-encrypt checkpoint parts that are not under the primary key (the first of "
+        "PAPERCLIP_CHECKPOINT_KEYS, or the key file's first line). Only parts under another "
+        "key are touched, so re-running after an interruption continues where it stopped. "
+        "--new-key first generates a key and makes it the key file's primary."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch-size", type=int, default=500)
+        parser.add_argument(
+            "--new-key",
+            action="store_true",
+            help="Generate a new primary key and prepend it to the key file (file keys only).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Only count the parts to re-encrypt."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        batch_size: int = options["batch_size"]
+        if batch_size < 1:
+            raise CommandError("--batch-size must be at least 1")
+        if options["new_key"]:
+            if options["dry_run"]:
+                raise CommandError("--new-key cannot be combined with --dry-run")
+            try:
+                key = key_file_prepend_new_key()
+            except ImproperlyConfigured as exc:
+                raise CommandError(str(exc)) from exc
+            self.stdout.write(f"new primary key {key.key_id} written to the key file")
+        try:
+            ring = keyring(create=False)
+        except KeyUnavailable as exc:
+            raise CommandError(f"no checkpoint key is configured ({exc})") from exc
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        primary = ring.primary.key_id
+        remaining = checkpoint_parts_remaining_under_old_keys()
+        self.stdout.write(
+            f"primary key {primary} ({ring.source}); {remaining} part(s) under other keys"
+        )
+        if options["dry_run"] or remaining == 0:
+            self.stdout.write("nothing re-encrypted" + (" (dry run)" if options["dry_run"] else ""))
+            return
+
+        after = None
+        batch = done = unreadable = 0
+        while True:
+            try:
+                result = checkpoint_key_rotate_batch(after_id=after, batch_size=batch_size)
+            except DomainError as exc:
+                raise CommandError(
+                    f"batch {batch + 1} failed ({exc.code}); re-run to continue"
+                ) from exc
+            if result.scanned == 0:
+                break
+            batch += 1
+            done += result.reencrypted
+            unreadable += len(result.unreadable)
+            after = result.last_id
+            self.stdout.write(
+                f"batch {batch}: re-encrypted {result.reencrypted}, unreadable "
+                f"{len(result.unreadable)}, total {done}/{remaining}"
+            )
+            for row_id, part, reason in result.unreadable:
+                self.stdout.write(f"  unreadable part {part!r} (row {row_id}): {reason}")
+        left = checkpoint_parts_remaining_under_old_keys()
+        self.stdout.write(
+            f"done: re-encrypted {done} part(s) under {primary}; {unreadable} unreadable; "
+            f"{left} part(s) remain under other keys"
+        )
+        if unreadable:
+            raise CommandError(
+                f"{unreadable} part(s) could not be decrypted with any configured key and were "
+                "left as they are (their runs must start fresh)"
+            )

@@ -1,0 +1,205 @@
+"""Reads of the checkpoints app. Every read of parts is scoped by (company, issue, run)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+from checkpoints.crypto import Binding, decrypt_part, envelope_key_id, read_keyring
+from checkpoints.errors import CheckpointBindingMismatch, ControllerLeaseRunNotNative
+from checkpoints.models import NativeRunnerCheckpoint
+from paperclip.errors import NotFoundError, PermissionDenied
+from paperclip.models import HeartbeatRun
+
+HEADER_PART = "header"
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerRun:
+    """A native run as its runner sees it: who runs it and which row binding its parts get."""
+
+    run_id: UUID
+    company_id: UUID
+    issue_id: UUID
+    agent_id: UUID
+    status: str
+
+    @property
+    def binding(self) -> Binding:
+        return Binding(company_id=self.company_id, issue_id=self.issue_id, run_id=self.run_id)
+
+
+def runner_run_get(*, run_id: UUID, agent_id: UUID | None) -> RunnerRun:
+    """The native run `run_id`, checked to be run by `agent_id` (None: no agent check).
+
+    Raises NotFoundError (no such run), PermissionDenied (another agent's run) and
+    ControllerLeaseRunNotNative (a legacy run, or one without an issue).
+    """
+    row = (
+        HeartbeatRun.objects.filter(pk=run_id)
+        .values_list("company_id", "native_issue_id", "agent_id", "status", "runtime_mode")
+        .first()
+    )
+    if row is None:
+        raise NotFoundError()
+    company_id, issue_id, run_agent_id, status, mode = row
+    if agent_id is not None and run_agent_id != agent_id:
+        raise PermissionDenied("Only the run's own agent may use its controller lease.")
+    if mode != HeartbeatRun.RuntimeMode.NATIVE or issue_id is None:
+        raise ControllerLeaseRunNotNative(run_id=str(run_id))
+    return RunnerRun(
+        run_id=run_id,
+        company_id=company_id,
+        issue_id=issue_id,
+        agent_id=run_agent_id,
+        status=status,
+    )
+
+
+def _scoped_parts(binding: Binding) -> list[tuple[str, object]]:
+    return list(
+        NativeRunnerCheckpoint.objects.filter(
+            company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
+        )
+        .order_by("part")
+        .values_list("part", "material")
+    )
+
+
+def checkpoint_load(*, binding: Binding) -> dict[str, str]:
+    """All parts of the run's checkpoint, decrypted (empty when there is none).
+
+    Raises CheckpointUnreadable naming the first part (in name order) that fails to decrypt or
+    is bound to another row; nothing is returned partially.
+    """
+    rows = _scoped_parts(binding)
+    if not rows:
+        return {}
+    ring = read_keyring()
+    return {part: decrypt_part(binding, part, material, ring) for part, material in rows}
+
+
+def checkpoint_header_load(*, binding: Binding) -> str | None:
+    """The decrypted `header` part, or None when it is missing or unreadable for any reason."""
+    material = (
+        NativeRunnerCheckpoint.objects.filter(
+            company_id=binding.company_id,
+            issue_id=binding.issue_id,
+            run_id=binding.run_id,
+            part=HEADER_PART,
+        )
+        .values_list("material", flat=True)
+        .first()
+    )
+    if material is None:
+        return None
+    try:
+        return decrypt_part(binding, HEADER_PART, material, read_keyring())
+    except Exception:
+        # Upstream contract: a header that cannot be read is "no header", never an error.
+        return None
+
+
+def checkpoint_restore(
+    *, binding: Binding, normalized_session_id: str | None = None
+) -> dict[str, str] | None:
+    """The checkpoint to restore a runner session from, or None when there is none.
+
+    With `normalized_session_id`, the header must be JSON whose
+    `recoveryEvidence.normalizedSessionId` equals it, else CheckpointBindingMismatch: a runner
+    must never resume another session's state. Raises CheckpointUnreadable like
+    `checkpoint_load`.
+    """
+    parts = checkpoint_load(binding=binding)
+    if not parts:
+        return None
+    if normalized_session_id is not None:
+        recorded: object = None
+        try:
+            header = json.loads(parts.get(HEADER_PART, ""))
+            if isinstance(header, dict) and isinstance(header.get("recoveryEvidence"), dict):
+                recorded = header["recoveryEvidence"].get("normalizedSessionId")
+        except ValueError:
+            recorded = None
+        if recorded != normalized_session_id:
+            raise CheckpointBindingMismatch(reason="session_mismatch")
+    return parts
+
+
+def checkpoint_exists(*, binding: Binding) -> bool:
+    return NativeRunnerCheckpoint.objects.filter(
+        company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
+    ).exists()
+
+
+@dataclass(frozen=True, slots=True)
+class PartInfo:
+    part: str
+    size_bytes: int
+    key_id: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+def checkpoint_parts_list(*, binding: Binding) -> list[PartInfo]:
+    """Metadata of the stored parts (names, sizes, key ids, times); never contents."""
+    rows = (
+        NativeRunnerCheckpoint.objects.filter(
+            company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
+        )
+        .order_by("part")
+        .values_list("part", "size_bytes", "material", "created_at", "updated_at")
+    )
+    return [
+        PartInfo(part=p, size_bytes=s, key_id=envelope_key_id(m), created_at=c, updated_at=u)
+        for p, s, m, c, u in rows
+    ]
+
+
+def list_expired_authorities(
+    *, run_ids: list[UUID] | None = None, after: UUID | None = None, limit: int | None = None
+) -> list[UUID]:
+    """Runs whose controller authority has lapsed while they hold a checkpoint.
+
+    All of: the run is `running`; its coordinator is `observed` with no result; the lease
+    expiry is null or not after the database's now(); at least one checkpoint row exists for
+    the (run, issue, company). Returns every match (ordered by run id), not just the first, so
+    one blocked owner cannot starve the others. `run_ids` restricts the candidates as
+    upstream's caller-supplied inventory does; None means all runs. `after` and `limit` page
+    through the matches by run id.
+    """
+    sql = """
+        SELECT f.run_id
+        FROM native_run_finalizations f
+        JOIN heartbeat_runs r ON r.id = f.run_id
+        WHERE r.status = 'running'
+          AND f.phase = 'observed'
+          AND f.result_id IS NULL
+          AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= now())
+          AND EXISTS (
+              SELECT 1 FROM native_runner_checkpoints c
+              WHERE c.run_id = f.run_id AND c.issue_id = f.issue_id
+                AND c.company_id = f.company_id
+          )
+    """
+    params: list[Any] = []
+    if run_ids is not None:
+        if not run_ids:
+            return []
+        sql += " AND f.run_id = ANY(%s)"
+        params.append(run_ids)
+    if after is not None:
+        sql += " AND f.run_id > %s"
+        params.append(after)
+    sql += " ORDER BY f.run_id"
+    if limit is not None:
+        sql += " LIMIT %s"
+        params.append(limit)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]

@@ -1,0 +1,778 @@
+"""Writes of the checkpoints app: the controller lease, the fenced checkpoint writer, the
+writer-failure hook, the expired-authority sweep and key rotation.
+
+Clock: every expiry decision uses the database's `clock_timestamp()` sampled after the row lock
+it depends on (see `checkpoints.locks`), never the application server's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from checkpoints import locks
+from checkpoints.crypto import (
+    Binding,
+    KeyUnavailable,
+    decrypt_part,
+    encrypt_part,
+    keyring,
+)
+from checkpoints.errors import (
+    CheckpointBindingMismatch,
+    CheckpointOwnerLost,
+    CheckpointUnreadable,
+    ControllerLeaseHeld,
+    ControllerLeaseRunTerminal,
+)
+from checkpoints.selectors import RunnerRun, runner_run_get
+from paperclip.activity import activity_record, require_transaction
+from paperclip.errors import InvalidRequest
+from paperclip.models import HeartbeatRun
+
+CONTROLLER_LEASE_TTL_MIN = 10
+CONTROLLER_LEASE_TTL_MAX = 3600
+CONTROLLER_LEASE_TTL_DEFAULT = 60
+# controller_generation is an int4 that saturates (UPSTREAM §1.9): the lease_owner's random
+# part still fences a saturated generation.
+GENERATION_MAX = 2**31 - 1
+
+MAX_PART_NAME_CHARS = 200
+MAX_WORK_COMMAND_ID_CHARS = 200
+MAX_WORK_COMMAND_IDS = 10_000
+LIVE_RUN_RECOVERY_CHANNEL = "paperclip_live_run_recovery"
+
+
+def max_part_bytes() -> int:
+    return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_PART_BYTES", 8 * 1024 * 1024))
+
+
+def max_write_bytes() -> int:
+    return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES", 16 * 1024 * 1024))
+
+
+def max_parts_per_write() -> int:
+    return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE", 10_000))
+
+
+# --- Controller lease -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerLease:
+    lease_owner: str
+    controller_boot_id: str
+    generation: int
+    lease_expires_at: datetime
+    outcome: Literal["acquired", "renewed", "taken_over"]
+
+
+def _returned(row: tuple[Any, ...] | None) -> Any:
+    """The single value an UPDATE ... RETURNING on a row we hold locked must produce."""
+    if row is None:  # pragma: no cover - the row is locked by this transaction
+        raise RuntimeError("UPDATE on a locked coordinator row matched nothing")
+    return row[0]
+
+
+def _coordinator_ensure(run: RunnerRun) -> bool:
+    """Create the run's coordinator (phase observed) if it is missing; True if created.
+
+    The core API creates it with every native run; this covers runs made before that or by
+    other paths. ON CONFLICT makes two racing first acquirers agree on one row.
+    """
+    require_transaction()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO native_run_finalizations
+                (run_id, company_id, issue_id, phase, attempt, controller_generation,
+                 recovery_history, created_at, updated_at)
+            VALUES (%s, %s, %s, 'observed', 0, 0, '[]'::jsonb, now(), now())
+            ON CONFLICT (run_id) DO NOTHING
+            """,
+            [run.run_id, run.company_id, run.issue_id],
+        )
+        return cursor.rowcount == 1
+
+
+def controller_lease_acquire(
+    *,
+    run_id: UUID,
+    agent_id: UUID,
+    boot_id: str,
+    lease_owner: str | None = None,
+    ttl_seconds: int = CONTROLLER_LEASE_TTL_DEFAULT,
+) -> ControllerLease:
+    """Acquire, renew or take over the run's controller lease for the controller `boot_id`.
+
+    Renew: `lease_owner` is the current, unexpired owner on the same boot → same generation,
+    expiry moved to now + ttl. Acquire/take over: no lease, or it has expired → a new
+    `<boot_id>:<generation>:<uuid>` owner with generation + 1. Otherwise ControllerLeaseHeld.
+    Creates a missing coordinator for a native run with an issue.
+
+    Locks: the coordinator row (no-key update), with the time sampled after the lock.
+    Raises: NotFoundError, PermissionDenied (not the run's agent), ControllerLeaseRunNotNative,
+    ControllerLeaseRunTerminal, ControllerLeaseHeld, InvalidRequest (ttl), ResourceBusy.
+    Audit: `controller_lease.acquired` / `controller_lease.taken_over` (renewals are not
+    audited: they carry no decision and would flood the log).
+    """
+    if not CONTROLLER_LEASE_TTL_MIN <= ttl_seconds <= CONTROLLER_LEASE_TTL_MAX:
+        raise InvalidRequest(
+            fields={
+                "ttl_seconds": [f"Must be {CONTROLLER_LEASE_TTL_MIN}..{CONTROLLER_LEASE_TTL_MAX}."]
+            }
+        )
+    run = runner_run_get(run_id=run_id, agent_id=agent_id)
+    with transaction.atomic(durable=True):
+        locks.lock_timeout_set()
+        created = False
+        current = locks.coordinator_lock(run.run_id)
+        if current is None:
+            created = _coordinator_ensure(run)
+            current = locks.coordinator_lock(run.run_id)
+        if current is None:  # pragma: no cover - just ensured; coordinators are never deleted
+            raise RuntimeError(f"coordinator of run {run.run_id} vanished")
+        # Re-read under the coordinator lock: the run may have finished since the check above.
+        status = HeartbeatRun.objects.filter(pk=run.run_id).values_list("status", flat=True).get()
+        if status in HeartbeatRun.TERMINAL_STATUSES:
+            raise ControllerLeaseRunTerminal(run_id=str(run.run_id), status=status)
+
+        if current.lease_active:
+            if lease_owner == current.lease_owner and boot_id == current.controller_boot_id:
+                return _lease_renew(current, ttl_seconds)
+            raise ControllerLeaseHeld(
+                controller_boot_id=current.controller_boot_id,
+                generation=current.controller_generation,
+                lease_expires_at=current.lease_expires_at.isoformat()
+                if current.lease_expires_at
+                else None,
+            )
+        return _lease_mint(
+            current, run=run, boot_id=boot_id, ttl_seconds=ttl_seconds, created=created
+        )
+
+
+def _lease_renew(current: locks.LockedCoordinator, ttl_seconds: int) -> ControllerLease:
+    require_transaction()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE native_run_finalizations
+            SET lease_expires_at = clock_timestamp() + make_interval(secs => %s),
+                updated_at = now()
+            WHERE run_id = %s
+            RETURNING lease_expires_at
+            """,
+            [ttl_seconds, current.run_id],
+        )
+        expires_at: datetime = _returned(cursor.fetchone())
+    return ControllerLease(
+        lease_owner=str(current.lease_owner),
+        controller_boot_id=str(current.controller_boot_id),
+        generation=current.controller_generation,
+        lease_expires_at=expires_at,
+        outcome="renewed",
+    )
+
+
+def _lease_mint(
+    current: locks.LockedCoordinator,
+    *,
+    run: RunnerRun,
+    boot_id: str,
+    ttl_seconds: int,
+    created: bool,
+) -> ControllerLease:
+    require_transaction()
+    generation = min(current.controller_generation + 1, GENERATION_MAX)
+    owner = f"{boot_id}:{generation}:{uuid.uuid4()}"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE native_run_finalizations
+            SET lease_owner = %s,
+                controller_boot_id = %s,
+                controller_generation = %s,
+                controller_pid = NULL,
+                controller_process_started_at = NULL,
+                lease_expires_at = clock_timestamp() + make_interval(secs => %s),
+                updated_at = now()
+            WHERE run_id = %s
+            RETURNING lease_expires_at
+            """,
+            [owner, boot_id, generation, ttl_seconds, current.run_id],
+        )
+        expires_at: datetime = _returned(cursor.fetchone())
+    takeover = current.lease_owner is not None
+    activity_record(
+        company_id=run.company_id,
+        actor_type="agent",
+        actor_id=str(run.agent_id),
+        action="controller_lease.taken_over" if takeover else "controller_lease.acquired",
+        entity_type="native_run_finalization",
+        entity_id=run.run_id,
+        run_id=run.run_id,
+        details={
+            "bootId": boot_id,
+            "generation": generation,
+            "ttlSeconds": ttl_seconds,
+            "previousBootId": current.controller_boot_id,
+            "previousGeneration": current.controller_generation,
+            "previousLeaseExpiresAt": current.lease_expires_at.isoformat()
+            if current.lease_expires_at
+            else None,
+            "coordinatorCreated": created,
+        },
+    )
+    return ControllerLease(
+        lease_owner=owner,
+        controller_boot_id=boot_id,
+        generation=generation,
+        lease_expires_at=expires_at,
+        outcome="taken_over" if takeover else "acquired",
+    )
+
+
+def controller_lease_expire_on_failure(
+    *, run_id: UUID, agent_id: UUID, boot_id: str, lease_owner: str
+) -> bool:
+    """The writer-failure hook: end the lease now, so the controller must re-acquire.
+
+    Only while the same boot and owner still hold an unexpired lease and no result exists: a
+    late hook from an old controller must not cut short its successor's lease, and a run with
+    an accepted result is past the point where its controller lease matters. Returns whether
+    the lease was expired.
+
+    Locks: the coordinator row (the UPDATE). Audit: `controller_lease.expired_on_failure`.
+    """
+    run = runner_run_get(run_id=run_id, agent_id=agent_id)
+    with transaction.atomic(durable=True):
+        locks.lock_timeout_set()
+        with locks.lock_wait_bounded(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE native_run_finalizations
+                SET lease_expires_at = clock_timestamp(), updated_at = now()
+                WHERE run_id = %s AND company_id = %s AND issue_id = %s
+                  AND controller_boot_id = %s AND lease_owner = %s
+                  AND result_id IS NULL
+                  AND lease_expires_at > clock_timestamp()
+                RETURNING controller_generation
+                """,
+                [run.run_id, run.company_id, run.issue_id, boot_id, lease_owner],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return False
+        activity_record(
+            company_id=run.company_id,
+            actor_type="agent",
+            actor_id=str(run.agent_id),
+            action="controller_lease.expired_on_failure",
+            entity_type="native_run_finalization",
+            entity_id=run.run_id,
+            run_id=run.run_id,
+            details={"bootId": boot_id, "generation": row[0]},
+        )
+    return True
+
+
+# --- The fenced checkpoint writer -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointOwner:
+    """What a controller presents: its boot, its lease token, the generation it was given, and
+    the run whose coordinator carries the lease (default: the checkpoint's own run)."""
+
+    boot_id: str
+    lease_owner: str
+    generation: int
+    authority_run_id: UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Predecessor:
+    run_id: UUID
+    normalized_session_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWrite:
+    parts: int  # parts stored for the run after the write
+    owner_active: bool  # False: tolerated as an expired owner with a result (§3.5)
+    changed: int
+    removed: int
+
+
+def _invalid_part_name(name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "Part names are non-empty strings."
+    if len(name) > MAX_PART_NAME_CHARS:
+        return f"Part names are at most {MAX_PART_NAME_CHARS} characters."
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):
+        return "Part names contain no control characters."
+    return None
+
+
+def checkpoint_write_validate(
+    *, changed: Mapping[str, str], removed: Sequence[str], work_command_ids: Sequence[str]
+) -> None:
+    """Database-free checks of a write; InvalidRequest (400) naming the fields."""
+    errors: dict[str, list[str]] = {}
+    for name in [*changed, *removed]:
+        problem = _invalid_part_name(name)
+        if problem:
+            errors.setdefault("changed" if name in changed else "removed", []).append(
+                f"{name!r}: {problem}"[:300]
+            )
+    if len(changed) > max_parts_per_write():
+        errors.setdefault("changed", []).append(f"At most {max_parts_per_write()} parts a write.")
+    total = 0
+    for name, contents in changed.items():
+        if not isinstance(contents, str):
+            errors.setdefault("changed", []).append(f"{name!r}: contents must be a string.")
+            continue
+        size = len(contents.encode("utf-8", "surrogatepass"))
+        total += size
+        if size > max_part_bytes():
+            errors.setdefault("changed", []).append(
+                f"{name!r}: {size} bytes exceeds the part limit of {max_part_bytes()}."[:300]
+            )
+    if total > max_write_bytes():
+        errors.setdefault("changed", []).append(
+            f"{total} bytes in one write exceeds the limit of {max_write_bytes()}."
+        )
+    both = sorted(set(changed) & set(removed))
+    if both:
+        errors.setdefault("removed", []).append(
+            f"Parts both changed and removed: {', '.join(map(repr, both[:5]))}."[:300]
+        )
+    if len(work_command_ids) > MAX_WORK_COMMAND_IDS:
+        errors.setdefault("work_command_ids", []).append(f"At most {MAX_WORK_COMMAND_IDS} ids.")
+    if any(
+        not isinstance(i, str) or not i or len(i) > MAX_WORK_COMMAND_ID_CHARS
+        for i in work_command_ids
+    ):
+        errors.setdefault("work_command_ids", []).append(
+            f"Ids are non-empty strings of at most {MAX_WORK_COMMAND_ID_CHARS} characters."
+        )
+    if errors:
+        raise InvalidRequest(fields=errors)
+
+
+def _owner_validate(
+    locked: locks.LockedCoordinator, owner: CheckpointOwner, binding: Binding, *, new_work: bool
+) -> bool:
+    """The fence (UPSTREAM §3.5): True for an active owner; False for a tolerated inactive one;
+    CheckpointOwnerLost otherwise. Runs under the coordinator lock."""
+    require_transaction()
+    if locked.lease_owner == owner.lease_owner and locked.lease_active:
+        return True
+    if locked.result_id is None:
+        raise CheckpointOwnerLost(reason="lease_not_held")
+    if new_work:
+        raise CheckpointOwnerLost(reason="new_work_after_lease")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT execution_run_id FROM issues WHERE company_id = %s AND id = %s",
+            [binding.company_id, binding.issue_id],
+        )
+        issue = cursor.fetchone()
+        if issue is None:
+            raise CheckpointOwnerLost(reason="issue_missing")
+        execution_run_id = issue[0]
+        if execution_run_id is None or execution_run_id == binding.run_id:
+            return False
+        # A legitimate successor on the same controller boot: a native coordinator with an
+        # unexpired lease, or a legacy run still preparing under an unexpired controller lease
+        # and without a coordinator. The controller boot is the presenting owner's (this
+        # server has no controller process of its own; see docs/checkpoints.md).
+        cursor.execute(
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM native_run_finalizations s
+                WHERE s.run_id = %(succ)s AND s.company_id = %(company)s
+                  AND s.issue_id = %(issue)s AND s.controller_boot_id = %(boot)s
+                  AND s.lease_expires_at > clock_timestamp()
+            ) OR EXISTS (
+                SELECT 1 FROM heartbeat_runs r
+                WHERE r.id = %(succ)s AND r.company_id = %(company)s
+                  AND r.issue_id = %(issue)s AND r.runtime_mode = 'legacy'
+                  AND r.status = 'running' AND r.execution_stage = 'preparing'
+                  AND r.controller_boot_id::text = %(boot)s
+                  AND r.controller_lease_expires_at > clock_timestamp()
+                  AND NOT EXISTS (
+                      SELECT 1 FROM native_run_finalizations n WHERE n.run_id = r.id
+                  )
+            )
+            """,
+            {
+                "succ": execution_run_id,
+                "company": binding.company_id,
+                "issue": binding.issue_id,
+                "boot": owner.boot_id,
+            },
+        )
+        row = cursor.fetchone()
+    if not (row and row[0]):
+        raise CheckpointOwnerLost(reason="issue_rebound")
+    return False
+
+
+def _predecessor_check(predecessor: Predecessor, binding: Binding) -> None:
+    require_transaction()
+    found = HeartbeatRun.objects.filter(
+        pk=predecessor.run_id,
+        company_id=binding.company_id,
+        native_issue_id=binding.issue_id,
+        native_session_id=predecessor.normalized_session_id,
+    ).exists()
+    if not found:
+        raise CheckpointBindingMismatch(
+            reason="predecessor_mismatch", predecessor_run_id=str(predecessor.run_id)
+        )
+
+
+def checkpoint_write(
+    *,
+    run_id: UUID,
+    agent_id: UUID,
+    owner: CheckpointOwner,
+    reset: bool,
+    changed: Mapping[str, str],
+    removed: Sequence[str],
+    work_command_ids: Sequence[str],
+    predecessor: Predecessor | None,
+) -> CheckpointWrite:
+    """Persist one checkpoint snapshot of the run, fenced by the controller lease.
+
+    Changed parts are encrypted before the transaction (no crypto under a row lock). Inside it:
+    the owner fence (coordinator of the authority run, on the presented boot and generation,
+    locked with the time sampled after the lock); the predecessor check; a live-run-recovery
+    NOTIFY; `reset` (delete every part) or deletion of `removed`; an upsert of the changed
+    parts on (run, part); the remembered work command ids; one audit row. The write costs what
+    it changes, not what the run stores.
+
+    Locks, in order: the coordinator row, the run's work-memory row, the changed part rows.
+    Raises: InvalidRequest (names, sizes), NotFoundError, PermissionDenied,
+    ControllerLeaseRunNotNative, CheckpointOwnerLost, CheckpointBindingMismatch, ResourceBusy.
+    """
+    checkpoint_write_validate(changed=changed, removed=removed, work_command_ids=work_command_ids)
+    run = runner_run_get(run_id=run_id, agent_id=agent_id)
+    binding = run.binding
+    authority_run_id = owner.authority_run_id or run.run_id
+    key = keyring(create=True).primary
+    names = list(changed)
+    materials = [json.dumps(encrypt_part(binding, p, changed[p], key)) for p in names]
+    sizes = [len(changed[p].encode("utf-8", "surrogatepass")) for p in names]
+    work_ids = list(dict.fromkeys(work_command_ids))
+
+    with transaction.atomic(durable=True):
+        locks.lock_timeout_set()
+        locked = locks.checkpoint_owner_lock(
+            company_id=binding.company_id,
+            issue_id=binding.issue_id,
+            authority_run_id=authority_run_id,
+            boot_id=owner.boot_id,
+            generation=owner.generation,
+        )
+        if locked is None:
+            raise CheckpointOwnerLost(reason="generation_or_boot_changed")
+        remembered = locks.checkpoint_work_lock(binding.run_id)
+        previous = (
+            set(remembered[1]) if remembered and remembered[0] == owner.lease_owner else set()
+        )
+        new_work = any(i not in previous for i in work_ids)
+        active = _owner_validate(locked, owner, binding, new_work=new_work)
+        if predecessor is not None:
+            _predecessor_check(predecessor, binding)
+        removed_count = _parts_apply(binding, reset, removed, names, materials, sizes)
+        _work_remember(binding, owner.lease_owner, work_ids)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, %s)",
+                [
+                    LIVE_RUN_RECOVERY_CHANNEL,
+                    json.dumps({"companyId": str(binding.company_id), "runId": str(run.run_id)}),
+                ],
+            )
+            cursor.execute(
+                "SELECT count(*) FROM native_runner_checkpoints WHERE run_id = %s",
+                [binding.run_id],
+            )
+            (count,) = cursor.fetchone() or (0,)
+        activity_record(
+            company_id=binding.company_id,
+            actor_type="agent",
+            actor_id=str(run.agent_id),
+            action="checkpoint.written",
+            entity_type="heartbeat_run",
+            entity_id=run.run_id,
+            run_id=run.run_id,
+            details={
+                "authorityRunId": str(authority_run_id),
+                "generation": owner.generation,
+                "ownerActive": active,
+                "reset": reset,
+                "changed": len(names),
+                "removed": removed_count,
+                "keyId": key.key_id,
+            },
+        )
+    return CheckpointWrite(
+        parts=count, owner_active=active, changed=len(names), removed=removed_count
+    )
+
+
+def _parts_apply(
+    binding: Binding,
+    reset: bool,
+    removed: Sequence[str],
+    names: list[str],
+    materials: list[str],
+    sizes: list[int],
+) -> int:
+    require_transaction()
+    removed_count = 0
+    with locks.lock_wait_bounded(), connection.cursor() as cursor:
+        if reset:
+            cursor.execute(
+                "DELETE FROM native_runner_checkpoints "
+                "WHERE company_id = %s AND issue_id = %s AND run_id = %s",
+                [binding.company_id, binding.issue_id, binding.run_id],
+            )
+            removed_count = cursor.rowcount
+        elif removed:
+            cursor.execute(
+                "DELETE FROM native_runner_checkpoints "
+                "WHERE company_id = %s AND issue_id = %s AND run_id = %s AND part = ANY(%s)",
+                [binding.company_id, binding.issue_id, binding.run_id, list(removed)],
+            )
+            removed_count = cursor.rowcount
+        if names:
+            cursor.execute(
+                """
+                INSERT INTO native_runner_checkpoints
+                    (id, company_id, issue_id, run_id, part, material, size_bytes,
+                     created_at, updated_at)
+                SELECT gen_random_uuid(), %s, %s, %s, u.part, u.material::jsonb, u.size,
+                       now(), now()
+                FROM unnest(%s::text[], %s::text[], %s::int[]) AS u(part, material, size)
+                ON CONFLICT (run_id, part) DO UPDATE
+                SET material = EXCLUDED.material,
+                    size_bytes = EXCLUDED.size_bytes,
+                    updated_at = now()
+                """,
+                [binding.company_id, binding.issue_id, binding.run_id, names, materials, sizes],
+            )
+    return removed_count
+
+
+def _work_remember(binding: Binding, lease_owner: str, work_ids: list[str]) -> None:
+    require_transaction()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO native_runner_checkpoint_work
+                (run_id, company_id, issue_id, lease_owner, work_command_ids, updated_at)
+            VALUES (%s, %s, %s, %s, %s::jsonb, now())
+            ON CONFLICT (run_id) DO UPDATE
+            SET lease_owner = EXCLUDED.lease_owner,
+                work_command_ids = EXCLUDED.work_command_ids,
+                updated_at = now()
+            """,
+            [
+                binding.run_id,
+                binding.company_id,
+                binding.issue_id,
+                lease_owner,
+                json.dumps(work_ids),
+            ],
+        )
+
+
+# --- Sweeper: expired controller authorities -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorityExpiry:
+    expired: list[UUID]
+    skipped: list[UUID]  # busy (locked elsewhere), already clear, or no longer due
+
+
+def controller_leases_expire(*, run_ids: list[UUID]) -> AuthorityExpiry:
+    """Expire the controller leases of the given runs that are still expired authorities
+    (see `selectors.list_expired_authorities`): clear `lease_owner`, keep the expiry (or stamp
+    it when there was none), NOTIFY `paperclip_live_run_recovery`, audit each.
+
+    Re-checks every condition under the row lock; rows another transaction holds are skipped
+    (SKIP LOCKED) and picked up on a later sweep. Call once per batch.
+    Audit: `controller_lease.expired` per run, actor `system`.
+    """
+    with transaction.atomic(durable=True):
+        claimed = {c.run_id: c for c in locks.expired_authorities_claim(run_ids)}
+        if not claimed:
+            return AuthorityExpiry(expired=[], skipped=list(run_ids))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE native_run_finalizations f
+                SET lease_owner = NULL,
+                    lease_expires_at = COALESCE(f.lease_expires_at, clock_timestamp()),
+                    updated_at = now()
+                FROM heartbeat_runs r
+                WHERE f.run_id = ANY(%s) AND r.id = f.run_id
+                  AND r.status = 'running' AND f.phase = 'observed' AND f.result_id IS NULL
+                  AND f.lease_owner IS NOT NULL
+                  AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= clock_timestamp())
+                  AND EXISTS (
+                      SELECT 1 FROM native_runner_checkpoints c
+                      WHERE c.run_id = f.run_id AND c.issue_id = f.issue_id
+                        AND c.company_id = f.company_id
+                  )
+                RETURNING f.run_id
+                """,
+                [list(claimed)],
+            )
+            done = sorted(row[0] for row in cursor.fetchall())
+            for run_id in done:
+                prior = claimed[run_id]
+                cursor.execute(
+                    "SELECT pg_notify(%s, %s)",
+                    [
+                        LIVE_RUN_RECOVERY_CHANNEL,
+                        json.dumps({"companyId": str(prior.company_id), "runId": str(run_id)}),
+                    ],
+                )
+                activity_record(
+                    company_id=prior.company_id,
+                    actor_type="system",
+                    actor_id="expire_runner_authorities",
+                    action="controller_lease.expired",
+                    entity_type="native_run_finalization",
+                    entity_id=run_id,
+                    run_id=run_id,
+                    details={
+                        "bootId": prior.controller_boot_id,
+                        "generation": prior.controller_generation,
+                        "leaseExpiresAt": prior.lease_expires_at.isoformat()
+                        if prior.lease_expires_at
+                        else None,
+                    },
+                )
+    done_set = set(done)
+    return AuthorityExpiry(expired=done, skipped=[r for r in run_ids if r not in done_set])
+
+
+# --- Key rotation ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RotationBatch:
+    scanned: int
+    reencrypted: int
+    unreadable: list[tuple[UUID, str, str]]  # (row id, part, reason): left as they are
+    last_id: UUID | None  # resume after this id; None when nothing was left to scan
+    primary_key_id: str
+
+
+def checkpoint_key_rotate_batch(*, after_id: UUID | None, batch_size: int) -> RotationBatch:
+    """Re-encrypt up to `batch_size` parts not under the primary key (ordered by id, after
+    `after_id`). Resumable: parts already under the primary key are never selected, so a
+    re-run after an interruption continues where the last committed batch stopped.
+
+    Parts that fail to decrypt (key lost, tampered) are left unchanged and reported.
+    Locks: the batch's part rows (no-key update), under the lock timeout.
+    Raises KeyUnavailable (no key at all), ResourceBusy.
+    Audit: one `checkpoint_key.rotated` row per batch that changed anything (actor system).
+    """
+    if batch_size < 1:
+        raise InvalidRequest(fields={"batch_size": ["Must be at least 1."]})
+    ring = keyring(create=False)
+    primary = ring.primary
+    with transaction.atomic(durable=True):
+        locks.lock_timeout_set()
+        with locks.lock_wait_bounded(), connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT id, company_id, issue_id, run_id, part, material
+                FROM native_runner_checkpoints
+                WHERE (material ->> 'keyId') IS DISTINCT FROM %s
+                  AND (%s::uuid IS NULL OR id > %s::uuid)
+                ORDER BY id
+                LIMIT %s
+                FOR NO KEY UPDATE
+                """,
+                [primary.key_id, after_id, after_id, batch_size],
+            )
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+        if not rows:
+            return RotationBatch(0, 0, [], None, primary.key_id)
+        ids: list[UUID] = []
+        materials: list[str] = []
+        unreadable: list[tuple[UUID, str, str]] = []
+        from_keys: set[str] = set()
+        for row_id, company_id, issue_id, run_id, part, material in rows:
+            binding = Binding(company_id=company_id, issue_id=issue_id, run_id=run_id)
+            try:
+                contents = decrypt_part(binding, part, material, ring)
+            except CheckpointUnreadable as exc:
+                unreadable.append((row_id, part, str(exc.details.get("reason"))))
+                continue
+            from_keys.add(str(material.get("keyId")))
+            ids.append(row_id)
+            materials.append(json.dumps(encrypt_part(binding, part, contents, primary)))
+        if ids:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    """
+                    UPDATE native_runner_checkpoints c
+                    SET material = u.material::jsonb
+                    FROM unnest(%s::uuid[], %s::text[]) AS u(id, material)
+                    WHERE c.id = u.id
+                    """,
+                    [ids, materials],
+                )
+            activity_record(
+                company_id=None,
+                actor_type="system",
+                actor_id="rotate_checkpoint_key",
+                action="checkpoint_key.rotated",
+                entity_type="checkpoint_key",
+                entity_id=primary.key_id,
+                details={
+                    "toKeyId": primary.key_id,
+                    "fromKeyIds": sorted(from_keys),
+                    "reencrypted": len(ids),
+                    "unreadable": len(unreadable),
+                    "firstId": str(rows[0][0]),
+                    "lastId": str(rows[-1][0]),
+                },
+            )
+    return RotationBatch(len(rows), len(ids), unreadable, rows[-1][0], primary.key_id)
+
+
+def checkpoint_parts_remaining_under_old_keys() -> int:
+    """How many parts are not under the primary key (0 after a complete rotation)."""
+    try:
+        primary = keyring(create=False).primary
+    except KeyUnavailable:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM native_runner_checkpoints "
+            "WHERE (material ->> 'keyId') IS DISTINCT FROM %s",
+            [primary.key_id],
+        )
+        (count,) = cursor.fetchone() or (0,)
+    return int(count)
