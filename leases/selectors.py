@@ -1,0 +1,263 @@
+"""Reads of runtime leases: the lease value type, the live stale-owner verdict, lookups.
+
+The stale verdict is one SQL expression (`stale_reason_expression`) shared by the claim path,
+`runtime_lease_get`, the admin changelist and the sweep, so "stale" means the same thing
+everywhere and a whole page of leases is judged in one query. Database time (`now()`) is the
+only clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal, cast
+from uuid import UUID
+
+from django.db.models import (
+    Case,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    TextField,
+    UUIDField,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce, Now, NullIf, Substr
+
+from leases.models import WorkspaceRuntimeLease
+from paperclip.models import HeartbeatRun, Issue
+
+StaleReason = Literal[
+    "lease_expired",
+    "owner_issue_missing",
+    "owner_issue_hidden",
+    "owner_issue_terminal",
+    "owner_run_missing",
+    "owner_run_terminal",
+]
+STALE_REASONS: Final[tuple[StaleReason, ...]] = (
+    "lease_expired",
+    "owner_issue_missing",
+    "owner_issue_hidden",
+    "owner_issue_terminal",
+    "owner_run_missing",
+    "owner_run_terminal",
+)
+
+# Issue statuses that keep an issue-owned lease alive (UPSTREAM §1.13, seed set).
+ELIGIBLE_ISSUE_STATUSES: Final[tuple[str, ...]] = (
+    Issue.Status.BACKLOG,
+    Issue.Status.TODO,
+    Issue.Status.IN_PROGRESS,
+    Issue.Status.IN_REVIEW,
+    Issue.Status.BLOCKED,
+)
+TERMINAL_RUN_STATUSES: Final[tuple[str, ...]] = tuple(sorted(HeartbeatRun.TERMINAL_STATUSES))
+
+LEASE_TABLE: Final = WorkspaceRuntimeLease._meta.db_table
+# Column list shared by every raw statement that returns a lease (order = RuntimeLease fields).
+LEASE_COLUMNS: Final = (
+    "id, company_id, execution_workspace_id, owner_key, owner_issue_id, owner_run_id, "
+    "owner_agent_id, last_action, generation, claimed_at, renewed_at, expires_at, metadata"
+)
+
+_UUID_RE: Final = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLease:
+    """A runtime lease as services and the API see it (no ORM instance on the hot path)."""
+
+    id: UUID
+    company_id: UUID
+    execution_workspace_id: UUID
+    owner_key: str
+    owner_issue_id: UUID | None
+    owner_run_id: UUID | None
+    owner_agent_id: UUID | None
+    last_action: str
+    generation: int
+    claimed_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    metadata: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> RuntimeLease:
+        """Build from a row selected with LEASE_COLUMNS."""
+        metadata = row[12]
+        # Django's psycopg backend hands jsonb to raw cursors as text.
+        if isinstance(metadata, str):
+            metadata = json.loads(metadata)
+        return cls(
+            id=row[0],
+            company_id=row[1],
+            execution_workspace_id=row[2],
+            owner_key=row[3],
+            owner_issue_id=row[4],
+            owner_run_id=row[5],
+            owner_agent_id=row[6],
+            last_action=row[7],
+            generation=row[8],
+            claimed_at=row[9],
+            renewed_at=row[10],
+            expires_at=row[11],
+            metadata=metadata,
+        )
+
+    @classmethod
+    def from_model(cls, lease: WorkspaceRuntimeLease) -> RuntimeLease:
+        return cls(
+            id=lease.id,
+            company_id=lease.company_id,
+            execution_workspace_id=lease.execution_workspace_id,
+            owner_key=lease.owner_key,
+            owner_issue_id=lease.owner_issue_id,
+            owner_run_id=lease.owner_run_id,
+            owner_agent_id=lease.owner_agent_id,
+            last_action=lease.last_action,
+            generation=lease.generation,
+            claimed_at=lease.claimed_at,
+            renewed_at=lease.renewed_at,
+            expires_at=lease.expires_at,
+            metadata=lease.metadata,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLeaseView:
+    """A lease (or none) with its live stale verdict."""
+
+    lease: RuntimeLease | None
+    stale_reason: StaleReason | None
+
+
+def _owner_ref(kind: str) -> Case:
+    """The uuid named by an `<kind>:<uuid>` owner key, else NULL.
+
+    Staleness is judged from the owner key, not the FK columns: those are nulled when the
+    issue or run is deleted, and that is exactly the `..._missing` case. The regex guard keeps
+    a malformed key from failing the uuid cast (it then reads as a missing owner).
+    """
+    return Case(
+        When(
+            owner_key__regex=rf"^{kind}:{_UUID_RE}$",
+            then=Cast(Substr("owner_key", len(kind) + 2), UUIDField()),
+        ),
+        default=Value(None, output_field=UUIDField()),
+    )
+
+
+def _issue_verdict() -> Subquery:
+    healthy = Value("")
+    verdict = (
+        Issue.objects.filter(pk=OuterRef("_owner_issue_ref"), company_id=OuterRef("company_id"))
+        .annotate(
+            verdict=Case(
+                When(hidden_at__isnull=False, then=Value("owner_issue_hidden")),
+                When(status__in=ELIGIBLE_ISSUE_STATUSES, then=healthy),
+                default=Value("owner_issue_terminal"),
+                output_field=TextField(),
+            )
+        )
+        .values("verdict")[:1]
+    )
+    return Subquery(verdict, output_field=TextField())
+
+
+def _run_verdict() -> Subquery:
+    verdict = (
+        HeartbeatRun.objects.filter(
+            pk=OuterRef("_owner_run_ref"), company_id=OuterRef("company_id")
+        )
+        .annotate(
+            verdict=Case(
+                When(status__in=TERMINAL_RUN_STATUSES, then=Value("owner_run_terminal")),
+                default=Value(""),
+                output_field=TextField(),
+            )
+        )
+        .values("verdict")[:1]
+    )
+    return Subquery(verdict, output_field=TextField())
+
+
+def stale_reason_expression() -> Case:
+    """SQL for the live stale reason of a lease row (NULL = its owner is still live).
+
+    Needs the `_owner_issue_ref` / `_owner_run_ref` aliases that `with_stale_reason` adds.
+    Order matters and follows upstream: expiry first, then the owner's lifecycle; agent-only
+    (and unparseable) owners recover only by TTL.
+    """
+    return Case(
+        When(expires_at__lte=Now(), then=Value("lease_expired")),
+        When(
+            owner_key__startswith="issue:",
+            then=NullIf(Coalesce(_issue_verdict(), Value("owner_issue_missing")), Value("")),
+        ),
+        When(
+            owner_key__startswith="run:",
+            then=NullIf(Coalesce(_run_verdict(), Value("owner_run_missing")), Value("")),
+        ),
+        default=Value(None, output_field=TextField()),
+        output_field=TextField(),
+    )
+
+
+# django-stubs cannot see annotations added by a helper, so filters on them go through this.
+STALE: Final[dict[str, bool]] = {"stale_reason__isnull": False}
+STALE_REASON: str = "stale_reason"
+
+
+def with_stale_reason(
+    queryset: QuerySet[WorkspaceRuntimeLease],
+) -> QuerySet[WorkspaceRuntimeLease]:
+    """Annotate `stale_reason` (one correlated, indexed lookup per row; no N+1 round trips)."""
+    return queryset.alias(
+        _owner_issue_ref=_owner_ref("issue"), _owner_run_ref=_owner_ref("run")
+    ).annotate(stale_reason=stale_reason_expression())
+
+
+def runtime_lease_evaluate_stale(*, lease_id: UUID) -> StaleReason | None:
+    """The live stale reason of one lease (None when its owner is live or the lease is gone).
+
+    Runs a fresh statement, so inside a claim it sees commits that happened while the caller
+    waited for the row lock.
+    """
+    reason = (
+        with_stale_reason(WorkspaceRuntimeLease.objects.filter(pk=lease_id))
+        .values_list(STALE_REASON, flat=True)
+        .first()
+    )
+    return cast("StaleReason | None", reason)
+
+
+def runtime_lease_get(*, execution_workspace_id: UUID) -> RuntimeLeaseView:
+    """The workspace's lease, if any, with its live stale reason (one query, no locks)."""
+    lease = (
+        with_stale_reason(WorkspaceRuntimeLease.objects.all())
+        .filter(execution_workspace_id=execution_workspace_id)
+        .first()
+    )
+    if lease is None:
+        return RuntimeLeaseView(lease=None, stale_reason=None)
+    return RuntimeLeaseView(
+        lease=RuntimeLease.from_model(lease),
+        stale_reason=cast("StaleReason | None", lease.stale_reason),  # type: ignore[attr-defined]
+    )
+
+
+def runtime_lease_stale_page(*, after_id: UUID | None, limit: int) -> list[tuple[UUID, str]]:
+    """Up to `limit` stale leases as (id, reason), keyset-paginated by id (no locks).
+
+    The sweep re-checks each candidate under its row lock before deleting it.
+    """
+    queryset = with_stale_reason(WorkspaceRuntimeLease.objects.all()).filter(**STALE)
+    if after_id is not None:
+        queryset = queryset.filter(pk__gt=after_id)
+    return [
+        (lease_id, reason)
+        for lease_id, reason in queryset.order_by("pk").values_list("pk", STALE_REASON)[:limit]
+    ]
