@@ -1,5 +1,21 @@
 """HTTP API for environment leases (provider cleanup protocol)."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from leases.api.environment_views import (
+    EnvironmentLeaseCleanupClaimApi,
+    EnvironmentLeaseCleanupReceiptApi,
+)
+
+urlpatterns: list[URLPattern] = [
+    path(
+        "environment-leases/<str:lease_id>/cleanup-claims",
+        EnvironmentLeaseCleanupClaimApi.as_view(),
+        name="environment-lease-cleanup-claim",
+    ),
+    path(
+        "environment-leases/<str:lease_id>/cleanup-receipts",
+        EnvironmentLeaseCleanupReceiptApi.as_view(),
+        name="environment-lease-cleanup-receipt",
+    ),
+]

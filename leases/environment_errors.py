@@ -1,0 +1,52 @@
+"""Domain errors of environment leases and the provider cleanup protocol.
+
+Codes are frozen once shipped; `details` per code:
+- `environment_lease_not_found`: none (another company's lease looks the same).
+- `cleanup_not_pending`: `status` (the lease's current status).
+- `cleanup_in_flight`: `expires_at` (ISO timestamp of the live claim's expiry).
+- `cleanup_attempt_stale`: `reason` (see `CleanupAttemptStale`).
+- `cleanup_intent_invalid`: `intent` (`nativeWorkspaceExportResume` or `sandboxStopAndRetain`).
+"""
+
+from __future__ import annotations
+
+from paperclip.errors import ConflictError, NotFoundError, RuleViolationError
+
+
+class EnvironmentLeaseNotFound(NotFoundError):
+    code = "environment_lease_not_found"
+    message = "Environment lease not found."
+
+
+class CleanupNotPending(ConflictError):
+    code = "cleanup_not_pending"
+    message = "The environment lease has no pending cleanup."
+    remediation = "Only leases in status pending_cleanup can be claimed; refresh your work list."
+
+
+class CleanupInFlight(ConflictError):
+    code = "cleanup_in_flight"
+    message = "Another worker holds a live claim on this cleanup."
+    remediation = "Do not touch the allocation; retry after the claim's expires_at."
+
+
+class CleanupAttemptStale(ConflictError):
+    """The receipt does not answer the lease's current claim.
+
+    `reason`: `not_pending` (already settled or never pending), `not_claimed` (no live claim),
+    `attempt_mismatch` (a newer claim superseded this attempt), `provider_lease_mismatch`
+    (the receipt names another allocation), `lease_changed` (the lease was rebound since).
+    """
+
+    code = "cleanup_attempt_stale"
+    message = "The cleanup receipt does not answer the lease's current cleanup attempt."
+    remediation = "Discard this receipt; nothing was changed."
+
+
+class CleanupIntentInvalid(RuleViolationError):
+    code = "cleanup_intent_invalid"
+    message = (
+        "The lease carries a stop-only intent that does not bind to it; it must not be cleaned "
+        "up automatically."
+    )
+    remediation = "An operator must inspect the lease metadata."

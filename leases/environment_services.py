@@ -1,0 +1,244 @@
+"""The provider cleanup protocol: workers claim a pending cleanup, then report a receipt.
+
+A lease in `pending_cleanup` is claimed for 15 minutes (database clock) with a fresh attempt
+id kept in `metadata.pendingCleanupAttemptId`; the claim is the only attempt whose receipt is
+accepted. A receipt for an older attempt, another allocation, an unclaimed or already settled
+lease changes nothing (`cleanup_attempt_stale`). Leases with a stop-only intent (an
+export-resume marker or a stop-and-retain intent) settle only on `stopped`: such an
+allocation must never be destroyed by cleanup.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from leases.environment_errors import (
+    CleanupAttemptStale,
+    CleanupInFlight,
+    CleanupIntentInvalid,
+    CleanupNotPending,
+    EnvironmentLeaseNotFound,
+)
+from leases.environment_locks import bounded_lock_wait, environment_leases_for_update
+from leases.export_resume import (
+    EXPORT_RESUME_KEY,
+    REMOTE_TERMINATION_KEY,
+    STOP_AND_RETAIN_KEY,
+    db_now,
+    export_resume_has,
+    export_resume_settle,
+    remote_termination_receipt,
+    stop_only_cleanup_has,
+    stop_only_cleanup_read,
+)
+from leases.models import EnvironmentLease
+from paperclip.activity import activity_record
+
+CLEANUP_CLAIM_TTL_MS: Final = 15 * 60 * 1000
+ReceiptState = Literal["stopped", "destroyed", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupClaim:
+    attempt_id: str
+    lease: EnvironmentLease
+    stop_only: bool  # True: the worker may only stop the allocation, never destroy it
+    expires_at: datetime
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _claim_expiry_ms(metadata: dict[str, Any]) -> int:
+    value = metadata.get("pendingCleanupLeaseExpiresAtMs")
+    # An unreadable expiry counts as expired: a stuck claim would strand the allocation.
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _locked_lease(*, lease_id: UUID, company_id: UUID) -> EnvironmentLease:
+    with bounded_lock_wait():
+        lease = environment_leases_for_update().filter(pk=lease_id, company_id=company_id).first()
+    if lease is None:
+        raise EnvironmentLeaseNotFound()
+    return lease
+
+
+def environment_lease_cleanup_claim(
+    *,
+    lease_id: UUID,
+    company_id: UUID,
+    actor_type: str,
+    actor_id: str,
+    attempt_id: str | None = None,
+) -> CleanupClaim:
+    """Claim the lease's pending cleanup for 15 minutes with a fresh attempt id.
+
+    Claimable: status `pending_cleanup`, and no live claim (not in flight, or the in-flight
+    claim's `pendingCleanupLeaseExpiresAtMs` has passed on the database clock). A lease with a
+    stop-only intent that does not bind to it is never claimable. `attempt_id` lets an
+    in-process owner (the finalization ownership token) claim under its own token; workers
+    over HTTP always get a fresh uuid. Writes one audit row.
+
+    Locks: the lease row FOR NO KEY UPDATE with a 5 s lock timeout (two racing workers: the
+    second waits, then sees the first claim). Raises EnvironmentLeaseNotFound (also for
+    another company's lease), CleanupNotPending, CleanupInFlight, CleanupIntentInvalid,
+    ResourceBusy.
+    """
+    with transaction.atomic(durable=True):
+        lease = _locked_lease(lease_id=lease_id, company_id=company_id)
+        if lease.status != EnvironmentLease.Status.PENDING_CLEANUP:
+            raise CleanupNotPending(status=lease.status)
+        if stop_only_cleanup_has(lease) and stop_only_cleanup_read(lease) is None:
+            intent = EXPORT_RESUME_KEY if export_resume_has(lease) else STOP_AND_RETAIN_KEY
+            raise CleanupIntentInvalid(intent=intent)
+        metadata = dict(lease.metadata) if isinstance(lease.metadata, dict) else {}
+        now_ms = _ms(db_now())
+        previous_expiry = _claim_expiry_ms(metadata)
+        in_flight = metadata.get("pendingCleanupInFlight") is True
+        if in_flight and previous_expiry > now_ms:
+            raise CleanupInFlight(
+                expires_at=datetime.fromtimestamp(previous_expiry / 1000, tz=UTC).isoformat()
+            )
+        attempt = attempt_id or str(uuid.uuid4())
+        expires_ms = now_ms + CLEANUP_CLAIM_TTL_MS
+        previous_attempt = metadata.get("pendingCleanupAttemptId")
+        metadata.update(
+            pendingCleanupAttemptId=attempt,
+            pendingCleanupInFlight=True,
+            pendingCleanupLeaseExpiresAtMs=expires_ms,
+        )
+        EnvironmentLease.objects.filter(pk=lease.pk).update(metadata=metadata, updated_at=Now())
+        activity_record(
+            company_id=lease.company_id,
+            actor_type=actor_type,
+            actor_id=actor_id,
+            action="environment_lease.cleanup_claimed",
+            entity_type="environment_lease",
+            entity_id=lease.pk,
+            run_id=lease.heartbeat_run_id,
+            details={
+                "attemptId": attempt,
+                "previousAttemptId": previous_attempt,
+                "expiresAtMs": expires_ms,
+                "reclaimedExpiredClaim": in_flight,
+            },
+        )
+        lease.refresh_from_db()
+    return CleanupClaim(
+        attempt_id=attempt,
+        lease=lease,
+        stop_only=stop_only_cleanup_has(lease),
+        expires_at=datetime.fromtimestamp(expires_ms / 1000, tz=UTC),
+    )
+
+
+def environment_lease_cleanup_settle(
+    *,
+    lease_id: UUID,
+    company_id: UUID,
+    attempt_id: str,
+    provider_lease_id: str,
+    state: ReceiptState,
+    actor_type: str,
+    actor_id: str,
+) -> EnvironmentLease:
+    """Apply a worker's cleanup receipt to the lease it claimed; return the settled lease.
+
+    Accepted only for the lease's live attempt: status `pending_cleanup`, in flight, the same
+    `pendingCleanupAttemptId`, and the receipt naming the lease's own allocation. Then:
+    - export-resume marker: `export_resume_settle` (only `stopped` settles);
+    - stop-and-retain intent: only `stopped` settles (released, cleanup success, intent and
+      claim cleared, termination receipt stored);
+    - otherwise: `stopped`/`destroyed` settle as released with cleanup success;
+    - any reply that does not settle keeps `pending_cleanup`, cleanup `failed`, not in flight
+      (the next claim retries it).
+    Writes one audit row. Locks: the lease row FOR NO KEY UPDATE (5 s lock timeout).
+    Raises EnvironmentLeaseNotFound, CleanupAttemptStale (nothing changed), ResourceBusy.
+    """
+    with transaction.atomic(durable=True):
+        lease = _locked_lease(lease_id=lease_id, company_id=company_id)
+        metadata = dict(lease.metadata) if isinstance(lease.metadata, dict) else {}
+        if lease.status != EnvironmentLease.Status.PENDING_CLEANUP:
+            raise CleanupAttemptStale(reason="not_pending")
+        if metadata.get("pendingCleanupInFlight") is not True:
+            raise CleanupAttemptStale(reason="not_claimed")
+        if metadata.get("pendingCleanupAttemptId") != attempt_id:
+            raise CleanupAttemptStale(reason="attempt_mismatch")
+        if not lease.provider_lease_id or provider_lease_id != lease.provider_lease_id:
+            raise CleanupAttemptStale(reason="provider_lease_mismatch")
+        reply = {"providerLeaseId": provider_lease_id, "state": state}
+        if export_resume_has(lease):
+            settled = export_resume_settle(
+                lease=lease,
+                attempt_id=attempt_id,
+                receipt=reply,
+                actor_type=actor_type,
+                actor_id=actor_id,
+            )
+            if settled is None:
+                raise CleanupAttemptStale(reason="lease_changed")
+            return settled
+        return _settle_generic(
+            lease, metadata, attempt_id=attempt_id, reply=reply, actor=(actor_type, actor_id)
+        )
+
+
+def _settle_generic(
+    lease: EnvironmentLease,
+    metadata: dict[str, Any],
+    *,
+    attempt_id: str,
+    reply: dict[str, str],
+    actor: tuple[str, str],
+) -> EnvironmentLease:
+    stop_only = STOP_AND_RETAIN_KEY in metadata
+    if stop_only and stop_only_cleanup_read(lease) is None:
+        raise CleanupAttemptStale(reason="lease_changed")
+    settles = reply["state"] == "stopped" or (not stop_only and reply["state"] == "destroyed")
+    metadata.pop(REMOTE_TERMINATION_KEY, None)
+    if settles:
+        metadata.pop(STOP_AND_RETAIN_KEY, None)
+        receipt = remote_termination_receipt(lease, reply, confirmed_at=db_now())
+        if receipt is not None:
+            metadata[REMOTE_TERMINATION_KEY] = receipt
+    metadata.update(pendingCleanupInFlight=False, pendingCleanupLeaseExpiresAtMs=0)
+    new_status = (
+        EnvironmentLease.Status.RELEASED if settles else EnvironmentLease.Status.PENDING_CLEANUP
+    )
+    cleanup = (
+        EnvironmentLease.CleanupStatus.SUCCESS if settles else EnvironmentLease.CleanupStatus.FAILED
+    )
+    EnvironmentLease.objects.filter(pk=lease.pk).update(
+        status=new_status,
+        cleanup_status=cleanup,
+        released_at=Now(),
+        last_used_at=Now(),
+        updated_at=Now(),
+        metadata=metadata,
+    )
+    activity_record(
+        company_id=lease.company_id,
+        actor_type=actor[0],
+        actor_id=actor[1],
+        action="environment_lease.cleanup_settled",
+        entity_type="environment_lease",
+        entity_id=lease.pk,
+        run_id=lease.heartbeat_run_id,
+        details={
+            "attemptId": attempt_id,
+            "intent": "sandbox_stop_and_retain" if stop_only else None,
+            "receiptState": reply["state"],
+            "stopped": settles,
+            "status": new_status,
+        },
+    )
+    lease.refresh_from_db()
+    return lease
