@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from paperclip.models import Agent, Company, Issue, TimestampedModel
 
@@ -107,3 +108,32 @@ class IssueRecoveryAction(TimestampedModel):
 
     def __str__(self) -> str:
         return f"{self.cause} ({self.status})"
+
+
+class WorkerStopReceipt(models.Model):
+    """A worker platform's signed statement that the worker (and every process it started)
+    holding a finalization owner receipt has stopped. Recorded through
+    `POST /api/platform/worker-stops` or `manage.py record_worker_stop`; the signature is
+    re-verified whenever it is used as a stop proof."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(
+        "paperclip.HeartbeatRun", on_delete=models.CASCADE, related_name="worker_stop_receipts"
+    )
+    owner_token = models.TextField()
+    worker_id = models.TextField()
+    stopped_at = models.TextField()  # as signed by the platform (ISO-8601)
+    signature = models.TextField()
+    recorded_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "worker_stop_receipts"
+        constraints: ClassVar[list[Any]] = [
+            models.UniqueConstraint(
+                fields=["run", "owner_token"], name="worker_stop_receipts_run_token_uq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"stop receipt {self.worker_id} for run {self.run_id}"

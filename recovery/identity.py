@@ -1,0 +1,100 @@
+"""Who this controller process is, and whether a recorded controller may be taken over.
+
+A receipt names a process by (hostname, pid, OS start time). The pid alone is not enough: pids
+are recycled, so a live pid whose start time differs by a second or more is another process.
+Only same-host receipts can be judged here; callers never evaluate a foreign host's pid.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psutil
+
+# Differences below one second are the same process: some platforms report start times with
+# whole-second precision (UPSTREAM §2.3).
+PID_RECYCLE_TOLERANCE_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerIdentity:
+    boot_id: str
+    pid: int
+    process_started_at: datetime
+    hostname: str
+
+
+@dataclass(frozen=True, slots=True)
+class TakeoverDecision:
+    allowed: bool
+    reason: str
+
+
+_lock = threading.Lock()
+_identity: ControllerIdentity | None = None
+
+
+def process_started_at(pid: int) -> datetime | None:
+    """The OS-observed start time of `pid`, or None when no such process is visible."""
+    try:
+        created = psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    return datetime.fromtimestamp(created, tz=UTC)
+
+
+def current_hostname() -> str:
+    return socket.gethostname()
+
+
+def current_controller_identity() -> ControllerIdentity:
+    """This process's identity; the boot id is random per process (re-minted after fork)."""
+    global _identity
+    pid = os.getpid()
+    with _lock:
+        if _identity is None or _identity.pid != pid:
+            started = process_started_at(pid) or datetime.now(tz=UTC)
+            _identity = ControllerIdentity(
+                boot_id=str(uuid.uuid4()),
+                pid=pid,
+                process_started_at=started,
+                hostname=current_hostname(),
+            )
+        return _identity
+
+
+def _is_dead(pid: int) -> bool:
+    if not psutil.pid_exists(pid):
+        return True
+    try:
+        # A zombie has exited; only its exit status waits to be reaped.
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False  # exists, owned by someone else: alive
+
+
+def evaluate_controller_takeover(
+    *, pid: int | None, started_at: datetime | None
+) -> TakeoverDecision:
+    """May a same-host controller recorded as (pid, started_at) be taken over?
+
+    Allowed only when the process is dead (or a zombie) or the pid now belongs to a process
+    that started at least a second apart from the recorded one. Elapsed time never counts.
+    """
+    if pid is None or pid <= 0 or started_at is None:
+        return TakeoverDecision(False, "controller_identity_missing")
+    if _is_dead(pid):
+        return TakeoverDecision(True, "controller_process_dead")
+    observed = process_started_at(pid)
+    if observed is None:
+        return TakeoverDecision(True, "controller_process_dead")
+    if abs((observed - started_at).total_seconds()) >= PID_RECYCLE_TOLERANCE_SECONDS:
+        return TakeoverDecision(True, "controller_pid_recycled")
+    return TakeoverDecision(False, "controller_still_alive")

@@ -1,0 +1,43 @@
+"""Advisory-lock keys and locking querysets of the recovery app (the only place building them).
+
+Lock order (see paperclip/db/advisory.py): advisory keys first, then issue → coordinator →
+run → recovery action rows. Upstream's ownership seed locks the coordinator before the issue;
+we use the owner-stop admission order (UPSTREAM §7.2) everywhere so the two paths can't
+deadlock against each other.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.db.models import QuerySet
+
+from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization
+from recovery.models import IssueRecoveryAction
+
+
+def finalization_lock_key(company_id: UUID | str, run_id: UUID | str) -> str:
+    """The per-run finalization ownership key shared by controllers, reconcilers and the
+    owner-stop confirmation."""
+    return f"native-workspace-finalization:{company_id}:{run_id}"
+
+
+def recovery_source_key(company_id: UUID | str, issue_id: UUID | str) -> str:
+    """Serializes the single writer of an issue's live recovery action."""
+    return f"recovery:source-issue:{company_id}:{issue_id}"
+
+
+def issues_for_update() -> QuerySet[Issue]:
+    return Issue.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def coordinators_for_update() -> QuerySet[NativeRunFinalization]:
+    return NativeRunFinalization.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def runs_for_update() -> QuerySet[HeartbeatRun]:
+    return HeartbeatRun.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def recovery_actions_for_update() -> QuerySet[IssueRecoveryAction]:
+    return IssueRecoveryAction.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")

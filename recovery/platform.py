@@ -1,0 +1,200 @@
+"""Worker-platform stop proofs (UPSTREAM §2.4).
+
+A receipt may name the deployment worker that ran the controller (`worker`). Before taking
+over such a receipt without an operator, the configured platform (setting
+`PAPERCLIP_WORKER_PLATFORM`) is asked whether that exact worker, orphaned children included,
+has stopped: `verified` (with a proof that is stored with the new receipt), `pending` (the
+worker is known but no stop has been reported yet) or `unverified` (anything else: unsigned,
+mismatched, or no platform configured). Only `verified` authorises an automatic takeover.
+
+The shipped `SignedReceiptPlatform`: a deployment platform reports a stopped worker with an
+HMAC-SHA256 signature (key: `PAPERCLIP_PLATFORM_STOP_SECRET`) over the canonical JSON
+`{"ownerToken","runId","stoppedAt","workerId"}`; receipts are stored in `worker_stop_receipts`
+and re-verified every time they are used.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils.module_loading import import_string
+
+from paperclip.activity import activity_record
+from paperclip.errors import NotFoundError
+from paperclip.models import HeartbeatRun
+from recovery.canonical import canonical_json
+from recovery.errors import WorkerStopPlatformDisabled, WorkerStopSignatureInvalid
+from recovery.models import WorkerStopReceipt
+
+PROOF_SCHEMA = "paperclip.worker-stop-receipt.v1"
+StopStatus = Literal["verified", "pending", "unverified"]
+
+
+@dataclass(frozen=True, slots=True)
+class StopProofCheck:
+    status: StopStatus
+    proof: dict[str, Any] | None = None
+
+
+class WorkerPlatform(Protocol):
+    def current_worker(self) -> dict[str, Any] | None:
+        """A descriptor of the deployment worker this process runs in, or None."""
+
+    def request_stop_proof(
+        self, *, run_id: UUID, owner_token: str, worker: dict[str, Any]
+    ) -> StopProofCheck:
+        """Has `worker`, which held `owner_token` for `run_id`, stopped?"""
+
+
+def worker_stop_signature(
+    *, secret: str, run_id: UUID | str, owner_token: str, worker_id: str, stopped_at: str
+) -> str:
+    """The hex HMAC-SHA256 a platform sends with a stop receipt."""
+    message = canonical_json(
+        {
+            "ownerToken": owner_token,
+            "runId": str(run_id),
+            "stoppedAt": stopped_at,
+            "workerId": worker_id,
+        }
+    )
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def _stop_secret() -> str:
+    return str(getattr(settings, "PAPERCLIP_PLATFORM_STOP_SECRET", "") or "")
+
+
+class SignedReceiptPlatform:
+    """Stop proofs are HMAC-signed receipts recorded by the deployment platform."""
+
+    def current_worker(self) -> dict[str, Any] | None:
+        worker_id = os.environ.get("PAPERCLIP_WORKER_ID", "").strip()
+        if not worker_id:
+            return None
+        return {"id": worker_id, "platform": "signed-receipt"}
+
+    def request_stop_proof(
+        self, *, run_id: UUID, owner_token: str, worker: dict[str, Any]
+    ) -> StopProofCheck:
+        secret = _stop_secret()
+        worker_id = worker.get("id")
+        if not secret or not isinstance(worker_id, str):
+            return StopProofCheck("unverified")
+        receipt = WorkerStopReceipt.objects.filter(run_id=run_id, owner_token=owner_token).first()
+        if receipt is None:
+            return StopProofCheck("pending")
+        expected = worker_stop_signature(
+            secret=secret,
+            run_id=run_id,
+            owner_token=owner_token,
+            worker_id=receipt.worker_id,
+            stopped_at=receipt.stopped_at,
+        )
+        if receipt.worker_id != worker_id or not hmac.compare_digest(expected, receipt.signature):
+            return StopProofCheck("unverified")
+        return StopProofCheck(
+            "verified",
+            {
+                "schema": PROOF_SCHEMA,
+                "receiptId": str(receipt.id),
+                "runId": str(run_id),
+                "ownerToken": owner_token,
+                "workerId": receipt.worker_id,
+                "stoppedAt": receipt.stopped_at,
+                "signature": receipt.signature,
+            },
+        )
+
+
+@functools.cache
+def _platform(path: str) -> WorkerPlatform:
+    platform: WorkerPlatform = import_string(path)()
+    return platform
+
+
+def worker_platform() -> WorkerPlatform:
+    return _platform(str(settings.PAPERCLIP_WORKER_PLATFORM))
+
+
+def current_workspace_worker() -> dict[str, Any] | None:
+    return worker_platform().current_worker()
+
+
+def request_worker_stop_proof(
+    *, run_id: UUID, owner_token: str, worker: dict[str, Any]
+) -> StopProofCheck:
+    return worker_platform().request_stop_proof(
+        run_id=run_id, owner_token=owner_token, worker=worker
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStop:
+    receipt: WorkerStopReceipt
+    created: bool
+
+
+def worker_stop_record(
+    *, run_id: UUID, owner_token: str, worker_id: str, stopped_at: str, signature: str
+) -> RecordedStop:
+    """Store a platform's signed stop receipt for (run, owner token).
+
+    The signature is checked before the run is looked up, so an unsigned caller learns
+    nothing about which runs exist. Idempotent on (run, owner token): a repeat returns the
+    stored receipt. Raises WorkerStopPlatformDisabled, WorkerStopSignatureInvalid, NotFoundError.
+    """
+    secret = _stop_secret()
+    if not secret:
+        raise WorkerStopPlatformDisabled()
+    expected = worker_stop_signature(
+        secret=secret,
+        run_id=run_id,
+        owner_token=owner_token,
+        worker_id=worker_id,
+        stopped_at=stopped_at,
+    )
+    if not hmac.compare_digest(expected, signature.lower()):
+        raise WorkerStopSignatureInvalid()
+    with transaction.atomic(durable=True):
+        run = HeartbeatRun.objects.filter(pk=run_id).only("id", "company_id").first()
+        if run is None:
+            raise NotFoundError()
+        existing = WorkerStopReceipt.objects.filter(run_id=run_id, owner_token=owner_token).first()
+        if existing is not None:
+            return RecordedStop(existing, created=False)
+        try:
+            with transaction.atomic():
+                receipt = WorkerStopReceipt.objects.create(
+                    company_id=run.company_id,
+                    run_id=run_id,
+                    owner_token=owner_token,
+                    worker_id=worker_id,
+                    stopped_at=stopped_at,
+                    signature=signature.lower(),
+                )
+        except IntegrityError:
+            # A concurrent identical report won the unique index; answer with its row.
+            return RecordedStop(
+                WorkerStopReceipt.objects.get(run_id=run_id, owner_token=owner_token),
+                created=False,
+            )
+        activity_record(
+            company_id=run.company_id,
+            actor_type="system",
+            actor_id="worker-platform",
+            action="run.worker_stop_recorded",
+            entity_type="heartbeat_run",
+            entity_id=run_id,
+            run_id=run_id,
+            details={"workerId": worker_id, "ownerToken": owner_token, "stoppedAt": stopped_at},
+        )
+    return RecordedStop(receipt, created=True)

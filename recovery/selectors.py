@@ -1,0 +1,69 @@
+"""Reads of the recovery app."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
+
+from paperclip.models import HeartbeatRun, NativeRunFinalization
+from recovery.models import LIVE_STATUSES, IssueRecoveryAction
+
+OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"
+WAITING_PHASES = ("result_accepted", "workspace_finalizing")
+
+
+def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecoveryAction | None:
+    """The newest live (active or escalated) recovery action of the source issue, or None."""
+    return (
+        IssueRecoveryAction.objects.filter(
+            company_id=company_id, source_issue_id=issue_id, status__in=LIVE_STATUSES
+        )
+        .order_by("-updated_at", "-id")
+        .first()
+    )
+
+
+def recovery_action_list_for_issue(
+    *, company_id: UUID, issue_id: UUID
+) -> QuerySet[IssueRecoveryAction]:
+    return IssueRecoveryAction.objects.filter(
+        company_id=company_id, source_issue_id=issue_id
+    ).order_by("-created_at", "-id")
+
+
+def run_issue_id(run: HeartbeatRun) -> UUID | None:
+    """coalesce(native_issue_id, issue_id, context_snapshot.issueId) (UPSTREAM §8.4)."""
+    if run.native_issue_id is not None:
+        return run.native_issue_id
+    if run.issue_id is not None:
+        return run.issue_id
+    snapshot: Any = run.context_snapshot
+    if isinstance(snapshot, dict) and isinstance(snapshot.get("issueId"), str):
+        try:
+            return UUID(snapshot["issueId"])
+        except ValueError:
+            return None
+    return None
+
+
+def finalizations_waiting(*, after_run_id: UUID | None, limit: int) -> list[tuple[UUID, UUID]]:
+    """(company_id, run_id) of coordinators waiting for finalization, in run-id order after
+    `after_run_id`: phase result_accepted/workspace_finalizing and no future retry time."""
+    qs = NativeRunFinalization.objects.filter(phase__in=WAITING_PHASES).filter(
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())
+    )
+    if after_run_id is not None:
+        qs = qs.filter(run_id__gt=after_run_id)
+    return list(qs.order_by("run_id").values_list("company_id", "run_id")[:limit])
+
+
+def db_now_iso() -> str:
+    """Database time (the only clock) as ISO-8601, for timestamps stored inside jsonb."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        row = cursor.fetchone()
+    return str(row[0].isoformat())

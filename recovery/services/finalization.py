@@ -1,0 +1,655 @@
+"""Accepting a native run's result and finalizing its workspace under ownership."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+from uuid import UUID, uuid4
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from paperclip.activity import activity_record, require_transaction
+from paperclip.models import (
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+    WorkspaceOperation,
+)
+from recovery.canonical import canonical_sha256
+from recovery.copyback import CopybackError, CopybackReport, copyback_backend
+from recovery.errors import (
+    FinalizationBindingMissing,
+    FinalizationNotReady,
+    FinalizationOwnershipLost,
+    NativeResultConflict,
+    RunNotFinalizable,
+)
+from recovery.locks import (
+    coordinators_for_update,
+    issues_for_update,
+    recovery_actions_for_update,
+    runs_for_update,
+)
+from recovery.models import LIVE_STATUSES, IssueRecoveryAction
+from recovery.notify import notify_finalization_wake
+from recovery.receipts import OWNER_KEY
+from recovery.selectors import (
+    OWNER_UNVERIFIED_CAUSE,
+    WAITING_PHASES,
+    finalizations_waiting,
+    run_issue_id,
+)
+from recovery.services.actions import resolve_in_tx
+from recovery.services.ownership import (
+    Acquired,
+    FinalizationOwnership,
+    NotAcquired,
+    with_finalization_ownership,
+)
+
+logger = logging.getLogger(__name__)
+
+TERMINAL_SCHEMA = "paperclip.prp.terminal.v1"
+RUN_TERMINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out", "interrupted")
+FINALIZER = "native_workspace_finalizer"
+RETRY_BASE_SECONDS = 30
+RETRY_CAP_SECONDS = 900
+
+
+@dataclass(frozen=True, slots=True)
+class ResultAcceptance:
+    result: NativeRunResult
+    created: bool  # False for an idempotent repeat
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizeOutcome:
+    run_id: UUID
+    status: Literal["committed", "already_committed", "retry_scheduled", "retry_exhausted"]
+    phase: str
+    result_id: UUID | None
+    run_status: str
+    operation_id: UUID | None = None
+    copied: CopybackReport | None = None
+    failure_code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileSummary:
+    examined: int = 0
+    committed: int = 0
+    already_committed: int = 0
+    failed: int = 0
+    not_acquired: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+
+
+def _max_attempts() -> int:
+    return int(getattr(settings, "PAPERCLIP_FINALIZE_MAX_ATTEMPTS", 5))
+
+
+def _locked_binding(
+    *, company_id: UUID, run_id: UUID
+) -> tuple[Issue, NativeRunFinalization | None, HeartbeatRun]:
+    """Lock issue → coordinator → run (the global order) for a native run with an issue."""
+    require_transaction()
+    run = HeartbeatRun.objects.filter(pk=run_id, company_id=company_id, runtime_mode="native")
+    probe = run.only("id", "native_issue_id", "issue_id", "context_snapshot").first()
+    issue_id = run_issue_id(probe) if probe is not None else None
+    if probe is None or issue_id is None:
+        raise FinalizationBindingMissing(run_id=str(run_id))
+    issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
+    coordinator = coordinators_for_update().filter(run_id=run_id, company_id=company_id).first()
+    locked_run = runs_for_update().filter(pk=run_id, company_id=company_id).first()
+    if issue is None or locked_run is None:
+        raise FinalizationBindingMissing(run_id=str(run_id))
+    return issue, coordinator, locked_run
+
+
+def result_accept(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    agent_id: UUID,
+    result: dict[str, Any],
+    run_terminal_state: str,
+    caller_result_id: str | None = None,
+) -> ResultAcceptance:
+    """Accept the runner's result for a native run and queue its workspace finalization.
+
+    Stores `{result, terminal: {schema, runTerminalState}}` with sha256 fingerprints of its
+    canonical JSON; moves the coordinator (created if missing) to `result_accepted` and
+    mirrors the phase on the run. Idempotent on `caller_result_id` (and on identical content).
+    Locks issue → coordinator → run. Raises FinalizationBindingMissing, RunNotFinalizable
+    (run terminal or already committed), NativeResultConflict (another result was accepted,
+    or the same caller id was used for different content). Audited; NOTIFY on commit.
+    """
+    if run_terminal_state not in RUN_TERMINAL_STATES:
+        raise ValueError(f"unknown run terminal state {run_terminal_state!r}")
+    result_json = {
+        "result": result,
+        "terminal": {"schema": TERMINAL_SCHEMA, "runTerminalState": run_terminal_state},
+    }
+    canonical = canonical_sha256(result_json)
+    fingerprint = canonical_sha256({"runId": str(run_id), "resultJson": result_json})
+    with transaction.atomic(durable=True):
+        issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
+        if run.agent_id != agent_id:
+            raise FinalizationBindingMissing(run_id=str(run_id))
+        existing = None
+        if caller_result_id is not None:
+            existing = NativeRunResult.objects.filter(
+                run_id=run_id, caller_result_id=caller_result_id
+            ).first()
+            if existing is not None and existing.server_fingerprint != fingerprint:
+                raise NativeResultConflict(caller_result_id=caller_result_id)
+        if existing is None:
+            existing = NativeRunResult.objects.filter(
+                run_id=run_id, server_fingerprint=fingerprint
+            ).first()
+        if (
+            existing is not None
+            and coordinator is not None
+            and coordinator.result_id == existing.pk
+        ):
+            return ResultAcceptance(existing, created=False)
+        if coordinator is not None and coordinator.result_id is not None:
+            raise NativeResultConflict(accepted_result_id=str(coordinator.result_id))
+        if run.is_terminal or (coordinator is not None and coordinator.phase != "observed"):
+            raise RunNotFinalizable(status=run.status)
+        if run.completion_contract_id is None:
+            # A result row needs a completion contract; runs created without one get theirs
+            # minted here, under the run lock.
+            run.completion_contract_id = uuid4()
+        accepted = existing
+        if accepted is None:
+            try:
+                with transaction.atomic():
+                    accepted = NativeRunResult.objects.create(
+                        company_id=company_id,
+                        issue_id=issue.pk,
+                        run_id=run_id,
+                        completion_contract_id=run.completion_contract_id,
+                        caller_result_id=caller_result_id,
+                        server_fingerprint=fingerprint,
+                        schema_status=NativeRunResult.SchemaStatus.ACCEPTED,
+                        result_json=result_json,
+                        canonical_sha256=canonical,
+                    )
+            except IntegrityError as exc:
+                raise NativeResultConflict(caller_result_id=caller_result_id) from exc
+        if coordinator is None:
+            coordinator = NativeRunFinalization(run_id=run_id, company_id=company_id)
+        coordinator.issue_id = issue.pk
+        coordinator.phase = NativeRunFinalization.Phase.RESULT_ACCEPTED
+        coordinator.result_id = accepted.pk
+        coordinator.next_attempt_at = None
+        coordinator.updated_at = Now()
+        coordinator.save()
+        run.native_phase = NativeRunFinalization.Phase.RESULT_ACCEPTED
+        run.native_phase_updated_at = Now()
+        run.result_json = {
+            **(run.result_json if isinstance(run.result_json, dict) else {}),
+            "finalizationPhase": "result_accepted",
+        }
+        run.updated_at = Now()
+        run.save(
+            update_fields=[
+                "native_phase",
+                "native_phase_updated_at",
+                "result_json",
+                "completion_contract_id",
+                "updated_at",
+            ]
+        )
+        activity_record(
+            company_id=company_id,
+            actor_type="agent",
+            actor_id=str(agent_id),
+            action="run.native_result_accepted",
+            entity_type="heartbeat_run",
+            entity_id=run_id,
+            run_id=run_id,
+            details={
+                "resultId": str(accepted.pk),
+                "callerResultId": caller_result_id,
+                "runTerminalState": run_terminal_state,
+            },
+        )
+        notify_finalization_wake(company_id=company_id, run_id=run_id)
+    accepted.refresh_from_db()
+    return ResultAcceptance(accepted, created=True)
+
+
+# --- finalization under ownership ---------------------------------------------------------
+
+
+def _workspace_dir(run: HeartbeatRun) -> str | None:
+    profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
+    binding = (profile.get("nativeExecutionInput") or {}).get("binding") or {}
+    value = binding.get("workspaceDir") if isinstance(binding, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _destination(run: HeartbeatRun, issue: Issue) -> str | None:
+    workspace = run.execution_workspace or issue.execution_workspace
+    return workspace.cwd if workspace is not None and workspace.cwd else None
+
+
+def _terminal_state(result: NativeRunResult | None) -> str:
+    data = result.result_json if result is not None else None
+    terminal = data.get("terminal") if isinstance(data, dict) else None
+    state = terminal.get("runTerminalState") if isinstance(terminal, dict) else None
+    return state if state in RUN_TERMINAL_STATES else "succeeded"
+
+
+def _start_operation(
+    *,
+    ownership: FinalizationOwnership,
+    run: HeartbeatRun,
+    issue: Issue,
+    source: str | None,
+    destination: str | None,
+) -> WorkspaceOperation:
+    """Record `workspace_finalize` (running) and move the coordinator to workspace_finalizing."""
+    with transaction.atomic(durable=True):
+        issue, coordinator, locked = _locked_binding(company_id=run.company_id, run_id=run.pk)
+        if coordinator is None or coordinator.phase not in (*WAITING_PHASES, "retryable_failure"):
+            raise FinalizationNotReady(run_id=str(run.pk))
+        coordinator.phase = NativeRunFinalization.Phase.WORKSPACE_FINALIZING
+        coordinator.attempt += 1
+        coordinator.updated_at = Now()
+        coordinator.save(update_fields=["phase", "attempt", "updated_at"])
+        locked.native_phase = NativeRunFinalization.Phase.WORKSPACE_FINALIZING
+        locked.native_phase_updated_at = Now()
+        locked.result_json = {
+            **(locked.result_json if isinstance(locked.result_json, dict) else {}),
+            "finalizationPhase": "workspace_finalizing",
+        }
+        locked.save(update_fields=["native_phase", "native_phase_updated_at", "result_json"])
+        operation = WorkspaceOperation.objects.create(
+            company_id=run.company_id,
+            execution_workspace_id=run.execution_workspace_id or issue.execution_workspace_id,
+            heartbeat_run_id=run.pk,
+            actor_run_id=run.pk,
+            issue_id=issue.pk,
+            phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
+            command="copy-back",
+            cwd=destination,
+            status=WorkspaceOperation.Status.RUNNING,
+            metadata={
+                "owningService": FINALIZER,
+                "observation": "workspace_directory" if source else "no_workspace_directory",
+                "source": source,
+                "destination": destination,
+                "ownerToken": ownership.token,
+                "attempt": coordinator.attempt,
+            },
+        )
+        activity_record(
+            company_id=run.company_id,
+            actor_type="system",
+            actor_id=FINALIZER,
+            action="run.workspace_finalize_started",
+            entity_type="workspace_operation",
+            entity_id=operation.pk,
+            run_id=run.pk,
+            details={"attempt": coordinator.attempt, "source": source, "destination": destination},
+        )
+    return operation
+
+
+def _finish_operation(
+    *, operation: WorkspaceOperation, succeeded: bool, metadata: dict[str, Any]
+) -> None:
+    with transaction.atomic(durable=True):
+        updated = WorkspaceOperation.objects.filter(
+            pk=operation.pk, status=WorkspaceOperation.Status.RUNNING
+        ).update(
+            status=WorkspaceOperation.Status.SUCCEEDED
+            if succeeded
+            else WorkspaceOperation.Status.FAILED,
+            exit_code=0 if succeeded else 1,
+            finished_at=Now(),
+            updated_at=Now(),
+            metadata={**(operation.metadata or {}), **metadata},
+        )
+        if updated:
+            activity_record(
+                company_id=operation.company_id,
+                actor_type="system",
+                actor_id=FINALIZER,
+                action="run.workspace_finalize_succeeded"
+                if succeeded
+                else "run.workspace_finalize_failed",
+                entity_type="workspace_operation",
+                entity_id=operation.pk,
+                run_id=operation.heartbeat_run_id,
+                details=metadata,
+            )
+
+
+def _schedule_retry(*, company_id: UUID, run_id: UUID, code: str, detail: str) -> FinalizeOutcome:
+    """A copy-back failure keeps the saved result: back off, and after the budget stop
+    automatic retries (phase retryable_failure) until someone finalizes it explicitly."""
+    with transaction.atomic(durable=True):
+        _issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
+        if coordinator is None:
+            raise FinalizationNotReady(run_id=str(run_id))
+        if coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
+            # A committed coordinator is never overwritten by a late failure.
+            return _outcome(coordinator, run, "already_committed")
+        exhausted = coordinator.attempt >= _max_attempts()
+        delay = min(RETRY_BASE_SECONDS * 2 ** max(coordinator.attempt - 1, 0), RETRY_CAP_SECONDS)
+        coordinator.failure_code = (
+            "workspace_copyback_retry_exhausted" if exhausted else "workspace_copyback_failed"
+        )
+        coordinator.failure_detail = {
+            "workspaceFinalizeAttempt": coordinator.attempt,
+            "code": code,
+            "detail": detail[:2000],
+        }
+        coordinator.phase = (
+            NativeRunFinalization.Phase.RETRYABLE_FAILURE
+            if exhausted
+            else NativeRunFinalization.Phase.WORKSPACE_FINALIZING
+        )
+        coordinator.next_attempt_at = None if exhausted else Now() + timedelta(seconds=delay)
+        coordinator.updated_at = Now()
+        coordinator.save()
+        activity_record(
+            company_id=company_id,
+            actor_type="system",
+            actor_id=FINALIZER,
+            action="run.workspace_finalize_retry_exhausted"
+            if exhausted
+            else "run.workspace_finalize_retry_scheduled",
+            entity_type="heartbeat_run",
+            entity_id=run_id,
+            run_id=run_id,
+            details=coordinator.failure_detail,
+        )
+        coordinator.refresh_from_db()
+        return _outcome(
+            coordinator,
+            run,
+            "retry_exhausted" if exhausted else "retry_scheduled",
+            failure_code=coordinator.failure_code,
+        )
+
+
+def _outcome(
+    coordinator: NativeRunFinalization,
+    run: HeartbeatRun,
+    status: Any,
+    *,
+    operation_id: UUID | None = None,
+    copied: CopybackReport | None = None,
+    failure_code: str | None = None,
+) -> FinalizeOutcome:
+    return FinalizeOutcome(
+        run_id=run.pk,
+        status=status,
+        phase=coordinator.phase,
+        result_id=coordinator.result_id,
+        run_status=run.status,
+        operation_id=operation_id,
+        copied=copied,
+        failure_code=failure_code,
+    )
+
+
+def _commit(
+    *,
+    ownership: FinalizationOwnership,
+    company_id: UUID,
+    run_id: UUID,
+    operation_id: UUID | None,
+    copied: CopybackReport | None,
+) -> FinalizeOutcome:
+    """Coordinator and run → committed, the run reaches its terminal status, the issue's
+    execution lock is cleared and the owner-unverified hold (if any) resolves."""
+    with transaction.atomic(durable=True):
+        issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
+        if coordinator is None:
+            raise FinalizationNotReady(run_id=str(run_id))
+        # Fence inside the transaction: the run row is locked, so our receipt can't change
+        # between this check and the commit.
+        profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
+        receipt = profile.get(OWNER_KEY)
+        if not isinstance(receipt, dict) or receipt.get("token") != ownership.token:
+            raise FinalizationOwnershipLost("owner_replaced")
+        if coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
+            return _outcome(coordinator, run, "already_committed")
+        result = (
+            NativeRunResult.objects.filter(pk=coordinator.result_id).first()
+            if coordinator.result_id is not None
+            else None
+        )
+        previous_status = run.status
+        coordinator.phase = NativeRunFinalization.Phase.COMMITTED
+        coordinator.next_attempt_at = None
+        coordinator.failure_code = None
+        coordinator.failure_detail = None
+        coordinator.updated_at = Now()
+        coordinator.save()
+        run.native_phase = NativeRunFinalization.Phase.COMMITTED
+        run.native_phase_updated_at = Now()
+        run.result_json = {
+            **(run.result_json if isinstance(run.result_json, dict) else {}),
+            "finalizationPhase": "committed",
+        }
+        if not run.is_terminal:
+            run.status = _terminal_state(result)
+            run.finished_at = Now()
+        run.updated_at = Now()
+        run.save(
+            update_fields=[
+                "native_phase",
+                "native_phase_updated_at",
+                "result_json",
+                "status",
+                "finished_at",
+                "updated_at",
+            ]
+        )
+        issue_fields: list[str] = []
+        if issue.execution_run_id == run_id:
+            issue.execution_run = None
+            issue.execution_locked_at = None
+            issue_fields += ["execution_run", "execution_locked_at"]
+        if issue.checkout_run_id == run_id:
+            issue.checkout_run = None
+            issue_fields.append("checkout_run")
+        if issue_fields:
+            issue.updated_at = Now()
+            issue.save(update_fields=[*issue_fields, "updated_at"])
+        activity_record(
+            company_id=company_id,
+            actor_type="system",
+            actor_id=FINALIZER,
+            action="run.finalization_committed",
+            entity_type="heartbeat_run",
+            entity_id=run_id,
+            run_id=run_id,
+            details={
+                "resultId": str(coordinator.result_id),
+                "fromStatus": previous_status,
+                "toStatus": run.status,
+                "operationId": str(operation_id) if operation_id else None,
+                "issueLockCleared": bool(issue_fields),
+            },
+        )
+        for hold in recovery_actions_for_update().filter(
+            company_id=company_id,
+            source_issue_id=issue.pk,
+            cause=OWNER_UNVERIFIED_CAUSE,
+            status__in=LIVE_STATUSES,
+            evidence__runId=str(run_id),
+        ):
+            resolve_in_tx(
+                action=hold,
+                status=IssueRecoveryAction.Status.RESOLVED,
+                outcome=IssueRecoveryAction.Outcome.RESTORED,
+                resolution_note="Workspace finalization committed the saved result.",
+                actor_type="system",
+                actor_id=FINALIZER,
+            )
+        run.refresh_from_db()
+        coordinator.refresh_from_db()
+        return _outcome(coordinator, run, "committed", operation_id=operation_id, copied=copied)
+
+
+def _finalize_owned(ownership: FinalizationOwnership) -> FinalizeOutcome:
+    company_id, run_id = ownership.company_id, ownership.run_id
+    run = (
+        HeartbeatRun.objects.select_related("execution_workspace")
+        .filter(pk=run_id, company_id=company_id)
+        .first()
+    )
+    coordinator = NativeRunFinalization.objects.filter(run_id=run_id).first()
+    if run is None:
+        raise FinalizationBindingMissing(run_id=str(run_id))
+    if coordinator is not None and coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
+        return _outcome(coordinator, run, "already_committed")
+    if (
+        coordinator is None
+        or coordinator.result_id is None
+        or coordinator.phase not in (*WAITING_PHASES, "retryable_failure")
+    ):
+        raise FinalizationNotReady(run_id=str(run_id))
+    issue = Issue.objects.select_related("execution_workspace").get(pk=coordinator.issue_id)
+    barrier = WorkspaceOperation.objects.filter(
+        company_id=company_id,
+        heartbeat_run_id=run_id,
+        issue_id=issue.pk,
+        phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
+        status=WorkspaceOperation.Status.SUCCEEDED,
+    ).first()
+    if barrier is not None:
+        # Copy-back already completed under an earlier owner; only the commit is left.
+        ownership.assert_held()
+        return _commit(
+            ownership=ownership,
+            company_id=company_id,
+            run_id=run_id,
+            operation_id=barrier.pk,
+            copied=None,
+        )
+    source, destination = _workspace_dir(run), _destination(run, issue)
+    operation = _start_operation(
+        ownership=ownership, run=run, issue=issue, source=source, destination=destination
+    )
+    report: CopybackReport | None = None
+    try:
+        ownership.assert_held()
+        if source is not None:
+            if destination is None:
+                raise CopybackError(
+                    "copyback_destination_missing",
+                    "The run has a workspace directory but its execution workspace has no cwd.",
+                )
+            report = copyback_backend().copy_back(
+                run_id=run_id, source=source, destination=destination, check=ownership.assert_held
+            )
+        ownership.assert_held()
+    except FinalizationOwnershipLost:
+        _finish_operation(
+            operation=operation, succeeded=False, metadata={"error": "ownership_lost"}
+        )
+        raise
+    except (CopybackError, OSError) as exc:
+        code = exc.code if isinstance(exc, CopybackError) else "copyback_io_error"
+        _finish_operation(
+            operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
+        )
+        return _schedule_retry(company_id=company_id, run_id=run_id, code=code, detail=str(exc))
+    _finish_operation(
+        operation=operation,
+        succeeded=True,
+        metadata={
+            "copied": None
+            if report is None
+            else {
+                "files": report.files,
+                "directories": report.directories,
+                "bytes": report.bytes,
+                "symlinks": report.symlinks,
+                "skipped": list(report.skipped)[:100],
+            },
+        },
+    )
+    ownership.assert_held()
+    return _commit(
+        ownership=ownership,
+        company_id=company_id,
+        run_id=run_id,
+        operation_id=operation.pk,
+        copied=report,
+    )
+
+
+def run_finalize(*, company_id: UUID, run_id: UUID) -> Acquired[FinalizeOutcome] | NotAcquired:
+    """Finalize a run's workspace under finalization ownership: record `workspace_finalize`,
+    copy the run's workspace directory back to the execution workspace's cwd, then commit.
+
+    Returns NotAcquired(reason) when ownership isn't ours (see with_finalization_ownership).
+    A copy-back failure keeps the saved result and schedules a retry (outcome
+    retry_scheduled / retry_exhausted). Raises FinalizationBindingMissing, FinalizationNotReady,
+    FinalizationOwnershipLost (ownership lost mid-way: nothing is published after that).
+    """
+    return with_finalization_ownership(company_id=company_id, run_id=run_id, action=_finalize_owned)
+
+
+def finalizations_reconcile(
+    *,
+    batch_size: int = 50,
+    progress: Any = None,
+) -> ReconcileSummary:
+    """Finalize every run whose coordinator waits (result_accepted / workspace_finalizing, no
+    future retry time), one run at a time. Busy or held owners are skipped without spending a
+    retry. `progress(run_id, text)` and `progress(None, batch_text)` report as it goes."""
+    examined = committed = already = failed = errors = 0
+    not_acquired: dict[str, int] = {}
+    after: UUID | None = None
+    batch_no = 0
+    while True:
+        batch = finalizations_waiting(after_run_id=after, limit=batch_size)
+        if not batch:
+            break
+        batch_no += 1
+        for company_id, run_id in batch:
+            after = run_id
+            examined += 1
+            try:
+                outcome = run_finalize(company_id=company_id, run_id=run_id)
+            except (
+                FinalizationNotReady,
+                FinalizationBindingMissing,
+                FinalizationOwnershipLost,
+            ) as exc:
+                errors += 1
+                text = f"error {getattr(exc, 'code', None) or exc}"
+            else:
+                if isinstance(outcome, NotAcquired):
+                    not_acquired[outcome.reason] = not_acquired.get(outcome.reason, 0) + 1
+                    text = f"skipped ({outcome.reason})"
+                elif outcome.value.status == "committed":
+                    committed += 1
+                    text = "committed"
+                elif outcome.value.status == "already_committed":
+                    already += 1
+                    text = "already committed"
+                else:
+                    failed += 1
+                    text = f"{outcome.value.status} ({outcome.value.failure_code})"
+            if progress is not None:
+                progress(run_id, text)
+        if progress is not None:
+            progress(None, f"batch {batch_no}: {len(batch)} run(s)")
+    return ReconcileSummary(examined, committed, already, failed, not_acquired, errors)

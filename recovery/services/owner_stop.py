@@ -1,0 +1,275 @@
+"""Board confirmation that a workspace owner stopped (UPSTREAM §4.1, §7.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+from django.db import OperationalError, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from paperclip.activity import activity_record
+from paperclip.api.auth import Actor
+from paperclip.db.advisory import set_local_lock_timeout, try_advisory_xact_lock
+from paperclip.errors import InvalidRequest, NotFoundError, ResourceBusy
+from paperclip.models import HeartbeatRun, Issue, NativeRunResult
+from recovery.errors import (
+    WorkspaceControllerAlive,
+    WorkspaceCopybackActive,
+    WorkspaceOwnerRecoveryStale,
+)
+from recovery.identity import current_hostname, evaluate_controller_takeover
+from recovery.locks import (
+    coordinators_for_update,
+    finalization_lock_key,
+    issues_for_update,
+    recovery_actions_for_update,
+    runs_for_update,
+)
+from recovery.models import LIVE_STATUSES, IssueRecoveryAction
+from recovery.notify import notify_finalization_wake
+from recovery.receipts import OWNER_KEY, raw_owner, read_owner
+from recovery.selectors import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, db_now_iso, run_issue_id
+
+MIN_STOP_EVIDENCE_CHARS = 20
+MAX_STOP_EVIDENCE_CHARS = 12000
+QUEUED_NEXT_ACTION = (
+    "Workspace finalization is queued for the saved result; the agent will not repeat its work."
+)
+# The coordinator may have been waiting in any of these when its owner vanished.
+_ADMISSIBLE_PHASES = (*WAITING_PHASES, "retryable_failure")
+_CLOSED_ISSUE_STATUSES = ("done", "cancelled")
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerStopConfirmation:
+    run_id: UUID
+    result_id: UUID
+    status: Literal["queued"] = "queued"
+    replayed: bool = False  # True for an idempotent repeat: nothing was written
+
+
+def nonblank_length(text: str) -> int:
+    return sum(1 for ch in text if not ch.isspace())
+
+
+def _replay(
+    action: IssueRecoveryAction, run: HeartbeatRun, run_id: UUID, owner_token: str
+) -> OwnerStopConfirmation | None:
+    """The earlier answer, if this exact confirmation was already recorded and its receipt is
+    gone (a repeat can never release a newer owner)."""
+    evidence: Any = action.evidence
+    stop = evidence.get("workspaceOwnerStop") if isinstance(evidence, dict) else None
+    if not isinstance(stop, dict) or evidence.get("runId") != str(run_id):
+        return None
+    owner = stop.get("owner")
+    if not isinstance(owner, dict) or owner.get("token") != owner_token:
+        return None
+    current = raw_owner(run.runner_profile_json)
+    if isinstance(current, dict) and current.get("token") == owner_token:
+        return None
+    try:
+        result_id = UUID(str(stop.get("resultId")))
+    except ValueError:
+        return None
+    return OwnerStopConfirmation(run_id=run_id, result_id=result_id, replayed=True)
+
+
+def recovery_owner_stop_confirm(
+    *,
+    actor: Actor,
+    issue_id: UUID,
+    action_id: UUID,
+    run_id: UUID,
+    owner_token: str,
+    stop_evidence: str,
+    controller_and_copyback_stopped: bool,
+) -> OwnerStopConfirmation:
+    """A board member attests that the recorded finalization owner of `run_id` (controller and
+    copy-back processes) has stopped; release exactly that receipt so the ordinary
+    reconciler finalizes the saved result. Changes nothing else.
+
+    Locks, in one transaction: `pg_try_advisory_xact_lock` on the run's finalization key (held
+    → WorkspaceCopybackActive), then issue → coordinator → run → action FOR UPDATE. Rejects
+    with WorkspaceOwnerRecoveryStale when the action, run, coordinator, result, issue binding
+    or receipt is no longer the recorded one or a newer run exists; WorkspaceControllerAlive
+    when the owner is on this host and its process is alive; NotFoundError for an issue the
+    actor can't see; InvalidRequest without the checkbox or with short evidence. A repeat is
+    idempotent (same answer, nothing written). Audited (`issue.workspace_owner_stop_confirmed`);
+    NOTIFY wakes the reconcilers on commit.
+    """
+    fields: dict[str, list[str]] = {}
+    if controller_and_copyback_stopped is not True:
+        fields["controller_and_copyback_stopped"] = ["Confirm that the owner has stopped."]
+    if nonblank_length(stop_evidence) < MIN_STOP_EVIDENCE_CHARS:
+        fields["stop_evidence"] = [f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."]
+    elif len(stop_evidence) > MAX_STOP_EVIDENCE_CHARS:
+        fields["stop_evidence"] = [f"At most {MAX_STOP_EVIDENCE_CHARS} characters."]
+    if fields:
+        raise InvalidRequest(fields=fields)
+    visible = Issue.objects.filter(pk=issue_id).values_list("company_id", flat=True).first()
+    if visible is None or not actor.can_access(visible):
+        raise NotFoundError()
+    company_id: UUID = visible
+    try:
+        with transaction.atomic(durable=True):
+            return _confirm_locked(
+                actor=actor,
+                company_id=company_id,
+                issue_id=issue_id,
+                action_id=action_id,
+                run_id=run_id,
+                owner_token=owner_token,
+                stop_evidence=stop_evidence,
+            )
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+            raise ResourceBusy() from exc
+        raise
+
+
+def _confirm_locked(
+    *,
+    actor: Actor,
+    company_id: UUID,
+    issue_id: UUID,
+    action_id: UUID,
+    run_id: UUID,
+    owner_token: str,
+    stop_evidence: str,
+) -> OwnerStopConfirmation:
+    # The same key a live controller holds for the whole copy-back: if we get it, no
+    # finalization of this run is in progress anywhere.
+    if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
+        raise WorkspaceCopybackActive(run_id=str(run_id))
+    set_local_lock_timeout("5s")
+    stale = WorkspaceOwnerRecoveryStale
+    issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
+    coordinator = (
+        coordinators_for_update()
+        .filter(run_id=run_id, company_id=company_id, issue_id=issue_id)
+        .first()
+    )
+    run = runs_for_update().filter(pk=run_id, company_id=company_id).first()
+    action = (
+        recovery_actions_for_update()
+        .filter(pk=action_id, company_id=company_id, source_issue_id=issue_id)
+        .first()
+    )
+    if issue is None or coordinator is None or run is None or action is None:
+        raise stale(reason="binding_missing")
+    replay = _replay(action, run, run_id, owner_token)
+    if replay is not None:
+        return replay
+    evidence: dict[str, Any] = action.evidence if isinstance(action.evidence, dict) else {}
+    if (
+        action.cause != OWNER_UNVERIFIED_CAUSE
+        or action.owner_type != IssueRecoveryAction.OwnerType.BOARD
+        or action.kind != IssueRecoveryAction.Kind.ACTIVE_RUN_WATCHDOG
+        or action.status not in LIVE_STATUSES
+        or evidence.get("runId") != str(run_id)
+    ):
+        raise stale(reason="action_not_current")
+    if (
+        run.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE
+        or run.status != HeartbeatRun.Status.RUNNING
+        or run_issue_id(run) != issue.pk
+    ):
+        raise stale(reason="run_not_current")
+    if (
+        coordinator.phase not in _ADMISSIBLE_PHASES
+        or coordinator.lease_owner
+        or coordinator.result_id is None
+    ):
+        raise stale(reason="coordinator_not_waiting")
+    if (
+        issue.status in _CLOSED_ISSUE_STATUSES
+        or issue.assignee_agent_id != run.agent_id
+        or issue.execution_run_id != run.pk
+        or issue.checkout_run_id not in (None, run.pk)
+    ):
+        raise stale(reason="issue_moved_on")
+    if (
+        run.completion_contract_id is None
+        or not NativeRunResult.objects.filter(
+            pk=coordinator.result_id,
+            company_id=company_id,
+            issue_id=issue.pk,
+            run_id=run.pk,
+            completion_contract_id=run.completion_contract_id,
+            schema_status=NativeRunResult.SchemaStatus.ACCEPTED,
+        ).exists()
+    ):
+        raise stale(reason="result_not_bound")
+    newer_run = (
+        HeartbeatRun.objects.filter(company_id=company_id)
+        .filter(Q(native_issue_id=issue.pk) | Q(issue_id=issue.pk))
+        .exclude(pk=run.pk)
+        .filter(
+            Q(created_at__gt=run.created_at)
+            | Q(status__in=[HeartbeatRun.Status.QUEUED, HeartbeatRun.Status.RUNNING])
+        )
+        .exists()
+    )
+    if newer_run:
+        raise stale(reason="newer_run")
+    raw = raw_owner(run.runner_profile_json)
+    receipt = read_owner(raw)
+    if receipt is None or receipt.token != owner_token or raw != evidence.get("owner"):
+        raise stale(reason="owner_changed")
+    if receipt.hostname == current_hostname():
+        decision = evaluate_controller_takeover(
+            pid=receipt.pid, started_at=receipt.process_started_at
+        )
+        if not decision.allowed:
+            raise WorkspaceControllerAlive(
+                hostname=receipt.hostname, pid=receipt.pid, reason=decision.reason
+            )
+    released = HeartbeatRun.objects.filter(pk=run.pk).update(
+        runner_profile_json=_without_owner(run.runner_profile_json), updated_at=Now()
+    )
+    if released != 1:  # pragma: no cover - the row is locked
+        raise stale(reason="owner_changed")
+    stop = {
+        "owner": raw,
+        "resultId": str(coordinator.result_id),
+        "actorId": actor.actor_id,
+        "stopEvidence": stop_evidence,
+        "confirmedAt": db_now_iso(),
+    }
+    action.evidence = {**evidence, "workspaceOwnerStop": stop}
+    action.next_action = QUEUED_NEXT_ACTION
+    action.wake_policy = None
+    action.monitor_policy = None
+    action.updated_at = Now()
+    action.save(
+        update_fields=["evidence", "next_action", "wake_policy", "monitor_policy", "updated_at"]
+    )
+    activity_record(
+        company_id=company_id,
+        actor_type=actor.actor_type,
+        actor_id=actor.actor_id,
+        action="issue.workspace_owner_stop_confirmed",
+        entity_type="issue",
+        entity_id=issue.pk,
+        run_id=run.pk,
+        details={
+            "recoveryActionId": str(action.pk),
+            "resultId": str(coordinator.result_id),
+            "owner": raw,
+            "stopEvidence": stop_evidence,
+        },
+    )
+    notify_finalization_wake(company_id=company_id, run_id=run.pk)
+    return OwnerStopConfirmation(run_id=run.pk, result_id=coordinator.result_id)
+
+
+def _without_owner(profile: Any) -> dict[str, Any]:
+    # The run row is locked FOR UPDATE and the receipt was compared above, so removing the
+    # key from the value we read is exact.
+    data = dict(profile) if isinstance(profile, dict) else {}
+    data.pop(OWNER_KEY, None)
+    return data

@@ -1,0 +1,785 @@
+"""Finalization ownership (UPSTREAM §3.2): one controller at a time finalizes a run's
+workspace, and a slow or crashed finalization is never copied over by a second controller.
+
+Two fences work together:
+
+- a transaction-scoped advisory lock on `native-workspace-finalization:<company>:<run>`, held
+  on a dedicated connection (outside Django's) for the whole action. It serializes live
+  controllers without holding row locks across copy-back I/O. A keepalive pings that
+  connection so `idle_in_transaction_session_timeout` can't end the lock transaction;
+- the durable owner receipt in `heartbeat_runs.runner_profile_json ->
+  'nativeWorkspaceFinalizationOwner'`, claimed by compare-and-swap. Losing the lock
+  connection does not prove that copy-back stopped, so a receipt is only taken over when its
+  controller is provably gone: a platform stop proof, same-boot join evidence, or a dead
+  same-host process *and* a durable succeeded `workspace_finalize` barrier (a dead parent may
+  leave copy children running). Everything else becomes a board-owned recovery action.
+
+There is deliberately no wall-clock timeout that lets anyone take over a slow finalization.
+All reads and progress writes go through the ordinary Django connection and commit on their
+own; the lock transaction only answers liveness checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import F, Func, JSONField, Value
+from django.db.models.functions import Now
+
+from paperclip.activity import activity_record
+from paperclip.db.advisory import advisory_xact_lock, dedicated_connection
+from paperclip.models import (
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+    WorkspaceOperation,
+)
+from recovery.canonical import canonical_sha256
+from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
+from recovery.identity import (
+    ControllerIdentity,
+    current_controller_identity,
+    evaluate_controller_takeover,
+)
+from recovery.locks import (
+    coordinators_for_update,
+    finalization_lock_key,
+    issues_for_update,
+    recovery_actions_for_update,
+    recovery_source_key,
+    runs_for_update,
+)
+from recovery.models import LIVE_STATUSES, IssueRecoveryAction
+from recovery.notify import notify_owner_released
+from recovery.platform import current_workspace_worker, request_worker_stop_proof
+from recovery.receipts import OWNER_KEY, STOP_PROOF_KEY, OwnerReceipt, raw_owner, read_owner
+from recovery.selectors import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
+from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
+
+logger = logging.getLogger(__name__)
+
+WaitReason = Literal[
+    "busy", "owner_active", "platform_stop_pending", "owner_unverified", "binding_changed"
+]
+
+OWNER_UNVERIFIED_NEXT_ACTION = (
+    "The previous finalization controller of this run can't be shown to have stopped. Check "
+    "through your deployment platform that this exact controller and every workspace "
+    'copy-back process it started have exited, then use "Confirm owner stopped and resume '
+    'finalization" (admin) or POST /api/issues/{issue_id}/recovery-actions/'
+    "resume-workspace-finalization with the stop evidence. That releases only this owner "
+    "receipt; the saved result is then finalized without another provider turn. Do not start "
+    "a replacement run and do not delete workspace files."
+)
+
+_TERMINAL_RUN_STATUSES = ("failed", "interrupted", "timed_out", "cancelled", "succeeded")
+# Keepalive cadence: well inside the server's idle-in-transaction timeout.
+_KEEPALIVE_FRACTION = 3
+_KEEPALIVE_MIN_SECONDS = 0.02
+_KEEPALIVE_MAX_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired[T]:
+    value: T
+    acquired: Literal[True] = True
+
+
+@dataclass(frozen=True, slots=True)
+class NotAcquired:
+    reason: WaitReason
+    acquired: Literal[False] = False
+
+
+# Process-local memory (UPSTREAM §3.2 steps 5a/5e/7/9), guarded by one mutex:
+# tokens whose action is running in this process, the run key each token owns (with the
+# database alias, upstream's "same db"), and tokens whose action finished but whose receipt
+# removal could not be confirmed: positive evidence that lets this same boot take them over.
+_state = threading.Lock()
+_active_owner_tokens: set[str] = set()
+_active_run_owners: dict[str, tuple[str, str]] = {}
+_joined_owner_tokens: set[str] = set()
+
+# Test hook: called between reading the prior receipt and the compare-and-swap claim.
+before_claim_hook: Callable[[], None] | None = None
+
+
+def owner_fingerprint(run_id: UUID | str, raw_prior: Any) -> str:
+    """Identity of an owner-unverified hold: sha256 of canonical `{runId, owner}`."""
+    return canonical_sha256({"runId": str(run_id), "owner": raw_prior})
+
+
+class _LockSession:
+    """The dedicated lock connection. psycopg connections are not for concurrent use, so the
+    keepalive thread and `assert_held` share it under a mutex."""
+
+    def __init__(self, conn: psycopg.Connection[Any], idle_timeout_ms: int | None) -> None:
+        self._conn = conn
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self.failure: BaseException | None = None
+        self.backend_pid = conn.info.backend_pid
+        self.interval: float | None = None
+        if idle_timeout_ms:
+            seconds = idle_timeout_ms / 1000 / _KEEPALIVE_FRACTION
+            self.interval = min(max(seconds, _KEEPALIVE_MIN_SECONDS), _KEEPALIVE_MAX_SECONDS)
+
+    def ping(self) -> None:
+        with self._mutex:
+            self._conn.execute("SELECT 1").fetchone()
+
+    def _keepalive_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.ping()
+            except Exception as exc:  # the next assert_held reports it
+                self.failure = exc
+                return
+
+    @contextmanager
+    def keepalive(self) -> Iterator[None]:
+        thread = None
+        if self.interval is not None:
+            thread = threading.Thread(
+                target=self._keepalive_loop,
+                args=(self.interval,),
+                name="finalization-lock-keepalive",
+                daemon=True,
+            )
+            thread.start()
+        try:
+            yield
+        finally:
+            self._stop.set()
+            if thread is not None:
+                thread.join(timeout=5)
+
+    def end(self) -> None:
+        """Roll back the lock transaction, releasing the advisory lock."""
+        # A dead connection has already lost the lock; nothing to roll back then.
+        with self._mutex, contextlib.suppress(psycopg.Error):
+            self._conn.rollback()
+
+
+class FinalizationOwnership:
+    """The handle passed to the action. `assert_held()` rechecks the lock connection, our
+    receipt and (after a platform-proof takeover) the recovery result."""
+
+    def __init__(
+        self,
+        *,
+        company_id: UUID,
+        run_id: UUID,
+        token: str,
+        session: _LockSession,
+        automatic_result_id: UUID | None,
+        using: str,
+    ) -> None:
+        self.company_id = company_id
+        self.run_id = run_id
+        self.token = token
+        self._session = session
+        self._automatic_result_id = automatic_result_id
+        self._using = using
+
+    @property
+    def lock_backend_pid(self) -> int:
+        return self._session.backend_pid
+
+    def assert_held(self) -> None:
+        """Raise FinalizationOwnershipLost unless we still hold the lock and the receipt."""
+        try:
+            if self._session.failure is not None:
+                raise FinalizationOwnershipLost("lock_connection_lost") from self._session.failure
+            # A failed lock transaction is never reconnected: it would be a new, unlocked one.
+            self._session.ping()
+        except FinalizationOwnershipLost:
+            raise
+        except Exception as exc:
+            raise FinalizationOwnershipLost("lock_connection_lost") from exc
+        try:
+            still_owner = receipt_is_ours(
+                company_id=self.company_id, run_id=self.run_id, token=self.token, using=self._using
+            )
+            if self._automatic_result_id is not None:
+                with transaction.atomic(using=self._using):
+                    current = _current_recovery_result_id(
+                        company_id=self.company_id, run_id=self.run_id, lock=False
+                    )
+        except Exception as exc:
+            raise FinalizationOwnershipLost("database_unavailable") from exc
+        if not still_owner:
+            raise FinalizationOwnershipLost("owner_replaced")
+        if self._automatic_result_id is not None and current != self._automatic_result_id:
+            raise FinalizationOwnershipLost("task_replaced")
+
+
+def receipt_is_ours(
+    *, company_id: UUID, run_id: UUID, token: str, using: str = DEFAULT_DB_ALIAS
+) -> bool:
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM heartbeat_runs WHERE id = %s AND company_id = %s"
+            " AND runner_profile_json -> %s ->> 'token' = %s",
+            [run_id, company_id, OWNER_KEY, token],
+        )
+        return cursor.fetchone() is not None
+
+
+def _holder_reason(run_key: str, using: str) -> WaitReason:
+    with _state:
+        holder = _active_run_owners.get(run_key)
+    return "owner_active" if holder is not None and holder[1] == using else "busy"
+
+
+def _copyback_barrier_exists(*, company_id: UUID, run_id: UUID, issue_id: UUID) -> bool:
+    return WorkspaceOperation.objects.filter(
+        company_id=company_id,
+        heartbeat_run_id=run_id,
+        issue_id=issue_id,
+        phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
+        status=WorkspaceOperation.Status.SUCCEEDED,
+    ).exists()
+
+
+def _current_recovery_result_id(*, company_id: UUID, run_id: UUID, lock: bool) -> UUID | None:
+    """The accepted result still waiting for this run's finalization, or None when the task
+    moved on. With `lock`, rows are locked in the global order (issue → coordinator → run)."""
+    run = HeartbeatRun.objects.filter(pk=run_id, company_id=company_id).first()
+    issue_id = run_issue_id(run) if run is not None else None
+    if run is None or issue_id is None:
+        return None
+    issues = issues_for_update() if lock else Issue.objects.all()
+    coordinators = coordinators_for_update() if lock else NativeRunFinalization.objects.all()
+    runs = runs_for_update() if lock else HeartbeatRun.objects.all()
+    issue = issues.filter(pk=issue_id, company_id=company_id).first()
+    coordinator = coordinators.filter(run_id=run_id, company_id=company_id).first()
+    current_run = runs.filter(pk=run_id, company_id=company_id).first()
+    if issue is None or coordinator is None or current_run is None:
+        return None
+    if coordinator.issue_id != issue.pk or coordinator.result_id is None:
+        return None
+    if coordinator.phase not in (*WAITING_PHASES, "retryable_failure"):
+        return None
+    if issue.execution_run_id not in (None, run_id):
+        return None
+    accepted = NativeRunResult.objects.filter(
+        pk=coordinator.result_id,
+        company_id=company_id,
+        issue_id=issue.pk,
+        run_id=run_id,
+        schema_status=NativeRunResult.SchemaStatus.ACCEPTED,
+    ).exists()
+    return coordinator.result_id if accepted else None
+
+
+def _retained_repair_current(
+    *, company_id: UUID, run_id: UUID, issue_id: UUID, action_id: UUID
+) -> bool:
+    """UPSTREAM §3.2 step 7, retained repair: the repair action still names this terminal run,
+    no controller lease is live, and no other run holds the issue (except the independent
+    continuation run recorded on the action)."""
+    issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
+    coordinator = coordinators_for_update().filter(run_id=run_id, company_id=company_id).first()
+    run = runs_for_update().filter(pk=run_id, company_id=company_id).first()
+    repair = (
+        recovery_actions_for_update()
+        .filter(pk=action_id, company_id=company_id, source_issue_id=issue_id)
+        .first()
+    )
+    if issue is None or run is None or repair is None:
+        return False
+    evidence = repair.evidence if isinstance(repair.evidence, dict) else {}
+    continuation = evidence.get("explicitUserContinuation")
+    independent: str | None = None
+    if isinstance(continuation, dict):
+        readiness = continuation.get("readiness")
+        if (
+            isinstance(readiness, dict)
+            and readiness.get("mode") == "fresh_isolated_workspace"
+            and readiness.get("sourceRunId") == str(run_id)
+            and isinstance(continuation.get("runId"), str)
+        ):
+            independent = continuation["runId"]
+    allowed_holders = {None, independent}
+    return (
+        evidence.get("runId") == str(run.pk)
+        and bool(evidence.get("workspaceRecovery"))
+        and (coordinator is None or not coordinator.lease_owner)
+        and run.status in _TERMINAL_RUN_STATUSES
+        and (str(issue.execution_run_id) if issue.execution_run_id else None) in allowed_holders
+        and (str(issue.checkout_run_id) if issue.checkout_run_id else None) in allowed_holders
+    )
+
+
+def _cas_claim(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    modes: tuple[str, ...],
+    owner: dict[str, Any],
+    raw_prior: Any,
+    prior: OwnerReceipt | None,
+    proof: dict[str, Any] | None,
+) -> bool:
+    """Compare-and-swap the receipt: ours replaces exactly the prior value we judged."""
+    extra = {STOP_PROOF_KEY: proof} if proof is not None else {}
+    sql = (
+        "UPDATE heartbeat_runs SET runner_profile_json = "
+        "jsonb_set(coalesce(runner_profile_json, '{}'::jsonb), %s::text[], %s::jsonb) "
+        "|| %s::jsonb, updated_at = now() "
+        "WHERE id = %s AND company_id = %s AND runtime_mode = ANY(%s) AND "
+    )
+    params: list[Any] = [
+        [OWNER_KEY],
+        json.dumps(owner),
+        json.dumps(extra),
+        run_id,
+        company_id,
+        list(modes),
+    ]
+    if prior is not None:
+        sql += "(runner_profile_json -> %s) = %s::jsonb"
+        params += [OWNER_KEY, json.dumps(raw_prior)]
+    else:
+        sql += "(runner_profile_json ->> %s) IS NULL"
+        params += [OWNER_KEY]
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def _audit_claim(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    owner: dict[str, Any],
+    prior: OwnerReceipt | None,
+    basis: str | None,
+) -> None:
+    activity_record(
+        company_id=company_id,
+        actor_type="system",
+        actor_id="finalization-controller",
+        action="run.finalization_owner_takeover" if prior else "run.finalization_owner_claimed",
+        entity_type="heartbeat_run",
+        entity_id=run_id,
+        run_id=run_id,
+        details={
+            "owner": owner,
+            "priorToken": prior.token if prior else None,
+            "takeoverBasis": basis,
+        },
+    )
+
+
+def _require_stop_verification(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    issue_id: UUID | None,
+    agent_id: UUID,
+    raw_prior: Any,
+    retained: bool,
+    platform_pending: bool,
+) -> NotAcquired:
+    """UPSTREAM §3.2 step 6: record (or restore) the board-owned owner-unverified hold."""
+    if retained:
+        return NotAcquired("owner_unverified")
+    reason: WaitReason = "platform_stop_pending" if platform_pending else "owner_unverified"
+    if issue_id is None:
+        return NotAcquired(reason)
+    fingerprint = owner_fingerprint(run_id, raw_prior)
+    with transaction.atomic(durable=True):
+        advisory_xact_lock(recovery_source_key(company_id, issue_id))
+        existing = (
+            IssueRecoveryAction.objects.filter(
+                company_id=company_id, source_issue_id=issue_id, status__in=LIVE_STATUSES
+            )
+            .order_by("-updated_at", "-id")
+            .first()
+        )
+        if (
+            existing is not None
+            and existing.cause == OWNER_UNVERIFIED_CAUSE
+            and existing.fingerprint == fingerprint
+        ):
+            # Rechecking the same physical owner is not a new recovery attempt: restore the
+            # copy-back instructions and the operator_required state, spend nothing.
+            with transaction.get_connection().cursor() as cursor:
+                cursor.execute(
+                    "UPDATE issue_recovery_actions SET next_action = %s, "
+                    "evidence = jsonb_set(coalesce(evidence, '{}'::jsonb), "
+                    "'{workspaceOwnerRecovery}', '{\"state\": \"operator_required\"}'::jsonb), "
+                    "updated_at = now() "
+                    "WHERE company_id = %s AND id = %s AND fingerprint = %s AND cause = %s "
+                    "AND status IN ('active', 'escalated') "
+                    "AND evidence -> 'workspaceOwnerStop' IS NULL "
+                    "AND (next_action IS DISTINCT FROM %s OR "
+                    "evidence #>> '{workspaceOwnerRecovery,state}' "
+                    "IS DISTINCT FROM 'operator_required')",
+                    [
+                        OWNER_UNVERIFIED_NEXT_ACTION,
+                        company_id,
+                        existing.pk,
+                        fingerprint,
+                        OWNER_UNVERIFIED_CAUSE,
+                        OWNER_UNVERIFIED_NEXT_ACTION,
+                    ],
+                )
+                restored = cursor.rowcount
+            if restored:
+                activity_record(
+                    company_id=company_id,
+                    actor_type="system",
+                    actor_id="finalization-controller",
+                    action="recovery_action.owner_hold_restored",
+                    entity_type="issue_recovery_action",
+                    entity_id=existing.pk,
+                    run_id=run_id,
+                    details={"fingerprint": fingerprint},
+                )
+            return NotAcquired(reason)
+        upsert_source_scoped_in_tx(
+            company_id=company_id,
+            source_issue_id=issue_id,
+            data=RecoveryActionInput(
+                kind=IssueRecoveryAction.Kind.ACTIVE_RUN_WATCHDOG,
+                owner_type=IssueRecoveryAction.OwnerType.BOARD,
+                return_owner_agent_id=agent_id,
+                cause=OWNER_UNVERIFIED_CAUSE,
+                fingerprint=fingerprint,
+                evidence={
+                    "runId": str(run_id),
+                    "owner": raw_prior,
+                    "workspaceOwnerRecovery": {"state": "operator_required"},
+                },
+                next_action=OWNER_UNVERIFIED_NEXT_ACTION,
+                wake_policy=None,
+                max_attempts=1,
+                supersede_on_identity_change=True,
+            ),
+            actor_id="finalization-controller",
+        )
+    return NotAcquired(reason)
+
+
+def _build_owner(identity: ControllerIdentity) -> dict[str, Any]:
+    owner: dict[str, Any] = {
+        "token": str(uuid.uuid4()),
+        "controllerBootId": identity.boot_id,
+        "hostname": identity.hostname,
+        "pid": identity.pid,
+        "processStartedAt": identity.process_started_at.isoformat(),
+    }
+    worker = current_workspace_worker()
+    if worker is not None:
+        owner["worker"] = worker
+    return owner
+
+
+def with_finalization_ownership[T](
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    action: Callable[[FinalizationOwnership], T],
+    retained_repair_action_id: UUID | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Acquired[T] | NotAcquired:
+    """Run `action` as the run's only finalization owner, or say why we may not.
+
+    Takes `pg_try_advisory_xact_lock` on the finalization key in a transaction on a dedicated
+    connection (kept alive for the whole action), then claims the durable owner receipt by
+    compare-and-swap. NotAcquired reasons: `busy` (another process holds the lock),
+    `owner_active` (this process is finalizing the run), `owner_unverified` (a prior owner
+    can't be shown to have stopped: a board-owned recovery action is recorded),
+    `platform_stop_pending` (the worker platform hasn't reported the prior worker stopped),
+    `binding_changed` (the receipt changed between our read and our swap).
+
+    Must be called outside any transaction: progress writes commit on their own. Raises
+    FinalizationBindingMissing for a run that isn't a native run of the company; the action's
+    own exceptions (FinalizationOwnershipLost included) propagate after our receipt is removed.
+    """
+    if connections[using].in_atomic_block:
+        raise RuntimeError(
+            "with_finalization_ownership() must run outside transaction.atomic(): "
+            "its progress writes commit on their own"
+        )
+    identity = current_controller_identity()
+    owner = _build_owner(identity)
+    run_key = finalization_lock_key(company_id, run_id)
+    with dedicated_connection(using=using, application_name="paperclip-finalization-lock") as conn:
+        row = conn.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)), "
+            "(SELECT setting::bigint FROM pg_settings "
+            "WHERE name = 'idle_in_transaction_session_timeout')",
+            [run_key],
+        ).fetchone()
+        session = _LockSession(conn, int(row[1]) if row and row[1] is not None else None)
+        try:
+            if not row or row[0] is not True:
+                if retained_repair_action_id is not None:
+                    return NotAcquired("busy")
+                return NotAcquired(_holder_reason(run_key, using))
+            with session.keepalive():
+                return _run_owned(
+                    company_id=company_id,
+                    run_id=run_id,
+                    action=action,
+                    retained_repair_action_id=retained_repair_action_id,
+                    using=using,
+                    identity=identity,
+                    owner=owner,
+                    run_key=run_key,
+                    session=session,
+                )
+        finally:
+            session.end()
+
+
+def _run_owned[T](
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    action: Callable[[FinalizationOwnership], T],
+    retained_repair_action_id: UUID | None,
+    using: str,
+    identity: ControllerIdentity,
+    owner: dict[str, Any],
+    run_key: str,
+    session: _LockSession,
+) -> Acquired[T] | NotAcquired:
+    retained = retained_repair_action_id is not None
+    modes: tuple[str, ...] = ("native", "legacy") if retained else ("native",)
+    run = HeartbeatRun.objects.filter(
+        pk=run_id, company_id=company_id, runtime_mode__in=modes
+    ).first()
+    if run is None:
+        raise FinalizationBindingMissing(run_id=str(run_id))
+    issue_id = run_issue_id(run)
+    raw_prior = raw_owner(run.runner_profile_json)
+    prior = read_owner(raw_prior)
+    proof: dict[str, Any] | None = None
+    platform_pending = False
+    basis: str | None = None
+
+    def require_stop_verification() -> NotAcquired:
+        return _require_stop_verification(
+            company_id=company_id,
+            run_id=run_id,
+            issue_id=issue_id,
+            agent_id=run.agent_id,
+            raw_prior=raw_prior,
+            retained=retained,
+            platform_pending=platform_pending,
+        )
+
+    if raw_prior is not None:
+        same_boot = (
+            prior is not None
+            and prior.controller_boot_id == identity.boot_id
+            and prior.pid == identity.pid
+        )
+        with _state:
+            prior_active = prior is not None and prior.token in _active_owner_tokens
+            prior_joined = prior is not None and prior.token in _joined_owner_tokens
+        if same_boot and prior_active:
+            # Our own live action whose lock connection died: still fenced by its receipt.
+            return NotAcquired("owner_unverified" if retained else _holder_reason(run_key, using))
+        if prior is not None and prior.worker is not None:
+            check = request_worker_stop_proof(
+                run_id=run_id, owner_token=prior.token, worker=prior.worker
+            )
+            proof = check.proof if check.status == "verified" else None
+            platform_pending = check.status == "pending"
+        if prior is None:
+            return require_stop_verification()
+        if proof is None and prior.hostname != identity.hostname:
+            return require_stop_verification()
+        known_joined_here = same_boot and prior_joined and not prior_active
+        if proof is not None:
+            basis = "platform_stop_proof"
+        elif known_joined_here:
+            basis = "same_boot_joined"
+        else:
+            decision = evaluate_controller_takeover(
+                pid=prior.pid, started_at=prior.process_started_at
+            )
+            if not decision.allowed:
+                return require_stop_verification()
+            # A dead parent may have orphaned copy children; only the durable succeeded
+            # copy-back barrier proves they finished.
+            if issue_id is None or not _copyback_barrier_exists(
+                company_id=company_id, run_id=run_id, issue_id=issue_id
+            ):
+                return require_stop_verification()
+            basis = f"{decision.reason}+copyback_barrier"
+
+    token: str = owner["token"]
+    # Remember the token before the write: if the commit reply is lost, cleanup still knows
+    # which receipt is ours.
+    with _state:
+        _active_owner_tokens.add(token)
+        _active_run_owners[run_key] = (token, using)
+    claimed = True
+    try:
+        if before_claim_hook is not None:
+            before_claim_hook()
+        automatic_result_id: UUID | None = None
+        with transaction.atomic(using=using, durable=True):
+            if proof is not None:
+                # A stop receipt proves the worker exited, not that its task is still current:
+                # recheck under row locks, atomically with the swap.
+                if retained and issue_id is not None and retained_repair_action_id is not None:
+                    current_ok = _retained_repair_current(
+                        company_id=company_id,
+                        run_id=run_id,
+                        issue_id=issue_id,
+                        action_id=retained_repair_action_id,
+                    )
+                    automatic_result_id = None
+                else:
+                    automatic_result_id = _current_recovery_result_id(
+                        company_id=company_id, run_id=run_id, lock=True
+                    )
+                    current_ok = automatic_result_id is not None
+                swapped = current_ok and _cas_claim(
+                    company_id=company_id,
+                    run_id=run_id,
+                    modes=modes,
+                    owner=owner,
+                    raw_prior=raw_prior,
+                    prior=prior,
+                    proof=proof,
+                )
+            else:
+                swapped = _cas_claim(
+                    company_id=company_id,
+                    run_id=run_id,
+                    modes=modes,
+                    owner=owner,
+                    raw_prior=raw_prior,
+                    prior=prior,
+                    proof=None,
+                )
+            if swapped:
+                _audit_claim(
+                    company_id=company_id, run_id=run_id, owner=owner, prior=prior, basis=basis
+                )
+                if proof is not None and issue_id is not None:
+                    _record_platform_takeover(
+                        company_id=company_id,
+                        run_id=run_id,
+                        issue_id=issue_id,
+                        raw_prior=raw_prior,
+                        proof=proof,
+                    )
+        if not swapped:
+            with _state:
+                _active_owner_tokens.discard(token)
+                if _active_run_owners.get(run_key, ("", ""))[0] == token:
+                    del _active_run_owners[run_key]
+            claimed = False
+            return NotAcquired("binding_changed")
+        if prior is not None:
+            with _state:
+                _joined_owner_tokens.discard(prior.token)
+        ownership = FinalizationOwnership(
+            company_id=company_id,
+            run_id=run_id,
+            token=token,
+            session=session,
+            automatic_result_id=automatic_result_id,
+            using=using,
+        )
+        ownership.assert_held()
+        value = action(ownership)
+        ownership.assert_held()
+        return Acquired(value)
+    finally:
+        if claimed:
+            _release_receipt(company_id=company_id, run_id=run_id, token=token, run_key=run_key)
+
+
+def _record_platform_takeover(
+    *, company_id: UUID, run_id: UUID, issue_id: UUID, raw_prior: Any, proof: dict[str, Any]
+) -> None:
+    activity_record(
+        company_id=company_id,
+        actor_type="system",
+        actor_id="workspace-recovery",
+        action="issue.workspace_owner_stop_verified",
+        entity_type="issue",
+        entity_id=issue_id,
+        run_id=run_id,
+        details={"proof": proof},
+    )
+    IssueRecoveryAction.objects.filter(
+        company_id=company_id,
+        source_issue_id=issue_id,
+        cause=OWNER_UNVERIFIED_CAUSE,
+        fingerprint=owner_fingerprint(run_id, raw_prior),
+        status__in=LIVE_STATUSES,
+    ).update(evidence=_jsonb_set_state("resuming"), updated_at=Now())
+
+
+def _jsonb_set_state(state: str) -> Func:
+    """`jsonb_set(coalesce(evidence, '{}'), '{workspaceOwnerRecovery}', {"state": state})`."""
+    return Func(
+        Func(F("evidence"), Value({}, output_field=JSONField()), function="coalesce"),
+        Value("{workspaceOwnerRecovery}"),
+        Value({"state": state}, output_field=JSONField()),
+        function="jsonb_set",
+        output_field=JSONField(),
+    )
+
+
+def _release_receipt(*, company_id: UUID, run_id: UUID, token: str, run_key: str) -> None:
+    """Remove only our receipt while the lock is still held (so no other controller can see a
+    finished owner's receipt and raise a needless hold). On failure keep same-boot join
+    evidence: only this boot may then take the receipt over without proof."""
+    with _state:
+        _active_owner_tokens.discard(token)
+        if _active_run_owners.get(run_key, ("", ""))[0] == token:
+            del _active_run_owners[run_key]
+        _joined_owner_tokens.add(token)
+    try:
+        with transaction.atomic(durable=True):
+            notify_owner_released(company_id=company_id, run_id=run_id)
+            with transaction.get_connection().cursor() as cursor:
+                cursor.execute(
+                    "UPDATE heartbeat_runs SET runner_profile_json = "
+                    "coalesce(runner_profile_json, '{}'::jsonb) - %s, updated_at = now() "
+                    "WHERE id = %s AND company_id = %s "
+                    "AND runner_profile_json -> %s ->> 'token' = %s",
+                    [OWNER_KEY, run_id, company_id, OWNER_KEY, token],
+                )
+                released = cursor.rowcount
+            if released:
+                activity_record(
+                    company_id=company_id,
+                    actor_type="system",
+                    actor_id="finalization-controller",
+                    action="run.finalization_owner_released",
+                    entity_type="heartbeat_run",
+                    entity_id=run_id,
+                    run_id=run_id,
+                    details={"token": token},
+                )
+    except Exception:
+        logger.exception("could not remove finalization owner receipt %s of run %s", token, run_id)
+        return
+    with _state:
+        _joined_owner_tokens.discard(token)
