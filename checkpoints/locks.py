@@ -9,6 +9,7 @@ changes a key, and it still excludes every other writer and `FOR UPDATE` locker 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -130,7 +131,11 @@ def checkpoint_work_lock(run_id: UUID) -> tuple[str, list[str]] | None:
             [run_id],
         )
         row = cursor.fetchone()
-    return None if row is None else (row[0], list(row[1] or []))
+    if row is None:
+        return None
+    # Django's psycopg setup hands raw-cursor jsonb back as text.
+    ids = json.loads(row[1]) if isinstance(row[1], str) else row[1]
+    return row[0], [str(i) for i in ids or []]
 
 
 def expired_authorities_claim(run_ids: list[UUID]) -> list[LockedCoordinator]:

@@ -722,7 +722,9 @@ def checkpoint_key_rotate_batch(*, after_id: UUID | None, batch_size: int) -> Ro
         materials: list[str] = []
         unreadable: list[tuple[UUID, str, str]] = []
         from_keys: set[str] = set()
-        for row_id, company_id, issue_id, run_id, part, material in rows:
+        for row_id, company_id, issue_id, run_id, part, raw_material in rows:
+            # Django's psycopg setup hands raw-cursor jsonb back as text.
+            material = json.loads(raw_material) if isinstance(raw_material, str) else raw_material
             binding = Binding(company_id=company_id, issue_id=issue_id, run_id=run_id)
             try:
                 contents = decrypt_part(binding, part, material, ring)

@@ -1,0 +1,232 @@
+"""Encryption at rest: binding, tamper detection, keys, the key file and rotation."""
+
+from __future__ import annotations
+
+import base64
+import stat
+import uuid
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from checkpoints.crypto import (
+    Binding,
+    CheckpointKey,
+    decrypt_part,
+    encrypt_part,
+    key_file_path,
+    keyring,
+    parse_key,
+    read_keyring,
+)
+from checkpoints.errors import CheckpointUnreadable
+from checkpoints.models import NativeRunnerCheckpoint
+from checkpoints.selectors import checkpoint_load, runner_run_get
+from checkpoints.services import checkpoint_key_rotate_batch, checkpoint_write
+from paperclip.models import ActivityEvent
+from tests.checkpoints.factories import OLD_KEY, TEST_KEY, coordinator, lease, owner_of
+
+B1 = Binding(uuid.uuid4(), uuid.uuid4(), uuid.uuid4())
+KEY = CheckpointKey.from_secret(parse_key(TEST_KEY))
+
+
+def unreadable_reason(binding: Binding, part: str, material: Any) -> str:
+    with pytest.raises(CheckpointUnreadable) as exc:
+        decrypt_part(binding, part, material, keyring())
+    assert exc.value.details["part"] == part
+    return str(exc.value.details["reason"])
+
+
+def test_round_trip_and_fresh_nonce_per_encryption() -> None:
+    a = encrypt_part(B1, "header", "contents", KEY)
+    b = encrypt_part(B1, "header", "contents", KEY)
+    assert a["nonce"] != b["nonce"]
+    assert a["ciphertext"] != b["ciphertext"]
+    assert len(base64.b64decode(a["nonce"])) == 12
+    assert a["keyId"] == KEY.key_id
+    assert decrypt_part(B1, "header", a, keyring()) == "contents"
+
+
+@pytest.mark.parametrize(
+    "moved_to",
+    [
+        ("other part", B1, "log"),
+        ("other run", Binding(B1.company_id, B1.issue_id, uuid.uuid4()), "header"),
+        ("other issue", Binding(B1.company_id, uuid.uuid4(), B1.run_id), "header"),
+        ("other company", Binding(uuid.uuid4(), B1.issue_id, B1.run_id), "header"),
+    ],
+)
+def test_ciphertext_moved_to_another_row_fails_authentication(moved_to: tuple[Any, ...]) -> None:
+    _, binding, part = moved_to
+    material = encrypt_part(B1, "header", "secret", KEY)
+    assert unreadable_reason(binding, part, material) == "authentication_failed"
+
+
+def test_key_id_is_bound_too() -> None:
+    other = CheckpointKey.from_secret(parse_key(OLD_KEY))
+    material = encrypt_part(B1, "p", "x", KEY)
+    relabelled = {**material, "keyId": other.key_id}
+    ring = type(keyring())(keys=(KEY, other), source="settings")
+    with pytest.raises(CheckpointUnreadable) as exc:
+        decrypt_part(B1, "p", relabelled, ring)
+    assert exc.value.details["reason"] == "authentication_failed"
+
+
+@pytest.mark.parametrize("field", ["ciphertext", "nonce"])
+def test_a_flipped_bit_is_rejected(field: str) -> None:
+    material = encrypt_part(B1, "p", "contents", KEY)
+    raw = bytearray(base64.b64decode(material[field]))
+    raw[len(raw) // 2] ^= 0x01
+    tampered = {**material, field: base64.b64encode(bytes(raw)).decode()}
+    assert unreadable_reason(B1, "p", tampered) == "authentication_failed"
+
+
+@pytest.mark.parametrize(
+    ("material", "reason"),
+    [
+        ("not a dict", "malformed_envelope"),
+        ({"scheme": "local_encrypted_v1"}, "malformed_envelope"),
+        (
+            {"scheme": "paperclip_aes256gcm_v1", "keyId": "k", "nonce": "!!", "ciphertext": ""},
+            "malformed_envelope",
+        ),
+    ],
+)
+def test_malformed_envelopes_are_unreadable_not_crashes(material: Any, reason: str) -> None:
+    assert unreadable_reason(B1, "p", material) == reason
+
+
+def test_unknown_key_is_reported(settings: Any) -> None:
+    material = encrypt_part(B1, "p", "x", KEY)
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
+    assert unreadable_reason(B1, "p", material) == "unknown_key"
+
+
+def test_key_formats() -> None:
+    secret = bytes(range(32))
+    assert parse_key(secret.hex()) == secret
+    assert parse_key(base64.b64encode(secret).decode()) == secret
+    assert parse_key(base64.urlsafe_b64encode(secret).decode().rstrip("=")) == secret
+    for bad in ["", "short", base64.b64encode(b"x" * 31).decode()]:
+        with pytest.raises(ValueError, match="checkpoint key"):
+            parse_key(bad)
+
+
+def test_key_file_is_created_0600_by_writers_only(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    path = key_file_path()
+    assert read_keyring() is None  # reading never creates the file
+    assert not path.exists()
+    ring = keyring(create=True)
+    assert ring.source == "file"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert keyring(create=True).primary.key_id == ring.primary.key_id  # stable, not re-created
+    assert read_keyring() is not None
+
+
+@pytest.mark.django_db
+def test_new_key_is_prepended_and_old_keys_still_decrypt(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    first = keyring(create=True).primary
+    material = encrypt_part(B1, "p", "x", first)
+    out = StringIO()
+    call_command("rotate_checkpoint_key", "--new-key", stdout=out)
+    ring = keyring()
+    assert [k.key_id for k in ring.keys] == [ring.primary.key_id, first.key_id]
+    assert ring.primary.key_id != first.key_id
+    assert stat.S_IMODE(Path(key_file_path()).stat().st_mode) == 0o600
+    assert decrypt_part(B1, "p", material, ring) == "x"
+    assert f"new primary key {ring.primary.key_id}" in out.getvalue()
+
+
+def test_new_key_refused_when_keys_come_from_settings() -> None:
+    with pytest.raises(CommandError, match="PAPERCLIP_CHECKPOINT_KEYS"):
+        call_command("rotate_checkpoint_key", "--new-key", stdout=StringIO())
+
+
+def test_invalid_configured_key_is_a_clear_configuration_error(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = ["not-a-key"]
+    with pytest.raises(Exception, match="entry 1 is not a valid key") as exc:
+        keyring()
+    assert "not-a-key" not in str(exc.value)
+
+
+# --- rotation over stored parts -------------------------------------------------------------
+
+
+def _write_parts(count: int) -> Any:
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    checkpoint_write(
+        run_id=fin.run_id,
+        agent_id=fin.run.agent_id,
+        owner=owner,
+        reset=False,
+        changed={f"p{i}": f"contents {i}" for i in range(count)},
+        removed=[],
+        work_command_ids=[],
+        predecessor=None,
+    )
+    return fin
+
+
+@pytest.mark.django_db
+def test_rotation_reencrypts_everything_keeps_it_readable_and_audits_per_batch(
+    settings: Any,
+) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
+    fin = _write_parts(5)
+    other = _write_parts(2)
+    old_id = CheckpointKey.from_secret(parse_key(OLD_KEY)).key_id
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY, OLD_KEY]
+    out = StringIO()
+    call_command("rotate_checkpoint_key", "--batch-size", "3", stdout=out)
+    text = out.getvalue()
+    assert "7 part(s) under other keys" in text
+    assert "batch 3: re-encrypted 1" in text
+    assert "0 part(s) remain under other keys" in text
+    key_ids = {
+        m["keyId"] for m in NativeRunnerCheckpoint.objects.values_list("material", flat=True)
+    }
+    assert key_ids == {KEY.key_id}
+    assert ActivityEvent.objects.filter(action="checkpoint_key.rotated").count() == 3
+    # Readable with the new primary alone: nothing is left under the old key.
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]
+    binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
+    assert checkpoint_load(binding=binding) == {f"p{i}": f"contents {i}" for i in range(5)}
+    assert (
+        len(checkpoint_load(binding=runner_run_get(run_id=other.run_id, agent_id=None).binding))
+        == 2
+    )
+    assert old_id not in key_ids
+
+
+@pytest.mark.django_db
+def test_rotation_resumes_after_an_interruption_and_is_idempotent(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
+    _write_parts(4)
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY, OLD_KEY]
+    first = checkpoint_key_rotate_batch(after_id=None, batch_size=3)  # then "crash"
+    assert first.reencrypted == 3
+    out = StringIO()
+    call_command("rotate_checkpoint_key", stdout=out)
+    assert "1 part(s) under other keys" in out.getvalue()
+    again = StringIO()
+    call_command("rotate_checkpoint_key", stdout=again)
+    assert "0 part(s) under other keys" in again.getvalue()
+    assert ActivityEvent.objects.filter(action="checkpoint_key.rotated").count() == 2
+
+
+@pytest.mark.django_db
+def test_rotation_reports_parts_whose_key_is_lost_and_leaves_them(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
+    _write_parts(2)
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]  # the old key is gone
+    out = StringIO()
+    with pytest.raises(CommandError, match="2 part"):
+        call_command("rotate_checkpoint_key", stdout=out)
+    assert "unreadable part 'p0'" in out.getvalue() or "unreadable part 'p1'" in out.getvalue()
+    assert not ActivityEvent.objects.filter(action="checkpoint_key.rotated").exists()
