@@ -1,5 +1,33 @@
-"""HTTP API of the leases app."""
+"""HTTP API of the leases app: runtime leases and lease-fenced workspace operations."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from leases.api.views import (
+    RuntimeLeaseClaimApi,
+    RuntimeLeaseDetailApi,
+    RuntimeLeaseReleaseApi,
+    WorkspaceOperationCreateApi,
+)
+
+urlpatterns: list[URLPattern] = [
+    path(
+        "execution-workspaces/<str:workspace_id>/runtime-lease",
+        RuntimeLeaseDetailApi.as_view(),
+        name="runtime-lease-detail",
+    ),
+    path(
+        "execution-workspaces/<str:workspace_id>/runtime-lease/claim",
+        RuntimeLeaseClaimApi.as_view(),
+        name="runtime-lease-claim",
+    ),
+    path(
+        "execution-workspaces/<str:workspace_id>/runtime-lease/release",
+        RuntimeLeaseReleaseApi.as_view(),
+        name="runtime-lease-release",
+    ),
+    path(
+        "execution-workspaces/<str:workspace_id>/operations",
+        WorkspaceOperationCreateApi.as_view(),
+        name="workspace-operation-create",
+    ),
+]

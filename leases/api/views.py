@@ -1,0 +1,299 @@
+"""HTTP API of runtime leases (CONTRACT.md "Runtime leases").
+
+Authorization, in order: authentication (401), the workspace must be in a company the actor
+may see (404 otherwise, never revealing another company's workspace), then the owner ids:
+an issue or run outside the workspace's company is a 404, a run of another agent of the same
+company is a 403. Board actors bypass the lease; only they may force-release (an agent
+sending `force` gets 403). Fenced operations are for agents only (a board has no owner key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from leases import services
+from leases.selectors import STALE_REASONS, RuntimeLease
+from paperclip.api.auth import Actor, IsAgent, IsAgentOrBoard, actor_for, parse_uuid
+from paperclip.api.serializers import ErrorSerializer
+from paperclip.errors import NotFoundError, PermissionDenied
+from paperclip.models import ExecutionWorkspace, WorkspaceOperation
+
+
+def _errors(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:
+    grouped: dict[int, list[str]] = {}
+    for http_status, code in codes:
+        grouped.setdefault(http_status, []).append(code)
+    return {
+        http_status: OpenApiResponse(ErrorSerializer, description=" | ".join(names))
+        for http_status, names in grouped.items()
+    }
+
+
+COMMON_ERRORS = (
+    (400, "invalid_request"),
+    (401, "not_authenticated"),
+    (403, "permission_denied"),
+    (404, "not_found"),
+    (409, "resource_busy"),
+)
+
+
+class LeaseSerializer(serializers.Serializer[RuntimeLease]):
+    id = serializers.UUIDField()
+    company_id = serializers.UUIDField()
+    execution_workspace_id = serializers.UUIDField()
+    owner_key = serializers.CharField()
+    owner_issue_id = serializers.UUIDField(allow_null=True)
+    owner_run_id = serializers.UUIDField(allow_null=True)
+    owner_agent_id = serializers.UUIDField(allow_null=True)
+    last_action = serializers.ChoiceField(choices=services.LEASED_ACTIONS)
+    generation = serializers.IntegerField(help_text="Fencing token; never repeats per workspace.")
+    claimed_at = serializers.DateTimeField()
+    renewed_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    metadata = serializers.JSONField(
+        allow_null=True, help_text="After a reclaim: reclaimedFromOwnerKey, reclaimReason, …"
+    )
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID given as a string; DRF's own field would also turn the integer 12 into a UUID."""
+
+    def to_internal_value(self, data: Any) -> UUID:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class OwnerInputSerializer(serializers.Serializer[Any]):
+    issue_id = StrictUUIDField(required=False, allow_null=True)
+    run_id = StrictUUIDField(required=False, allow_null=True)
+
+
+def _workspace_company(actor: Actor, workspace_id: str) -> UUID:
+    """The workspace's company if the actor may see it; 404 otherwise (also when malformed).
+
+    An agent acts only inside its own company, so its lookups stay in that company.
+    """
+    pk = parse_uuid(workspace_id)
+    if pk is None:
+        raise NotFoundError("Execution workspace not found.")
+    if actor.is_agent and actor.agent is not None:
+        return actor.agent.company_id  # the service 404s a workspace outside it
+    company_id = (
+        ExecutionWorkspace.objects.filter(pk=pk).values_list("company_id", flat=True).first()
+    )
+    if company_id is None or not actor.can_access(company_id):
+        raise NotFoundError("Execution workspace not found.")
+    return company_id
+
+
+def _owner(actor: Actor, data: dict[str, Any]) -> services.RuntimeLeaseOwner:
+    if actor.is_agent and actor.agent_id is not None:
+        return services.RuntimeLeaseOwner.for_agent(
+            actor.agent_id, run_id=data.get("run_id"), issue_id=data.get("issue_id")
+        )
+    return services.RuntimeLeaseOwner.for_board(actor.actor_id)
+
+
+class RuntimeLeaseClaimApi(APIView):
+    permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
+
+    class InputSerializer(OwnerInputSerializer):
+        action = serializers.ChoiceField(choices=services.LEASED_ACTIONS)
+        ttl_seconds = serializers.IntegerField(
+            required=False,
+            allow_null=True,
+            min_value=services.TTL_MIN_SECONDS,
+            max_value=services.TTL_MAX_SECONDS,
+            help_text="Default: PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS (1800).",
+        )
+
+    class OutputSerializer(serializers.Serializer[services.RuntimeLeaseClaim]):
+        class ReclaimedFromSerializer(serializers.Serializer[services.ReclaimedFrom]):
+            owner_key = serializers.CharField()
+            reason = serializers.ChoiceField(choices=STALE_REASONS)
+
+        outcome = serializers.ChoiceField(choices=["created", "renewed", "reclaimed", "bypassed"])
+        owner_key = serializers.CharField(allow_null=True)
+        lease = LeaseSerializer(allow_null=True)
+        reclaimed_from = ReclaimedFromSerializer(allow_null=True)
+
+    @extend_schema(
+        operation_id="runtime_lease_claim",
+        summary="Claim, renew or reclaim the workspace's exclusive runtime lease",
+        description=(
+            "Owner key: `issue:<id>` if issue_id is given, else `run:<id>`, else "
+            "`agent:<calling agent>`. The same owner renews (generation unchanged); a stale "
+            "holder is reclaimed with a new generation; board callers are bypassed."
+        ),
+        request=InputSerializer,
+        responses={
+            200: OutputSerializer,
+            **_errors(
+                *COMMON_ERRORS,
+                (409, "workspace_runtime_lease_conflict"),
+                (409, "workspace_runtime_lease_contended"),
+            ),
+        },
+        examples=[
+            OpenApiExample("Claim for an issue", {"action": "start", "issue_id": "…"}),
+        ],
+    )
+    def post(self, request: Request, workspace_id: str) -> Response:
+        actor = actor_for(request)
+        company_id = _workspace_company(actor, workspace_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.runtime_lease_claim(
+            company_id=company_id,
+            execution_workspace_id=UUID(workspace_id),
+            action=data.validated_data["action"],
+            owner=_owner(actor, data.validated_data),
+            ttl_seconds=data.validated_data.get("ttl_seconds"),
+        )
+        return Response(self.OutputSerializer(result).data)
+
+
+class RuntimeLeaseDetailApi(APIView):
+    permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
+
+    class OutputSerializer(serializers.Serializer[services.RuntimeLeaseView]):
+        lease = LeaseSerializer(allow_null=True)
+        stale_reason = serializers.ChoiceField(choices=STALE_REASONS, allow_null=True)
+
+    @extend_schema(
+        operation_id="runtime_lease_get",
+        summary="The workspace's runtime lease and its live stale reason",
+        responses={200: OutputSerializer, **_errors(*COMMON_ERRORS[1:4])},
+    )
+    def get(self, request: Request, workspace_id: str) -> Response:
+        actor = actor_for(request)
+        company_id = _workspace_company(actor, workspace_id)
+        if not ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id).exists():
+            raise NotFoundError("Execution workspace not found.")
+        view = services.runtime_lease_get(execution_workspace_id=UUID(workspace_id))
+        return Response(self.OutputSerializer(view).data)
+
+
+class RuntimeLeaseReleaseApi(APIView):
+    permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
+
+    class InputSerializer(OwnerInputSerializer):
+        force = serializers.BooleanField(
+            required=False, default=False, help_text="Board only: delete whatever lease exists."
+        )
+        reason = serializers.CharField(
+            required=False, max_length=2000, help_text="Required with force (audited)."
+        )
+
+        def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+            if attrs.get("force") and not (attrs.get("reason") or "").strip():
+                raise serializers.ValidationError({"reason": ["Required with force."]})
+            return attrs
+
+    class OutputSerializer(serializers.Serializer[services.RuntimeLeaseRelease]):
+        released = serializers.BooleanField()
+        owner_key = serializers.CharField(allow_null=True)
+
+    @extend_schema(
+        operation_id="runtime_lease_release",
+        summary="Release the lease you hold (agent) or force-release any lease (board)",
+        request=InputSerializer,
+        responses={200: OutputSerializer, **_errors(*COMMON_ERRORS)},
+    )
+    def post(self, request: Request, workspace_id: str) -> Response:
+        actor = actor_for(request)
+        company_id = _workspace_company(actor, workspace_id)
+        body = request.data if isinstance(request.data, dict) else {}
+        if actor.is_agent and body.get("force") not in (None, False):
+            # Checked before validation: an agent asking to force is refused, whatever else.
+            raise PermissionDenied("Only board members may force-release a runtime lease.")
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        workspace_pk = UUID(workspace_id)
+        if data.validated_data["force"]:
+            result = services.runtime_lease_force_release(
+                company_id=company_id,
+                execution_workspace_id=workspace_pk,
+                actor_type="user",
+                actor_id=actor.actor_id,
+                reason=data.validated_data["reason"],
+            )
+        else:
+            result = services.runtime_lease_release(
+                company_id=company_id,
+                execution_workspace_id=workspace_pk,
+                owner=_owner(actor, data.validated_data),
+            )
+        return Response(self.OutputSerializer(result).data)
+
+
+class WorkspaceOperationCreateApi(APIView):
+    permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
+
+    class InputSerializer(OwnerInputSerializer):
+        generation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+        phase = serializers.CharField(max_length=200)
+        command = serializers.CharField(
+            required=False, allow_null=True, allow_blank=True, max_length=20_000
+        )
+        status = serializers.ChoiceField(choices=WorkspaceOperation.Status.values)
+        exit_code = serializers.IntegerField(
+            required=False, allow_null=True, min_value=-(2**31), max_value=2**31 - 1
+        )
+
+    class OutputSerializer(serializers.Serializer[services.WorkspaceOperationRecord]):
+        id = serializers.UUIDField()
+        company_id = serializers.UUIDField()
+        execution_workspace_id = serializers.UUIDField()
+        heartbeat_run_id = serializers.UUIDField(allow_null=True)
+        issue_id = serializers.UUIDField(allow_null=True)
+        actor_agent_id = serializers.UUIDField(allow_null=True)
+        phase = serializers.CharField()
+        command = serializers.CharField(allow_null=True)
+        status = serializers.CharField()
+        exit_code = serializers.IntegerField(allow_null=True)
+        lease_generation = serializers.IntegerField()
+        started_at = serializers.DateTimeField()
+        finished_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema(
+        operation_id="workspace_operation_create",
+        summary="Record a workspace operation fenced by the runtime lease generation",
+        description=(
+            "Accepted only while the caller's owner key holds the lease at `generation` (an "
+            "expired lease nobody reclaimed still counts). Otherwise 409 "
+            "`workspace_runtime_lease_superseded` with `current_generation` (null: no lease)."
+        ),
+        request=InputSerializer,
+        responses={
+            201: OutputSerializer,
+            **_errors(*COMMON_ERRORS, (409, "workspace_runtime_lease_superseded")),
+        },
+    )
+    def post(self, request: Request, workspace_id: str) -> Response:
+        actor = actor_for(request)
+        company_id = _workspace_company(actor, workspace_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        record = services.workspace_operation_create_fenced(
+            company_id=company_id,
+            execution_workspace_id=UUID(workspace_id),
+            owner=_owner(actor, values),
+            generation=values["generation"],
+            phase=values["phase"],
+            status=values["status"],
+            command=values.get("command"),
+            exit_code=values.get("exit_code"),
+        )
+        return Response(self.OutputSerializer(record).data, status=status.HTTP_201_CREATED)
