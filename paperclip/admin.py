@@ -1,0 +1,396 @@
+"""Admin for the core models.
+
+The board sets up companies, memberships, agents, issues and execution workspaces here as
+ordinary editable records (each save writes an audit row). Records whose state changes only
+through services (runs, coordinators, results, workspace operations, the audit log, credentials)
+are read-only; credentials are revoked through an action that calls the service.
+
+Staff users who are not superusers see only the companies they are board members of.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from paperclip.activity import activity_record
+from paperclip.credentials import agent_key_revoke, board_token_revoke
+from paperclip.errors import DomainError
+from paperclip.models import (
+    ActivityEvent,
+    Agent,
+    AgentApiKey,
+    BoardApiToken,
+    BoardMembership,
+    Company,
+    ExecutionWorkspace,
+    ExecutionWorkspaceSnapshot,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+    WorkspaceOperation,
+)
+from paperclip.services import absolute_path_error
+
+# Django's admin and form classes are not subscriptable at runtime (no django-stubs-ext patch).
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+    _TabularInline = admin.TabularInline[Any, Any]
+    _ModelForm = forms.ModelForm[Any]
+else:
+    _ModelAdmin = admin.ModelAdmin
+    _TabularInline = admin.TabularInline
+    _ModelForm = forms.ModelForm
+
+
+def _member_company_ids(request: HttpRequest) -> list[Any] | None:
+    """Companies the staff user may see in the admin; None means all (superuser)."""
+    user: Any = request.user
+    if user.is_superuser:
+        return None
+    return list(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))
+
+
+class CompanyScopedAdmin(_ModelAdmin):
+    """Limits rows (and foreign-key choices) to the user's companies."""
+
+    company_lookup = "company_id"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        ids = _member_company_ids(request)
+        if ids is None:
+            return queryset
+        return queryset.filter(**{f"{self.company_lookup}__in": ids})
+
+    def formfield_for_foreignkey(
+        self, db_field: Any, request: HttpRequest, **kwargs: Any
+    ) -> forms.ModelChoiceField[Any] | None:
+        ids = _member_company_ids(request)
+        if ids is not None:
+            related = db_field.related_model
+            if related is Company:
+                kwargs["queryset"] = Company.objects.filter(pk__in=ids)
+            elif any(f.name == "company" for f in related._meta.fields):
+                kwargs["queryset"] = related.objects.filter(company_id__in=ids)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class ReadOnlyAdmin(CompanyScopedAdmin):
+    """State that changes only through services: browse, never add, edit or delete."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AuditedAdmin(CompanyScopedAdmin):
+    """Editable setup records: every admin save writes one audit row in its transaction."""
+
+    audit_entity: str = ""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        company_id = obj.pk if isinstance(obj, Company) else getattr(obj, "company_id", None)
+        activity_record(
+            company_id=company_id,
+            actor_type=ActivityEvent.ActorType.USER,
+            actor_id=str(request.user.pk),
+            action=f"{self.audit_entity}.{'updated' if change else 'created'}",
+            entity_type=self.audit_entity,
+            entity_id=str(obj.pk),
+            details={"via": "admin", "fields": sorted(form.changed_data)},
+        )
+
+
+@admin.register(Company)
+class CompanyAdmin(AuditedAdmin):
+    company_lookup = "id"
+    audit_entity = "company"
+    list_display = ("name", "id", "created_at")
+    search_fields = ("name", "id")
+    readonly_fields = ("id", "created_at", "updated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # As in the API: only superusers create companies.
+        return bool(getattr(request.user, "is_superuser", False))
+
+
+@admin.register(BoardMembership)
+class BoardMembershipAdmin(AuditedAdmin):
+    audit_entity = "board_membership"
+    list_display = ("user", "company", "created_at")
+    list_filter = ("company",)
+    search_fields = ("user__username", "company__name")
+    autocomplete_fields = ("company",)
+    readonly_fields = ("created_at",)
+
+
+class AgentApiKeyInline(_TabularInline):
+    model = AgentApiKey
+    extra = 0
+    can_delete = False
+    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Agent)
+class AgentAdmin(AuditedAdmin):
+    audit_entity = "agent"
+    list_display = ("name", "company", "status", "id", "created_at")
+    list_filter = ("status", "company")
+    search_fields = ("name", "id")
+    autocomplete_fields = ("company",)
+    readonly_fields = ("id", "created_at", "updated_at")
+    inlines = (AgentApiKeyInline,)
+
+
+class _CredentialAdmin(ReadOnlyAdmin):
+    @admin.display(boolean=True, description="active")
+    def active(self, obj: AgentApiKey | BoardApiToken) -> bool:
+        return obj.revoked_at is None
+
+    def _revoke_each(self, request: HttpRequest, ids: list[Any], revoke: Any, arg: str) -> None:
+        revoked, unchanged, failed = 0, 0, []
+        for pk in ids:
+            try:
+                result = revoke(**{arg: pk}, actor_type="user", actor_id=str(request.user.pk))
+            except DomainError as exc:
+                failed.append(f"{pk}: {exc.code}")
+                continue
+            if result.changed:
+                revoked += 1
+            else:
+                unchanged += 1
+        level = messages.WARNING if failed else messages.SUCCESS
+        self.message_user(
+            request,
+            f"Revoked {revoked}; already revoked {unchanged}; "
+            f"failed: {', '.join(failed) or 'none'}",
+            level,
+        )
+
+
+@admin.register(AgentApiKey)
+class AgentApiKeyAdmin(_CredentialAdmin):
+    company_lookup = "agent__company_id"
+    list_display = ("__str__", "agent", "name", "active", "created_at", "last_used_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "agent__company")
+    search_fields = ("prefix", "name", "agent__name", "agent__id")
+    list_select_related = ("agent",)
+    exclude = ("secret_sha256",)
+    actions = ("revoke_selected",)
+
+    @admin.action(description="Revoke selected agent keys", permissions=["revoke"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[AgentApiKey]) -> None:
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True))
+        self._revoke_each(request, ids, agent_key_revoke, "key_id")
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        # Visible keys belong to the user's companies (get_queryset); board staff may revoke them.
+        return bool(getattr(request.user, "is_staff", False))
+
+
+@admin.register(BoardApiToken)
+class BoardApiTokenAdmin(_CredentialAdmin):
+    list_display = ("__str__", "user", "name", "active", "created_at", "last_used_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("prefix", "name", "user__username")
+    list_select_related = ("user",)
+    exclude = ("secret_sha256",)
+    actions = ("revoke_selected",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[BoardApiToken]:
+        queryset = admin.ModelAdmin.get_queryset(self, request)
+        user: Any = request.user
+        return queryset if user.is_superuser else queryset.filter(user=user)
+
+    @admin.action(description="Revoke selected board tokens", permissions=["revoke"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[BoardApiToken]) -> None:
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True))
+        self._revoke_each(request, ids, board_token_revoke, "token_id")
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return bool(getattr(request.user, "is_staff", False))
+
+
+class IssueAdminForm(_ModelForm):
+    class Meta:
+        model = Issue
+        fields = (
+            "company",
+            "title",
+            "status",
+            "hidden_at",
+            "assignee_agent",
+            "execution_workspace",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        company = data.get("company")
+        for field in ("assignee_agent", "execution_workspace"):
+            related = data.get(field)
+            if related is not None and company is not None and related.company_id != company.pk:
+                self.add_error(field, "Must belong to the issue's company.")
+        return data
+
+
+@admin.register(Issue)
+class IssueAdmin(AuditedAdmin):
+    form = IssueAdminForm
+    audit_entity = "issue"
+    list_display = (
+        "title",
+        "company",
+        "status",
+        "assignee_agent",
+        "execution_run",
+        "hidden_at",
+        "updated_at",
+    )
+    list_filter = ("status", ("hidden_at", admin.EmptyFieldListFilter), "company")
+    search_fields = ("title", "id")
+    list_select_related = ("company", "assignee_agent")
+    autocomplete_fields = ("company", "assignee_agent", "execution_workspace")
+    # The execution lock moves only with run status changes (services).
+    readonly_fields = (
+        "id",
+        "execution_run",
+        "checkout_run",
+        "execution_locked_at",
+        "created_at",
+        "updated_at",
+    )
+
+
+class ExecutionWorkspaceAdminForm(_ModelForm):
+    class Meta:
+        model = ExecutionWorkspace
+        fields = (
+            "company",
+            "name",
+            "status",
+            "cwd",
+            "source_issue",
+            "mode",
+            "strategy_type",
+            "provider_type",
+            "provider_ref",
+            "metadata",
+        )
+
+    def clean_cwd(self) -> str | None:
+        cwd = self.cleaned_data.get("cwd") or None
+        if cwd is not None and (problem := absolute_path_error(cwd)):
+            raise forms.ValidationError(problem)
+        return cwd
+
+
+@admin.register(ExecutionWorkspace)
+class ExecutionWorkspaceAdmin(AuditedAdmin):
+    form = ExecutionWorkspaceAdminForm
+    audit_entity = "execution_workspace"
+    list_display = ("name", "company", "status", "cwd", "runtime_lease_generation", "last_used_at")
+    list_filter = ("status", "provider_type", "company")
+    search_fields = ("name", "id", "cwd")
+    list_select_related = ("company",)
+    autocomplete_fields = ("company", "source_issue")
+    # The lease generation is a fencing counter owned by the lease service.
+    readonly_fields = ("id", "runtime_lease_generation", "opened_at", "created_at", "updated_at")
+
+
+@admin.register(ExecutionWorkspaceSnapshot)
+class ExecutionWorkspaceSnapshotAdmin(ReadOnlyAdmin):
+    list_display = ("id", "execution_workspace", "status", "created_at")
+    list_filter = ("status",)
+    search_fields = ("id", "execution_workspace__id")
+
+
+@admin.register(HeartbeatRun)
+class HeartbeatRunAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "company",
+        "agent",
+        "issue",
+        "status",
+        "runtime_mode",
+        "native_phase",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = ("status", "runtime_mode", "native_phase", "company")
+    search_fields = ("id", "agent__name", "issue__title", "issue__id")
+    list_select_related = ("company", "agent", "issue")
+    date_hierarchy = "created_at"
+
+
+@admin.register(NativeRunFinalization)
+class NativeRunFinalizationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "run",
+        "company",
+        "phase",
+        "attempt",
+        "controller_generation",
+        "lease_expires_at",
+        "failure_code",
+        "updated_at",
+    )
+    list_filter = ("phase", "company")
+    search_fields = ("run__id", "issue__id", "lease_owner")
+    list_select_related = ("company",)
+
+
+@admin.register(NativeRunResult)
+class NativeRunResultAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "run",
+        "schema_status",
+        "rejection_code",
+        "caller_result_id",
+        "created_at",
+    )
+    list_filter = ("schema_status", "company")
+    search_fields = ("id", "run__id", "caller_result_id", "server_fingerprint")
+
+
+@admin.register(WorkspaceOperation)
+class WorkspaceOperationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "phase",
+        "status",
+        "execution_workspace",
+        "heartbeat_run",
+        "lease_generation",
+        "exit_code",
+        "started_at",
+        "finished_at",
+    )
+    list_filter = ("phase", "status", "company")
+    search_fields = ("id", "heartbeat_run__id", "execution_workspace__id", "command")
+    date_hierarchy = "started_at"
+
+
+@admin.register(ActivityEvent)
+class ActivityEventAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "action", "actor_type", "actor_id", "entity_type", "entity_id")
+    list_filter = ("action", "actor_type", "entity_type", "company")
+    search_fields = ("entity_id", "actor_id")
+    date_hierarchy = "created_at"

@@ -1,0 +1,175 @@
+"""`manage.py seed_demo`: a demo company to click around in, safe to run any number of times.
+
+It makes (once) a company, two agents, two execution workspaces, issues in several statuses and
+a few runs (one native run running and holding its issue), all through the services, so the audit
+log tells the story. Every run prints an admin login and two working agent keys: the password is
+reset and each agent's previous `seed_demo` key is revoked before a fresh one is minted (secrets
+are stored hashed, so the old ones cannot be printed again). Each step is its own durable
+service call, so an interrupted seed is consistent and the next run completes it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+
+from paperclip import services
+from paperclip.api.auth import board_actor
+from paperclip.credentials import agent_key_create, agent_key_revoke
+from paperclip.models import (
+    Agent,
+    AgentApiKey,
+    BoardMembership,
+    Company,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+)
+
+COMPANY_NAME = "Demo Company"
+USERNAME = "demo-board"
+KEY_NAME = "seed_demo"
+AGENTS = ("demo-agent-alpha", "demo-agent-beta")
+WORKSPACES = (
+    ("demo-workspace-main", "/tmp/paperclip-demo/main"),  # noqa: S108 - demo paths only
+    ("demo-workspace-review", "/tmp/paperclip-demo/review"),  # noqa: S108
+)
+# (title, status, assignee index or None)
+ISSUES = (
+    ("Set up the CI pipeline", Issue.Status.BACKLOG, None),
+    ("Fix the flaky lease test", Issue.Status.TODO, 0),
+    ("Encrypt runner checkpoints", Issue.Status.IN_PROGRESS, 0),
+    ("Review the finalization runbook", Issue.Status.IN_REVIEW, 1),
+    ("Upgrade the PostgreSQL driver", Issue.Status.BLOCKED, 1),
+    ("Ship runtime leases", Issue.Status.DONE, 0),
+    ("Drop the legacy runner", Issue.Status.CANCELLED, None),
+)
+
+
+class Command(BaseCommand):
+    help = "Create (or refresh) the demo company and print an admin login and two agent keys."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--password", default="", help="Admin password for demo-board (default: random)."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        password = options["password"] or secrets.token_urlsafe(12)
+        user = self._board_user(password)
+        actor = board_actor(user)
+
+        company = Company.objects.filter(name=COMPANY_NAME).order_by("created_at", "pk").first()
+        if company is None:
+            company = services.company_create(actor=actor, name=COMPANY_NAME).company
+            self.stdout.write(f"Created company {company.name} ({company.pk})")
+        BoardMembership.objects.get_or_create(user=user, company=company)
+
+        agents = [self._agent(actor, company, name) for name in AGENTS]
+        workspaces = [self._workspace(actor, company, name, cwd) for name, cwd in WORKSPACES]
+        issues = {
+            title: self._issue(actor, company, title, status, agents, assignee)
+            for title, status, assignee in ISSUES
+        }
+        if not HeartbeatRun.objects.filter(company=company).exists():
+            self._runs(actor, agents, workspaces, issues)
+
+        keys = [self._fresh_key(agent, user.pk) for agent in agents]
+
+        self.stdout.write("")
+        self.stdout.write(f"Demo company: {company.name} ({company.pk})")
+        self.stdout.write(f"Admin login:  /admin/  user {USERNAME}  password {password}")
+        for agent, key in zip(agents, keys, strict=True):
+            self.stdout.write(f"Agent {agent.name} ({agent.pk}) key: {key}")
+        self.stdout.write("Try: curl -H 'Authorization: Bearer <key>' http://127.0.0.1:8000/api/me")
+
+    def _board_user(self, password: str) -> Any:
+        user_model = get_user_model()
+        user, created = user_model.objects.get_or_create(
+            **{user_model.USERNAME_FIELD: USERNAME},
+            defaults={"is_staff": True, "is_superuser": True},
+        )
+        user.is_staff = True
+        user.is_superuser = True
+        user.is_active = True
+        user.set_password(password)
+        user.save()
+        if created:
+            self.stdout.write(f"Created board user {USERNAME} (staff, superuser)")
+        return user
+
+    def _agent(self, actor: Any, company: Company, name: str) -> Agent:
+        agent = Agent.objects.filter(company=company, name=name).order_by("created_at").first()
+        if agent is None:
+            agent = services.agent_create(actor=actor, company_id=company.pk, name=name).agent
+            self.stdout.write(f"Created agent {name} ({agent.pk})")
+        return agent
+
+    def _workspace(self, actor: Any, company: Company, name: str, cwd: str) -> ExecutionWorkspace:
+        workspace = ExecutionWorkspace.objects.filter(company=company, name=name).first()
+        if workspace is None:
+            workspace = services.execution_workspace_create(
+                actor=actor, company_id=company.pk, name=name, cwd=cwd
+            ).workspace
+            self.stdout.write(f"Created execution workspace {name} ({workspace.pk})")
+        return workspace
+
+    def _issue(
+        self,
+        actor: Any,
+        company: Company,
+        title: str,
+        status: str,
+        agents: list[Agent],
+        assignee: int | None,
+    ) -> Issue:
+        issue = Issue.objects.filter(company=company, title=title).first()
+        if issue is None:
+            issue = services.issue_create(
+                actor=actor,
+                company_id=company.pk,
+                title=title,
+                status=status,
+                assignee_agent_id=agents[assignee].pk if assignee is not None else None,
+            ).issue
+            self.stdout.write(f"Created issue {title!r} [{status}]")
+        return issue
+
+    def _runs(
+        self,
+        actor: Any,
+        agents: list[Agent],
+        workspaces: list[ExecutionWorkspace],
+        issues: dict[str, Issue],
+    ) -> None:
+        alpha, beta = agents
+        main, review = workspaces
+        plan: list[tuple[Agent, str, str, ExecutionWorkspace | None, list[str]]] = [
+            (alpha, "legacy", "Ship runtime leases", None, ["running", "succeeded"]),
+            (alpha, "native", "Encrypt runner checkpoints", main, ["running"]),
+            (beta, "native", "Review the finalization runbook", review, []),
+            (beta, "legacy", "Upgrade the PostgreSQL driver", None, ["running", "failed"]),
+        ]
+        for agent, mode, title, workspace, steps in plan:
+            run = services.run_create(
+                actor=actor,
+                agent_id=agent.pk,
+                runtime_mode=mode,
+                issue_id=issues[title].pk,
+                execution_workspace_id=workspace.pk if workspace else None,
+                workspace_dir=workspace.cwd if workspace else None,
+            ).run
+            for step in steps:
+                run = services.run_transition(actor=actor, run_id=run.pk, to_status=step).run
+            self.stdout.write(f"Created {mode} run {run.pk} for {title!r} [{run.status}]")
+
+    def _fresh_key(self, agent: Agent, user_id: Any) -> str:
+        stale = AgentApiKey.objects.filter(agent=agent, name=KEY_NAME, revoked_at__isnull=True)
+        for key_id in stale.order_by("pk").values_list("pk", flat=True):
+            agent_key_revoke(key_id=key_id, actor_type="user", actor_id=str(user_id))
+        return agent_key_create(
+            agent_id=agent.pk, actor_type="user", actor_id=str(user_id), name=KEY_NAME
+        ).secret
