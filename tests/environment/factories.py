@@ -1,0 +1,162 @@
+"""Factories and a baseline recovery scenario for environment-lease tests."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import factory
+
+from leases.models import EnvironmentLease
+from paperclip.models import (
+    Agent,
+    Company,
+    Environment,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+)
+from recovery.models import IssueRecoveryAction
+from tests.factories import (
+    CompanyFactory,
+    EnvironmentFactory,
+    ExecutionWorkspaceFactory,
+    IssueFactory,
+    NativeRunFactory,
+)
+
+PLUGIN = "plugin-daytona"
+PROVIDER = "daytona"
+EXPORT_CAUSE = "native_workspace_sync_out_retry_exhausted"
+HEX_A, HEX_B, HEX_C = "a" * 64, "b" * 64, "c" * 64
+
+
+class EnvironmentLeaseFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = EnvironmentLease
+
+    company = factory.SubFactory(CompanyFactory)
+    environment = factory.SubFactory(EnvironmentFactory, company=factory.SelfAttribute("..company"))
+    status = EnvironmentLease.Status.ACTIVE
+    lease_policy = EnvironmentLease.Policy.EPHEMERAL
+    provider = PROVIDER
+    provider_lease_id = factory.Sequence(lambda n: f"sbx-{n}")
+    metadata = factory.LazyFunction(lambda: {"pluginId": PLUGIN, "remoteCwd": "/workspace"})
+
+
+class RecoveryActionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = IssueRecoveryAction
+
+    company = factory.SelfAttribute("source_issue.company")
+    source_issue = factory.SubFactory(IssueFactory)
+    kind = IssueRecoveryAction.Kind.WORKSPACE_VALIDATION
+    owner_type = IssueRecoveryAction.OwnerType.BOARD
+    cause = EXPORT_CAUSE
+    fingerprint = factory.Sequence(lambda n: f"fp-{n}")
+    next_action = "Inspect the recorded workspace source."
+    evidence = factory.LazyFunction(dict)
+
+
+def sync_reference(
+    lease: EnvironmentLease, workspace_id: Any, *, state: str = "prepared", **changes: Any
+) -> dict[str, Any]:
+    reference = {
+        "schema": "paperclip.native-workspace-sync/v1",
+        "state": state,
+        "descriptorSha256": HEX_A,
+        "baselineSha256": HEX_B,
+        "finalHostSha256": HEX_C if state == "finalized" else None,
+        "workspaceId": str(workspace_id),
+        "leaseId": str(lease.pk),
+        "providerLeaseId": lease.provider_lease_id,
+        "remoteCwd": "/workspace",
+        "resourceDisposition": "destroy" if state == "finalized" else None,
+    }
+    reference.update(changes)
+    return reference
+
+
+def export_marker(lease: EnvironmentLease, **changes: Any) -> dict[str, Any]:
+    marker = {
+        "schema": "paperclip.workspace-export-resume.v2",
+        "requestId": str(uuid.uuid4()),
+        "purpose": "terminal_export",
+        "companyId": str(lease.company_id),
+        "runId": str(lease.heartbeat_run_id),
+        "resultId": str(uuid.uuid4()),
+        "leaseId": str(lease.pk),
+        "provider": lease.provider,
+        "providerLeaseId": lease.provider_lease_id,
+        "pluginId": PLUGIN,
+    }
+    marker.update(changes)
+    return marker
+
+
+def set_meta(lease: EnvironmentLease, **changes: Any) -> EnvironmentLease:
+    lease.metadata = {**(lease.metadata or {}), **changes}
+    lease.save(update_fields=["metadata"])
+    return lease
+
+
+@dataclass
+class Scenario:
+    """A failed native run whose export lease is a valid recovery source (export cause).
+
+    Fields are live model instances; mutate and `.save()` them to break one rule at a time.
+    """
+
+    company: Company
+    issue: Issue
+    agent: Agent
+    workspace: ExecutionWorkspace
+    environment: Environment
+    run: HeartbeatRun
+    lease: EnvironmentLease
+    action: IssueRecoveryAction
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reference(self) -> dict[str, Any]:
+        return self.run.runner_profile_json["nativeWorkspaceSync"]  # type: ignore[no-any-return, index]
+
+    def set_reference(self, **changes: Any) -> None:
+        self.run.runner_profile_json = {
+            **(self.run.runner_profile_json or {}),
+            "nativeWorkspaceSync": {**self.reference, **changes},
+        }
+        self.run.save(update_fields=["runner_profile_json"])
+
+    def identity(self) -> dict[str, Any]:
+        identity = {
+            "company_id": self.company.pk,
+            "issue_id": self.issue.pk,
+            "run_id": self.run.pk,
+            "action_id": self.action.pk,
+        }
+        identity.update(self.overrides)
+        return identity
+
+
+def build_scenario(*, company: Company | None = None) -> Scenario:
+    company = company or CompanyFactory()
+    run = NativeRunFactory(company=company, status=HeartbeatRun.Status.FAILED)
+    issue, agent = run.native_issue, run.agent
+    workspace = ExecutionWorkspaceFactory(company=company)
+    environment = EnvironmentFactory(company=company)
+    lease = EnvironmentLeaseFactory(
+        company=company,
+        environment=environment,
+        issue=issue,
+        heartbeat_run=run,
+        execution_workspace=workspace,
+        status=EnvironmentLease.Status.PENDING_CLEANUP,
+        metadata={"pluginId": PLUGIN, "remoteCwd": "/workspace", "agentId": str(agent.pk)},
+    )
+    set_meta(lease, nativeWorkspaceExportResume=export_marker(lease))
+    run.runner_profile_json = {"nativeWorkspaceSync": sync_reference(lease, workspace.pk)}
+    run.save(update_fields=["runner_profile_json"])
+    action = RecoveryActionFactory(source_issue=issue, evidence={"runId": str(run.pk)})
+    return Scenario(company, issue, agent, workspace, environment, run, lease, action)

@@ -1,0 +1,286 @@
+"""The provider cleanup protocol over HTTP: claims, receipts, scoping, audit, racing workers."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from leases.export_resume import db_now, export_resume_has
+from leases.models import EnvironmentLease
+from paperclip.models import ActivityEvent, Agent, Company
+from tests.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
+from tests.factories import AgentFactory, NativeRunFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def claim_url(lease_id: Any) -> str:
+    return f"/api/environment-leases/{lease_id}/cleanup-claims"
+
+
+def receipt_url(lease_id: Any) -> str:
+    return f"/api/environment-leases/{lease_id}/cleanup-receipts"
+
+
+def pending_lease(company: Company, *, intent: str | None = "export") -> EnvironmentLease:
+    run = NativeRunFactory(company=company, status="failed")
+    lease = EnvironmentLeaseFactory(
+        company=company,
+        heartbeat_run=run,
+        issue=run.native_issue,
+        status="pending_cleanup",
+        cleanup_status="failed",
+    )
+    if intent == "export":
+        set_meta(lease, nativeWorkspaceExportResume=export_marker(lease))
+    elif intent == "stop_and_retain":
+        set_meta(
+            lease,
+            sandboxStopAndRetain={
+                "schema": "paperclip.sandbox-stop-and-retain.v1",
+                "requestId": "req-1",
+                "companyId": str(company.pk),
+                "runId": str(run.pk),
+                "leaseId": str(lease.pk),
+                "provider": lease.provider,
+                "providerLeaseId": lease.provider_lease_id,
+                "pluginId": lease.metadata["pluginId"],
+            },
+        )
+    return lease
+
+
+def receipt(attempt_id: str, lease: EnvironmentLease, state: str = "stopped") -> dict[str, Any]:
+    return {
+        "attempt_id": attempt_id,
+        "receipt": {"provider_lease_id": lease.provider_lease_id, "state": state},
+    }
+
+
+def test_claim_then_stop_receipt_settles_the_export_lease(
+    company: Company, agent_client: APIClient
+) -> None:
+    lease = pending_lease(company)
+    before_ms = int(db_now().timestamp() * 1000)
+
+    claimed = agent_client.post(claim_url(lease.pk))
+    assert claimed.status_code == 200, claimed.json()
+    body = claimed.json()
+    attempt = body["attempt_id"]
+    assert body["stop_only"] is True
+    assert body["lease"]["id"] == str(lease.pk)
+    meta = body["lease"]["metadata"]
+    assert meta["pendingCleanupAttemptId"] == attempt
+    assert meta["pendingCleanupInFlight"] is True
+    expiry = meta["pendingCleanupLeaseExpiresAtMs"]
+    assert before_ms + 15 * 60 * 1000 <= expiry <= before_ms + 15 * 60 * 1000 + 60_000
+    assert set(body["lease"]) >= {
+        "id", "company_id", "environment_id", "execution_workspace_id", "issue_id",
+        "heartbeat_run_id", "status", "lease_policy", "provider", "provider_lease_id",
+        "acquired_at", "last_used_at", "expires_at", "released_at", "failure_reason",
+        "cleanup_status", "metadata",
+    }  # fmt: skip
+
+    again = agent_client.post(claim_url(lease.pk))
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "cleanup_in_flight"
+
+    settled = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
+    assert settled.status_code == 200, settled.json()
+    data = settled.json()
+    assert (data["status"], data["cleanup_status"]) == ("released", "success")
+    assert "nativeWorkspaceExportResume" not in data["metadata"]
+    assert data["metadata"]["remoteExecutionTermination"]["state"] == "stopped"
+
+    duplicate = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
+    assert duplicate.status_code == 409
+    assert duplicate.json()["error"]["code"] == "cleanup_attempt_stale"
+    actions = list(
+        ActivityEvent.objects.filter(entity_id=str(lease.pk))
+        .order_by("created_at")
+        .values_list("action", "actor_type")
+    )
+    assert actions == [
+        ("environment_lease.cleanup_claimed", "agent"),
+        ("environment_lease.cleanup_settled", "agent"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        pytest.param(
+            lambda body: body.update(attempt_id="older-attempt"), "attempt_mismatch", id="stale"
+        ),
+        pytest.param(
+            lambda body: body["receipt"].update(provider_lease_id="sbx-foreign"),
+            "provider_lease_mismatch",
+            id="foreign",
+        ),
+    ],
+)
+def test_stale_and_foreign_receipts_change_nothing(
+    company: Company, agent_client: APIClient, mutate: Callable[[dict[str, Any]], None], reason: str
+) -> None:
+    lease = pending_lease(company)
+    attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
+    before = EnvironmentLease.objects.get(pk=lease.pk)
+    body = receipt(attempt, lease)
+    mutate(body)
+    response = agent_client.post(receipt_url(lease.pk), body, format="json")
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert (error["code"], error["details"]["reason"]) == ("cleanup_attempt_stale", reason)
+    after = EnvironmentLease.objects.get(pk=lease.pk)
+    assert (after.metadata, after.status, after.updated_at) == (
+        before.metadata,
+        before.status,
+        before.updated_at,
+    )
+    assert ActivityEvent.objects.filter(action="environment_lease.cleanup_settled").count() == 0
+
+
+def test_an_expired_claim_can_be_reclaimed_and_the_old_attempt_goes_stale(
+    company: Company, agent_client: APIClient
+) -> None:
+    lease = pending_lease(company)
+    first = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
+    set_meta(EnvironmentLease.objects.get(pk=lease.pk), pendingCleanupLeaseExpiresAtMs=1000)
+    second = agent_client.post(claim_url(lease.pk))
+    assert second.status_code == 200
+    assert second.json()["attempt_id"] != first
+    late = agent_client.post(receipt_url(lease.pk), receipt(first, lease), format="json")
+    assert late.json()["error"]["details"]["reason"] == "attempt_mismatch"
+
+
+def test_failed_receipt_keeps_the_lease_pending_and_claimable(
+    company: Company, agent_client: APIClient
+) -> None:
+    lease = pending_lease(company)
+    attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
+    failed = agent_client.post(
+        receipt_url(lease.pk), receipt(attempt, lease, "failed"), format="json"
+    )
+    assert failed.status_code == 200
+    data = failed.json()
+    assert (data["status"], data["cleanup_status"]) == ("pending_cleanup", "failed")
+    assert data["metadata"]["pendingCleanupInFlight"] is False
+    assert export_resume_has(EnvironmentLease.objects.get(pk=lease.pk))
+    unclaimed = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
+    assert unclaimed.json()["error"]["details"]["reason"] == "not_claimed"
+    assert agent_client.post(claim_url(lease.pk)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("intent", "state", "status"),
+    [
+        pytest.param(None, "destroyed", "released", id="plain-destroyed"),
+        pytest.param(None, "stopped", "released", id="plain-stopped"),
+        pytest.param(None, "failed", "pending_cleanup", id="plain-failed"),
+        pytest.param("stop_and_retain", "stopped", "released", id="stop-and-retain-stopped"),
+        pytest.param(
+            "stop_and_retain", "destroyed", "pending_cleanup", id="stop-and-retain-destroyed"
+        ),
+        pytest.param("export", "destroyed", "pending_cleanup", id="export-destroyed"),
+    ],
+)
+def test_receipt_outcomes(
+    company: Company, agent_client: APIClient, intent: str | None, state: str, status: str
+) -> None:
+    lease = pending_lease(company, intent=intent)
+    attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
+    response = agent_client.post(
+        receipt_url(lease.pk), receipt(attempt, lease, state), format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["status"] == status
+    assert response.json()["cleanup_status"] == ("success" if status == "released" else "failed")
+
+
+def test_claim_refuses_a_lease_without_pending_cleanup(
+    company: Company, agent_client: APIClient
+) -> None:
+    lease = EnvironmentLeaseFactory(company=company, status="active")
+    response = agent_client.post(claim_url(lease.pk))
+    assert response.status_code == 409
+    assert response.json()["error"] == {
+        "code": "cleanup_not_pending",
+        "message": response.json()["error"]["message"],
+        "details": {"status": "active"},
+        "remediation": response.json()["error"]["remediation"],
+    }
+
+
+def test_claim_refuses_an_unbound_stop_only_intent(
+    company: Company, agent_client: APIClient
+) -> None:
+    lease = pending_lease(company)
+    set_meta(lease, pluginId="another-plugin")
+    response = agent_client.post(claim_url(lease.pk))
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "cleanup_intent_invalid"
+    assert "pendingCleanupInFlight" not in EnvironmentLease.objects.get(pk=lease.pk).metadata
+
+
+def test_scoping_and_permissions(
+    company: Company,
+    other_company: Company,
+    agent_client: APIClient,
+    make_agent_client: Callable[[Agent], APIClient],
+    make_board_client: Callable[..., APIClient],
+) -> None:
+    lease = pending_lease(company)
+    foreign = make_agent_client(AgentFactory(company=other_company))
+    assert foreign.post(claim_url(lease.pk)).status_code == 404
+    assert (
+        foreign.post(receipt_url(lease.pk), receipt("x", lease), format="json").status_code == 404
+    )
+    board = make_board_client(company)
+    assert board.post(claim_url(lease.pk)).json()["error"]["code"] == "permission_denied"
+    assert APIClient().post(claim_url(lease.pk)).status_code == 401
+    assert agent_client.post(claim_url("not-a-uuid")).status_code == 404
+    assert agent_client.post(claim_url(uuid.uuid4())).status_code == 404
+    bad = agent_client.post(
+        receipt_url(lease.pk), {"attempt_id": "x", "receipt": {"state": "gone"}}, format="json"
+    )
+    assert bad.status_code == 400
+    assert set(bad.json()["error"]["details"]["fields"]["receipt"]) == {
+        "provider_lease_id",
+        "state",
+    }
+    assert "pendingCleanupInFlight" not in EnvironmentLease.objects.get(pk=lease.pk).metadata
+    assert not ActivityEvent.objects.filter(entity_type="environment_lease").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_to_claim_get_exactly_one_winner(
+    make_agent_client: Callable[[Agent], APIClient],
+) -> None:
+    company = Company.objects.create(name="race")
+    lease = pending_lease(company)
+    clients = [make_agent_client(AgentFactory(company=company)) for _ in range(2)]
+    barrier = threading.Barrier(len(clients))
+
+    def attempt(client: APIClient) -> tuple[int, str]:
+        try:
+            barrier.wait(timeout=10)
+            response = client.post(claim_url(lease.pk))
+            body = response.json()
+            return response.status_code, body.get("attempt_id") or body["error"]["code"]
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=len(clients)) as pool:
+        outcomes = sorted(pool.map(attempt, clients))
+    assert [status for status, _ in outcomes] == [200, 409]
+    assert outcomes[1][1] == "cleanup_in_flight"
+    stored = EnvironmentLease.objects.get(pk=lease.pk).metadata
+    assert stored["pendingCleanupAttemptId"] == outcomes[0][1]
+    assert ActivityEvent.objects.filter(action="environment_lease.cleanup_claimed").count() == 1
