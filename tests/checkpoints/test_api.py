@@ -1,0 +1,287 @@
+"""HTTP API: controller lease, checkpoint write/read/header/parts, error paths."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from checkpoints.models import NativeRunnerCheckpoint
+from paperclip.models import ActivityEvent, Agent, Company, NativeRunFinalization
+from tests.checkpoints.factories import coordinator, expire_lease
+from tests.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fin() -> NativeRunFinalization:
+    return coordinator()
+
+
+@pytest.fixture
+def runner(
+    fin: NativeRunFinalization, make_agent_client: Callable[[Agent], APIClient]
+) -> APIClient:
+    return make_agent_client(fin.run.agent)
+
+
+def url(fin: NativeRunFinalization, suffix: str = "checkpoint") -> str:
+    return f"/api/heartbeat-runs/{fin.run_id}/{suffix}"
+
+
+def acquire(client: APIClient, fin: NativeRunFinalization, **body: Any) -> Any:
+    return client.post(url(fin, "controller-lease"), {"boot_id": "boot-a", **body}, format="json")
+
+
+def put(client: APIClient, fin: NativeRunFinalization, grant: dict[str, Any], **body: Any) -> Any:
+    payload = {
+        "owner": {
+            "boot_id": grant["controller_boot_id"],
+            "lease_owner": grant["lease_owner"],
+            "generation": grant["generation"],
+        },
+        "reset": False,
+        "changed": {},
+        "removed": [],
+        "work_command_ids": [],
+        "predecessor": None,
+        **body,
+    }
+    return client.put(url(fin), payload, format="json")
+
+
+def test_runner_round_trip(runner: APIClient, fin: NativeRunFinalization) -> None:
+    res = acquire(runner, fin, ttl_seconds=120)
+    assert res.status_code == 200, res.json()
+    grant = res.json()
+    assert set(grant) >= {"lease_owner", "controller_boot_id", "generation", "lease_expires_at"}
+    assert grant["generation"] == 1
+    renew = acquire(runner, fin, lease_owner=grant["lease_owner"])
+    assert renew.json()["generation"] == 1
+    assert renew.json()["outcome"] == "renewed"
+
+    res = put(runner, fin, grant, changed={"header": "H", "log": "L"})
+    assert res.status_code == 200, res.json()
+    assert res.json() == {"parts": 2}
+    assert runner.get(url(fin)).json() == {"parts": {"header": "H", "log": "L"}}
+    assert runner.get(url(fin, "checkpoint/header")).json() == {"header": "H"}
+    res = put(runner, fin, grant, removed=["log"])
+    assert res.json() == {"parts": 1}
+    listing = runner.get(url(fin, "checkpoint/parts")).json()["results"]
+    assert [(p["part"], p["size_bytes"]) for p in listing] == [("header", 1)]
+    assert "H" not in json.dumps(listing)
+
+
+def test_controller_lease_held_is_409(runner: APIClient, fin: NativeRunFinalization) -> None:
+    acquire(runner, fin)
+    res = acquire(runner, fin, boot_id="boot-b")
+    assert res.status_code == 409
+    assert res.json()["error"]["code"] == "controller_lease_held"
+
+
+def test_stale_owner_write_is_409_and_changes_nothing(
+    runner: APIClient, fin: NativeRunFinalization
+) -> None:
+    old = acquire(runner, fin).json()
+    put(runner, fin, old, changed={"a": "old"})
+    expire_lease(fin.run_id)
+    new = acquire(runner, fin, boot_id="boot-b").json()
+    assert new["generation"] == 2
+    events = ActivityEvent.objects.count()
+    res = put(runner, fin, old, changed={"a": "stale"})
+    assert res.status_code == 409
+    assert res.json()["error"]["code"] == "native_runner_checkpoint_owner_lost"
+    assert ActivityEvent.objects.count() == events
+    assert runner.get(url(fin)).json() == {"parts": {"a": "old"}}
+
+
+def test_predecessor_mismatch_is_422(runner: APIClient, fin: NativeRunFinalization) -> None:
+    grant = acquire(runner, fin).json()
+    res = put(
+        runner,
+        fin,
+        grant,
+        changed={"a": "1"},
+        predecessor={
+            "run_id": str(fin.run_id),
+            "normalized_session_id": "5b0a2a5c-8a43-4a4c-9d0e-6f1c1b2f5e11",
+        },
+    )
+    assert res.status_code == 422
+    assert res.json()["error"]["code"] == "native_runner_checkpoint_binding_mismatch"
+    assert not NativeRunnerCheckpoint.objects.exists()
+
+
+def test_unreadable_part_is_422_naming_it_and_header_null(
+    runner: APIClient, fin: NativeRunFinalization, settings: Any
+) -> None:
+    grant = acquire(runner, fin).json()
+    put(runner, fin, grant, changed={"header": "H", "body": "B"})
+    settings.PAPERCLIP_CHECKPOINT_KEYS = ["A" * 43 + "="]  # a different key: the old one is lost
+    res = runner.get(url(fin))
+    assert res.status_code == 422
+    err = res.json()["error"]
+    assert err["code"] == "native_runner_checkpoint_unreadable"
+    assert err["details"]["part"] == "body"
+    assert err["details"]["reason"] == "unknown_key"
+    assert runner.get(url(fin, "checkpoint/header")).json() == {"header": None}
+
+
+def test_restore_session_check(runner: APIClient, fin: NativeRunFinalization) -> None:
+    grant = acquire(runner, fin).json()
+    header = json.dumps({"recoveryEvidence": {"normalizedSessionId": "sess-1"}})
+    put(runner, fin, grant, changed={"header": header})
+    assert runner.get(url(fin), {"normalized_session_id": "sess-1"}).status_code == 200
+    res = runner.get(url(fin), {"normalized_session_id": "sess-2"})
+    assert res.status_code == 422
+    assert res.json()["error"]["code"] == "native_runner_checkpoint_binding_mismatch"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"changed": {"": "x"}},
+        {"changed": {"bad\u0007": "x"}},
+        {"changed": {"a": 5}},
+        {"changed": ["a"]},
+        {"removed": "a"},
+        {"removed": [1]},
+        {"work_command_ids": [None]},
+        {"reset": "maybe"},
+        {"predecessor": {"run_id": "nope", "normalized_session_id": "x"}},
+        {"owner": {"boot_id": "has:colon", "lease_owner": "x", "generation": 1}},
+        {"owner": {"boot_id": "b", "lease_owner": "x", "generation": -1}},
+        {"owner": None},
+    ],
+)
+def test_malformed_writes_are_400(
+    runner: APIClient, fin: NativeRunFinalization, body: dict[str, Any]
+) -> None:
+    grant = acquire(runner, fin).json()
+    res = put(runner, fin, grant, **body)
+    assert res.status_code == 400, res.json()
+    assert res.json()["error"]["code"] == "invalid_request"
+    assert "fields" in res.json()["error"]["details"]
+    assert not NativeRunnerCheckpoint.objects.exists()
+
+
+def test_oversized_part_is_400(
+    runner: APIClient, fin: NativeRunFinalization, settings: Any
+) -> None:
+    settings.PAPERCLIP_CHECKPOINT_MAX_PART_BYTES = 100
+    grant = acquire(runner, fin).json()
+    res = put(runner, fin, grant, changed={"big": "x" * 101})
+    assert res.status_code == 400
+    assert "changed" in res.json()["error"]["details"]["fields"]
+
+
+def test_oversized_body_is_refused_before_parsing(
+    runner: APIClient, fin: NativeRunFinalization, settings: Any
+) -> None:
+    settings.PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES = 10
+    grant = acquire(runner, fin).json()
+    res = put(runner, fin, grant, changed={"big": "x" * (1024 * 1024 + 100)})
+    assert res.status_code == 400
+    assert "body" in res.json()["error"]["details"]["fields"]
+
+
+def test_malformed_json_is_400(runner: APIClient, fin: NativeRunFinalization) -> None:
+    res = runner.generic("PUT", url(fin), "{not json", content_type="application/json")
+    assert res.status_code == 400
+    assert res.json()["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("suffix", ["checkpoint", "checkpoint/header", "controller-lease"])
+def test_other_agent_of_same_company_is_403_other_company_is_404(
+    fin: NativeRunFinalization, make_agent_client: Callable[[Agent], APIClient], suffix: str
+) -> None:
+    same = make_agent_client(AgentFactory(company=fin.company))
+    foreign = make_agent_client(AgentFactory(company=CompanyFactory()))
+    call = (
+        (lambda c: c.post(url(fin, suffix), {"boot_id": "b"}, format="json"))
+        if suffix == "controller-lease"
+        else (lambda c: c.get(url(fin, suffix)))
+    )
+    assert call(same).status_code == 403
+    assert call(same).json()["error"]["code"] == "permission_denied"
+    assert call(foreign).status_code == 404
+    assert call(foreign).json()["error"]["code"] == "not_found"
+
+
+def test_other_company_cannot_write(
+    fin: NativeRunFinalization, runner: APIClient, make_agent_client: Callable[[Agent], APIClient]
+) -> None:
+    grant = acquire(runner, fin).json()
+    foreign = make_agent_client(AgentFactory(company=CompanyFactory()))
+    assert put(foreign, fin, grant, changed={"a": "x"}).status_code == 404
+    assert not NativeRunnerCheckpoint.objects.exists()
+
+
+def test_board_sees_metadata_only(
+    fin: NativeRunFinalization, runner: APIClient, make_board_client: Callable[..., APIClient]
+) -> None:
+    grant = acquire(runner, fin).json()
+    put(runner, fin, grant, changed={"header": "secret"})
+    board = make_board_client(fin.company)
+    assert board.get(url(fin)).status_code == 403
+    assert board.get(url(fin, "checkpoint/header")).status_code == 403
+    listing = board.get(url(fin, "checkpoint/parts"))
+    assert listing.status_code == 200
+    assert [p["part"] for p in listing.json()["results"]] == ["header"]
+    other_board = make_board_client(CompanyFactory())
+    assert other_board.get(url(fin, "checkpoint/parts")).status_code == 404
+
+
+def test_malformed_and_unknown_run_ids_are_404(runner: APIClient) -> None:
+    for run_id in ["not-a-uuid", "00000000-0000-0000-0000-000000000000"]:
+        res = runner.get(f"/api/heartbeat-runs/{run_id}/checkpoint")
+        assert res.status_code == 404
+        assert res.json()["error"]["code"] == "not_found"
+
+
+def test_legacy_run_is_422(
+    company: Company, make_agent_client: Callable[[Agent], APIClient]
+) -> None:
+    run = HeartbeatRunFactory(company=company)
+    client = make_agent_client(run.agent)
+    res = client.post(
+        f"/api/heartbeat-runs/{run.pk}/controller-lease", {"boot_id": "b"}, format="json"
+    )
+    assert res.status_code == 422
+    assert res.json()["error"]["code"] == "controller_lease_run_not_native"
+
+
+def test_ttl_out_of_range_is_400(runner: APIClient, fin: NativeRunFinalization) -> None:
+    for ttl in (9, 3601, "x"):
+        res = acquire(runner, fin, ttl_seconds=ttl)
+        assert res.status_code == 400
+        assert "ttl_seconds" in res.json()["error"]["details"]["fields"]
+
+
+def test_failure_hook_endpoint(runner: APIClient, fin: NativeRunFinalization) -> None:
+    grant = acquire(runner, fin).json()
+    body = {"boot_id": "boot-a", "lease_owner": grant["lease_owner"]}
+    assert runner.post(url(fin, "controller-lease/expire"), body, format="json").json() == {
+        "expired": True
+    }
+    assert runner.post(url(fin, "controller-lease/expire"), body, format="json").json() == {
+        "expired": False
+    }
+    res = put(runner, fin, grant, changed={"a": "1"})
+    assert res.json()["error"]["code"] == "native_runner_checkpoint_owner_lost"
+
+
+def test_schema_documents_the_endpoints(
+    runner: APIClient, make_board_client: Callable[..., APIClient]
+) -> None:
+    board = make_board_client(superuser=True)
+    res = board.get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert res.status_code == 200
+    text = res.content.decode()
+    for path in ["/controller-lease", "/checkpoint", "/checkpoint/header", "/checkpoint/parts"]:
+        assert f"/api/heartbeat-runs/{{run_id}}{path}" in text
+    assert "native_runner_checkpoint_owner_lost" in text

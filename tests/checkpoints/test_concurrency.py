@@ -1,0 +1,136 @@
+"""Racing controllers on separate connections: only the lease holder's writes land."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from checkpoints import locks
+from checkpoints.errors import CheckpointOwnerLost, ControllerLeaseHeld
+from checkpoints.selectors import checkpoint_load, runner_run_get
+from checkpoints.services import CheckpointOwner, checkpoint_write, controller_lease_acquire
+from paperclip.db.advisory import dedicated_connection
+from paperclip.errors import ResourceBusy
+from paperclip.models import NativeRunFinalization
+from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _write(fin: NativeRunFinalization, owner: CheckpointOwner, changed: dict[str, str]) -> None:
+    checkpoint_write(
+        run_id=fin.run_id,
+        agent_id=fin.run.agent_id,
+        owner=owner,
+        reset=False,
+        changed=changed,
+        removed=[],
+        work_command_ids=[],
+        predecessor=None,
+    )
+
+
+def test_two_controllers_race_for_the_lease_and_only_the_holders_writes_land() -> None:
+    fin = coordinator()
+    boots = [f"boot-{i}" for i in range(4)]
+    barrier = threading.Barrier(len(boots))
+
+    def controller(boot: str) -> tuple[str, str]:
+        try:
+            barrier.wait(timeout=10)
+            try:
+                grant = controller_lease_acquire(
+                    run_id=fin.run_id, agent_id=fin.run.agent_id, boot_id=boot
+                )
+            except ControllerLeaseHeld:
+                # A loser that guesses an owner for the generation it saw still cannot write.
+                guess = CheckpointOwner(boot_id=boot, lease_owner=f"{boot}:1:guess", generation=1)
+                try:
+                    _write(fin, guess, {"state": boot})
+                except CheckpointOwnerLost:
+                    return boot, "lost"
+                return boot, "WROTE WITHOUT LEASE"
+            _write(fin, owner_of(grant), {"state": boot})
+            return boot, "won"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=len(boots)) as pool:
+        outcomes = dict(pool.map(controller, boots))
+    winners = [b for b, o in outcomes.items() if o == "won"]
+    assert sorted(outcomes.values()) == ["lost"] * 3 + ["won"], outcomes
+    binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
+    assert checkpoint_load(binding=binding) == {"state": winners[0]}
+    fin.refresh_from_db()
+    assert fin.controller_boot_id == winners[0]
+    assert fin.controller_generation == 1
+
+
+def test_a_takeover_fences_the_old_controller_mid_stream() -> None:
+    """The old controller keeps writing while a new one takes over: every old write either
+    committed before the takeover's or was rejected, so the new controller's value stands."""
+    fin = coordinator()
+    old = owner_of(lease(fin.run, boot_id="boot-old"))
+    _write(fin, old, {"seq": "old-0"})
+    started = threading.Event()
+    taken_over = threading.Event()
+
+    def old_controller() -> tuple[int, int]:
+        """Write until one attempt has been made after the takeover committed."""
+        try:
+            landed = after_takeover = 0
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and after_takeover < 3:
+                late = taken_over.is_set()
+                try:
+                    _write(fin, old, {"seq": f"old-{landed}"})
+                    landed += 1
+                except CheckpointOwnerLost:
+                    pass
+                after_takeover += late
+                started.set()
+            return landed, after_takeover
+        finally:
+            connection.close()
+
+    def new_controller() -> str:
+        try:
+            assert started.wait(timeout=10)
+            expire_lease(fin.run_id)
+            new = owner_of(lease(fin.run, boot_id="boot-new"))
+            _write(fin, new, {"seq": "new"})
+            taken_over.set()
+            return new.lease_owner
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        old_f = pool.submit(old_controller)
+        new_f = pool.submit(new_controller)
+        new_f.result(timeout=30)
+        landed, after_takeover = old_f.result(timeout=30)
+    assert landed >= 1
+    assert after_takeover == 3  # the old controller really kept trying after the takeover
+    binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
+    assert checkpoint_load(binding=binding) == {"seq": "new"}
+
+
+def test_a_writer_blocked_on_the_coordinator_lock_gets_resource_busy(monkeypatch: Any) -> None:
+    monkeypatch.setattr(locks, "LOCK_TIMEOUT", "200ms")
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    with dedicated_connection() as other, other.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM native_run_finalizations WHERE run_id = %s FOR UPDATE", [fin.run_id]
+        )
+        with pytest.raises(ResourceBusy):
+            _write(fin, owner, {"a": "1"})
+        other.rollback()
+    _write(fin, owner, {"a": "2"})
+    binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
+    assert checkpoint_load(binding=binding) == {"a": "2"}
