@@ -1,5 +1,35 @@
 """HTTP API of the recovery app."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-urlpatterns: list[URLPattern] = []
+from recovery.api.views import (
+    IssueRecoveryActionListApi,
+    OwnerStopConfirmApi,
+    RunFinalizeApi,
+    RunResultAcceptApi,
+    WorkerStopRecordApi,
+)
+
+urlpatterns: list[URLPattern] = [
+    path(
+        "heartbeat-runs/<uuid:run_id>/results",
+        RunResultAcceptApi.as_view(),
+        name="run-result-accept",
+    ),
+    path(
+        "heartbeat-runs/<uuid:run_id>/finalize",
+        RunFinalizeApi.as_view(),
+        name="run-finalize",
+    ),
+    path(
+        "issues/<uuid:issue_id>/recovery-actions",
+        IssueRecoveryActionListApi.as_view(),
+        name="issue-recovery-actions",
+    ),
+    path(
+        "issues/<uuid:issue_id>/recovery-actions/resume-workspace-finalization",
+        OwnerStopConfirmApi.as_view(),
+        name="issue-recovery-resume-workspace-finalization",
+    ),
+    path("platform/worker-stops", WorkerStopRecordApi.as_view(), name="platform-worker-stops"),
+]

@@ -1,0 +1,30 @@
+"""Fixtures for recovery tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from recovery.services import ownership
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=10)
+    return proc.pid
+
+
+@pytest.fixture(autouse=True)
+def _clean_process_memory() -> Iterator[None]:
+    """Process-local ownership memory must not leak between tests."""
+    yield
+    ownership.before_claim_hook = None
+    with ownership._state:
+        ownership._active_owner_tokens.clear()
+        ownership._active_run_owners.clear()
+        ownership._joined_owner_tokens.clear()

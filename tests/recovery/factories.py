@@ -1,0 +1,131 @@
+"""Factories and builders for recovery tests."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import factory
+
+from paperclip.models import (
+    Agent,
+    Company,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+)
+from recovery.identity import current_controller_identity
+from recovery.models import IssueRecoveryAction
+from recovery.receipts import OWNER_KEY
+from tests.factories import (
+    AgentFactory,
+    CompanyFactory,
+    ExecutionWorkspaceFactory,
+    IssueFactory,
+    NativeRunFactory,
+    NativeRunFinalizationFactory,
+    NativeRunResultFactory,
+)
+
+
+class RecoveryActionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = IssueRecoveryAction
+
+    source_issue = factory.SubFactory(IssueFactory)
+    company = factory.SelfAttribute("source_issue.company")
+    kind = IssueRecoveryAction.Kind.STRANDED_ASSIGNED_ISSUE
+    cause = "stranded"
+    fingerprint = factory.Sequence(lambda n: f"fp-{n}")
+    next_action = "do something"
+
+
+@dataclass
+class Binding:
+    company: Company
+    agent: Agent
+    issue: Issue
+    run: HeartbeatRun
+    coordinator: NativeRunFinalization
+    result: NativeRunResult | None
+    workspace: ExecutionWorkspace
+    source_dir: Path | None
+    dest_dir: Path | None
+
+    def refresh(self) -> None:
+        for obj in (self.issue, self.run, self.coordinator, self.workspace):
+            obj.refresh_from_db()
+
+
+def make_binding(
+    *,
+    company: Company | None = None,
+    tmp_path: Path | None = None,
+    phase: str = NativeRunFinalization.Phase.RESULT_ACCEPTED,
+    with_result: bool = True,
+    receipt: Any = None,
+) -> Binding:
+    """A running native run holding its issue, with an accepted result waiting for
+    finalization, a workspace directory with files and an execution workspace cwd."""
+    company = company or CompanyFactory()
+    agent = AgentFactory(company=company)
+    source_dir = dest_dir = None
+    if tmp_path is not None:
+        source_dir = tmp_path / "runner-workspace"
+        (source_dir / "src").mkdir(parents=True)
+        (source_dir / "README.md").write_text("hello\n")
+        (source_dir / "src" / "main.py").write_text("print('hi')\n")
+        dest_dir = tmp_path / "host" / "repo"
+    workspace = ExecutionWorkspaceFactory(
+        company=company, cwd=str(dest_dir) if dest_dir else None
+    )
+    issue = IssueFactory(company=company, assignee_agent=agent, execution_workspace=workspace)
+    profile: dict[str, Any] = {}
+    if source_dir is not None:
+        profile["nativeExecutionInput"] = {"binding": {"workspaceDir": str(source_dir)}}
+    if receipt is not None:
+        profile[OWNER_KEY] = receipt
+    run = NativeRunFactory(
+        company=company,
+        agent=agent,
+        issue=issue,
+        native_issue=issue,
+        execution_workspace=workspace,
+        runner_profile_json=profile,
+        status=HeartbeatRun.Status.RUNNING,
+    )
+    issue.execution_run = run
+    issue.checkout_run = run
+    issue.save(update_fields=["execution_run", "checkout_run"])
+    result = None
+    if with_result:
+        result = NativeRunResultFactory(run=run)
+    coordinator = NativeRunFinalizationFactory(run=run, phase=phase, result=result)
+    return Binding(company, agent, issue, run, coordinator, result, workspace, source_dir, dest_dir)
+
+
+def receipt_for(
+    *,
+    hostname: str | None = None,
+    pid: int | None = None,
+    started: datetime | None = None,
+    boot_id: str | None = None,
+    worker: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    me = current_controller_identity()
+    value: dict[str, Any] = {
+        "token": str(uuid.uuid4()),
+        "controllerBootId": boot_id or str(uuid.uuid4()),
+        "hostname": hostname or me.hostname,
+        "pid": pid or os.getpid(),
+        "processStartedAt": (started or me.process_started_at).astimezone(UTC).isoformat(),
+    }
+    if worker is not None:
+        value["worker"] = worker
+    return value

@@ -1,0 +1,376 @@
+"""with_finalization_ownership: every branch, on real connections (transaction=True: the
+dedicated lock connection must see committed rows)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from paperclip.db.advisory import connection_params
+from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
+from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
+from recovery.models import IssueRecoveryAction
+from recovery.receipts import OWNER_KEY
+from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.services import (
+    Acquired,
+    FinalizationOwnership,
+    NotAcquired,
+    with_finalization_ownership,
+)
+from recovery.services import ownership as ownership_module
+from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from tests.factories import HeartbeatRunFactory
+from tests.recovery.factories import make_binding, receipt_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _profile(run: HeartbeatRun) -> dict[str, Any]:
+    run.refresh_from_db()
+    return dict(run.runner_profile_json or {})
+
+
+def _other_connection() -> psycopg.Connection[Any]:
+    params = connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    return psycopg.connect(**params, autocommit=True)
+
+
+def test_acquires_runs_the_action_with_our_receipt_and_removes_it_afterwards() -> None:
+    b = make_binding()
+    seen: dict[str, Any] = {}
+
+    def action(own: FinalizationOwnership) -> str:
+        seen["receipt"] = _profile(b.run)[OWNER_KEY]
+        seen["token"] = own.token
+        own.assert_held()
+        return "done"
+
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=action
+    )
+    assert outcome == Acquired("done")
+    assert seen["receipt"]["token"] == seen["token"]
+    assert seen["receipt"]["hostname"] and seen["receipt"]["pid"] > 0
+    assert OWNER_KEY not in _profile(b.run)
+    actions = set(
+        ActivityEvent.objects.filter(run_id=b.run.pk).values_list("action", flat=True)
+    )
+    assert {"run.finalization_owner_claimed", "run.finalization_owner_released"} <= actions
+
+
+def test_a_non_native_run_is_a_binding_error() -> None:
+    run = HeartbeatRunFactory(runtime_mode="legacy")
+    with pytest.raises(FinalizationBindingMissing):
+        with_finalization_ownership(company_id=run.company_id, run_id=run.pk, action=lambda o: 1)
+
+
+def test_refuses_to_run_inside_a_transaction() -> None:
+    b = make_binding()
+    from django.db import transaction
+
+    with transaction.atomic(), pytest.raises(RuntimeError):
+        with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+
+
+def test_same_process_second_controller_gets_owner_active() -> None:
+    b = make_binding()
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(own: FinalizationOwnership) -> str:
+        inside.set()
+        assert release.wait(timeout=10)
+        return "first"
+
+    def first() -> Any:
+        try:
+            return with_finalization_ownership(
+                company_id=b.company.pk, run_id=b.run.pk, action=hold
+            )
+        finally:
+            connection.close()
+
+    ran = []
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(first)
+        assert inside.wait(timeout=10)
+        try:
+            second = with_finalization_ownership(
+                company_id=b.company.pk, run_id=b.run.pk, action=lambda o: ran.append(1)
+            )
+        finally:
+            release.set()
+        assert future.result(timeout=10) == Acquired("first")
+    assert second == NotAcquired("owner_active")
+    assert ran == []
+
+
+def test_foreign_host_receipt_becomes_a_board_action_and_nothing_is_written() -> None:
+    prior = receipt_for(hostname="build-worker-7.elsewhere.example")
+    b = make_binding(receipt=prior)
+    before = _profile(b.run)
+    ran = []
+
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: ran.append(1)
+    )
+
+    assert outcome == NotAcquired("owner_unverified")
+    assert ran == []
+    assert _profile(b.run) == before
+    assert not WorkspaceOperation.objects.filter(heartbeat_run_id=b.run.pk).exists()
+    action = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    assert action.kind == "active_run_watchdog"
+    assert action.cause == OWNER_UNVERIFIED_CAUSE
+    assert action.owner_type == "board"
+    assert action.status == "active"
+    assert action.wake_policy is None
+    assert action.max_attempts == 1
+    assert action.return_owner_agent_id == b.agent.pk
+    assert action.fingerprint == owner_fingerprint(b.run.pk, prior)
+    assert action.evidence == {
+        "runId": str(b.run.pk),
+        "owner": prior,
+        "workspaceOwnerRecovery": {"state": "operator_required"},
+    }
+    assert action.next_action == OWNER_UNVERIFIED_NEXT_ACTION
+
+
+def test_repeated_sweeps_restore_the_hold_text_and_spend_no_attempts() -> None:
+    prior = receipt_for(hostname="elsewhere.example")
+    b = make_binding(receipt=prior)
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    action = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    # Something (e.g. a generic sweep) overwrote the copy-back-specific instructions.
+    IssueRecoveryAction.objects.filter(pk=action.pk).update(
+        next_action="Start a replacement run.",
+        evidence={**action.evidence, "workspaceOwnerRecovery": {"state": "resuming"}},
+    )
+    for _ in range(3):
+        outcome = with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+        )
+        assert outcome == NotAcquired("owner_unverified")
+    action.refresh_from_db()
+    assert action.status == "active"  # not escalated by a second upsert
+    assert action.attempt_count == 1
+    assert action.next_action == OWNER_UNVERIFIED_NEXT_ACTION
+    assert action.evidence["workspaceOwnerRecovery"] == {"state": "operator_required"}
+    assert IssueRecoveryAction.objects.filter(source_issue=b.issue).count() == 1
+    restored = ActivityEvent.objects.filter(action="recovery_action.owner_hold_restored")
+    assert restored.count() == 1  # only the sweep that changed something wrote a row
+
+
+def test_malformed_receipt_needs_the_board() -> None:
+    b = make_binding(receipt={"token": "x", "pid": "not-a-pid"})
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    action = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    assert action.evidence["owner"] == {"token": "x", "pid": "not-a-pid"}
+
+
+def test_live_same_host_controller_is_not_taken_over() -> None:
+    # Our own pid and start time, but another boot: e.g. a restarted worker thread pool.
+    prior = receipt_for()
+    b = make_binding(receipt=prior)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    assert _profile(b.run)[OWNER_KEY] == prior
+
+
+def test_dead_same_host_controller_without_barrier_is_not_taken_over(dead_pid: int) -> None:
+    prior = receipt_for(pid=dead_pid)
+    b = make_binding(receipt=prior)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    assert _profile(b.run)[OWNER_KEY] == prior
+
+
+def test_dead_same_host_controller_with_barrier_is_taken_over(dead_pid: int) -> None:
+    prior = receipt_for(pid=dead_pid)
+    b = make_binding(receipt=prior)
+    WorkspaceOperation.objects.create(
+        company=b.company,
+        heartbeat_run=b.run,
+        issue=b.issue,
+        phase="workspace_finalize",
+        status="succeeded",
+    )
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: o.token
+    )
+    assert isinstance(outcome, Acquired)
+    assert OWNER_KEY not in _profile(b.run)
+    takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
+    assert takeover.details["priorToken"] == prior["token"]
+    assert takeover.details["takeoverBasis"] == "controller_process_dead+copyback_barrier"
+
+
+def test_recycled_pid_counts_as_dead(dead_pid: int) -> None:
+    import os
+
+    # Our own live pid, recorded with a start time an hour earlier: a recycled pid.
+    started = datetime.now(tz=UTC) - timedelta(hours=1)
+    prior = receipt_for(pid=os.getpid(), started=started)
+    b = make_binding(receipt=prior)
+    WorkspaceOperation.objects.create(
+        company=b.company, heartbeat_run=b.run, issue=b.issue,
+        phase="workspace_finalize", status="succeeded",
+    )
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == Acquired(1)
+
+
+def test_binding_changed_when_the_receipt_changes_between_read_and_swap() -> None:
+    b = make_binding()
+    intruder = receipt_for(hostname="elsewhere.example")
+
+    def change_receipt() -> None:
+        HeartbeatRun.objects.filter(pk=b.run.pk).update(
+            runner_profile_json={**_profile(b.run), OWNER_KEY: intruder}
+        )
+
+    ownership_module.before_claim_hook = change_receipt
+    ran = []
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: ran.append(1)
+    )
+    assert outcome == NotAcquired("binding_changed")
+    assert ran == []
+    assert _profile(b.run)[OWNER_KEY] == intruder  # the newer receipt is left alone
+    assert not ownership_module._active_owner_tokens
+    assert not ownership_module._active_run_owners
+
+
+def test_lock_survives_idle_in_transaction_timeout_via_keepalive() -> None:
+    b = make_binding()
+    db_name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{db_name}" SET idle_in_transaction_session_timeout = 300')
+    try:
+        done = threading.Event()
+
+        def slow(own: FinalizationOwnership) -> str:
+            # Several timeouts long; without the keepalive the server ends the lock session.
+            done.wait(timeout=1.2)
+            own.assert_held()
+            return "survived"
+
+        outcome = with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=slow
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{db_name}" RESET idle_in_transaction_session_timeout')
+    assert outcome == Acquired("survived")
+
+
+def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner() -> None:
+    b = make_binding()
+    inside, checked = threading.Event(), threading.Event()
+    backend: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def action(own: FinalizationOwnership) -> None:
+        backend["pid"] = own.lock_backend_pid
+        inside.set()
+        assert checked.wait(timeout=10)
+        try:
+            own.assert_held()
+        except FinalizationOwnershipLost as exc:
+            errors.append(exc)
+            raise
+
+    def controller() -> Any:
+        try:
+            return with_finalization_ownership(
+                company_id=b.company.pk, run_id=b.run.pk, action=action
+            )
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(controller)
+        assert inside.wait(timeout=10)
+        receipt = _profile(b.run)[OWNER_KEY]
+        with _other_connection() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [backend["pid"]])
+        # The lock is gone with its session, but the receipt still fences the run.
+        second = with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda o: "stolen"
+        )
+        assert second == NotAcquired("owner_active")
+        assert _profile(b.run)[OWNER_KEY] == receipt
+        checked.set()
+        with pytest.raises(FinalizationOwnershipLost):
+            future.result(timeout=10)
+    assert len(errors) == 1 and errors[0].reason == "lock_connection_lost"
+    assert OWNER_KEY not in _profile(b.run)  # its own cleanup removed only its receipt
+
+
+def test_progress_writes_commit_while_the_lock_transaction_stays_open() -> None:
+    b = make_binding()
+    seen: dict[str, Any] = {}
+
+    def action(own: FinalizationOwnership) -> None:
+        # One application connection (Django's, this thread): ordinary writes commit on it
+        # and are visible to others while the lock transaction is still open elsewhere.
+        op = WorkspaceOperation.objects.create(
+            company=b.company, heartbeat_run=b.run, issue=b.issue, phase="progress"
+        )
+        with _other_connection() as other:
+            seen["visible"] = other.execute(
+                "SELECT count(*) FROM workspace_operations WHERE id = %s", [op.pk]
+            ).fetchone()[0]
+            seen["lock_held"] = other.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+                [own.lock_backend_pid],
+            ).fetchone()[0]
+            seen["app_backend_is_other"] = (
+                connection.connection.info.backend_pid != own.lock_backend_pid
+            )
+
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=action
+    ) == Acquired(None)
+    assert seen == {"visible": 1, "lock_held": 1, "app_backend_is_other": True}
+
+
+def test_same_boot_joined_token_is_taken_over_after_failed_cleanup() -> None:
+    b = make_binding()
+    from recovery.identity import current_controller_identity
+
+    me = current_controller_identity()
+    prior = receipt_for(boot_id=me.boot_id)
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(
+        runner_profile_json={**_profile(b.run), OWNER_KEY: prior}
+    )
+    # Without join evidence our own live-looking receipt is never taken over...
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    ) == NotAcquired("owner_unverified")
+    IssueRecoveryAction.objects.all().delete()
+    # ...with it (the action finished, the receipt removal failed) this boot may.
+    with ownership_module._state:
+        ownership_module._joined_owner_tokens.add(prior["token"])
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 2
+    ) == Acquired(2)
+    assert prior["token"] not in ownership_module._joined_owner_tokens
