@@ -70,6 +70,15 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID given as a JSON string: DRF would also take an integer as `UUID(int=...)`."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 class AbsolutePathField(serializers.CharField):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("max_length", PATH_MAX)
@@ -244,7 +253,7 @@ class IssueCreateApi(APIView):
         status = serializers.ChoiceField(
             choices=Issue.Status.choices, required=False, default=Issue.Status.BACKLOG
         )
-        assignee_agent_id = serializers.UUIDField(required=False, allow_null=True, default=None)
+        assignee_agent_id = StrictUUIDField(required=False, allow_null=True, default=None)
 
     @extend_schema(
         operation_id="issue_create",
@@ -357,14 +366,14 @@ class RunCreateApi(APIView):
 
     @extend_schema_serializer(component_name="RunCreateInput")
     class InputSerializer(StrictInputSerializer):
-        agent_id = serializers.UUIDField(
+        agent_id = StrictUUIDField(
             required=False, allow_null=True, default=None, help_text="Required for a board caller."
         )
-        issue_id = serializers.UUIDField(
+        issue_id = StrictUUIDField(
             required=False, allow_null=True, default=None, help_text="Required for native runs."
         )
         runtime_mode = serializers.ChoiceField(choices=HeartbeatRun.RuntimeMode.choices)
-        execution_workspace_id = serializers.UUIDField(
+        execution_workspace_id = StrictUUIDField(
             required=False, allow_null=True, default=None
         )
         workspace_dir = AbsolutePathField(

@@ -14,7 +14,8 @@ def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
     assert set(body) == {"error"}
     error = body["error"]
     assert error["code"] == code
-    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["message"], str)
+    assert error["message"]
     assert isinstance(error["details"], dict)
     return error
 

@@ -108,7 +108,8 @@ def test_board_creates_an_agent(board_client: APIClient, company: Company) -> No
     )
     assert response.status_code == 201
     body = response.json()
-    assert body["company_id"] == str(company.pk) and body["name"] == "bot"
+    assert body["company_id"] == str(company.pk)
+    assert body["name"] == "bot"
     assert audit_count("agent.created") == 1
 
 
@@ -136,7 +137,8 @@ def test_board_mints_a_working_agent_key_and_revokes_it(
 
     revoked = board_client.post(f"/api/agent-keys/{body['id']}/revoke")
     assert revoked.status_code == 200
-    assert revoked.json()["id"] == body["id"] and revoked.json()["revoked_at"]
+    assert revoked.json()["id"] == body["id"]
+    assert revoked.json()["revoked_at"]
     assert_error(agent_client.get("/api/me"), 401, "not_authenticated")
 
     again = board_client.post(f"/api/agent-keys/{body['id']}/revoke")
@@ -169,7 +171,8 @@ def test_board_creates_an_issue(board_client: APIClient, company: Company, agent
         "status": "todo",
         "assignee_agent_id": str(agent.pk),
     }
-    assert body["hidden_at"] is None and body["execution_run_id"] is None
+    assert body["hidden_at"] is None
+    assert body["execution_run_id"] is None
     assert body["checkout_run_id"] is None
     assert audit_count("issue.created") == 1
 
@@ -197,7 +200,8 @@ def test_issue_create_validates_fields(
     before = audit_count()
     response = board_client.post(f"/api/companies/{company.pk}/issues", body, format="json")
     assert field in assert_error(response, 400, "invalid_request")["details"]["fields"]
-    assert not Issue.objects.exists() and audit_count() == before
+    assert not Issue.objects.exists()
+    assert audit_count() == before
 
 
 def test_issue_assignee_must_be_in_the_company(
@@ -212,7 +216,8 @@ def test_issue_assignee_must_be_in_the_company(
             format="json",
         )
         assert_error(response, 404, "not_found")
-    assert not Issue.objects.exists() and audit_count() == before
+    assert not Issue.objects.exists()
+    assert audit_count() == before
 
 
 def test_issue_read_by_board_and_company_agents(
@@ -232,7 +237,8 @@ def test_issue_patch_status_and_hidden(board_client: APIClient, company: Company
     )
     assert response.status_code == 200
     body = response.json()
-    assert body["status"] == "in_review" and body["hidden_at"] is not None
+    assert body["status"] == "in_review"
+    assert body["hidden_at"] is not None
     event = ActivityEvent.objects.get(action="issue.updated")
     assert event.details == {
         "status": {"from": "todo", "to": "in_review"},
@@ -268,7 +274,9 @@ def test_issue_patch_validates_fields(
     response = board_client.patch(f"/api/issues/{issue.pk}", body, format="json")
     assert field in assert_error(response, 400, "invalid_request")["details"]["fields"]
     issue.refresh_from_db()
-    assert issue.status == "todo" and issue.hidden_at is None and audit_count() == before
+    assert issue.status == "todo"
+    assert issue.hidden_at is None
+    assert audit_count() == before
 
 
 def test_agent_cannot_patch_an_issue(agent_client: APIClient, company: Company) -> None:
@@ -322,7 +330,8 @@ def test_workspace_create_validates_fields(
         f"/api/companies/{company.pk}/execution-workspaces", body, format="json"
     )
     assert field in assert_error(response, 400, "invalid_request")["details"]["fields"]
-    assert not ExecutionWorkspace.objects.exists() and audit_count() == before
+    assert not ExecutionWorkspace.objects.exists()
+    assert audit_count() == before
 
 
 # --- scoping: another company's objects are 404 everywhere; malformed ids are JSON 404 ------
