@@ -1,0 +1,222 @@
+"""recovery_owner_stop_confirm: admission, writes, idempotency, refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from paperclip.api.auth import board_actor
+from paperclip.db.advisory import connection_params
+from paperclip.errors import InvalidRequest, NotFoundError
+from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun
+from recovery.errors import (
+    WorkspaceControllerAlive,
+    WorkspaceCopybackActive,
+    WorkspaceOwnerRecoveryStale,
+)
+from recovery.locks import finalization_lock_key
+from recovery.models import IssueRecoveryAction
+from recovery.receipts import OWNER_KEY
+from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.services import recovery_owner_stop_confirm
+from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from tests.factories import CompanyFactory, HeartbeatRunFactory, NativeRunResultFactory, UserFactory
+from tests.recovery.factories import Binding, make_binding, receipt_for
+
+pytestmark = pytest.mark.django_db
+
+EVIDENCE = "k8s: pod finalizer-7f9 terminated 12:03Z, no copy processes left on node"
+
+
+def held_binding(*, receipt: dict[str, Any] | None = None, phase: str = "workspace_finalizing"):
+    receipt = receipt if receipt is not None else receipt_for(hostname="gone.example")
+    b = make_binding(receipt=receipt, phase=phase)
+    action = IssueRecoveryAction.objects.create(
+        company=b.company,
+        source_issue=b.issue,
+        kind="active_run_watchdog",
+        owner_type="board",
+        return_owner_agent=b.agent,
+        cause=OWNER_UNVERIFIED_CAUSE,
+        fingerprint=owner_fingerprint(b.run.pk, receipt),
+        evidence={
+            "runId": str(b.run.pk),
+            "owner": receipt,
+            "workspaceOwnerRecovery": {"state": "operator_required"},
+        },
+        next_action=OWNER_UNVERIFIED_NEXT_ACTION,
+        attempt_count=1,
+        max_attempts=1,
+    )
+    user = UserFactory()
+    BoardMembership.objects.create(user=user, company=b.company)
+    return b, action, receipt, board_actor(user)
+
+
+def confirm(b: Binding, action: IssueRecoveryAction, token: str, actor: Any, **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "actor": actor,
+        "issue_id": b.issue.pk,
+        "action_id": action.pk,
+        "run_id": b.run.pk,
+        "owner_token": token,
+        "stop_evidence": EVIDENCE,
+        "controller_and_copyback_stopped": True,
+    }
+    args.update(kw)
+    return recovery_owner_stop_confirm(**args)
+
+
+def test_confirmation_releases_exactly_the_receipt_and_records_the_stop() -> None:
+    b, action, receipt, actor = held_binding()
+    before_status, before_phase = b.run.status, b.coordinator.phase
+
+    answer = confirm(b, action, receipt["token"], actor)
+
+    assert (answer.run_id, answer.result_id, answer.status) == (b.run.pk, b.result.pk, "queued")
+    b.refresh()
+    action.refresh_from_db()
+    assert OWNER_KEY not in b.run.runner_profile_json
+    assert (b.run.status, b.coordinator.phase) == (before_status, before_phase)
+    assert b.issue.execution_run_id == b.run.pk  # nothing else changes
+    stop = action.evidence["workspaceOwnerStop"]
+    assert stop["owner"] == receipt
+    assert stop["resultId"] == str(b.result.pk)
+    assert stop["actorId"] == str(actor.user.pk)
+    assert stop["stopEvidence"] == EVIDENCE
+    assert stop["confirmedAt"]
+    assert action.status == "active" and action.wake_policy is None
+    audit = ActivityEvent.objects.get(action="issue.workspace_owner_stop_confirmed")
+    assert (audit.actor_type, audit.entity_id) == ("user", str(b.issue.pk))
+    assert audit.details["recoveryActionId"] == str(action.pk)
+
+
+def test_repeat_is_idempotent_without_a_second_audit_row() -> None:
+    b, action, receipt, actor = held_binding()
+    first = confirm(b, action, receipt["token"], actor)
+    again = confirm(b, action, receipt["token"], actor)
+    assert (again.run_id, again.result_id, again.status) == (
+        first.run_id,
+        first.result_id,
+        first.status,
+    )
+    assert again.replayed
+    assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 1
+
+
+def test_repeat_never_releases_a_newer_owner() -> None:
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    newer = receipt_for(hostname="gone.example")
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: newer})
+    confirm(b, action, receipt["token"], actor)
+    b.run.refresh_from_db()
+    assert b.run.runner_profile_json[OWNER_KEY] == newer
+
+
+def test_wrong_token_is_stale() -> None:
+    b, action, _receipt, actor = held_binding()
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, "not-the-token", actor)
+
+
+def test_newer_owner_is_stale() -> None:
+    b, action, receipt, actor = held_binding()
+    newer = receipt_for(hostname="other.example")
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: newer})
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, newer["token"], actor)  # not the owner the action recorded
+
+
+def test_malformed_receipt_is_stale() -> None:
+    bad = {"token": "t-1", "hostname": "gone.example", "pid": -3, "processStartedAt": "never"}
+    b, action, _receipt, actor = held_binding(receipt=bad)
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, "t-1", actor)
+
+
+def test_missing_result_is_stale() -> None:
+    b, action, receipt, actor = held_binding()
+    b.coordinator.result = None
+    b.coordinator.save()
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
+
+
+def test_result_of_another_contract_is_stale() -> None:
+    b, action, receipt, actor = held_binding()
+    other = NativeRunResultFactory(run=b.run, completion_contract_id="00000000-0000-0000-0000-0000000000aa")
+    b.coordinator.result = other
+    b.coordinator.save()
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
+
+
+def test_newer_queued_run_is_stale() -> None:
+    b, action, receipt, actor = held_binding()
+    HeartbeatRunFactory(
+        company=b.company, agent=b.agent, issue=b.issue, native_issue=b.issue, status="queued",
+        runtime_mode="native",
+    )
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
+
+
+def test_live_local_controller_is_refused() -> None:
+    b, action, receipt, actor = held_binding(receipt=receipt_for())  # this very process
+    with pytest.raises(WorkspaceControllerAlive):
+        confirm(b, action, receipt["token"], actor)
+    b.run.refresh_from_db()
+    assert b.run.runner_profile_json[OWNER_KEY] == receipt
+
+
+def test_held_lock_is_refused() -> None:
+    b, action, receipt, actor = held_binding()
+    params = connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+            [finalization_lock_key(b.company.pk, b.run.pk)],
+        )
+        with pytest.raises(WorkspaceCopybackActive):
+            confirm(b, action, receipt["token"], actor)
+    b.run.refresh_from_db()
+    assert b.run.runner_profile_json[OWNER_KEY] == receipt
+
+
+def test_another_company_is_not_found() -> None:
+    b, action, receipt, _actor = held_binding()
+    outsider = UserFactory()
+    BoardMembership.objects.create(user=outsider, company=CompanyFactory())
+    with pytest.raises(NotFoundError):
+        confirm(b, action, receipt["token"], board_actor(outsider))
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"controller_and_copyback_stopped": False}, "controller_and_copyback_stopped"),
+        ({"stop_evidence": "   too short            \n   "}, "stop_evidence"),
+    ],
+)
+def test_missing_checkbox_or_short_evidence_is_invalid(kw: dict[str, Any], field: str) -> None:
+    b, action, receipt, actor = held_binding()
+    with pytest.raises(InvalidRequest) as exc:
+        confirm(b, action, receipt["token"], actor, **kw)
+    assert field in exc.value.details["fields"]
+    b.run.refresh_from_db()
+    assert b.run.runner_profile_json[OWNER_KEY] == receipt
+
+
+def test_resolved_action_or_moved_issue_is_stale() -> None:
+    b, action, receipt, actor = held_binding()
+    b.issue.execution_run = None
+    b.issue.save()
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
