@@ -373,9 +373,7 @@ class RunCreateApi(APIView):
             required=False, allow_null=True, default=None, help_text="Required for native runs."
         )
         runtime_mode = serializers.ChoiceField(choices=HeartbeatRun.RuntimeMode.choices)
-        execution_workspace_id = StrictUUIDField(
-            required=False, allow_null=True, default=None
-        )
+        execution_workspace_id = StrictUUIDField(required=False, allow_null=True, default=None)
         workspace_dir = AbsolutePathField(
             required=False,
             allow_null=True,

@@ -15,6 +15,7 @@ from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, I
 from paperclip.selectors import run_finalization_owner
 
 
+@extend_schema_serializer(component_name="ErrorResponseBody")
 class ErrorDetailSerializer(serializers.Serializer[Any]):
     code = serializers.CharField(help_text="Stable snake_case code; frozen once shipped.")
     message = serializers.CharField(help_text="Human-readable text; may change.")
@@ -25,7 +26,7 @@ class ErrorDetailSerializer(serializers.Serializer[Any]):
     remediation = serializers.CharField(required=False, help_text="What to do next, if any.")
 
 
-@extend_schema_serializer(component_name="Error")
+@extend_schema_serializer(component_name="ErrorResponse")
 class ErrorSerializer(serializers.Serializer[Any]):
     """`{"error": {"code", "message", "details", "remediation"?}}`: every error response."""
 
