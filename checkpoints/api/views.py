@@ -27,7 +27,13 @@ BOOT_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 class ErrorBodySerializer(serializers.Serializer[Any]):
     """`{"error": {"code", "message", "details", "remediation"?}}`."""
 
+    class Meta:
+        ref_name = "CheckpointErrorBody"
+
     class ErrorSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "CheckpointError"
+
         code = serializers.CharField()
         message = serializers.CharField()
         details = serializers.DictField()
@@ -75,6 +81,9 @@ class ControllerLeaseAcquireApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
     class InputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "ControllerLeaseAcquireInput"
+
         boot_id = serializers.RegexField(BOOT_ID_PATTERN)
         lease_owner = serializers.CharField(
             required=False, allow_null=True, max_length=400, trim_whitespace=False
@@ -87,6 +96,9 @@ class ControllerLeaseAcquireApi(APIView):
         )
 
     class OutputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "ControllerLeaseAcquireOutput"
+
         lease_owner = serializers.CharField()
         controller_boot_id = serializers.CharField()
         generation = serializers.IntegerField()
@@ -126,10 +138,16 @@ class ControllerLeaseExpireApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
     class InputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "ControllerLeaseExpireInput"
+
         boot_id = serializers.RegexField(BOOT_ID_PATTERN)
         lease_owner = serializers.CharField(max_length=400, trim_whitespace=False)
 
     class OutputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "ControllerLeaseExpireOutput"
+
         expired = serializers.BooleanField()
 
     @extend_schema(
@@ -191,13 +209,22 @@ class CheckpointApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
     class WriteInputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "CheckpointWriteInput"
+
         class OwnerSerializer(serializers.Serializer[Any]):
+            class Meta:
+                ref_name = "CheckpointOwner"
+
             boot_id = serializers.RegexField(BOOT_ID_PATTERN)
             lease_owner = serializers.CharField(max_length=400, trim_whitespace=False)
             generation = serializers.IntegerField(min_value=0, max_value=services.GENERATION_MAX)
             authority_run_id = serializers.UUIDField(required=False, allow_null=True)
 
         class PredecessorSerializer(serializers.Serializer[Any]):
+            class Meta:
+                ref_name = "CheckpointPredecessor"
+
             run_id = serializers.UUIDField()
             normalized_session_id = serializers.UUIDField()
 
@@ -209,9 +236,15 @@ class CheckpointApi(APIView):
         predecessor = PredecessorSerializer(required=False, allow_null=True, default=None)
 
     class WriteOutputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "CheckpointWriteOutput"
+
         parts = serializers.IntegerField(help_text="Parts stored for the run after the write.")
 
     class ReadOutputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "CheckpointReadOutput"
+
         parts = serializers.DictField(child=serializers.CharField())
 
     @extend_schema(
@@ -308,6 +341,9 @@ class CheckpointHeaderApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
     class OutputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "CheckpointHeaderOutput"
+
         header = serializers.CharField(allow_null=True)
 
     @extend_schema(
@@ -326,7 +362,13 @@ class CheckpointPartsListApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
 
     class OutputSerializer(serializers.Serializer[Any]):
+        class Meta:
+            ref_name = "CheckpointPartsListOutput"
+
         class PartSerializer(serializers.Serializer[Any]):
+            class Meta:
+                ref_name = "CheckpointPartInfo"
+
             part = serializers.CharField()
             size_bytes = serializers.IntegerField()
             key_id = serializers.CharField(allow_null=True)
