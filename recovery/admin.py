@@ -1,0 +1,316 @@
+"""Admin for recovery actions: held finalizations are read-only here; the only state change is
+the board's owner-stop confirmation, which goes through the same service as the API."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from paperclip.api.auth import board_actor
+from paperclip.errors import DomainError
+from paperclip.models import BoardMembership, HeartbeatRun
+from recovery.models import IssueRecoveryAction, WorkerStopReceipt
+from recovery.receipts import owner_line, raw_owner
+from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.services import recovery_owner_stop_confirm
+from recovery.services.owner_stop import (
+    MAX_STOP_EVIDENCE_CHARS,
+    MIN_STOP_EVIDENCE_CHARS,
+    nonblank_length,
+)
+
+logger = logging.getLogger(__name__)
+
+# Django's admin classes are not subscriptable at runtime (no django-stubs-ext patch).
+if TYPE_CHECKING:
+    _ActionAdmin = admin.ModelAdmin[IssueRecoveryAction]
+    _ReceiptAdmin = admin.ModelAdmin[WorkerStopReceipt]
+else:
+    _ActionAdmin = _ReceiptAdmin = admin.ModelAdmin
+
+
+_ALL_FIELDS = (
+    "source_issue",
+    "kind",
+    "status",
+    "owner_type",
+    "cause",
+    "outcome",
+    "next_action",
+    "recorded_owner",
+    "current_receipt",
+    "owner_stop",
+    "recovery_source",
+    "evidence_pretty",
+    "fingerprint",
+    "attempt_count",
+    "max_attempts",
+    "return_owner_agent",
+    "owner_agent",
+    "wake_policy",
+    "resolution_note",
+    "created_at",
+    "updated_at",
+    "resolved_at",
+)
+
+
+class OwnerStopForm(forms.Form):
+    stop_evidence = forms.CharField(
+        label="Deployment stop evidence",
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80}),
+        max_length=MAX_STOP_EVIDENCE_CHARS,
+        strip=False,
+        help_text=(
+            "What the deployment platform shows: the controller and every copy-back process "
+            f"it started have exited (at least {MIN_STOP_EVIDENCE_CHARS} non-blank characters)."
+        ),
+    )
+    confirmed = forms.BooleanField(
+        label="I verified that this controller and all its copy-back processes have stopped.",
+        required=True,
+    )
+
+    def clean_stop_evidence(self) -> str:
+        value: str = self.cleaned_data["stop_evidence"]
+        if nonblank_length(value) < MIN_STOP_EVIDENCE_CHARS:
+            raise forms.ValidationError(
+                f"Give at least {MIN_STOP_EVIDENCE_CHARS} non-blank characters of evidence."
+            )
+        return value
+
+
+def _company_ids(request: HttpRequest) -> list[UUID] | None:
+    if request.user.is_superuser:
+        return None
+    memberships = BoardMembership.objects.filter(user_id=request.user.pk or 0)
+    return list(memberships.values_list("company_id", flat=True))
+
+
+@admin.register(IssueRecoveryAction)
+class IssueRecoveryActionAdmin(_ActionAdmin):
+    list_display = (
+        "id",
+        "source_issue",
+        "cause",
+        "status",
+        "owner_type",
+        "attempts",
+        "updated_at",
+    )
+    list_filter = ("status", "cause", "owner_type", "kind")
+    search_fields = ("cause", "fingerprint", "next_action", "source_issue__title")
+    ordering = ("-updated_at",)
+    actions = ("confirm_owner_stop",)
+    fieldsets = (
+        (None, {"fields": ("source_issue", "kind", "status", "owner_type", "cause", "outcome")}),
+        (
+            "What to do",
+            {"fields": ("next_action", "recorded_owner", "current_receipt", "owner_stop")},
+        ),
+        ("Recovery source", {"fields": ("recovery_source",)}),
+        (
+            "Details",
+            {
+                "fields": (
+                    "evidence_pretty",
+                    "fingerprint",
+                    "attempt_count",
+                    "max_attempts",
+                    "return_owner_agent",
+                    "owner_agent",
+                    "wake_policy",
+                    "resolution_note",
+                    "created_at",
+                    "updated_at",
+                    "resolved_at",
+                )
+            },
+        ),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[IssueRecoveryAction]:
+        qs = super().get_queryset(request).select_related("source_issue")
+        company_ids = _company_ids(request)
+        return qs if company_ids is None else qs.filter(company_id__in=company_ids)
+
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: IssueRecoveryAction | None = None
+    ) -> tuple[str, ...]:
+        # State changes only through services (the change form runs inside atomic()).
+        return _ALL_FIELDS
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(
+        self, request: HttpRequest, obj: IssueRecoveryAction | None = None
+    ) -> bool:
+        return False
+
+    def has_confirm_owner_stop_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    @admin.display(description="attempts")
+    def attempts(self, obj: IssueRecoveryAction) -> str:
+        return f"{obj.attempt_count}/{obj.max_attempts if obj.max_attempts else '∞'}"
+
+    @admin.display(description="evidence")
+    def evidence_pretty(self, obj: IssueRecoveryAction) -> SafeString:
+        return format_html(
+            "<pre style='white-space:pre-wrap'>{}</pre>",
+            json.dumps(obj.evidence, indent=2, sort_keys=True),
+        )
+
+    @admin.display(description="recorded owner")
+    def recorded_owner(self, obj: IssueRecoveryAction) -> str:
+        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        owner = evidence.get("owner")
+        if owner is None:
+            return "—"
+        token = owner.get("token") if isinstance(owner, dict) else None
+        return f"{owner_line(owner)} (token {token})"
+
+    @admin.display(description="run's current receipt")
+    def current_receipt(self, obj: IssueRecoveryAction) -> str:
+        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        run_id = evidence.get("runId")
+        run = (
+            HeartbeatRun.objects.filter(pk=run_id, company_id=obj.company_id).first()
+            if isinstance(run_id, str) and _is_uuid(run_id)
+            else None
+        )
+        if run is None:
+            return "run not found"
+        current = raw_owner(run.runner_profile_json)
+        if current is None:
+            return f"run {run.pk}: no owner receipt (phase {run.native_phase}, {run.status})"
+        token = current.get("token") if isinstance(current, dict) else None
+        return f"run {run.pk}: {owner_line(current)} (token {token})"
+
+    @admin.display(description="owner stop confirmation")
+    def owner_stop(self, obj: IssueRecoveryAction) -> str:
+        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        stop = evidence.get("workspaceOwnerStop")
+        if not isinstance(stop, dict):
+            return "not confirmed"
+        return (
+            f"confirmed by user {stop.get('actorId')} at {stop.get('confirmedAt')}: "
+            f"{stop.get('stopEvidence')} — finalization of result {stop.get('resultId')} queued"
+        )
+
+    @admin.display(description="recovery source")
+    def recovery_source(self, obj: IssueRecoveryAction) -> SafeString | str:
+        try:
+            from recovery import source
+        except ImportError:
+            return "—"
+        panel = getattr(source, "admin_panel_html", None)
+        if panel is None:
+            return "—"
+        try:
+            html: str = panel(obj)
+        except Exception:
+            # The inspection is advisory here; a failure must not take the hold's page down.
+            logger.exception("recovery source panel failed for action %s", obj.pk)
+            return "recovery source inspection failed (see server log)"
+        return SafeString(html)  # the panel renders through a template (autoescaped)
+
+    @admin.action(
+        description="Confirm owner stopped and resume finalization",
+        permissions=["confirm_owner_stop"],
+    )
+    def confirm_owner_stop(
+        self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
+    ) -> HttpResponse | None:
+        holds = list(queryset.filter(cause=OWNER_UNVERIFIED_CAUSE).order_by("pk"))
+        if not holds:
+            self.message_user(
+                request,
+                f"Select an unverified workspace-owner hold (cause {OWNER_UNVERIFIED_CAUSE}).",
+                messages.WARNING,
+            )
+            return None
+        form = OwnerStopForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            actor = board_actor(request.user)
+            done, failed = 0, []
+            for hold in holds:
+                evidence = hold.evidence if isinstance(hold.evidence, dict) else {}
+                raw = evidence.get("owner")
+                owner: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                try:
+                    recovery_owner_stop_confirm(
+                        actor=actor,
+                        issue_id=hold.source_issue_id,
+                        action_id=hold.pk,
+                        run_id=UUID(str(evidence.get("runId"))),
+                        owner_token=str(owner.get("token", "")),
+                        stop_evidence=form.cleaned_data["stop_evidence"],
+                        controller_and_copyback_stopped=form.cleaned_data["confirmed"],
+                    )
+                    done += 1
+                except (DomainError, ValueError) as exc:
+                    failed.append(f"{hold.pk}: {getattr(exc, 'code', 'invalid_request')}")
+            self.message_user(
+                request,
+                f"Confirmed {done}; finalization queued. Failed: {', '.join(failed) or 'none'}",
+                messages.SUCCESS if not failed else messages.WARNING,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Confirm owner stopped and resume finalization",
+            "holds": [
+                (hold, self.recorded_owner(hold), self.current_receipt(hold)) for hold in holds
+            ],
+            "form": form,
+            "opts": self.model._meta,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/recovery/confirm_owner_stop.html", context)
+
+
+@admin.register(WorkerStopReceipt)
+class WorkerStopReceiptAdmin(_ReceiptAdmin):
+    list_display = ("worker_id", "run", "owner_token", "stopped_at", "recorded_at")
+    search_fields = ("worker_id", "owner_token")
+    readonly_fields = (
+        "company",
+        "run",
+        "owner_token",
+        "worker_id",
+        "stopped_at",
+        "signature",
+        "recorded_at",
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerStopReceipt]:
+        qs = super().get_queryset(request)
+        company_ids = _company_ids(request)
+        return qs if company_ids is None else qs.filter(company_id__in=company_ids)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        UUID(value)
+    except ValueError:
+        return False
+    return True
