@@ -6,7 +6,7 @@ no change form can bypass the cleanup protocol's guards.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.http import HttpRequest
@@ -15,8 +15,13 @@ from leases.export_resume import export_resume_has, export_resume_read, stop_onl
 from leases.models import EnvironmentLease
 from paperclip.models import Environment
 
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:  # ModelAdmin is not subscriptable at runtime (django-stubs-ext is not installed)
+    _ModelAdmin = admin.ModelAdmin
 
-class _ReadOnlyAdmin(admin.ModelAdmin[Any]):
+
+class _ReadOnlyAdmin(_ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -88,7 +93,7 @@ class EnvironmentLeaseAdmin(_ReadOnlyAdmin):
         return f"{marker.schema} request {marker.request_id} result {marker.result_id}"
 
 
-class EnvironmentAdmin(admin.ModelAdmin[Environment]):
+class EnvironmentAdmin(_ModelAdmin):
     list_display = ("name", "company", "driver", "status", "created_at")
     list_filter = ("driver", "status")
     search_fields = ("name", "=id")
