@@ -259,7 +259,23 @@ def _preconditions(
         )
         row = cursor.fetchone()
     assert row is not None  # noqa: S101 - a SELECT without FROM returns exactly one row
-    _, workspace_found, issue_found, run_agent_id = row
+    _check_preconditions(
+        owner,
+        execution_workspace_id,
+        workspace_found=row[1],
+        issue_found=row[2],
+        run_agent_id=row[3],
+    )
+
+
+def _check_preconditions(
+    owner: RuntimeLeaseOwner,
+    execution_workspace_id: UUID,
+    *,
+    workspace_found: bool,
+    issue_found: bool,
+    run_agent_id: UUID | None,
+) -> None:
     if not workspace_found:
         raise ExecutionWorkspaceNotFound(execution_workspace_id=str(execution_workspace_id))
     if owner.issue_id is not None and not issue_found:
@@ -338,6 +354,31 @@ _RENEW_SQL: Final = (
     f" RETURNING {LEASE_COLUMNS}"
 )
 
+# The hot path in one statement (one round trip, its own implicit transaction): set the lock
+# timeout, check the preconditions and renew if the caller already holds the lease. The
+# preconditions gate the UPDATE, so a 404/403 answer has changed nothing. `pre` is evaluated
+# before the UPDATE can wait for the row lock (it gates the scan), so the timeout applies.
+_FAST_RENEW_SQL: Final = (
+    "WITH pre AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true) AS t,"  # noqa: S608
+    " EXISTS (SELECT 1 FROM execution_workspaces"
+    "  WHERE id = %(workspace)s AND company_id = %(company)s) AS workspace_found,"
+    " EXISTS (SELECT 1 FROM issues WHERE id = %(issue)s AND company_id = %(company)s)"
+    "  AS issue_found,"
+    " (SELECT agent_id FROM heartbeat_runs WHERE id = %(run)s AND company_id = %(company)s)"
+    "  AS run_agent_id),"
+    f" renewed AS (UPDATE {LEASE_TABLE} SET owner_issue_id = %(issue)s,"
+    " owner_run_id = %(run)s, owner_agent_id = %(agent)s, last_action = %(action)s,"
+    " renewed_at = now(), expires_at = now() + make_interval(secs => %(ttl)s),"
+    " updated_at = now()"
+    " WHERE execution_workspace_id = %(workspace)s AND company_id = %(company)s"
+    " AND owner_key = %(owner_key)s"
+    " AND (SELECT workspace_found AND (%(issue)s::uuid IS NULL OR issue_found)"
+    "  AND (%(run)s::uuid IS NULL OR run_agent_id = %(agent)s::uuid) FROM pre)"
+    f" RETURNING {LEASE_COLUMNS})"
+    " SELECT pre.workspace_found, pre.issue_found, pre.run_agent_id, renewed.*"
+    " FROM pre LEFT JOIN renewed ON true"
+)
+
 # Insert and counter bump in one statement, under the workspace row lock already held.
 _CREATE_SQL: Final = (
     f"WITH created AS (INSERT INTO {LEASE_TABLE} (id, company_id, execution_workspace_id,"  # noqa: S608
@@ -401,25 +442,20 @@ def runtime_lease_claim(
             owner=owner,
         )
     try:
+        renewed = _claim_fast_renew(
+            company_id=company_id,
+            execution_workspace_id=execution_workspace_id,
+            action=action,
+            owner=owner,
+            owner_key=owner_key,
+            ttl=ttl,
+        )
+        if renewed is not None:
+            return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
         with transaction.atomic(durable=True):
             _preconditions(
                 company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
             )
-            renewed = _fetch_lease(
-                _RENEW_SQL,
-                [
-                    owner.issue_id,
-                    owner.run_id,
-                    owner.agent_id,
-                    action,
-                    ttl,
-                    execution_workspace_id,
-                    company_id,
-                    owner_key,
-                ],
-            )
-            if renewed is not None:
-                return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
             return _claim_under_workspace_lock(
                 company_id=company_id,
                 execution_workspace_id=execution_workspace_id,
@@ -437,6 +473,52 @@ def runtime_lease_claim(
         raise RuntimeLeaseContended(
             execution_workspace_id=str(execution_workspace_id), requested_action=action
         ) from exc
+
+
+def _claim_fast_renew(
+    *,
+    company_id: UUID,
+    execution_workspace_id: UUID,
+    action: str,
+    owner: RuntimeLeaseOwner,
+    owner_key: str,
+    ttl: int,
+) -> RuntimeLease | None:
+    """Renew in one autocommit statement, or None when the caller does not hold the lease.
+
+    Departs from "services own atomic(durable=True)" on purpose: a single statement is its
+    own transaction, and BEGIN/COMMIT would add two round trips to the hottest write. The
+    durable guarantee (never silently joining a caller's transaction) is kept by hand.
+    """
+    if connection.in_atomic_block and not getattr(
+        connection.atomic_blocks[-1], "_from_testcase", False
+    ):
+        raise RuntimeError("runtime_lease_claim() must not run inside another transaction")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FAST_RENEW_SQL,
+            {
+                "timeout": LOCK_TIMEOUT,
+                "workspace": execution_workspace_id,
+                "company": company_id,
+                "issue": owner.issue_id,
+                "run": owner.run_id,
+                "agent": owner.agent_id,
+                "action": action,
+                "ttl": ttl,
+                "owner_key": owner_key,
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None  # noqa: S101 - `pre` always yields one row
+    _check_preconditions(
+        owner,
+        execution_workspace_id,
+        workspace_found=row[0],
+        issue_found=row[1],
+        run_agent_id=row[2],
+    )
+    return None if row[3] is None else RuntimeLease.from_row(row[3:])
 
 
 def _claim_bypass(

@@ -1,0 +1,332 @@
+"""Runtime-lease claim throughput: service and HTTP paths against two baselines.
+
+Run with `make bench` (or `.venv/bin/python bench/leases.py`). Not part of the test suite.
+
+It creates a throwaway database (`paperclip_bench`, or $PAPERCLIP_BENCH_DB) on the server of
+$DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres), migrates it, measures,
+and drops it at the end, also on failure. Single client, sequential requests, in one run:
+
+- raw psycopg: `INSERT ... ON CONFLICT ... DO UPDATE` in its own transaction on an equivalent
+  table (the floor: one statement, no framework);
+- straightforward ORM: `select_for_update()` + `update_or_create()` in `atomic()`;
+- `leases.services.runtime_lease_claim`, created and renewed paths;
+- HTTP `POST /api/execution-workspaces/{id}/runtime-lease/claim` on a live gunicorn
+  (gthread, keep-alive, persistent DB connections), created and renewed paths.
+
+Options: --iterations N (default 2000 per path), --keep-db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WARMUP = 100
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def with_db_name(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@contextmanager
+def throwaway_database(server_url: str, name: str, *, keep: bool) -> Iterator[str]:
+    admin_url = with_db_name(server_url, "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    log(f"created database {name}")
+    try:
+        yield with_db_name(server_url, name)
+    finally:
+        if keep:
+            log(f"kept database {name}")
+        else:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            log(f"dropped database {name}")
+
+
+def timed(label: str, n: int, op: Callable[[int], Any]) -> float:
+    for i in range(min(WARMUP, n)):
+        op(-1 - i)
+    started = time.perf_counter()
+    for i in range(n):
+        op(i)
+    elapsed = time.perf_counter() - started
+    rate = n / elapsed
+    log(f"  {label:<34} {n:>6} ops in {elapsed:6.2f}s = {rate:8.0f} ops/s")
+    return rate
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--keep-db", action="store_true")
+    args = parser.parse_args()
+    n = args.iterations
+    server_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres"
+    name = os.environ.get("PAPERCLIP_BENCH_DB", "paperclip_bench")
+    with throwaway_database(server_url, name, keep=args.keep_db) as bench_url:
+        return run(bench_url, n)
+
+
+def run(bench_url: str, n: int) -> int:
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from leases.models import WorkspaceRuntimeLease
+    from leases.services import RuntimeLeaseOwner, runtime_lease_claim
+    from paperclip.credentials import agent_key_create
+    from paperclip.models import Agent, Company, ExecutionWorkspace
+
+    log("migrating ...")
+    call_command("migrate", verbosity=0)
+    company = Company.objects.create(name="bench")
+    agent = Agent.objects.create(company=company, name="bench-agent")
+    total = WARMUP + n
+    log(f"creating {5 * total + 2} workspaces ...")
+    pools = {
+        key: ExecutionWorkspace.objects.bulk_create(
+            ExecutionWorkspace(company=company, name=f"{key}-{i}") for i in range(total)
+        )
+        for key in ("orm", "svc_created", "http_created", "raw_created", "orm_renew")
+    }
+    renew_ws = ExecutionWorkspace.objects.create(company=company, name="svc-renew")
+    http_renew_ws = ExecutionWorkspace.objects.create(company=company, name="http-renew")
+    owner = RuntimeLeaseOwner.for_agent(agent.pk)
+
+    def pick(pool: str, i: int) -> ExecutionWorkspace:
+        return pools[pool][i if i >= 0 else n + (-1 - i)]
+
+    results: dict[str, float] = {}
+
+    # --- raw psycopg baseline -------------------------------------------------------------
+    log("raw psycopg upsert (equivalent table) ...")
+    raw = psycopg.connect(bench_url, autocommit=True)
+    raw.execute(
+        "CREATE TABLE bench_raw_leases (id uuid PRIMARY KEY, company_id uuid NOT NULL,"
+        " execution_workspace_id uuid NOT NULL UNIQUE, owner_key text NOT NULL,"
+        " owner_agent_id uuid, last_action text NOT NULL, generation bigint NOT NULL,"
+        " claimed_at timestamptz NOT NULL, renewed_at timestamptz NOT NULL,"
+        " expires_at timestamptz NOT NULL, metadata jsonb,"
+        " created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)"
+    )
+    upsert = (
+        "INSERT INTO bench_raw_leases VALUES (%s, %s, %s, %s, %s, %s, 1, now(), now(),"
+        " now() + interval '30 minutes', NULL, now(), now())"
+        " ON CONFLICT (execution_workspace_id) DO UPDATE SET renewed_at = now(),"
+        " expires_at = excluded.expires_at, last_action = excluded.last_action,"
+        " updated_at = now() RETURNING id, generation, expires_at"
+    )
+    renew_key = uuid.uuid4()
+
+    def raw_op(workspace_id: uuid.UUID) -> None:
+        with raw.transaction():
+            raw.execute(
+                upsert,
+                (uuid.uuid4(), company.pk, workspace_id, f"agent:{agent.pk}", agent.pk, "start"),
+            ).fetchone()
+
+    results["raw_created"] = timed(
+        "raw upsert, insert", n, lambda i: raw_op(pick("raw_created", i).pk)
+    )
+    results["raw_renewed"] = timed("raw upsert, update", n, lambda i: raw_op(renew_key))
+    raw.close()
+
+    # --- straightforward ORM baseline -----------------------------------------------------
+    log("straightforward ORM (select_for_update + update_or_create) ...")
+
+    def orm_op(workspace: ExecutionWorkspace) -> None:
+        with transaction.atomic():
+            list(
+                WorkspaceRuntimeLease.objects.select_for_update().filter(
+                    execution_workspace_id=workspace.pk
+                )
+            )
+            WorkspaceRuntimeLease.objects.update_or_create(
+                execution_workspace_id=workspace.pk,
+                defaults={
+                    "company_id": company.pk,
+                    "owner_key": f"agent:{agent.pk}",
+                    "owner_agent_id": agent.pk,
+                    "last_action": "start",
+                    "renewed_at": timezone.now(),
+                    "expires_at": timezone.now() + timedelta(minutes=30),
+                },
+            )
+
+    orm_renew = pools["orm_renew"][0]
+    results["orm_created"] = timed("ORM, insert", n, lambda i: orm_op(pick("orm", i)))
+    results["orm_renewed"] = timed("ORM, update", n, lambda i: orm_op(orm_renew))
+
+    # --- the service ----------------------------------------------------------------------
+    log("service runtime_lease_claim ...")
+
+    def svc(workspace: ExecutionWorkspace, expect: str) -> None:
+        outcome = runtime_lease_claim(
+            company_id=company.pk,
+            execution_workspace_id=workspace.pk,
+            action="start",
+            owner=owner,
+        ).outcome
+        assert outcome == expect, outcome
+
+    results["svc_created"] = timed(
+        "service, created", n, lambda i: svc(pick("svc_created", i), "created")
+    )
+    svc(renew_ws, "created")
+    results["svc_renewed"] = timed("service, renewed", n, lambda i: svc(renew_ws, "renewed"))
+    connection.close()
+
+    # --- HTTP -----------------------------------------------------------------------------
+    key = agent_key_create(agent_id=agent.pk).secret
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": bench_url,
+        "DJANGO_CONN_MAX_AGE": "600",
+        "DJANGO_DEBUG": "false",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    }
+    log(f"starting gunicorn on 127.0.0.1:{port} (1 worker, gthread, keep-alive) ...")
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("gunicorn")),
+            "paperclip.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
+            "--worker-class",
+            "gthread",
+            "--threads",
+            "2",
+            "--keep-alive",
+            "30",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        conn = wait_for_server(port, server)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        body = json.dumps({"action": "start"})
+
+        def http_claim(workspace: ExecutionWorkspace, expect: str) -> None:
+            conn.request(
+                "POST",
+                f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim",
+                body=body,
+                headers=headers,
+            )
+            response = conn.getresponse()
+            payload = json.loads(response.read())
+            assert response.status == 200, payload
+            assert payload["outcome"] == expect, payload
+
+        results["http_created"] = timed(
+            "HTTP claim, created", n, lambda i: http_claim(pick("http_created", i), "created")
+        )
+        http_claim(http_renew_ws, "created")
+        results["http_renewed"] = timed(
+            "HTTP claim, renewed", n, lambda i: http_claim(http_renew_ws, "renewed")
+        )
+        conn.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    connection.close()
+    return report(results)
+
+
+def wait_for_server(port: int, server: subprocess.Popen[bytes]) -> http.client.HTTPConnection:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {server.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                return conn
+        except OSError:
+            pass
+        time.sleep(0.1)  # polling a starting server; not synchronisation between workers
+    raise RuntimeError("gunicorn did not become healthy within 30s")
+
+
+def report(results: dict[str, float]) -> int:
+    raw = results["raw_renewed"]
+    orm = results["orm_renewed"]
+    log("")
+    log(f"{'path':<22} {'ops/s':>8} {'x raw upsert':>13} {'x ORM':>8}")
+    rows = [
+        ("raw upsert insert", "raw_created"),
+        ("raw upsert update", "raw_renewed"),
+        ("ORM insert", "orm_created"),
+        ("ORM update", "orm_renewed"),
+        ("service created", "svc_created"),
+        ("service renewed", "svc_renewed"),
+        ("HTTP created", "http_created"),
+        ("HTTP renewed", "http_renewed"),
+    ]
+    for label, key in rows:
+        rate = results[key]
+        log(f"{label:<22} {rate:>8.0f} {rate / raw:>12.2f}x {rate / orm:>7.2f}x")
+    log("(ratios against the update/renew baselines: raw upsert update, ORM update)")
+    targets = [
+        ("service renew >= 0.5x raw upsert", results["svc_renewed"] / raw, 0.5),
+        ("service renew >= 2x straightforward ORM", results["svc_renewed"] / orm, 2.0),
+        ("HTTP claim (renew) >= 0.25x raw upsert", results["http_renewed"] / raw, 0.25),
+    ]
+    log("")
+    for label, ratio, target in targets:
+        log(f"{'MET ' if ratio >= target else 'MISSED'} {label}: {ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
