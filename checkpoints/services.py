@@ -90,7 +90,7 @@ def _coordinator_ensure(run: RunnerRun) -> bool:
     other paths. ON CONFLICT makes two racing first acquirers agree on one row.
     """
     require_transaction()
-    with connection.cursor() as cursor:
+    with locks.lock_wait_bounded(), connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO native_run_finalizations
@@ -580,7 +580,7 @@ def _parts_apply(
 
 def _work_remember(binding: Binding, lease_owner: str, work_ids: list[str]) -> None:
     require_transaction()
-    with connection.cursor() as cursor:
+    with locks.lock_wait_bounded(), connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO native_runner_checkpoint_work

@@ -64,16 +64,16 @@ def test_runner_round_trip(runner: APIClient, fin: NativeRunFinalization) -> Non
     assert renew.json()["generation"] == 1
     assert renew.json()["outcome"] == "renewed"
 
-    res = put(runner, fin, grant, changed={"header": "H", "log": "L"})
+    res = put(runner, fin, grant, changed={"header": "HEAD-ER", "log": "L"})
     assert res.status_code == 200, res.json()
     assert res.json() == {"parts": 2}
-    assert runner.get(url(fin)).json() == {"parts": {"header": "H", "log": "L"}}
-    assert runner.get(url(fin, "checkpoint/header")).json() == {"header": "H"}
+    assert runner.get(url(fin)).json() == {"parts": {"header": "HEAD-ER", "log": "L"}}
+    assert runner.get(url(fin, "checkpoint/header")).json() == {"header": "HEAD-ER"}
     res = put(runner, fin, grant, removed=["log"])
     assert res.json() == {"parts": 1}
     listing = runner.get(url(fin, "checkpoint/parts")).json()["results"]
-    assert [(p["part"], p["size_bytes"]) for p in listing] == [("header", 1)]
-    assert "H" not in json.dumps(listing)
+    assert [(p["part"], p["size_bytes"]) for p in listing] == [("header", 7)]
+    assert "HEAD-ER" not in json.dumps(listing)
 
 
 def test_controller_lease_held_is_409(runner: APIClient, fin: NativeRunFinalization) -> None:
