@@ -6,7 +6,12 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -69,7 +74,9 @@ class RunResultAcceptApi(APIView):
 
     permission_classes = (IsAgent,)
 
+    @extend_schema_serializer(component_name="RunResultAcceptInput")
     class InputSerializer(serializers.Serializer[Any]):
+        @extend_schema_serializer(component_name="RunResultTerminal")
         class TerminalSerializer(serializers.Serializer[Any]):
             run_terminal_state = serializers.ChoiceField(choices=RUN_TERMINAL_STATES)
 
@@ -114,7 +121,9 @@ class RunFinalizeApi(APIView):
 
     permission_classes = (IsAgentOrBoard,)
 
+    @extend_schema_serializer(component_name="RunFinalizeOutput")
     class OutputSerializer(serializers.Serializer[Any]):
+        @extend_schema_serializer(component_name="RunFinalizeResult")
         class ResultSerializer(serializers.Serializer[Any]):
             run_id = serializers.UUIDField()
             status = serializers.CharField()
@@ -211,6 +220,7 @@ class OwnerStopConfirmApi(APIView):
 
     permission_classes = (IsBoard,)
 
+    @extend_schema_serializer(component_name="OwnerStopConfirmInput")
     class InputSerializer(serializers.Serializer[Any]):
         action_id = serializers.UUIDField()
         run_id = serializers.UUIDField()
@@ -232,6 +242,7 @@ class OwnerStopConfirmApi(APIView):
                 )
             return value
 
+    @extend_schema_serializer(component_name="OwnerStopConfirmOutput")
     class OutputSerializer(serializers.Serializer[Any]):
         run_id = serializers.UUIDField()
         result_id = serializers.UUIDField()
@@ -275,6 +286,7 @@ class WorkerStopRecordApi(APIView):
     authentication_classes = ()
     permission_classes = (AllowAny,)
 
+    @extend_schema_serializer(component_name="WorkerStopRecordInput")
     class InputSerializer(serializers.Serializer[Any]):
         run_id = serializers.UUIDField()
         owner_token = serializers.CharField(max_length=200)
@@ -282,6 +294,7 @@ class WorkerStopRecordApi(APIView):
         stopped_at = serializers.CharField(max_length=64)
         signature = serializers.RegexField(r"^[0-9a-fA-F]{64}$")
 
+    @extend_schema_serializer(component_name="WorkerStopRecordOutput")
     class OutputSerializer(serializers.Serializer[Any]):
         id = serializers.UUIDField()
         run_id = serializers.UUIDField()

@@ -82,9 +82,7 @@ def make_binding(
         (source_dir / "README.md").write_text("hello\n")
         (source_dir / "src" / "main.py").write_text("print('hi')\n")
         dest_dir = tmp_path / "host" / "repo"
-    workspace = ExecutionWorkspaceFactory(
-        company=company, cwd=str(dest_dir) if dest_dir else None
-    )
+    workspace = ExecutionWorkspaceFactory(company=company, cwd=str(dest_dir) if dest_dir else None)
     issue = IssueFactory(company=company, assignee_agent=agent, execution_workspace=workspace)
     profile: dict[str, Any] = {}
     if source_dir is not None:

@@ -35,7 +35,8 @@ def test_change_view_shows_owner_line_and_current_receipt() -> None:
     assert receipt["token"] in text
     assert "Recovery source" in text
     listing = client.get("/admin/recovery/issuerecoveryaction/?status__exact=active")
-    assert listing.status_code == 200 and str(action.pk) in listing.content.decode()
+    assert listing.status_code == 200
+    assert str(action.pk) in listing.content.decode()
 
 
 def test_confirm_action_form_then_apply_calls_the_service() -> None:
@@ -47,16 +48,26 @@ def test_confirm_action_form_then_apply_calls_the_service() -> None:
     assert "Deployment stop evidence" in form.content.decode()
     short = client.post(
         url,
-        {"action": "confirm_owner_stop", "_selected_action": [action.pk], "apply": "1",
-         "stop_evidence": "too short", "confirmed": "on"},
+        {
+            "action": "confirm_owner_stop",
+            "_selected_action": [action.pk],
+            "apply": "1",
+            "stop_evidence": "too short",
+            "confirmed": "on",
+        },
     )
     assert short.status_code == 200  # the form again, with its error
     b.run.refresh_from_db()
     assert b.run.runner_profile_json[OWNER_KEY] == receipt
     done = client.post(
         url,
-        {"action": "confirm_owner_stop", "_selected_action": [action.pk], "apply": "1",
-         "stop_evidence": "pod deleted; node drained; no tar processes remain", "confirmed": "on"},
+        {
+            "action": "confirm_owner_stop",
+            "_selected_action": [action.pk],
+            "apply": "1",
+            "stop_evidence": "pod deleted; node drained; no tar processes remain",
+            "confirmed": "on",
+        },
     )
     assert done.status_code == 302
     b.run.refresh_from_db()

@@ -33,10 +33,16 @@ def test_result_is_accepted_once_and_idempotent_on_caller_id(make_agent_client: 
         "terminal": {"schema": "paperclip.prp.terminal.v1", "runTerminalState": "succeeded"},
     }
     again = client.post(url, {**RESULT, "caller_result_id": "r-1"}, format="json")
-    assert again.status_code == 200 and again.json()["id"] == body["id"]
+    assert again.status_code == 200
+    assert again.json()["id"] == body["id"]
     clash = client.post(
-        url, {"result": {"other": 1}, **{k: RESULT[k] for k in ("terminal",)},
-              "caller_result_id": "r-1"}, format="json",
+        url,
+        {
+            "result": {"other": 1},
+            **{k: RESULT[k] for k in ("terminal",)},
+            "caller_result_id": "r-1",
+        },
+        format="json",
     )
     assert clash.status_code == 409
     b.refresh()
@@ -52,7 +58,8 @@ def test_result_input_errors_and_other_agents(make_agent_client: Any) -> None:
     bad = make_agent_client(b.agent).post(
         url, {"result": {}, "terminal": {"run_terminal_state": "exploded"}}, format="json"
     )
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_request"
     from tests.factories import AgentFactory
 
     sibling = make_agent_client(AgentFactory(company=b.company))
@@ -67,8 +74,13 @@ def test_recovery_actions_list_board_and_assignee(
 ) -> None:
     b = make_binding()
     IssueRecoveryAction.objects.create(
-        company=b.company, source_issue=b.issue, kind="active_run_watchdog", owner_type="board",
-        cause="c", fingerprint="f", evidence={"runId": "x", "nested": {"camelCase": [1]}},
+        company=b.company,
+        source_issue=b.issue,
+        kind="active_run_watchdog",
+        owner_type="board",
+        cause="c",
+        fingerprint="f",
+        evidence={"runId": "x", "nested": {"camelCase": [1]}},
         next_action="n",
     )
     url = f"/api/issues/{b.issue.pk}/recovery-actions"
@@ -76,9 +88,19 @@ def test_recovery_actions_list_board_and_assignee(
     assert board.status_code == 200
     [row] = board.json()["results"]
     assert row["evidence"] == {"runId": "x", "nested": {"camelCase": [1]}}
-    assert set(row) >= {"id", "kind", "status", "owner_type", "cause", "fingerprint",
-                        "next_action", "attempt_count", "max_attempts", "created_at",
-                        "updated_at"}
+    assert set(row) >= {
+        "id",
+        "kind",
+        "status",
+        "owner_type",
+        "cause",
+        "fingerprint",
+        "next_action",
+        "attempt_count",
+        "max_attempts",
+        "created_at",
+        "updated_at",
+    }
     assert make_agent_client(b.agent).get(url).status_code == 200
     from tests.factories import AgentFactory
 
@@ -92,8 +114,13 @@ def test_owner_stop_endpoint_is_board_only_and_validates(
 ) -> None:
     b = make_binding()
     url = f"/api/issues/{b.issue.pk}/recovery-actions/resume-workspace-finalization"
-    body = {"action_id": str(b.run.pk), "run_id": str(b.run.pk), "owner_token": "t",
-            "controller_and_copyback_stopped": True, "stop_evidence": "x" * 25}
+    body = {
+        "action_id": str(b.run.pk),
+        "run_id": str(b.run.pk),
+        "owner_token": "t",
+        "controller_and_copyback_stopped": True,
+        "stop_evidence": "x" * 25,
+    }
     assert make_agent_client(b.agent).post(url, body, format="json").status_code == 403
     board = make_board_client(b.company)
     missing = board.post(url, {**body, "controller_and_copyback_stopped": False}, format="json")
@@ -124,14 +151,21 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
 
     confirm = board.post(
         f"/api/issues/{b.issue.pk}/recovery-actions/resume-workspace-finalization",
-        {"action_id": action["id"], "run_id": str(b.run.pk), "owner_token": prior["token"],
-         "controller_and_copyback_stopped": True,
-         "stop_evidence": "node lost-node drained and deleted by the autoscaler at 12:03Z"},
+        {
+            "action_id": action["id"],
+            "run_id": str(b.run.pk),
+            "owner_token": prior["token"],
+            "controller_and_copyback_stopped": True,
+            "stop_evidence": "node lost-node drained and deleted by the autoscaler at 12:03Z",
+        },
         format="json",
     )
     assert confirm.status_code == 202, confirm.json()
-    assert confirm.json() == {"run_id": str(b.run.pk), "result_id": str(b.result.pk),
-                              "status": "queued"}
+    assert confirm.json() == {
+        "run_id": str(b.run.pk),
+        "result_id": str(b.result.pk),
+        "status": "queued",
+    }
 
     out = StringIO()
     call_command("reconcile_finalizations", "--batch-size", "10", stdout=out)
@@ -146,7 +180,8 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
     assert (b.issue.execution_run_id, b.issue.checkout_run_id) == (None, None)
     assert OWNER_KEY not in b.run.runner_profile_json
     op = WorkspaceOperation.objects.get(heartbeat_run=b.run, phase="workspace_finalize")
-    assert op.status == "succeeded" and op.finished_at is not None
+    assert op.status == "succeeded"
+    assert op.finished_at is not None
     resolved = IssueRecoveryAction.objects.get(pk=action["id"])
     assert (resolved.status, resolved.outcome) == ("resolved", "restored")
     again = make_board_client(b.company).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
@@ -163,7 +198,8 @@ def test_finalize_endpoint_copies_and_commits(tmp_path: Path, make_agent_client:
     res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
     assert res.status_code == 200, res.json()
     body = res.json()
-    assert body["acquired"] is True and body["result"]["status"] == "committed"
+    assert body["acquired"] is True
+    assert body["result"]["status"] == "committed"
     assert body["result"]["copied"]["files"] == 2
     assert body["result"]["copied"]["skipped"] == ["escape"]
     assert not (b.dest_dir / "stale.txt").exists()
@@ -204,16 +240,24 @@ def test_signed_worker_stop_receipt_lets_a_controller_take_over(tmp_path: Path) 
         company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
     )
     assert pending.reason == "platform_stop_pending"  # type: ignore[union-attr]
-    fields = {"run_id": str(b.run.pk), "owner_token": prior["token"], "worker_id": "pod-1",
-              "stopped_at": "2026-11-29T12:00:00+00:00"}
-    bad = APIClient().post("/api/platform/worker-stops", {**fields, "signature": "0" * 64},
-                           format="json")
+    fields = {
+        "run_id": str(b.run.pk),
+        "owner_token": prior["token"],
+        "worker_id": "pod-1",
+        "stopped_at": "2026-11-29T12:00:00+00:00",
+    }
+    bad = APIClient().post(
+        "/api/platform/worker-stops", {**fields, "signature": "0" * 64}, format="json"
+    )
     assert bad.status_code == 422
-    sig = worker_stop_signature(secret="s3cret-for-tests", run_id=b.run.pk,
-                                owner_token=prior["token"], worker_id="pod-1",
-                                stopped_at=fields["stopped_at"])
-    ok = APIClient().post("/api/platform/worker-stops", {**fields, "signature": sig},
-                          format="json")
+    sig = worker_stop_signature(
+        secret="s3cret-for-tests",
+        run_id=b.run.pk,
+        owner_token=prior["token"],
+        worker_id="pod-1",
+        stopped_at=fields["stopped_at"],
+    )
+    ok = APIClient().post("/api/platform/worker-stops", {**fields, "signature": sig}, format="json")
     assert ok.status_code == 201, ok.json()
 
     outcome = with_finalization_ownership(

@@ -3,6 +3,7 @@ barrier, and a lock held by another process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -93,10 +94,8 @@ def reaper() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def test_sigkilled_controller_with_live_orphan_is_never_taken_over(
@@ -137,9 +136,7 @@ def test_sigkilled_controller_with_live_orphan_is_never_taken_over(
     assert action.owner_type == "board"
     assert action.evidence["owner"] == receipt
     # A later sweep still refuses and spends nothing.
-    assert _attempt_until_lock_free(b, lambda own: ran.append(1)) == NotAcquired(
-        "owner_unverified"
-    )
+    assert _attempt_until_lock_free(b, lambda own: ran.append(1)) == NotAcquired("owner_unverified")
     action.refresh_from_db()
     assert (action.status, action.attempt_count, ran) == ("active", 1, [])
 

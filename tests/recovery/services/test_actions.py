@@ -69,7 +69,8 @@ def test_budget_exhaustion_escalates_to_the_board_then_is_idempotent() -> None:
     assert budget["state"] == "exhausted"
     assert (budget["attemptsUsed"], budget["maxAttempts"], budget["cause"]) == (1, 1, "c1")
     again = recovery_action_upsert_source_scoped(**args, data=_data(max_attempts=1))
-    assert again.outcome == "unchanged" and again.action.pk == action.pk
+    assert again.outcome == "unchanged"
+    assert again.action.pk == action.pk
 
 
 @pytest.mark.django_db
@@ -83,7 +84,8 @@ def test_identity_change_supersedes_when_asked() -> None:
     assert new.outcome == "superseded"
     old.refresh_from_db()
     assert (old.status, old.outcome) == ("cancelled", "cancelled")
-    assert new.action.status == "active" and new.action.fingerprint == "f2"
+    assert new.action.status == "active"
+    assert new.action.fingerprint == "f2"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -124,7 +126,12 @@ def test_generic_resolution_cannot_dismiss_an_owner_hold() -> None:
         company_id=issue.company_id, source_issue_id=other.pk, data=_data()
     )
     done = recovery_action_resolve(
-        company_id=issue.company_id, source_issue_id=other.pk, outcome="restored",
-        resolution_note="fixed", actor_type="user", actor_id="1",
+        company_id=issue.company_id,
+        source_issue_id=other.pk,
+        outcome="restored",
+        resolution_note="fixed",
+        actor_type="user",
+        actor_id="1",
     )
-    assert (done.status, done.outcome) == ("resolved", "restored") and done.resolved_at
+    assert (done.status, done.outcome) == ("resolved", "restored")
+    assert done.resolved_at

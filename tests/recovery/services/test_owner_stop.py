@@ -87,7 +87,8 @@ def test_confirmation_releases_exactly_the_receipt_and_records_the_stop() -> Non
     assert stop["actorId"] == str(actor.user.pk)
     assert stop["stopEvidence"] == EVIDENCE
     assert stop["confirmedAt"]
-    assert action.status == "active" and action.wake_policy is None
+    assert action.status == "active"
+    assert action.wake_policy is None
     audit = ActivityEvent.objects.get(action="issue.workspace_owner_stop_confirmed")
     assert (audit.actor_type, audit.entity_id) == ("user", str(b.issue.pk))
     assert audit.details["recoveryActionId"] == str(action.pk)
@@ -149,7 +150,9 @@ def test_missing_result_is_stale() -> None:
 
 def test_result_of_another_contract_is_stale() -> None:
     b, action, receipt, actor = held_binding()
-    other = NativeRunResultFactory(run=b.run, completion_contract_id="00000000-0000-0000-0000-0000000000aa")
+    other = NativeRunResultFactory(
+        run=b.run, completion_contract_id="00000000-0000-0000-0000-0000000000aa"
+    )
     b.coordinator.result = other
     b.coordinator.save()
     with pytest.raises(WorkspaceOwnerRecoveryStale):
@@ -159,7 +162,11 @@ def test_result_of_another_contract_is_stale() -> None:
 def test_newer_queued_run_is_stale() -> None:
     b, action, receipt, actor = held_binding()
     HeartbeatRunFactory(
-        company=b.company, agent=b.agent, issue=b.issue, native_issue=b.issue, status="queued",
+        company=b.company,
+        agent=b.agent,
+        issue=b.issue,
+        native_issue=b.issue,
+        status="queued",
         runtime_mode="native",
     )
     with pytest.raises(WorkspaceOwnerRecoveryStale):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -55,16 +54,13 @@ def test_acquires_runs_the_action_with_our_receipt_and_removes_it_afterwards() -
         own.assert_held()
         return "done"
 
-    outcome = with_finalization_ownership(
-        company_id=b.company.pk, run_id=b.run.pk, action=action
-    )
+    outcome = with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
     assert outcome == Acquired("done")
     assert seen["receipt"]["token"] == seen["token"]
-    assert seen["receipt"]["hostname"] and seen["receipt"]["pid"] > 0
+    assert seen["receipt"]["hostname"]
+    assert seen["receipt"]["pid"] > 0
     assert OWNER_KEY not in _profile(b.run)
-    actions = set(
-        ActivityEvent.objects.filter(run_id=b.run.pk).values_list("action", flat=True)
-    )
+    actions = set(ActivityEvent.objects.filter(run_id=b.run.pk).values_list("action", flat=True))
     assert {"run.finalization_owner_claimed", "run.finalization_owner_released"} <= actions
 
 
@@ -229,8 +225,11 @@ def test_recycled_pid_counts_as_dead(dead_pid: int) -> None:
     prior = receipt_for(pid=os.getpid(), started=started)
     b = make_binding(receipt=prior)
     WorkspaceOperation.objects.create(
-        company=b.company, heartbeat_run=b.run, issue=b.issue,
-        phase="workspace_finalize", status="succeeded",
+        company=b.company,
+        heartbeat_run=b.run,
+        issue=b.issue,
+        phase="workspace_finalize",
+        status="succeeded",
     )
     outcome = with_finalization_ownership(
         company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
@@ -273,9 +272,7 @@ def test_lock_survives_idle_in_transaction_timeout_via_keepalive() -> None:
             own.assert_held()
             return "survived"
 
-        outcome = with_finalization_ownership(
-            company_id=b.company.pk, run_id=b.run.pk, action=slow
-        )
+        outcome = with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=slow)
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f'ALTER DATABASE "{db_name}" RESET idle_in_transaction_session_timeout')
@@ -321,7 +318,8 @@ def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner
         checked.set()
         with pytest.raises(FinalizationOwnershipLost):
             future.result(timeout=10)
-    assert len(errors) == 1 and errors[0].reason == "lock_connection_lost"
+    assert len(errors) == 1
+    assert errors[0].reason == "lock_connection_lost"
     assert OWNER_KEY not in _profile(b.run)  # its own cleanup removed only its receipt
 
 
