@@ -7,9 +7,9 @@ Keys
     or URL-safe alphabet) or as 64 hex digits. Its id is the first 12 hex digits of the key's
     SHA-256, so an id names a key without revealing it.
 
-    The key file is created (mode 0600, O_EXCL so racing processes agree on one key) only by
-    writers. Readers never create it: a missing key makes parts unreadable instead of silently
-    minting a key that cannot decrypt anything.
+    The key file is created (mode 0600, atomically, so racing processes agree on one key)
+    only by writers. Readers never create it: a missing key makes parts unreadable instead of
+    silently minting a key that cannot decrypt anything.
 
 Envelope (the `material` jsonb)
     `{"scheme": "paperclip_aes256gcm_v1", "keyId", "nonce": b64, "ciphertext": b64}`; the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -163,16 +164,22 @@ def _file_ring(path: Path) -> KeyRing | None:
 
 
 def _create_key_file(path: Path) -> None:
+    """Create the key file unless it exists, atomically: the key is written and fsynced to a
+    private temp file first and then hard-linked into place (link fails if the name exists),
+    so a racing process sees either no file or a complete one, and all agree on one key."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = f"# Paperclip checkpoint keys: first line is the primary.\n{generate_key_text()}\n"
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return  # another process created it first: use theirs
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        with contextlib.suppress(FileExistsError):  # another process won: use its key
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def keyring(*, create: bool = False) -> KeyRing:

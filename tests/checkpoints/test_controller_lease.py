@@ -189,3 +189,16 @@ def test_failure_hook_leaves_a_run_with_a_result_alone() -> None:
     )
     fin.refresh_from_db()
     assert fin.lease_expires_at == grant.lease_expires_at
+
+
+def test_a_late_failure_hook_from_the_old_controller_does_not_cut_its_successors_lease() -> None:
+    fin = coordinator()
+    old = lease(fin.run, boot_id="boot-a")
+    expire_lease(fin.run_id)
+    new = lease(fin.run, boot_id="boot-b")
+    assert not controller_lease_expire_on_failure(
+        run_id=fin.run_id, agent_id=fin.run.agent_id, boot_id="boot-a", lease_owner=old.lease_owner
+    )
+    fin.refresh_from_db()
+    assert fin.lease_owner == new.lease_owner
+    assert fin.lease_expires_at == new.lease_expires_at
