@@ -3,12 +3,14 @@
 Lock order for the rows of a run (a reviewed change to alter; see also `paperclip.db.advisory`
 for the global order): advisory locks first, then
 
-    coordinator (NativeRunFinalization) -> issue -> run
+    issue -> coordinator (NativeRunFinalization) -> run -> recovery action
 
-The coordinator is the arbiter of a native run's finalization, so whoever decides from it takes
-it first; the issue comes before the run because a run moving to `running` must check the issue's
-current execution holder before it commits to it. Code that only needs the issue and the run
-(status transitions) takes `issue -> run`; nothing here ever takes a run and then its issue.
+This is the order the recovery app's finalization commit and owner-stop confirmation use too
+(upstream's owner-recovery order); one order everywhere is what keeps a status update racing a
+finalization commit from deadlocking. The issue comes before the run because a run moving to
+`running` must check the issue's current execution holder before it commits to it. Code that
+only needs the issue and the run (status transitions) takes `issue -> run`; nothing here ever
+takes a run and then its issue, or a coordinator and then its issue.
 
 All locks are `FOR NO KEY UPDATE` (`no_key=True`): none of these rows is deleted or re-keyed
 under them, and the weaker lock lets foreign-key inserts pointing at the row (activity events,
@@ -55,10 +57,14 @@ class LockedRun:
 
     run: HeartbeatRun
     issue: Issue | None
+    coordinator: NativeRunFinalization | None = None
 
 
-def run_lock_with_issue(*, run_id: UUID, attempts: int = 3) -> LockedRun:
-    """Lock the run's issue (if any), then the run, inside the caller's transaction.
+def run_lock_with_issue(
+    *, run_id: UUID, attempts: int = 3, lock_coordinator: bool = False
+) -> LockedRun:
+    """Lock the run's issue (if any), then (if asked) its coordinator, then the run, inside the
+    caller's transaction.
 
     The run's issue is only known after reading the run, so the run is read unlocked first, the
     issue locked, then the run locked and checked to still point at that issue (it can only
@@ -71,11 +77,14 @@ def run_lock_with_issue(*, run_id: UUID, attempts: int = 3) -> LockedRun:
         if issue_id is None and not HeartbeatRun.objects.filter(pk=run_id).exists():
             raise NotFoundError()
         issue = issues_for_update().filter(pk=issue_id).first() if issue_id is not None else None
+        coordinator = (
+            coordinators_for_update().filter(pk=run_id).first() if lock_coordinator else None
+        )
         run = runs_for_update().filter(pk=run_id).first()
         if run is None:
             raise NotFoundError()
         if run.issue_id == (issue.pk if issue is not None else None):
-            return LockedRun(run=run, issue=issue)
+            return LockedRun(run=run, issue=issue, coordinator=coordinator)
     raise ResourceBusy(run_id=str(run_id))
 
 

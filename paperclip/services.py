@@ -18,7 +18,7 @@ been accepted reaches `succeeded` only through finalization.
 
 Composable helpers for other apps (they run inside the caller's transaction, never open one):
 `_run_start_locked` and `_run_finish_locked`; lock with `paperclip.locks.run_lock_with_issue`
-first (lock order: coordinator -> issue -> run, see `paperclip.locks`).
+first (lock order: issue -> coordinator -> run, see `paperclip.locks`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from paperclip.errors import (
 )
 from paperclip.locks import (
     busy_on_lock_timeout,
-    coordinators_for_update,
     issues_for_update,
     run_lock_with_issue,
 )
@@ -477,9 +476,8 @@ class RunTransition:
     changed: bool  # False when the run already had the requested status
 
 
-def _run_has_accepted_result(run: HeartbeatRun) -> bool:
+def _run_has_accepted_result(run: HeartbeatRun, coordinator: NativeRunFinalization | None) -> bool:
     """Whether a native run's result has been accepted (the caller holds the coordinator)."""
-    coordinator = coordinators_for_update().filter(pk=run.pk).first()
     if coordinator is not None and (
         coordinator.result_id is not None or coordinator.phase in RESULT_ACCEPTED_PHASES
     ):
@@ -493,7 +491,7 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
     """Move a run along its lifecycle (see the module docstring).
 
     Allowed for the run's own agent or a board member of its company. Locks, in order: the
-    coordinator (only for a native run asked to succeed), the issue, the run; hot-path lock
+    issue, the coordinator (only for a native run asked to succeed), the run; hot-path lock
     timeout 5 s. Moving to `running` takes the issue's execution and checkout slots; reaching a
     terminal status frees them.
 
@@ -509,16 +507,15 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
 
     with busy_on_lock_timeout(run_id=str(visible.pk)), transaction.atomic(durable=True):
         set_local_lock_timeout(HOT_PATH_LOCK_TIMEOUT)
-        accepted = False
-        if (
+        check_result = (
             to_status == RunStatus.SUCCEEDED
             and visible.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE
-        ):
-            # Coordinator first (lock order), so a result cannot be accepted between the check
-            # and the status write.
-            accepted = _run_has_accepted_result(visible)
-        locked = run_lock_with_issue(run_id=visible.pk)
+        )
+        # The coordinator is locked (issue -> coordinator -> run) so a result cannot be accepted
+        # between the check and the status write.
+        locked = run_lock_with_issue(run_id=visible.pk, lock_coordinator=check_result)
         run, issue = locked.run, locked.issue
+        accepted = check_result and _run_has_accepted_result(run, locked.coordinator)
         from_status = run.status
         if from_status == to_status:
             return RunTransition(run=run, from_status=from_status, changed=False)
