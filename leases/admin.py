@@ -1,0 +1,235 @@
+"""Admin of runtime leases: who holds which workspace, whether the owner is still live, and the
+operator's "Force-release selected leases" action (confirmation page, reason, audited).
+
+Leases are state-bearing, so the change form is read-only and there is no add/delete: every
+change goes through `leases.services` (the admin's own transaction could not host their
+durable transactions anyway). The live stale reason of a whole page is computed in the one
+changelist query (`with_stale_reason`), never per row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from leases.errors import RuntimeLeaseSuperseded
+from leases.models import WorkspaceRuntimeLease
+from leases.selectors import STALE, STALE_REASON, STALE_REASONS, with_stale_reason
+from leases.services import runtime_lease_force_release
+from paperclip.errors import DomainError
+from paperclip.models import BoardMembership
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[WorkspaceRuntimeLease]
+    _Queryset = QuerySet[WorkspaceRuntimeLease]
+else:  # ModelAdmin is not subscriptable at runtime (no django_stubs_ext monkeypatch here)
+    _ModelAdmin = admin.ModelAdmin
+    _Queryset = QuerySet
+
+CONFIRMATION_TEMPLATE = "admin/leases/workspaceruntimelease/force_release_confirmation.html"
+
+
+class StalenessFilter(admin.SimpleListFilter):
+    title = "owner"
+    parameter_name = "staleness"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("live", "Live owner"),
+            ("stale", "Stale (any reason)"),
+            ("expired", "Expired"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: _Queryset) -> _Queryset:
+        if self.value() == "live":
+            return queryset.exclude(**STALE)
+        if self.value() == "stale":
+            return queryset.filter(**STALE)
+        if self.value() == "expired":
+            return queryset.filter(expires_at__lte=Now())
+        return queryset
+
+
+class StaleReasonFilter(admin.SimpleListFilter):
+    title = "stale reason"
+    parameter_name = "stale_reason"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(reason, reason.replace("_", " ")) for reason in STALE_REASONS]
+
+    def queryset(self, request: HttpRequest, queryset: _Queryset) -> _Queryset:
+        value = self.value()
+        if value in STALE_REASONS:
+            return queryset.filter(**{STALE_REASON: value})
+        return queryset
+
+
+class ForceReleaseForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=2000,
+        strip=True,
+        help_text="Why the owners are being evicted; kept in each lease's audit row.",
+    )
+
+
+@admin.register(WorkspaceRuntimeLease)
+class WorkspaceRuntimeLeaseAdmin(_ModelAdmin):
+    list_display = (
+        "execution_workspace",
+        "owner_key",
+        "owner_agent",
+        "last_action",
+        "generation",
+        "expires_at",
+        "stale_reason",
+        "renewed_at",
+    )
+    list_select_related = ("execution_workspace", "owner_agent")
+    list_filter = (StalenessFilter, StaleReasonFilter, "last_action")
+    search_fields = ("owner_key", "execution_workspace__name", "company__name")
+    ordering = ("expires_at",)
+    actions = ("force_release_selected",)
+    fields = (
+        "company",
+        "execution_workspace",
+        "owner_key",
+        "owner_issue",
+        "owner_run",
+        "owner_agent",
+        "last_action",
+        "generation",
+        "claimed_at",
+        "renewed_at",
+        "expires_at",
+        "stale_reason",
+        "metadata",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> _Queryset:
+        queryset = with_stale_reason(super().get_queryset(request))
+        user = request.user
+        if not getattr(user, "is_superuser", False):
+            # Board members see (and can act on) only their companies' leases.
+            companies = BoardMembership.objects.filter(user__pk=user.pk or 0).values("company_id")
+            queryset = queryset.filter(company_id__in=companies)
+        return queryset
+
+    @admin.display(description="stale reason", ordering=STALE_REASON)
+    def stale_reason(self, lease: WorkspaceRuntimeLease) -> str:
+        reason = getattr(lease, STALE_REASON, None)
+        return reason or "— (owner live)"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # use "Force-release selected leases": it is audited
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool:
+        user = request.user
+        return bool(
+            user.is_active
+            and user.is_staff
+            and user.has_perm("leases.change_workspaceruntimelease")
+        )
+
+    @admin.action(description="Force-release selected leases", permissions=["force_release"])
+    def force_release_selected(
+        self, request: HttpRequest, queryset: _Queryset
+    ) -> TemplateResponse | None:
+        # The generation each lease had when the operator looked: a lease reclaimed or
+        # re-created since then belongs to someone the operator never saw, so it is kept.
+        leases = list(queryset.select_related("execution_workspace").order_by("pk"))
+        form = ForceReleaseForm(request.POST if request.POST.get("confirm") == "yes" else None)
+        if form.is_bound and form.is_valid():
+            self._force_release(request, form.cleaned_data["reason"], leases)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Force-release runtime leases",
+            "opts": self.model._meta,
+            "leases": leases,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action_name": "force_release_selected",
+        }
+        return TemplateResponse(request, CONFIRMATION_TEMPLATE, context)
+
+    def _force_release(
+        self, request: HttpRequest, reason: str, leases: list[WorkspaceRuntimeLease]
+    ) -> None:
+        pinned = _pinned_generations(request.POST.getlist("pin"))
+        if not pinned:
+            self.message_user(request, "No leases to release.", messages.WARNING)
+        current = {lease.pk: lease for lease in leases}
+        for lease_id, generation in pinned.items():
+            lease = current.get(lease_id)
+            if lease is None:
+                self.message_user(
+                    request, f"Lease {lease_id}: already gone; nothing to do.", messages.INFO
+                )
+                continue
+            workspace = lease.execution_workspace
+            try:
+                result = runtime_lease_force_release(
+                    company_id=lease.company_id,
+                    execution_workspace_id=lease.execution_workspace_id,
+                    actor_type="user",
+                    actor_id=str(request.user.pk),
+                    reason=reason,
+                    expected_generation=generation,
+                )
+            except RuntimeLeaseSuperseded as exc:
+                self.message_user(
+                    request,
+                    f"{workspace}: not released, the lease changed since you selected it "
+                    f"(generation {generation} → {exc.details.get('current_generation')}, owner "
+                    f"now {lease.owner_key}) ({exc.code}).",
+                    messages.WARNING,
+                )
+                continue
+            except DomainError as exc:
+                self.message_user(
+                    request, f"{workspace}: not released ({exc.code}).", messages.ERROR
+                )
+                continue
+            if result.released:
+                self.message_user(
+                    request,
+                    f"{workspace}: released the lease of {result.owner_key} "
+                    f"(generation {generation}).",
+                    messages.SUCCESS,
+                )
+            else:
+                self.message_user(request, f"{workspace}: already gone.", messages.INFO)
+
+
+def _pinned_generations(values: list[str]) -> dict[UUID, int]:
+    """`<lease id>:<generation>` pairs from the confirmation page; malformed ones are ignored
+    (they could only come from a tampered form, and ignoring them releases nothing)."""
+    pinned: dict[UUID, int] = {}
+    for value in values:
+        lease_id, _, generation = value.partition(":")
+        try:
+            pinned[UUID(lease_id)] = int(generation)
+        except ValueError:
+            continue
+    return pinned
+
+
+from leases import environment_admin  # noqa: E402,F401
