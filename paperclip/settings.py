@@ -168,3 +168,16 @@ PAPERCLIP_WORKER_PLATFORM = env.str(
 )
 PAPERCLIP_PLATFORM_STOP_SECRET = env.str("PAPERCLIP_PLATFORM_STOP_SECRET", default="")
 PAPERCLIP_CHECKPOINT_KEYS = env.list("PAPERCLIP_CHECKPOINT_KEYS", default=[])
+# Copy-back failures retried automatically before a run waits in `retryable_failure` for an
+# explicit `finalize_run` / `POST .../finalize`.
+PAPERCLIP_FINALIZE_MAX_ATTEMPTS = env.int("PAPERCLIP_FINALIZE_MAX_ATTEMPTS", default=5)
+# Checkpoint size bounds (bytes / count), enforced before anything is encrypted or written.
+PAPERCLIP_CHECKPOINT_MAX_PART_BYTES = env.int(
+    "PAPERCLIP_CHECKPOINT_MAX_PART_BYTES", default=8 * 1024 * 1024
+)
+PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES = env.int(
+    "PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES", default=16 * 1024 * 1024
+)
+PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE = env.int(
+    "PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE", default=10_000
+)
