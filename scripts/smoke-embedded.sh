@@ -49,9 +49,13 @@ cleanup() {
 trap cleanup EXIT
 
 start_make_run() {
-    # setsid: its own process group, so the whole tree can be signalled like a terminal would.
-    env -u DATABASE_URL PAPERCLIP_DATA_DIR="$DATA_DIR" \
-        setsid make --no-print-directory run PORT="$PORT" >>"$LOG" 2>&1 </dev/null &
+    # In its own session and process group, so the whole tree can be signalled as a terminal
+    # would; SIGINT restored to default, as a shell ignores it for background jobs.
+    env -u DATABASE_URL PAPERCLIP_DATA_DIR="$DATA_DIR" $PY -c '
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.setsid()
+os.execvp(sys.argv[1], sys.argv[1:])' make --no-print-directory run PORT="$PORT" >>"$LOG" 2>&1 </dev/null &
     PGID=$!
 }
 
