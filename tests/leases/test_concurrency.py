@@ -1,0 +1,353 @@
+"""Real-connection races: threads released by a Barrier, separate OS processes, and fixed
+interleavings (contended claim, lock timeout, fenced write vs reclaim)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+
+from leases import services
+from leases.errors import RuntimeLeaseConflict, RuntimeLeaseContended
+from leases.models import WorkspaceRuntimeLease
+from leases.services import RuntimeLeaseOwner, workspace_operation_create_fenced
+from paperclip.db.advisory import connection_params
+from paperclip.errors import DomainError, ResourceBusy
+from paperclip.models import ExecutionWorkspace, WorkspaceOperation
+from tests.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
+from tests.leases.factories import claim, db_url, expire
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+THREADS = 8
+TIMEOUT = 15
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def race(workspace, agents):
+    """Every agent claims `workspace` at once; returns sorted outcomes (errors by code)."""
+    barrier = threading.Barrier(len(agents))
+
+    def attempt(agent):
+        try:
+            barrier.wait(timeout=TIMEOUT)
+            return claim(workspace, agent).outcome
+        except DomainError as exc:
+            return exc.code
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+        return sorted(pool.map(attempt, agents))
+
+
+def test_eight_agents_racing_for_a_free_workspace_get_one_winner():
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    agents = AgentFactory.create_batch(THREADS, company=company)
+
+    outcomes = race(workspace, agents)
+
+    assert outcomes == ["created"] + ["workspace_runtime_lease_conflict"] * (THREADS - 1)
+    assert WorkspaceRuntimeLease.objects.filter(execution_workspace=workspace).count() == 1
+    assert WorkspaceRuntimeLease.objects.get().generation == 1
+    workspace.refresh_from_db()
+    assert workspace.runtime_lease_generation == 1
+
+
+def test_the_same_owner_racing_itself_creates_once_and_renews():
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    agent = AgentFactory(company=company)
+
+    outcomes = race(workspace, [agent] * THREADS)
+
+    assert outcomes == ["created"] + ["renewed"] * (THREADS - 1)
+    assert WorkspaceRuntimeLease.objects.get().generation == 1
+
+
+def test_eight_agents_racing_to_reclaim_a_stale_lease_get_one_new_generation():
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    claim(workspace, AgentFactory(company=company))
+    expire(workspace)
+    agents = AgentFactory.create_batch(THREADS, company=company)
+
+    outcomes = race(workspace, agents)
+
+    assert outcomes == ["reclaimed"] + ["workspace_runtime_lease_conflict"] * (THREADS - 1)
+    assert WorkspaceRuntimeLease.objects.get().generation == 2
+    workspace.refresh_from_db()
+    assert workspace.runtime_lease_generation == 2
+
+
+CHILD = """
+import json, os, sys, uuid
+import django
+django.setup()
+from leases.services import RuntimeLeaseOwner, runtime_lease_claim
+from paperclip.errors import DomainError
+print("ready", flush=True)
+sys.stdin.readline()  # the start signal, sent to every child at once
+try:
+    outcome = runtime_lease_claim(
+        company_id=uuid.UUID(os.environ["COMPANY"]),
+        execution_workspace_id=uuid.UUID(os.environ["WORKSPACE"]),
+        action="start",
+        owner=RuntimeLeaseOwner.for_agent(uuid.UUID(os.environ["AGENT"])),
+    ).outcome
+except DomainError as exc:
+    outcome = exc.code
+print(json.dumps({"outcome": outcome}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_eight_processes_racing_for_a_workspace_get_one_winner():
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    agents = AgentFactory.create_batch(THREADS, company=company)
+    env_base = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "paperclip.settings",
+        "DATABASE_URL": db_url(connection.settings_dict),
+        "COMPANY": str(company.pk),
+        "WORKSPACE": str(workspace.pk),
+        "PYTHONPATH": str(ROOT),
+    }
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**env_base, "AGENT": str(agent.pk)},
+        )
+        for agent in agents
+    ]
+    try:
+        for child in children:  # every child is connected-ready before any may start
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+        for child in children:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        outcomes = sorted(
+            json.loads(child.communicate(timeout=60)[0].strip().splitlines()[-1])["outcome"]
+            for child in children
+        )
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+    assert outcomes == ["created"] + ["workspace_runtime_lease_conflict"] * (THREADS - 1)
+    assert WorkspaceRuntimeLease.objects.filter(execution_workspace=workspace).count() == 1
+    assert WorkspaceRuntimeLease.objects.get().generation == 1
+
+
+def wait_for_lock_waiters(count: int = 1) -> None:
+    """Poll until `count` backends of this database wait for a row lock (bounded)."""
+    deadline = time.monotonic() + TIMEOUT
+    with psycopg.connect(**_params(), autocommit=True) as observer:
+        while time.monotonic() < deadline:
+            waiting = observer.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ).fetchone()[0]
+            if waiting >= count:
+                return
+            time.sleep(0.01)  # polling an observable state, not a timing assumption
+    raise AssertionError("no backend started waiting for the lock")
+
+
+def _params():
+    params = connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    return params
+
+
+def test_a_release_between_insert_conflict_and_row_lock_is_contended():
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    claim(workspace, AgentFactory(company=company))
+    rival = AgentFactory(company=company)
+
+    with psycopg.connect(**_params()) as holder:
+        # The holder locks the row (as a release in progress would), so the rival's insert
+        # sees a committed row and conflicts, then waits for the row lock.
+        holder.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases"
+            " WHERE execution_workspace_id = %s FOR UPDATE",
+            [workspace.pk],
+        )
+
+        def rival_claim():
+            try:
+                return claim(workspace, rival)
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(rival_claim)
+            wait_for_lock_waiters()
+            holder.execute(
+                "DELETE FROM execution_workspace_runtime_leases WHERE execution_workspace_id = %s",
+                [workspace.pk],
+            )
+            holder.commit()
+            with pytest.raises(RuntimeLeaseContended) as caught:
+                future.result(timeout=TIMEOUT)
+
+    assert caught.value.details["execution_workspace_id"] == str(workspace.pk)
+    assert not WorkspaceRuntimeLease.objects.exists()
+    # The retry the error asks for succeeds with a generation never handed out before.
+    assert claim(workspace, rival).lease.generation == 2
+
+
+def test_a_held_row_lock_turns_into_resource_busy_not_a_hang(monkeypatch):
+    monkeypatch.setattr(services, "LOCK_TIMEOUT", "200ms")
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    agent = AgentFactory(company=company)
+    claim(workspace, agent)
+
+    with psycopg.connect(**_params()) as holder:
+        holder.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases"
+            " WHERE execution_workspace_id = %s FOR UPDATE",
+            [workspace.pk],
+        )
+        started = time.monotonic()
+        with pytest.raises(ResourceBusy):
+            claim(workspace, agent)  # the renew fast path waits on the row
+        assert time.monotonic() - started < TIMEOUT
+        holder.rollback()
+    assert claim(workspace, agent).outcome == "renewed"
+
+
+def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next():
+    """The holder's write share-locks the lease row; a reclaim must wait for it, so the write
+    lands under the old generation and the holder's next write is refused."""
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    holder_agent, rival = AgentFactory.create_batch(2, company=company)
+    claim(workspace, holder_agent)
+    expire(workspace)
+    owner = RuntimeLeaseOwner.for_agent(holder_agent.pk)
+
+    with psycopg.connect(**_params()) as writer:
+        # The write's critical section, held open: share lock + the operation row.
+        writer.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases"
+            " WHERE execution_workspace_id = %s FOR SHARE",
+            [workspace.pk],
+        )
+
+        def reclaim():
+            try:
+                return claim(workspace, rival)
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(reclaim)
+            wait_for_lock_waiters()
+            assert not future.done()
+            writer.commit()
+            assert future.result(timeout=TIMEOUT).outcome == "reclaimed"
+
+    with pytest.raises(DomainError) as caught:
+        workspace_operation_create_fenced(
+            company_id=company.pk,
+            execution_workspace_id=workspace.pk,
+            owner=owner,
+            generation=1,
+            phase="runtime_stop",
+            status="running",
+        )
+    assert caught.value.code == "workspace_runtime_lease_superseded"
+    assert caught.value.details["current_generation"] == 2
+    assert not WorkspaceOperation.objects.exists()
+
+
+def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation():
+    """Writers with generation 1 and a reclaim start together: whatever the interleaving,
+    each write is either accepted under generation 1 or refused as superseded (never an
+    error), and once the reclaim has committed generation 1 can write nothing more. (The
+    ordering itself is pinned by the deterministic test above.)"""
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    holder_agent, rival = AgentFactory.create_batch(2, company=company)
+    claim(workspace, holder_agent)
+    expire(workspace)
+    owner = RuntimeLeaseOwner.for_agent(holder_agent.pk)
+    barrier = threading.Barrier(THREADS)
+
+    def write(i):
+        try:
+            barrier.wait(timeout=TIMEOUT)
+            workspace_operation_create_fenced(
+                company_id=company.pk,
+                execution_workspace_id=workspace.pk,
+                owner=owner,
+                generation=1,
+                phase=f"write-{i}",
+                status="succeeded",
+            )
+            return "accepted"
+        except DomainError as exc:
+            return exc.code
+        finally:
+            connection.close()
+
+    def reclaim():
+        try:
+            barrier.wait(timeout=TIMEOUT)
+            return claim(workspace, rival).outcome
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        writes = [pool.submit(write, i) for i in range(THREADS - 1)]
+        reclaimed = pool.submit(reclaim)
+        results = [w.result(timeout=TIMEOUT) for w in writes]
+        assert reclaimed.result(timeout=TIMEOUT) == "reclaimed"
+
+    assert set(results) <= {"accepted", "workspace_runtime_lease_superseded"}
+    lease = WorkspaceRuntimeLease.objects.get()
+    assert lease.generation == 2
+    assert set(WorkspaceOperation.objects.values_list("lease_generation", flat=True)) <= {1}
+    assert WorkspaceOperation.objects.count() == results.count("accepted")
+    with pytest.raises(DomainError) as late:
+        workspace_operation_create_fenced(
+            company_id=company.pk,
+            execution_workspace_id=workspace.pk,
+            owner=owner,
+            generation=1,
+            phase="late",
+            status="running",
+        )
+    assert late.value.code == "workspace_runtime_lease_superseded"
+    assert ExecutionWorkspace.objects.get(pk=workspace.pk).runtime_lease_generation == 2
+
+
+def test_conflict_is_raised_not_swallowed_under_contention():
+    # Guard for the race helper itself: a live holder must be reported as a conflict.
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    claim(workspace, AgentFactory(company=company))
+    with pytest.raises(RuntimeLeaseConflict):
+        claim(workspace, AgentFactory(company=company))
