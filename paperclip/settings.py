@@ -181,3 +181,8 @@ PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES = env.int(
 PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE = env.int(
     "PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE", default=10_000
 )
+# A checkpoint write may carry PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES of contents; JSON escaping
+# can double that. Larger bodies get 413 `request_too_large` before any parsing.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int(
+    "DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", default=2 * PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES + 2**20
+)

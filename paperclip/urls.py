@@ -19,5 +19,6 @@ urlpatterns = [
     path("api/", include("checkpoints.api.urls")),
 ]
 
+handler400 = "paperclip.api.errors.json_bad_request"
 handler404 = "paperclip.api.errors.json_not_found"
 handler500 = "paperclip.api.errors.json_server_error"

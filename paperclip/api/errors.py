@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -99,6 +101,22 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """handler404: a JSON body for the API (a malformed UUID in a path lands here)."""
     return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """handler400: Django-level rejections (an oversized body, a suspicious header) as JSON."""
+    if isinstance(exception, RequestDataTooBig):
+        return JsonResponse(
+            error_body(
+                "request_too_large",
+                "The request body is larger than the server accepts.",
+                {"max_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE},
+            ),
+            status=413,
+        )
+    return JsonResponse(
+        error_body("invalid_request", "The request was rejected.", {"fields": {}}), status=400
+    )
 
 
 def json_server_error(request: HttpRequest) -> JsonResponse:
