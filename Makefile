@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 # Set to 1 to accept pytest's exit code 5 ("no tests ran") as success.
 PYTEST_NO_TESTS_OK ?=
 
@@ -20,7 +21,7 @@ help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
 	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
 	@echo "make lint       ruff, ruff format --check, mypy"
-	@echo "make bench      run bench/leases.py and bench/checkpoints.py where present"
+	@echo "make bench      run bench/leases.py and bench/checkpoints.py (args: BENCH_ARGS=...)"
 	@echo "make clean      remove .venv and tool caches (keeps .data, the local database)"
 	@echo "make clean-data stop the embedded PostgreSQL and delete .data"
 
@@ -63,7 +64,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@for f in bench/leases.py bench/checkpoints.py; do \
-		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" || exit 1; \
+		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done
 
