@@ -233,7 +233,7 @@ def run(bench_url: str, n: int) -> int:
             "--workers",
             "1",
             "--worker-class",
-            "gthread",
+            os.environ.get("BENCH_GUNICORN_WORKER_CLASS", "gthread"),
             "--threads",
             "2",
             "--keep-alive",
@@ -267,6 +267,18 @@ def run(bench_url: str, n: int) -> int:
         http_claim(http_renew_ws, "created")
         results["http_renewed"] = timed(
             "HTTP claim, renewed", n, lambda i: http_claim(http_renew_ws, "renewed")
+        )
+
+        def http_get(path: str) -> None:
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200, response.status
+
+        # Reference points on the same server, for "where the time goes".
+        results["http_me"] = timed("HTTP GET /api/me (auth only)", n, lambda i: http_get("/api/me"))
+        results["http_healthz"] = timed(
+            "HTTP GET /healthz (no DRF/auth)", n, lambda i: http_get("/healthz")
         )
         conn.close()
     finally:
@@ -317,6 +329,20 @@ def report(results: dict[str, float]) -> int:
         rate = results[key]
         log(f"{label:<22} {rate:>8.0f} {rate / raw:>12.2f}x {rate / orm:>7.2f}x")
     log("(ratios against the update/renew baselines: raw upsert update, ORM update)")
+    log("")
+    log("where an HTTP renew's time goes (ms per request, single client):")
+    per = {key: 1000 / rate for key, rate in results.items()}
+    log(f"  HTTP + Django, no DRF/auth (GET /healthz)      {per['http_healthz']:6.2f}")
+    log(
+        f"  + DRF and bearer-key auth (GET /api/me)        "
+        f"{per['http_me'] - per['http_healthz']:6.2f}"
+    )
+    log(
+        f"  + claim view and service (renew)               "
+        f"{per['http_renewed'] - per['http_me']:6.2f}"
+        f"   (service alone: {per['svc_renewed']:.2f})"
+    )
+    log(f"  = HTTP renew                                   {per['http_renewed']:6.2f}")
     targets = [
         ("service renew >= 0.5x raw upsert", results["svc_renewed"] / raw, 0.5),
         ("service renew >= 2x straightforward ORM", results["svc_renewed"] / orm, 2.0),

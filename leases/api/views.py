@@ -13,7 +13,14 @@ import functools
 from typing import Any
 from uuid import UUID
 
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
@@ -38,6 +45,10 @@ def _errors(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:
     }
 
 
+WORKSPACE_ID = OpenApiParameter(
+    "workspace_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="Execution workspace."
+)
+
 COMMON_ERRORS = (
     (400, "invalid_request"),
     (401, "not_authenticated"),
@@ -47,6 +58,7 @@ COMMON_ERRORS = (
 )
 
 
+@extend_schema_serializer(component_name="RuntimeLease")
 class LeaseSerializer(serializers.Serializer[RuntimeLease]):
     id = serializers.UUIDField()
     company_id = serializers.UUIDField()
@@ -116,6 +128,7 @@ def _owner(actor: Actor, data: dict[str, Any]) -> services.RuntimeLeaseOwner:
 class RuntimeLeaseClaimApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
 
+    @extend_schema_serializer(component_name="RuntimeLeaseClaim")
     class InputSerializer(OwnerInputSerializer):
         action = serializers.ChoiceField(choices=services.LEASED_ACTIONS)
         ttl_seconds = serializers.IntegerField(
@@ -126,7 +139,9 @@ class RuntimeLeaseClaimApi(APIView):
             help_text="Default: PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS (1800).",
         )
 
+    @extend_schema_serializer(component_name="RuntimeLeaseClaimResponse")
     class OutputSerializer(serializers.Serializer[services.RuntimeLeaseClaim]):
+        @extend_schema_serializer(component_name="RuntimeLeaseReclaimedFrom")
         class ReclaimedFromSerializer(serializers.Serializer[services.ReclaimedFrom]):
             owner_key = serializers.CharField()
             reason = serializers.ChoiceField(choices=STALE_REASONS)
@@ -137,6 +152,7 @@ class RuntimeLeaseClaimApi(APIView):
         reclaimed_from = ReclaimedFromSerializer(allow_null=True)
 
     @extend_schema(
+        parameters=[WORKSPACE_ID],
         operation_id="runtime_lease_claim",
         summary="Claim, renew or reclaim the workspace's exclusive runtime lease",
         description=(
@@ -154,7 +170,11 @@ class RuntimeLeaseClaimApi(APIView):
             ),
         },
         examples=[
-            OpenApiExample("Claim for an issue", {"action": "start", "issue_id": "…"}),
+            OpenApiExample(
+                "Claim for an issue",
+                {"action": "start", "issue_id": "6f1c2d3e-0000-4000-8000-000000000001"},
+                request_only=True,
+            ),
         ],
     )
     def post(self, request: Request, workspace_id: str) -> Response:
@@ -175,11 +195,13 @@ class RuntimeLeaseClaimApi(APIView):
 class RuntimeLeaseDetailApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
 
+    @extend_schema_serializer(component_name="RuntimeLeaseDetailResponse")
     class OutputSerializer(serializers.Serializer[services.RuntimeLeaseView]):
         lease = LeaseSerializer(allow_null=True)
         stale_reason = serializers.ChoiceField(choices=STALE_REASONS, allow_null=True)
 
     @extend_schema(
+        parameters=[WORKSPACE_ID],
         operation_id="runtime_lease_get",
         summary="The workspace's runtime lease and its live stale reason",
         responses={200: OutputSerializer, **_errors(*COMMON_ERRORS[1:4])},
@@ -196,6 +218,7 @@ class RuntimeLeaseDetailApi(APIView):
 class RuntimeLeaseReleaseApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgentOrBoard,)
 
+    @extend_schema_serializer(component_name="RuntimeLeaseRelease")
     class InputSerializer(OwnerInputSerializer):
         force = serializers.BooleanField(
             required=False, default=False, help_text="Board only: delete whatever lease exists."
@@ -209,11 +232,13 @@ class RuntimeLeaseReleaseApi(APIView):
                 raise serializers.ValidationError({"reason": ["Required with force."]})
             return attrs
 
+    @extend_schema_serializer(component_name="RuntimeLeaseReleaseResponse")
     class OutputSerializer(serializers.Serializer[services.RuntimeLeaseRelease]):
         released = serializers.BooleanField()
         owner_key = serializers.CharField(allow_null=True)
 
     @extend_schema(
+        parameters=[WORKSPACE_ID],
         operation_id="runtime_lease_release",
         summary="Release the lease you hold (agent) or force-release any lease (board)",
         request=InputSerializer,
@@ -249,6 +274,7 @@ class RuntimeLeaseReleaseApi(APIView):
 class WorkspaceOperationCreateApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
+    @extend_schema_serializer(component_name="FencedWorkspaceOperation")
     class InputSerializer(OwnerInputSerializer):
         generation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
         phase = serializers.CharField(max_length=200)
@@ -260,6 +286,7 @@ class WorkspaceOperationCreateApi(APIView):
             required=False, allow_null=True, min_value=-(2**31), max_value=2**31 - 1
         )
 
+    @extend_schema_serializer(component_name="FencedWorkspaceOperationResponse")
     class OutputSerializer(serializers.Serializer[services.WorkspaceOperationRecord]):
         id = serializers.UUIDField()
         company_id = serializers.UUIDField()
@@ -276,6 +303,7 @@ class WorkspaceOperationCreateApi(APIView):
         finished_at = serializers.DateTimeField(allow_null=True)
 
     @extend_schema(
+        parameters=[WORKSPACE_ID],
         operation_id="workspace_operation_create",
         summary="Record a workspace operation fenced by the runtime lease generation",
         description=(
