@@ -397,3 +397,11 @@ def test_database_clock_sets_expiry(workspace, agent):
     # In a test the whole test is one transaction, so now() is the claim's own now().
     assert lease.claimed_at == db_now
     assert lease.expires_at == db_now + timedelta(seconds=300)
+
+
+def test_claim_refuses_to_join_a_callers_transaction(workspace, agent):
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        claim(workspace, agent)
+    assert WorkspaceRuntimeLease.objects.count() == 0
