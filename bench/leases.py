@@ -13,7 +13,12 @@ and drops it at the end, also on failure. Single client, sequential requests, in
 - HTTP `POST /api/execution-workspaces/{id}/runtime-lease/claim` on a live gunicorn
   (gthread, keep-alive, persistent DB connections), created and renewed paths.
 
-Options: --iterations N (default 2000 per path), --keep-db.
+The paths take turns in ten interleaved rounds, so load from elsewhere on the machine hits
+them alike; the report prints ops/s, ratios to the baselines, the three targets, and where
+an HTTP renew's time goes (GET /healthz and GET /api/me on the same server as floors).
+
+Options: --iterations N (default 2000 per path), --keep-db;
+BENCH_GUNICORN_WORKER_CLASS (default gthread).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 WARMUP = 100
+ROUNDS = 10
 
 
 def log(message: str) -> None:
@@ -67,18 +73,6 @@ def throwaway_database(server_url: str, name: str, *, keep: bool) -> Iterator[st
             with psycopg.connect(admin_url, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             log(f"dropped database {name}")
-
-
-def timed(label: str, n: int, op: Callable[[int], Any]) -> float:
-    for i in range(min(WARMUP, n)):
-        op(-1 - i)
-    started = time.perf_counter()
-    for i in range(n):
-        op(i)
-    elapsed = time.perf_counter() - started
-    rate = n / elapsed
-    log(f"  {label:<34} {n:>6} ops in {elapsed:6.2f}s = {rate:8.0f} ops/s")
-    return rate
 
 
 def free_port() -> int:
@@ -119,24 +113,23 @@ def run(bench_url: str, n: int) -> int:
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")
     total = WARMUP + n
-    log(f"creating {5 * total + 2} workspaces ...")
-    pools = {
-        key: ExecutionWorkspace.objects.bulk_create(
-            ExecutionWorkspace(company=company, name=f"{key}-{i}") for i in range(total)
+    log(f"creating {4 * total + 4} workspaces ...")
+    fresh = {
+        key: iter(
+            ExecutionWorkspace.objects.bulk_create(
+                ExecutionWorkspace(company=company, name=f"{key}-{i}") for i in range(total)
+            )
         )
-        for key in ("orm", "svc_created", "http_created", "raw_created", "orm_renew")
+        for key in ("orm", "svc", "http", "raw")
     }
-    renew_ws = ExecutionWorkspace.objects.create(company=company, name="svc-renew")
-    http_renew_ws = ExecutionWorkspace.objects.create(company=company, name="http-renew")
+    renew_ws = {
+        key: ExecutionWorkspace.objects.create(company=company, name=f"{key}-renew")
+        for key in ("orm", "svc", "http", "raw")
+    }
     owner = RuntimeLeaseOwner.for_agent(agent.pk)
+    agent_key = f"agent:{agent.pk}"
 
-    def pick(pool: str, i: int) -> ExecutionWorkspace:
-        return pools[pool][i if i >= 0 else n + (-1 - i)]
-
-    results: dict[str, float] = {}
-
-    # --- raw psycopg baseline -------------------------------------------------------------
-    log("raw psycopg upsert (equivalent table) ...")
+    # --- raw psycopg baseline: the same columns, no framework -----------------------------
     raw = psycopg.connect(bench_url, autocommit=True)
     raw.execute(
         "CREATE TABLE bench_raw_leases (id uuid PRIMARY KEY, company_id uuid NOT NULL,"
@@ -153,24 +146,14 @@ def run(bench_url: str, n: int) -> int:
         " expires_at = excluded.expires_at, last_action = excluded.last_action,"
         " updated_at = now() RETURNING id, generation, expires_at"
     )
-    renew_key = uuid.uuid4()
 
-    def raw_op(workspace_id: uuid.UUID) -> None:
+    def raw_op(workspace: ExecutionWorkspace) -> None:
         with raw.transaction():
             raw.execute(
-                upsert,
-                (uuid.uuid4(), company.pk, workspace_id, f"agent:{agent.pk}", agent.pk, "start"),
+                upsert, (uuid.uuid4(), company.pk, workspace.pk, agent_key, agent.pk, "start")
             ).fetchone()
 
-    results["raw_created"] = timed(
-        "raw upsert, insert", n, lambda i: raw_op(pick("raw_created", i).pk)
-    )
-    results["raw_renewed"] = timed("raw upsert, update", n, lambda i: raw_op(renew_key))
-    raw.close()
-
     # --- straightforward ORM baseline -----------------------------------------------------
-    log("straightforward ORM (select_for_update + update_or_create) ...")
-
     def orm_op(workspace: ExecutionWorkspace) -> None:
         with transaction.atomic():
             list(
@@ -182,7 +165,7 @@ def run(bench_url: str, n: int) -> int:
                 execution_workspace_id=workspace.pk,
                 defaults={
                     "company_id": company.pk,
-                    "owner_key": f"agent:{agent.pk}",
+                    "owner_key": agent_key,
                     "owner_agent_id": agent.pk,
                     "last_action": "start",
                     "renewed_at": timezone.now(),
@@ -190,13 +173,7 @@ def run(bench_url: str, n: int) -> int:
                 },
             )
 
-    orm_renew = pools["orm_renew"][0]
-    results["orm_created"] = timed("ORM, insert", n, lambda i: orm_op(pick("orm", i)))
-    results["orm_renewed"] = timed("ORM, update", n, lambda i: orm_op(orm_renew))
-
     # --- the service ----------------------------------------------------------------------
-    log("service runtime_lease_claim ...")
-
     def svc(workspace: ExecutionWorkspace, expect: str) -> None:
         outcome = runtime_lease_claim(
             company_id=company.pk,
@@ -206,24 +183,18 @@ def run(bench_url: str, n: int) -> int:
         ).outcome
         assert outcome == expect, outcome
 
-    results["svc_created"] = timed(
-        "service, created", n, lambda i: svc(pick("svc_created", i), "created")
-    )
-    svc(renew_ws, "created")
-    results["svc_renewed"] = timed("service, renewed", n, lambda i: svc(renew_ws, "renewed"))
-    connection.close()
-
-    # --- HTTP -----------------------------------------------------------------------------
-    key = agent_key_create(agent_id=agent.pk).secret
+    # --- HTTP: a live gunicorn ------------------------------------------------------------
+    secret = agent_key_create(agent_id=agent.pk).secret
     port = free_port()
+    worker_class = os.environ.get("BENCH_GUNICORN_WORKER_CLASS", "gthread")
     env = {
         **os.environ,
         "DATABASE_URL": bench_url,
-        "DJANGO_CONN_MAX_AGE": "600",
+        "DJANGO_CONN_MAX_AGE": "600",  # persistent DB connections, as in production
         "DJANGO_DEBUG": "false",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
-    log(f"starting gunicorn on 127.0.0.1:{port} (1 worker, gthread, keep-alive) ...")
+    log(f"starting gunicorn on 127.0.0.1:{port} (1 worker, {worker_class}, keep-alive) ...")
     server = subprocess.Popen(
         [
             str(Path(sys.executable).with_name("gunicorn")),
@@ -233,7 +204,7 @@ def run(bench_url: str, n: int) -> int:
             "--workers",
             "1",
             "--worker-class",
-            os.environ.get("BENCH_GUNICORN_WORKER_CLASS", "gthread"),
+            worker_class,
             "--threads",
             "2",
             "--keep-alive",
@@ -246,8 +217,8 @@ def run(bench_url: str, n: int) -> int:
     )
     try:
         conn = wait_for_server(port, server)
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        body = json.dumps({"action": "start"})
+        headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+        body = json.dumps({"action": "start"}).encode()
 
         def http_claim(workspace: ExecutionWorkspace, expect: str) -> None:
             conn.request(
@@ -261,25 +232,36 @@ def run(bench_url: str, n: int) -> int:
             assert response.status == 200, payload
             assert payload["outcome"] == expect, payload
 
-        results["http_created"] = timed(
-            "HTTP claim, created", n, lambda i: http_claim(pick("http_created", i), "created")
-        )
-        http_claim(http_renew_ws, "created")
-        results["http_renewed"] = timed(
-            "HTTP claim, renewed", n, lambda i: http_claim(http_renew_ws, "renewed")
-        )
-
         def http_get(path: str) -> None:
             conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             response.read()
             assert response.status == 200, response.status
 
-        # Reference points on the same server, for "where the time goes".
-        results["http_me"] = timed("HTTP GET /api/me (auth only)", n, lambda i: http_get("/api/me"))
-        results["http_healthz"] = timed(
-            "HTTP GET /healthz (no DRF/auth)", n, lambda i: http_get("/healthz")
-        )
+        svc(renew_ws["svc"], "created")
+        http_claim(renew_ws["http"], "created")
+        paths: list[tuple[str, str, Callable[[], Any]]] = [
+            ("raw_created", "raw upsert, insert", lambda: raw_op(next(fresh["raw"]))),
+            ("raw_renewed", "raw upsert, update", lambda: raw_op(renew_ws["raw"])),
+            ("orm_created", "ORM, insert", lambda: orm_op(next(fresh["orm"]))),
+            ("orm_renewed", "ORM, update", lambda: orm_op(renew_ws["orm"])),
+            ("svc_created", "service, created", lambda: svc(next(fresh["svc"]), "created")),
+            ("svc_renewed", "service, renewed", lambda: svc(renew_ws["svc"], "renewed")),
+            (
+                "http_created",
+                "HTTP claim, created",
+                lambda: http_claim(next(fresh["http"]), "created"),
+            ),
+            (
+                "http_renewed",
+                "HTTP claim, renewed",
+                lambda: http_claim(renew_ws["http"], "renewed"),
+            ),
+            # Reference points on the same server, for "where the time goes".
+            ("http_me", "HTTP GET /api/me (auth only)", lambda: http_get("/api/me")),
+            ("http_healthz", "HTTP GET /healthz (no DRF)", lambda: http_get("/healthz")),
+        ]
+        results = measure_interleaved(paths, n)
         conn.close()
     finally:
         server.terminate()
@@ -288,17 +270,57 @@ def run(bench_url: str, n: int) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    connection.close()
+        raw.close()
+        connection.close()
     return report(results)
 
 
-def wait_for_server(port: int, server: subprocess.Popen[bytes]) -> http.client.HTTPConnection:
+def measure_interleaved(
+    paths: list[tuple[str, str, Callable[[], Any]]], n: int, rounds: int = ROUNDS
+) -> dict[str, float]:
+    """ops/s per path. The paths take turns in `rounds` slices of n/rounds operations, so a
+    burst of load from elsewhere on the machine hits every path alike (the ratios are what
+    matter); the first WARMUP operations of each path are not timed."""
+    log(f"warming up ({WARMUP} ops per path) ...")
+    for _, _, op in paths:
+        for _ in range(WARMUP):
+            op()
+    elapsed = dict.fromkeys((key for key, _, _ in paths), 0.0)
+    done = dict.fromkeys(elapsed, 0)
+    per_round = max(1, n // rounds)
+    for number in range(rounds):
+        for key, _, op in paths:
+            count = per_round if number < rounds - 1 else n - done[key]
+            started = time.perf_counter()
+            for _ in range(count):
+                op()
+            elapsed[key] += time.perf_counter() - started
+            done[key] += count
+        log(f"round {number + 1}/{rounds} done")
+    results = {}
+    for key, label, _ in paths:
+        results[key] = done[key] / elapsed[key]
+        log(f"  {label:<32} {done[key]:>6} ops in {elapsed[key]:6.2f}s = {results[key]:8.0f} ops/s")
+    return results
+
+
+class NoDelayHTTPConnection(http.client.HTTPConnection):
+    """http.client writes the request head and body in two send() calls; without
+    TCP_NODELAY, Nagle's algorithm holds the body back until the head is ACKed, and the
+    server's delayed ACK turns every POST into a multi-millisecond stall."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def wait_for_server(port: int, server: subprocess.Popen[bytes]) -> NoDelayHTTPConnection:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"gunicorn exited with {server.returncode}")
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn = NoDelayHTTPConnection("127.0.0.1", port, timeout=10)
             conn.request("GET", "/healthz")
             response = conn.getresponse()
             response.read()
