@@ -128,6 +128,8 @@ def run(bench_url: str, n: int) -> int:
     }
     owner = RuntimeLeaseOwner.for_agent(agent.pk)
     agent_key = f"agent:{agent.pk}"
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # fresh tables: plan as production would, with statistics
 
     # --- raw psycopg baseline: the same columns, no framework -----------------------------
     raw = psycopg.connect(bench_url, autocommit=True)

@@ -259,23 +259,7 @@ def _preconditions(
         )
         row = cursor.fetchone()
     assert row is not None  # noqa: S101 - a SELECT without FROM returns exactly one row
-    _check_preconditions(
-        owner,
-        execution_workspace_id,
-        workspace_found=row[1],
-        issue_found=row[2],
-        run_agent_id=row[3],
-    )
-
-
-def _check_preconditions(
-    owner: RuntimeLeaseOwner,
-    execution_workspace_id: UUID,
-    *,
-    workspace_found: bool,
-    issue_found: bool,
-    run_agent_id: UUID | None,
-) -> None:
+    _, workspace_found, issue_found, run_agent_id = row
     if not workspace_found:
         raise ExecutionWorkspaceNotFound(execution_workspace_id=str(execution_workspace_id))
     if owner.issue_id is not None and not issue_found:
@@ -354,29 +338,24 @@ _RENEW_SQL: Final = (
     f" RETURNING {LEASE_COLUMNS}"
 )
 
-# The hot path in one statement (one round trip, its own implicit transaction): set the lock
-# timeout, check the preconditions and renew if the caller already holds the lease. The
-# preconditions gate the UPDATE, so a 404/403 answer has changed nothing. `pre` is evaluated
-# before the UPDATE can wait for the row lock (it gates the scan), so the timeout applies.
+# The hot path in one statement, its own implicit transaction: renew if the caller already
+# holds the lease and its issue/run are (still) valid for it. A miss changes nothing and
+# falls through to the slow path, which names the failed precondition or creates, reclaims
+# or refuses. `set_config` sits in the WHERE clause because the quals are evaluated before
+# the UPDATE waits for the row lock, so the lock timeout applies to that wait. (A lease row
+# exists only for a workspace of its company, so the workspace needs no separate check.)
 _FAST_RENEW_SQL: Final = (
-    "WITH pre AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true) AS t,"  # noqa: S608
-    " EXISTS (SELECT 1 FROM execution_workspaces"
-    "  WHERE id = %(workspace)s AND company_id = %(company)s) AS workspace_found,"
-    " EXISTS (SELECT 1 FROM issues WHERE id = %(issue)s AND company_id = %(company)s)"
-    "  AS issue_found,"
-    " (SELECT agent_id FROM heartbeat_runs WHERE id = %(run)s AND company_id = %(company)s)"
-    "  AS run_agent_id),"
-    f" renewed AS (UPDATE {LEASE_TABLE} SET owner_issue_id = %(issue)s,"
-    " owner_run_id = %(run)s, owner_agent_id = %(agent)s, last_action = %(action)s,"
-    " renewed_at = now(), expires_at = now() + make_interval(secs => %(ttl)s),"
-    " updated_at = now()"
+    f"UPDATE {LEASE_TABLE} SET owner_issue_id = %(issue)s, owner_run_id = %(run)s,"  # noqa: S608
+    " owner_agent_id = %(agent)s, last_action = %(action)s, renewed_at = now(),"
+    " expires_at = now() + make_interval(secs => %(ttl)s), updated_at = now()"
     " WHERE execution_workspace_id = %(workspace)s AND company_id = %(company)s"
     " AND owner_key = %(owner_key)s"
-    " AND (SELECT workspace_found AND (%(issue)s::uuid IS NULL OR issue_found)"
-    "  AND (%(run)s::uuid IS NULL OR run_agent_id = %(agent)s::uuid) FROM pre)"
-    f" RETURNING {LEASE_COLUMNS})"
-    " SELECT pre.workspace_found, pre.issue_found, pre.run_agent_id, renewed.*"
-    " FROM pre LEFT JOIN renewed ON true"
+    " AND set_config('lock_timeout', %(timeout)s, true) IS NOT NULL"
+    " AND (%(issue)s::uuid IS NULL OR EXISTS (SELECT 1 FROM issues"
+    "  WHERE id = %(issue)s AND company_id = %(company)s))"
+    " AND (%(run)s::uuid IS NULL OR EXISTS (SELECT 1 FROM heartbeat_runs"
+    "  WHERE id = %(run)s AND company_id = %(company)s AND agent_id = %(agent)s))"
+    f" RETURNING {LEASE_COLUMNS}"
 )
 
 # Insert and counter bump in one statement, under the workspace row lock already held.
@@ -484,7 +463,8 @@ def _claim_fast_renew(
     owner_key: str,
     ttl: int,
 ) -> RuntimeLease | None:
-    """Renew in one autocommit statement, or None when the caller does not hold the lease.
+    """Renew in one autocommit statement; None when it did not apply (no lease held by this
+    owner key, or a precondition failed: the slow path sorts out which).
 
     Departs from "services own atomic(durable=True)" on purpose: a single statement is its
     own transaction, and BEGIN/COMMIT would add two round trips to the hottest write. The
@@ -510,15 +490,7 @@ def _claim_fast_renew(
             },
         )
         row = cursor.fetchone()
-    assert row is not None  # noqa: S101 - `pre` always yields one row
-    _check_preconditions(
-        owner,
-        execution_workspace_id,
-        workspace_found=row[0],
-        issue_found=row[1],
-        run_agent_id=row[2],
-    )
-    return None if row[3] is None else RuntimeLease.from_row(row[3:])
+    return None if row is None else RuntimeLease.from_row(row)
 
 
 def _claim_bypass(
