@@ -148,6 +148,8 @@ SPECTACULAR_SETTINGS = {
         "IssueStatusEnum": "paperclip.models.Issue.Status",
         "ExecutionWorkspaceStatusEnum": "paperclip.models.ExecutionWorkspace.Status",
         "RunStatusEnum": "paperclip.models.HeartbeatRun.Status",
+        "RuntimeLeaseActionEnum": "leases.services.LEASED_ACTIONS",
+        "StaleReasonEnum": "leases.selectors.STALE_REASONS",
     },
 }
 
