@@ -134,3 +134,78 @@ def test_a_writer_blocked_on_the_coordinator_lock_gets_resource_busy(monkeypatch
     _write(fin, owner, {"a": "2"})
     binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
     assert checkpoint_load(binding=binding) == {"a": "2"}
+
+
+def _poll(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_the_fence_samples_the_clock_after_the_lock_wait() -> None:
+    """A lease that lapses while the writer waits for the coordinator lock must count as
+    lapsed: the time is sampled after the lock is granted, not when the statement started."""
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    with dedicated_connection(autocommit=True) as observer, dedicated_connection() as holder:
+        holder.execute(
+            "UPDATE native_run_finalizations "
+            "SET lease_expires_at = clock_timestamp() + interval '1500 milliseconds' "
+            "WHERE run_id = %s",
+            [fin.run_id],
+        )
+        holder.commit()
+        holder.execute(
+            "SELECT 1 FROM native_run_finalizations WHERE run_id = %s FOR UPDATE", [fin.run_id]
+        )
+        holder_pid = holder.info.backend_pid
+        outcome: list[BaseException | None] = []
+
+        def writer() -> None:
+            try:
+                _write(fin, owner, {"a": "written while the lease lapsed"})
+                outcome.append(None)
+            except BaseException as exc:  # handed to the main thread
+                outcome.append(exc)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+
+        def writer_waits() -> bool:
+            row = observer.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> %s "
+                "AND query LIKE '%%native_run_finalizations%%'",
+                [holder_pid],
+            ).fetchone()
+            return bool(row and row[0])
+
+        assert _poll(writer_waits), "the writer never blocked on the coordinator lock"
+        still_live = observer.execute(
+            "SELECT lease_expires_at > clock_timestamp() FROM native_run_finalizations "
+            "WHERE run_id = %s",
+            [fin.run_id],
+        ).fetchone()
+        assert still_live == (True,), "the lease lapsed before the writer started waiting"
+
+        def lapsed() -> bool:
+            row = observer.execute(
+                "SELECT lease_expires_at < clock_timestamp() FROM native_run_finalizations "
+                "WHERE run_id = %s",
+                [fin.run_id],
+            ).fetchone()
+            return row == (True,)
+
+        assert _poll(lapsed)
+        holder.rollback()
+        thread.join(timeout=10)
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], CheckpointOwnerLost), outcome
+    assert outcome[0].details["reason"] == "lease_not_held"
+    binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
+    assert checkpoint_load(binding=binding) == {}
