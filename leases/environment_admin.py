@@ -1,38 +1,27 @@
 """Admin for environment leases and environments (registered from leases/admin.py).
 
 Environment leases are state-bearing (cleanup claims, stop-only intents): read-only here, so
-no change form can bypass the cleanup protocol's guards.
+no change form can bypass the cleanup protocol's guards. Environments are editable setup
+records: every admin save writes an audit row, and they are archived (status), never deleted
+here, because deleting one would strand its leases' allocations. Staff users who are not
+superusers see only their companies' rows (environments without a company, the instance-scoped
+variant, only superusers).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
 from leases.export_resume import export_resume_has, export_resume_read, stop_only_cleanup_has
 from leases.models import EnvironmentLease
+from paperclip.admin import AuditedAdmin, ReadOnlyAdmin
 from paperclip.models import Environment
 
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[Any]
-else:  # ModelAdmin is not subscriptable at runtime (django-stubs-ext is not installed)
-    _ModelAdmin = admin.ModelAdmin
 
-
-class _ReadOnlyAdmin(_ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class EnvironmentLeaseAdmin(_ReadOnlyAdmin):
+class EnvironmentLeaseAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "company",
@@ -93,11 +82,15 @@ class EnvironmentLeaseAdmin(_ReadOnlyAdmin):
         return f"{marker.schema} request {marker.request_id} result {marker.result_id}"
 
 
-class EnvironmentAdmin(_ModelAdmin):
+class EnvironmentAdmin(AuditedAdmin):
+    audit_entity = "environment"
     list_display = ("name", "company", "driver", "status", "created_at")
     list_filter = ("driver", "status")
     search_fields = ("name", "=id")
     readonly_fields = ("id", "created_at", "updated_at")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # archive instead: a deleted environment strands its leases
 
 
 # Guarded: Environment is a `paperclip` model and may be registered there instead.
