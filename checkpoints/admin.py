@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
 from checkpoints.models import NativeRunnerCheckpoint
-
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[NativeRunnerCheckpoint]
-else:  # ModelAdmin is not subscriptable at runtime (no django_stubs_ext monkeypatch here)
-    _ModelAdmin = admin.ModelAdmin
+from paperclip.admin import ReadOnlyAdmin
 
 
 @admin.register(NativeRunnerCheckpoint)
-class NativeRunnerCheckpointAdmin(_ModelAdmin):
+class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
+    """Rows are limited to the staff user's companies (superusers: all), like every board view;
+    the company filter offers only companies that have visible parts."""
+
     list_display = ("part", "run_id", "issue_id", "company", "size_bytes", "key_id", "updated_at")
-    list_filter = ("company",)
+    list_filter = (("company", admin.RelatedOnlyFieldListFilter),)
     search_fields = ("part", "=run__id", "=issue__id")
     list_select_related = ("company",)
     ordering = ("-updated_at",)
@@ -29,7 +28,8 @@ class NativeRunnerCheckpointAdmin(_ModelAdmin):
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        # Never load the (possibly megabytes of) ciphertext just to render a list.
+        # Company-scoped by ReadOnlyAdmin. Never load the (possibly megabytes of) ciphertext
+        # just to render a list.
         return (
             super()
             .get_queryset(request)
@@ -40,12 +40,3 @@ class NativeRunnerCheckpointAdmin(_ModelAdmin):
     @admin.display(description="key id", ordering="material_key_id")
     def key_id(self, obj: NativeRunnerCheckpoint) -> str:
         return getattr(obj, "material_key_id", None) or "-"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.test import Client
 
 from checkpoints.models import NativeRunnerCheckpoint
 from checkpoints.services import checkpoint_write
 from tests.checkpoints.factories import coordinator, lease, owner_of
-from tests.factories import UserFactory
+from tests.factories import BoardMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -44,3 +45,42 @@ def test_admin_lists_metadata_only_and_is_read_only(client: Client) -> None:
         == 403
     )
     assert NativeRunnerCheckpoint.objects.filter(pk=row.pk).exists()
+
+
+def _part_in_new_company(contents: str = "x") -> NativeRunnerCheckpoint:
+    fin = coordinator()
+    checkpoint_write(
+        run_id=fin.run_id,
+        agent_id=fin.run.agent_id,
+        owner=owner_of(lease(fin.run)),
+        reset=False,
+        changed={"header": contents},
+        removed=[],
+        work_command_ids=[],
+        predecessor=None,
+    )
+    return NativeRunnerCheckpoint.objects.get(run=fin.run)
+
+
+def test_board_staff_see_only_their_companies_parts(client: Client) -> None:
+    mine = _part_in_new_company()
+    theirs = _part_in_new_company()
+    user = UserFactory()  # staff, not superuser
+    user.user_permissions.add(Permission.objects.get(codename="view_nativerunnercheckpoint"))
+    BoardMembershipFactory(user=user, company=mine.company)
+    client.force_login(user)
+    listing = client.get("/admin/checkpoints/nativerunnercheckpoint/")
+    assert listing.status_code == 200
+    page = listing.content.decode()
+    assert str(mine.run_id) in page
+    assert str(theirs.run_id) not in page
+    assert theirs.company.name not in page  # not even offered as a filter choice
+    assert (
+        client.get(f"/admin/checkpoints/nativerunnercheckpoint/{mine.pk}/change/").status_code
+        == 200
+    )
+    other = client.get(f"/admin/checkpoints/nativerunnercheckpoint/{theirs.pk}/change/")
+    assert other.status_code == 302  # the admin's "does not exist" redirect
+    searched = client.get("/admin/checkpoints/nativerunnercheckpoint/", {"q": str(theirs.run_id)})
+    assert searched.status_code == 200
+    assert "0 results" in searched.content.decode()
