@@ -324,6 +324,16 @@ def _invalid_part_name(name: object) -> str | None:
     return None
 
 
+def _invalid_text(value: str) -> bool:
+    if "\x00" in value:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def checkpoint_write_validate(
     *, changed: Mapping[str, str], removed: Sequence[str], work_command_ids: Sequence[str]
 ) -> None:
@@ -342,7 +352,13 @@ def checkpoint_write_validate(
         if not isinstance(contents, str):
             errors.setdefault("changed", []).append(f"{name!r}: contents must be a string.")
             continue
-        size = len(contents.encode("utf-8", "surrogatepass"))
+        try:
+            size = len(contents.encode("utf-8"))
+        except UnicodeEncodeError:
+            errors.setdefault("changed", []).append(
+                f"{name!r}: contents are not valid Unicode (lone surrogate)."[:300]
+            )
+            continue
         total += size
         if size > max_part_bytes():
             errors.setdefault("changed", []).append(
@@ -365,6 +381,11 @@ def checkpoint_write_validate(
     ):
         errors.setdefault("work_command_ids", []).append(
             f"Ids are non-empty strings of at most {MAX_WORK_COMMAND_ID_CHARS} characters."
+        )
+    elif any(_invalid_text(i) for i in work_command_ids):
+        # Stored in jsonb, which cannot hold NUL or unpaired surrogates.
+        errors.setdefault("work_command_ids", []).append(
+            "Ids contain no NUL characters or unpaired surrogates."
         )
     if errors:
         raise InvalidRequest(fields=errors)
@@ -474,7 +495,7 @@ def checkpoint_write(
     key = keyring(create=True).primary
     names = list(changed)
     materials = [json.dumps(encrypt_part(binding, p, changed[p], key)) for p in names]
-    sizes = [len(changed[p].encode("utf-8", "surrogatepass")) for p in names]
+    sizes = [len(changed[p].encode("utf-8")) for p in names]
     work_ids = list(dict.fromkeys(work_command_ids))
 
     with transaction.atomic(durable=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import BasePermission
@@ -174,13 +175,22 @@ class ControllerLeaseExpireApi(APIView):
         return Response(self.OutputSerializer({"expired": expired}).data)
 
 
+class _ContentsField(serializers.CharField):
+    """Part contents: any JSON string, NUL included (it is encrypted, never stored as text);
+    unpaired surrogates are still refused (they have no UTF-8 form)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_blank=True, trim_whitespace=False, **kwargs)
+        self.validators = [
+            v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)
+        ]
+
+
 class _StrictStringDict(serializers.DictField):
     """A JSON object of strings that rejects non-string values instead of coercing them."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(
-            child=serializers.CharField(allow_blank=True, trim_whitespace=False), **kwargs
-        )
+        super().__init__(child=_ContentsField(), **kwargs)
 
     def to_internal_value(self, data: Any) -> dict[str, str]:
         if isinstance(data, dict):

@@ -76,6 +76,35 @@ def test_runner_round_trip(runner: APIClient, fin: NativeRunFinalization) -> Non
     assert "HEAD-ER" not in json.dumps(listing)
 
 
+def test_contents_may_hold_any_json_string_even_nul(
+    runner: APIClient, fin: NativeRunFinalization
+) -> None:
+    grant = acquire(runner, fin).json()
+    contents = "log\x00line\n\u00e9\U0001f600"
+    res = put(runner, fin, grant, changed={"bin": contents})
+    assert res.status_code == 200, res.json()
+    assert runner.get(url(fin)).json() == {"parts": {"bin": contents}}
+    listing = runner.get(url(fin, "checkpoint/parts")).json()["results"]
+    assert listing[0]["size_bytes"] == len(contents.encode())
+
+
+def test_unpaired_surrogates_are_400(runner: APIClient, fin: NativeRunFinalization) -> None:
+    grant = acquire(runner, fin).json()
+    owner = {k: grant[k] for k in ("lease_owner", "generation")}
+    owner["boot_id"] = grant["controller_boot_id"]
+    for body in (
+        {"changed": {"a": "x\ud800"}},
+        {"work_command_ids": ["c\ud800"]},
+        {"removed": ["a\ud800"]},
+    ):
+        # Raw JSON: the test client's encoder refuses surrogates itself.
+        raw = json.dumps({"owner": owner, "reset": False, **body})
+        res = runner.generic("PUT", url(fin), raw, content_type="application/json")
+        assert res.status_code == 400, (body, res.content)
+        assert res.json()["error"]["code"] == "invalid_request"
+    assert not NativeRunnerCheckpoint.objects.exists()
+
+
 def test_controller_lease_held_is_409(runner: APIClient, fin: NativeRunFinalization) -> None:
     acquire(runner, fin)
     res = acquire(runner, fin, boot_id="boot-b")

@@ -348,6 +348,9 @@ def test_predecessor_must_be_this_issues_run_with_that_session() -> None:
         ({}, ["bad\x00name"], []),
         ({"a": "x"}, ["a"], []),
         ({}, [], [""]),
+        ({}, [], ["cmd\x00-1"]),  # jsonb cannot hold NUL: a 400, not a DataError
+        ({}, [], ["cmd-\ud800"]),
+        ({"a": "lone \udc00 surrogate"}, [], []),  # no UTF-8 form: a 400, not a crash
     ],
 )
 def test_invalid_writes_change_nothing(
