@@ -28,7 +28,12 @@ from checkpoints.services import (
 from paperclip.errors import InvalidRequest
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
-from tests.factories import HeartbeatRunFactory, NativeRunFactory, NativeRunResultFactory
+from tests.factories import (
+    HeartbeatRunFactory,
+    IssueFactory,
+    NativeRunFactory,
+    NativeRunResultFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -274,7 +279,16 @@ def test_tolerated_for_a_preparing_legacy_successor_of_the_same_controller_boot(
 
 
 @pytest.mark.parametrize(
-    "flaw", ["other_boot", "not_preparing", "has_coordinator", "lease_expired"]
+    "flaw",
+    [
+        "other_boot",
+        "not_preparing",
+        "has_coordinator",
+        "lease_expired",
+        "not_running",
+        "not_legacy",
+        "other_issue",
+    ],
 )
 def test_lost_for_an_illegitimate_legacy_successor(flaw: str) -> None:
     fin = coordinator()
@@ -287,13 +301,20 @@ def test_lost_for_an_illegitimate_legacy_successor(flaw: str) -> None:
         overrides["controller_boot_id"] = uuid.uuid4()
     if flaw == "not_preparing":
         overrides["execution_stage"] = "executing"
+    if flaw == "not_running":
+        overrides["status"] = "queued"
+    if flaw == "not_legacy":
+        overrides["runtime_mode"] = "native"
+    if flaw == "other_issue":
+        overrides["issue"] = IssueFactory(company=fin.company)
     succ = _legacy_successor(fin, **overrides)
     if flaw == "has_coordinator":
         NativeRunFinalization.objects.create(run=succ, company=fin.company, issue=fin.issue)
     if flaw == "lease_expired":
         HeartbeatRun.objects.filter(pk=succ.pk).update(controller_lease_expires_at=None)
-    with pytest.raises(CheckpointOwnerLost):
+    with pytest.raises(CheckpointOwnerLost) as exc:
         write(fin, owner, changed={"a": "1"})
+    assert exc.value.details["reason"] == "issue_rebound"
 
 
 # --- authority run, predecessor, validation --------------------------------------------------
@@ -429,6 +450,31 @@ def test_list_expired_authorities() -> None:
     write(not_running, owner_of(lease(not_running.run)), changed={"a": "1"})
     expire_lease(not_running.run_id)
     HeartbeatRun.objects.filter(pk=not_running.run_id).update(status="failed")
-    candidates = [due.run_id, live.run_id, no_parts.run_id, with_result.run_id, not_running.run_id]
-    assert list_expired_authorities(run_ids=candidates) == [due.run_id]
+    never_leased = coordinator()  # a null expiry counts as lapsed
+    write(never_leased, owner_of(lease(never_leased.run)), changed={"a": "1"})
+    NativeRunFinalization.objects.filter(pk=never_leased.run_id).update(lease_expires_at=None)
+    past_observed = coordinator()
+    write(past_observed, owner_of(lease(past_observed.run)), changed={"a": "1"})
+    expire_lease(past_observed.run_id)
+    NativeRunFinalization.objects.filter(pk=past_observed.run_id).update(
+        phase="workspace_finalizing"
+    )
+    due_too = coordinator()
+    write(due_too, owner_of(lease(due_too.run)), changed={"a": "1"})
+    expire_lease(due_too.run_id)
+    candidates = [
+        due.run_id,
+        live.run_id,
+        no_parts.run_id,
+        with_result.run_id,
+        not_running.run_id,
+        never_leased.run_id,
+        past_observed.run_id,
+        due_too.run_id,
+    ]
+    matches = sorted([due.run_id, never_leased.run_id, due_too.run_id])
+    # Every match, not just the first: one blocked run must not starve the others.
+    assert list_expired_authorities(run_ids=candidates) == matches
+    assert list_expired_authorities(run_ids=[due_too.run_id]) == [due_too.run_id]
     assert list_expired_authorities(run_ids=[]) == []
+    assert list_expired_authorities() == matches  # no inventory given: every run
