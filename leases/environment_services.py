@@ -42,6 +42,8 @@ from leases.models import EnvironmentLease
 from paperclip.activity import activity_record
 
 CLEANUP_CLAIM_TTL_MS: Final = 15 * 60 * 1000
+# How long a claim or receipt waits for the lease's row lock before answering `resource_busy`.
+CLEANUP_LOCK_TIMEOUT = "5s"
 ReceiptState = Literal["stopped", "destroyed", "failed"]
 
 
@@ -64,7 +66,7 @@ def _claim_expiry_ms(metadata: dict[str, Any]) -> int:
 
 
 def _locked_lease(*, lease_id: UUID, company_id: UUID) -> EnvironmentLease:
-    with bounded_lock_wait():
+    with bounded_lock_wait(CLEANUP_LOCK_TIMEOUT):
         lease = environment_leases_for_update().filter(pk=lease_id, company_id=company_id).first()
     if lease is None:
         raise EnvironmentLeaseNotFound()

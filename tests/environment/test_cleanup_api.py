@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from leases import environment_services
 from leases.export_resume import db_now, export_resume_has
 from leases.models import EnvironmentLease
+from paperclip.db.advisory import dedicated_connection
 from paperclip.models import ActivityEvent, Agent, Company
 from tests.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
 from tests.factories import AgentFactory, NativeRunFactory
@@ -262,6 +265,43 @@ def test_scoping_and_permissions(
     assert not ActivityEvent.objects.filter(entity_type="environment_lease").exists()
 
 
+def _lock_waiters(probe: Any) -> int:
+    row = probe.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return int(row[0])
+
+
+def contend(
+    lease: EnvironmentLease, calls: list[Callable[[], Any]]
+) -> list[tuple[int, dict[str, Any]]]:
+    """Run `calls` (HTTP requests) in threads that all reach the lease's row lock while another
+    transaction holds it, then release it: the calls really overlap, deterministically."""
+    with (
+        dedicated_connection(application_name="env-test-holder") as holder,
+        dedicated_connection(autocommit=True, application_name="env-test-probe") as probe,
+    ):
+        holder.execute("SELECT 1 FROM environment_leases WHERE id = %s FOR UPDATE", [lease.pk])
+
+        def run(call: Callable[[], Any]) -> tuple[int, dict[str, Any]]:
+            try:
+                response = call()
+                return response.status_code, response.json()
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+            futures = [pool.submit(run, call) for call in calls]
+            deadline = time.monotonic() + 20
+            while _lock_waiters(probe) < len(calls):
+                assert time.monotonic() < deadline, "workers never reached the row lock"
+                assert not any(f.done() for f in futures), [f.result() for f in futures]
+                time.sleep(0.01)  # polling for a condition, not synchronisation by sleep
+            holder.rollback()
+            return [f.result(timeout=30) for f in futures]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_racing_to_claim_get_exactly_one_winner(
     make_agent_client: Callable[[Agent], APIClient],
@@ -269,21 +309,67 @@ def test_two_workers_racing_to_claim_get_exactly_one_winner(
     company = Company.objects.create(name="race")
     lease = pending_lease(company)
     clients = [make_agent_client(AgentFactory(company=company)) for _ in range(2)]
-    barrier = threading.Barrier(len(clients))
-
-    def attempt(client: APIClient) -> tuple[int, str]:
-        try:
-            barrier.wait(timeout=10)
-            response = client.post(claim_url(lease.pk))
-            body = response.json()
-            return response.status_code, body.get("attempt_id") or body["error"]["code"]
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(max_workers=len(clients)) as pool:
-        outcomes = sorted(pool.map(attempt, clients))
+    outcomes = sorted(
+        contend(lease, [lambda c=c: c.post(claim_url(lease.pk)) for c in clients]),
+        key=lambda outcome: outcome[0],
+    )
     assert [status for status, _ in outcomes] == [200, 409]
-    assert outcomes[1][1] == "cleanup_in_flight"
+    assert outcomes[1][1]["error"]["code"] == "cleanup_in_flight"
     stored = EnvironmentLease.objects.get(pk=lease.pk).metadata
-    assert stored["pendingCleanupAttemptId"] == outcomes[0][1]
+    assert stored["pendingCleanupAttemptId"] == outcomes[0][1]["attempt_id"]
     assert ActivityEvent.objects.filter(action="environment_lease.cleanup_claimed").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_duplicate_receipts_settle_once(
+    make_agent_client: Callable[[Agent], APIClient],
+) -> None:
+    company = Company.objects.create(name="race")
+    lease = pending_lease(company)
+    client = make_agent_client(AgentFactory(company=company))
+    attempt = client.post(claim_url(lease.pk)).json()["attempt_id"]
+    body = receipt(attempt, lease)
+    outcomes = sorted(
+        contend(lease, [lambda: client.post(receipt_url(lease.pk), body, format="json")] * 2),
+        key=lambda outcome: outcome[0],
+    )
+    assert [status for status, _ in outcomes] == [200, 409]
+    assert outcomes[0][1]["status"] == "released"
+    assert outcomes[1][1]["error"]["code"] == "cleanup_attempt_stale"
+    assert outcomes[1][1]["error"]["details"]["reason"] == "not_pending"
+    assert ActivityEvent.objects.filter(action="environment_lease.cleanup_settled").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_row_lock_answers_resource_busy_and_changes_nothing(
+    make_agent_client: Callable[[Agent], APIClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(environment_services, "CLEANUP_LOCK_TIMEOUT", "200ms")
+    company = Company.objects.create(name="busy")
+    lease = pending_lease(company)
+    client = make_agent_client(AgentFactory(company=company))
+    with dedicated_connection(application_name="env-test-holder") as holder:
+        holder.execute("SELECT 1 FROM environment_leases WHERE id = %s FOR UPDATE", [lease.pk])
+        response = client.post(claim_url(lease.pk))
+        holder.rollback()
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "resource_busy"
+    assert "pendingCleanupInFlight" not in EnvironmentLease.objects.get(pk=lease.pk).metadata
+    assert not ActivityEvent.objects.filter(entity_type="environment_lease").exists()
+
+
+def test_claim_expiry_comes_from_the_database_clock(
+    company: Company, agent_client: APIClient
+) -> None:
+    # Inside this test's transaction now() stands still at the transaction's start, so a claim
+    # timed by the database clock expires exactly 15 minutes after it; the application clock
+    # would already be later.
+    database_now = db_now()
+    lease = pending_lease(company)
+    body = agent_client.post(claim_url(lease.pk)).json()
+    stored = EnvironmentLease.objects.get(pk=lease.pk).metadata
+    expected_ms = int(database_now.timestamp() * 1000) + 15 * 60 * 1000
+    assert stored["pendingCleanupLeaseExpiresAtMs"] == expected_ms
+    assert datetime.fromisoformat(body["expires_at"]) == datetime.fromtimestamp(
+        expected_ms / 1000, tz=UTC
+    )
