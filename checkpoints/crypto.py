@@ -99,9 +99,17 @@ def key_id_for(secret: bytes) -> str:
     return hashlib.sha256(secret).hexdigest()[:12]
 
 
+KEY_FORMAT = f"{KEY_BYTES} random bytes as base64 (44 characters) or as 64 hex digits"
+
+
 def parse_key(text: str) -> bytes:
-    """A key from its text form: 64 hex digits, or base64 (either alphabet) of 32 bytes."""
+    """A key from its text form: 64 hex digits, or base64 (either alphabet) of 32 bytes.
+
+    ValueError messages say what is wrong without repeating the (possibly secret) text.
+    """
     value = text.strip()
+    if not value:
+        raise ValueError(f"the checkpoint key is empty; expected {KEY_FORMAT}")
     if len(value) == 2 * KEY_BYTES:
         try:
             return bytes.fromhex(value)
@@ -111,9 +119,15 @@ def parse_key(text: str) -> bytes:
         padded = value + "=" * (-len(value) % 4)
         secret = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ValueError("a checkpoint key must be base64 or hex") from exc
+        raise ValueError(
+            f"the checkpoint key is neither base64 nor hex ({len(value)} characters); "
+            f"expected {KEY_FORMAT}"
+        ) from exc
     if len(secret) != KEY_BYTES:
-        raise ValueError(f"a checkpoint key is {KEY_BYTES} bytes, got {len(secret)}")
+        raise ValueError(
+            f"the checkpoint key decodes to {len(secret)} bytes, not {KEY_BYTES}; "
+            f"expected {KEY_FORMAT}"
+        )
     return secret
 
 
@@ -134,8 +148,10 @@ def _parse_key_lines(lines: Iterable[str], origin: str) -> tuple[CheckpointKey, 
         try:
             keys.append(CheckpointKey.from_secret(parse_key(line)))
         except ValueError as exc:
-            # Never echo the line: it may be a (mistyped) secret.
-            raise ImproperlyConfigured(f"{origin}: entry {number} is not a valid key") from exc
+            # Never echo the line: it may be a (mistyped) secret. The reason never contains it.
+            raise ImproperlyConfigured(
+                f"{origin}: entry {number} is not a valid key: {exc}"
+            ) from exc
     return tuple(keys)
 
 
@@ -148,12 +164,24 @@ def _file_ring(path: Path) -> KeyRing | None:
         stat = path.stat()
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise ImproperlyConfigured(f"cannot read the checkpoint key file {path}: {exc}") from exc
+    if stat.st_mode & 0o077:
+        # Best effort, like upstream: a key file readable by others is tightened, not refused.
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o600)
     cache_key = ("file", str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
     with _cache_lock:
         cached = _cache.get(cache_key)
     if cached is not None:
         return cached
-    keys = _parse_key_lines(path.read_text().splitlines(), str(path))
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImproperlyConfigured(f"cannot read the checkpoint key file {path}: {exc}") from exc
+    keys = _parse_key_lines(text.splitlines(), str(path))
     if not keys:
         raise ImproperlyConfigured(f"{path} holds no checkpoint key")
     ring = KeyRing(keys=keys, source="file")
@@ -163,12 +191,16 @@ def _file_ring(path: Path) -> KeyRing | None:
     return ring
 
 
-def _create_key_file(path: Path) -> None:
+KEY_FILE_HEADER = "# Paperclip checkpoint keys: first line is the primary.\n"
+
+
+def _create_key_file(path: Path, key_text: str | None = None) -> bool:
     """Create the key file unless it exists, atomically: the key is written and fsynced to a
     private temp file first and then hard-linked into place (link fails if the name exists),
-    so a racing process sees either no file or a complete one, and all agree on one key."""
+    so a racing process sees either no file or a complete one, and all agree on one key.
+    Returns whether this call created it (False: another process's file is kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = f"# Paperclip checkpoint keys: first line is the primary.\n{generate_key_text()}\n"
+    text = f"{KEY_FILE_HEADER}{key_text or generate_key_text()}\n"
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -176,10 +208,24 @@ def _create_key_file(path: Path) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        with contextlib.suppress(FileExistsError):  # another process won: use its key
+        try:
             os.link(tmp, path)
+        except FileExistsError:  # another process won: use its key
+            return False
+        _fsync_dir(path.parent)
+        return True
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a new directory entry durable: parts encrypted under a key must never outlive
+    the key file's name after a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def keyring(*, create: bool = False) -> KeyRing:
@@ -217,6 +263,8 @@ def key_file_prepend_new_key() -> CheckpointKey:
 
     Only for keys kept in the key file. The file is rewritten atomically (temp file with mode
     0600, fsync, rename) under an exclusive flock so two operators cannot lose each other's key.
+    A missing file is created like a writer creates it (hard link, never a replace), so a writer
+    creating it at the same moment keeps its key either way.
     """
     if settings.PAPERCLIP_CHECKPOINT_KEYS:
         raise ImproperlyConfigured(
@@ -226,14 +274,18 @@ def key_file_prepend_new_key() -> CheckpointKey:
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(f".{path.name}.lock")
     lock_fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    new_text = generate_key_text()
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        old = path.read_text() if path.exists() else ""
+        # No file yet: create it the way writers do (link, never replace), so a writer that
+        # creates it at the same moment cannot have its key overwritten and lost.
+        if _create_key_file(path, new_text):
+            return CheckpointKey.from_secret(parse_key(new_text))
+        old = path.read_text()
         _parse_key_lines(old.splitlines(), str(path))  # refuse to rewrite a broken file
-        new_text = generate_key_text()
-        body = [line for line in old.splitlines() if line.strip() and not line.startswith("#")]
-        content = "# Paperclip checkpoint keys: first line is the primary.\n"
-        content += "\n".join([new_text, *body]) + "\n"
+        body = [line.strip() for line in old.splitlines()]
+        body = [line for line in body if line and not line.startswith("#")]
+        content = KEY_FILE_HEADER + "\n".join([new_text, *body]) + "\n"
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -241,6 +293,7 @@ def key_file_prepend_new_key() -> CheckpointKey:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         fcntl.flock(lock_fd, fcntl.LOCK_UN)
         os.close(lock_fd)

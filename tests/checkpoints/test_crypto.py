@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
 from checkpoints.crypto import (
@@ -18,6 +19,7 @@ from checkpoints.crypto import (
     decrypt_part,
     encrypt_part,
     key_file_path,
+    key_file_prepend_new_key,
     keyring,
     parse_key,
     read_keyring,
@@ -147,11 +149,45 @@ def test_new_key_refused_when_keys_come_from_settings() -> None:
         call_command("rotate_checkpoint_key", "--new-key", stdout=StringIO())
 
 
-def test_invalid_configured_key_is_a_clear_configuration_error(settings: Any) -> None:
-    settings.PAPERCLIP_CHECKPOINT_KEYS = ["not-a-key"]
-    with pytest.raises(Exception, match="entry 1 is not a valid key") as exc:
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("not-a-key!", "neither base64 nor hex"),
+        (base64.b64encode(b"k" * 31).decode(), "decodes to 31 bytes, not 32"),
+        ("ab" * 33, "decodes to 49 bytes, not 32"),
+    ],
+)
+def test_invalid_configured_key_is_a_clear_configuration_error(
+    settings: Any, entry: str, reason: str
+) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY, entry]
+    with pytest.raises(ImproperlyConfigured) as exc:
         keyring()
-    assert "not-a-key" not in str(exc.value)
+    message = str(exc.value)
+    assert message.startswith("PAPERCLIP_CHECKPOINT_KEYS: entry 2 is not a valid key: ")
+    assert reason in message
+    assert "base64 (44 characters) or as 64 hex digits" in message
+    assert entry not in message  # a mistyped secret is never echoed
+
+
+def test_a_key_file_readable_by_others_is_tightened_on_read(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    path = key_file_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(f"{OLD_KEY}\n")
+    path.chmod(0o644)
+    assert read_keyring() is not None
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_new_key_on_a_fresh_data_dir_creates_the_file_with_that_key_only(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    key = key_file_prepend_new_key()
+    path = key_file_path()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [k.key_id for k in keyring().keys] == [key.key_id]
+    again = key_file_prepend_new_key()
+    assert [k.key_id for k in keyring().keys] == [again.key_id, key.key_id]
 
 
 # --- rotation over stored parts -------------------------------------------------------------
