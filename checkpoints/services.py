@@ -212,7 +212,9 @@ def _lease_mint(
             [owner, boot_id, generation, ttl_seconds, current.run_id],
         )
         expires_at: datetime = _returned(cursor.fetchone())
-    takeover = current.lease_owner is not None
+    # A takeover whenever a controller held this run before, also when a sweep has since
+    # cleared its lease_owner (expire_runner_authorities keeps the boot and generation).
+    takeover = current.lease_owner is not None or current.controller_boot_id is not None
     activity_record(
         company_id=run.company_id,
         actor_type="agent",

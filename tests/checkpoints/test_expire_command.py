@@ -58,8 +58,11 @@ def test_expires_due_runs_in_batches_then_is_idempotent() -> None:
     live.refresh_from_db()
     assert live.lease_owner is not None
     assert ActivityEvent.objects.filter(action="controller_lease.expired").count() == 3
-    # The old owner is fenced off for good; a new controller can take over.
-    assert lease(due[0].run, boot_id="boot-b").outcome == "acquired"
+    # The old owner is fenced off for good; a new controller takes over (audited as such).
+    grant = lease(due[0].run, boot_id="boot-b")
+    assert (grant.outcome, grant.generation) == ("taken_over", 2)
+    event = ActivityEvent.objects.get(run=due[0].run, action="controller_lease.taken_over")
+    assert (event.details["previousBootId"], event.details["previousGeneration"]) == ("boot-a", 1)
     again = StringIO()
     call_command("expire_runner_authorities", stdout=again)
     assert "0 expired" in again.getvalue()
