@@ -314,3 +314,59 @@ def test_schema_documents_the_endpoints(
     for path in ["/controller-lease", "/checkpoint", "/checkpoint/header", "/checkpoint/parts"]:
         assert f"/api/heartbeat-runs/{{run_id}}{path}" in text
     assert "native_runner_checkpoint_owner_lost" in text
+
+
+@pytest.mark.parametrize("source", ["other_run_same_issue", "other_company"])
+def test_ciphertext_copied_from_another_row_is_422_naming_the_part(
+    fin: NativeRunFinalization,
+    runner: APIClient,
+    make_agent_client: Callable[[Agent], APIClient],
+    source: str,
+) -> None:
+    if source == "other_company":
+        donor = coordinator()
+    else:
+        donor = NativeRunFinalization.objects.create(
+            run=HeartbeatRunFactory(
+                company=fin.company,
+                agent=fin.run.agent,
+                issue=fin.issue,
+                native_issue=fin.issue,
+                runtime_mode="native",
+                status="running",
+            ),
+            company=fin.company,
+            issue=fin.issue,
+        )
+    donor_client = make_agent_client(donor.run.agent)
+    put(donor_client, donor, acquire(donor_client, donor).json(), changed={"log": "theirs"})
+    put(runner, fin, acquire(runner, fin).json(), changed={"header": "H", "log": "mine"})
+    stolen = NativeRunnerCheckpoint.objects.get(run=donor.run, part="log").material
+    NativeRunnerCheckpoint.objects.filter(run=fin.run, part="log").update(material=stolen)
+    res = runner.get(url(fin))
+    assert res.status_code == 422
+    err = res.json()["error"]
+    assert (err["code"], err["details"]["part"]) == ("native_runner_checkpoint_unreadable", "log")
+    assert err["details"]["reason"] == "authentication_failed"
+    assert "theirs" not in res.content.decode()
+    assert runner.get(url(fin, "checkpoint/header")).json() == {"header": "H"}
+
+
+def test_without_any_key_reads_are_422_and_never_create_the_key_file(
+    runner: APIClient, fin: NativeRunFinalization, settings: Any
+) -> None:
+    grant = acquire(runner, fin).json()
+    put(runner, fin, grant, changed={"header": "H"})
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []  # and no key file in the (fresh) data directory
+    key_file = settings.DATA_DIR / "checkpoint_keys"
+    assert not key_file.exists()
+    res = runner.get(url(fin))
+    assert res.status_code == 422
+    assert res.json()["error"]["details"] == {
+        "part": "header",
+        "reason": "key_unavailable",
+        "key_id": NativeRunnerCheckpoint.objects.get(run=fin.run).material["keyId"],
+    }
+    assert runner.get(url(fin, "checkpoint/header")).json() == {"header": None}
+    assert runner.get(url(fin, "checkpoint/parts")).status_code == 200
+    assert not key_file.exists()
