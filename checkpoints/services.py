@@ -709,38 +709,66 @@ class RotationBatch:
     primary_key_id: str
 
 
-def checkpoint_key_rotate_batch(*, after_id: UUID | None, batch_size: int) -> RotationBatch:
+ROTATION_BATCH_MAX_BYTES = 64 * 1024 * 1024
+
+
+def checkpoint_key_rotate_batch(
+    *, after_id: UUID | None, batch_size: int, max_bytes: int = ROTATION_BATCH_MAX_BYTES
+) -> RotationBatch:
     """Re-encrypt up to `batch_size` parts not under the primary key (ordered by id, after
-    `after_id`). Resumable: parts already under the primary key are never selected, so a
+    `after_id`), stopping early once `max_bytes` of contents are in the batch (at least one
+    part is always taken), so a batch of large parts cannot exhaust memory or hold its row
+    locks for long. Resumable: parts already under the primary key are never selected, so a
     re-run after an interruption continues where the last committed batch stopped.
 
     Parts that fail to decrypt (key lost, tampered) are left unchanged and reported.
-    Locks: the batch's part rows (no-key update), under the lock timeout.
-    Raises KeyUnavailable (no key at all), ResourceBusy.
+    Locks: the batch's part rows (no-key update), under the lock timeout; a part re-keyed by a
+    writer meanwhile is skipped.
+    Raises KeyUnavailable (no key at all), InvalidRequest (bounds), ResourceBusy.
     Audit: one `checkpoint_key.rotated` row per batch that changed anything (actor system).
     """
     if batch_size < 1:
         raise InvalidRequest(fields={"batch_size": ["Must be at least 1."]})
+    if max_bytes < 1:
+        raise InvalidRequest(fields={"max_bytes": ["Must be at least 1."]})
     ring = keyring(create=False)
     primary = ring.primary
     with transaction.atomic(durable=True):
         locks.lock_timeout_set()
         with locks.lock_wait_bounded(), connection.cursor() as cursor:
+            # Choose the batch from sizes alone (no ciphertext loaded), then lock and load it.
             cursor.execute(
                 """
-                SELECT id, company_id, issue_id, run_id, part, material
+                SELECT id, size_bytes
                 FROM native_runner_checkpoints
                 WHERE (material ->> 'keyId') IS DISTINCT FROM %s
                   AND (%s::uuid IS NULL OR id > %s::uuid)
                 ORDER BY id
                 LIMIT %s
-                FOR NO KEY UPDATE
                 """,
                 [primary.key_id, after_id, after_id, batch_size],
             )
+            candidates: list[UUID] = []
+            budget = 0
+            for row_id, size in cursor.fetchall():
+                budget += int(size)
+                if candidates and budget > max_bytes:
+                    break
+                candidates.append(row_id)
+            if not candidates:
+                return RotationBatch(0, 0, [], None, primary.key_id)
+            cursor.execute(
+                """
+                SELECT id, company_id, issue_id, run_id, part, material
+                FROM native_runner_checkpoints
+                WHERE id = ANY(%s) AND (material ->> 'keyId') IS DISTINCT FROM %s
+                ORDER BY id
+                FOR NO KEY UPDATE
+                """,
+                [candidates, primary.key_id],
+            )
             rows: list[tuple[Any, ...]] = cursor.fetchall()
-        if not rows:
-            return RotationBatch(0, 0, [], None, primary.key_id)
+        last_id = candidates[-1]
         ids: list[UUID] = []
         materials: list[str] = []
         unreadable: list[tuple[UUID, str, str]] = []
@@ -780,11 +808,11 @@ def checkpoint_key_rotate_batch(*, after_id: UUID | None, batch_size: int) -> Ro
                     "fromKeyIds": sorted(from_keys),
                     "reencrypted": len(ids),
                     "unreadable": len(unreadable),
-                    "firstId": str(rows[0][0]),
-                    "lastId": str(rows[-1][0]),
+                    "firstId": str(candidates[0]),
+                    "lastId": str(last_id),
                 },
             )
-    return RotationBatch(len(rows), len(ids), unreadable, rows[-1][0], primary.key_id)
+    return RotationBatch(len(candidates), len(ids), unreadable, last_id, primary.key_id)
 
 
 def checkpoint_parts_remaining_under_old_keys() -> int:

@@ -266,3 +266,20 @@ def test_rotation_reports_parts_whose_key_is_lost_and_leaves_them(settings: Any)
         call_command("rotate_checkpoint_key", stdout=out)
     assert "unreadable part 'p0'" in out.getvalue() or "unreadable part 'p1'" in out.getvalue()
     assert not ActivityEvent.objects.filter(action="checkpoint_key.rotated").exists()
+
+
+@pytest.mark.django_db
+def test_a_rotation_batch_is_bounded_by_bytes_but_always_progresses(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
+    fin = _write_parts(5)  # "contents 0" .. "contents 4": 10 bytes each
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY, OLD_KEY]
+    first = checkpoint_key_rotate_batch(after_id=None, batch_size=100, max_bytes=25)
+    assert (first.scanned, first.reencrypted) == (2, 2)
+    tiny = checkpoint_key_rotate_batch(after_id=first.last_id, batch_size=100, max_bytes=1)
+    assert (tiny.scanned, tiny.reencrypted) == (1, 1)  # one part even over the budget
+    rest = checkpoint_key_rotate_batch(after_id=tiny.last_id, batch_size=100)
+    assert (rest.scanned, rest.reencrypted) == (2, 2)
+    assert checkpoint_key_rotate_batch(after_id=rest.last_id, batch_size=100).scanned == 0
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]
+    binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
+    assert checkpoint_load(binding=binding) == {f"p{i}": f"contents {i}" for i in range(5)}

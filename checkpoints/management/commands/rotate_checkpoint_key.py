@@ -24,7 +24,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=int, default=500)
+        parser.add_argument("--batch-size", type=int, default=500, help="Parts per batch.")
+        parser.add_argument(
+            "--max-batch-mib",
+            type=int,
+            default=64,
+            help="A batch also ends once its parts hold this many MiB of contents (default 64).",
+        )
         parser.add_argument(
             "--new-key",
             action="store_true",
@@ -38,6 +44,9 @@ class Command(BaseCommand):
         batch_size: int = options["batch_size"]
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
+        max_bytes = int(options["max_batch_mib"]) * 1024 * 1024
+        if max_bytes < 1:
+            raise CommandError("--max-batch-mib must be at least 1")
         if options["new_key"]:
             if options["dry_run"]:
                 raise CommandError("--new-key cannot be combined with --dry-run")
@@ -65,7 +74,9 @@ class Command(BaseCommand):
         batch = done = unreadable = 0
         while True:
             try:
-                result = checkpoint_key_rotate_batch(after_id=after, batch_size=batch_size)
+                result = checkpoint_key_rotate_batch(
+                    after_id=after, batch_size=batch_size, max_bytes=max_bytes
+                )
             except DomainError as exc:
                 raise CommandError(
                     f"batch {batch + 1} failed ({exc.code}); re-run to continue"
