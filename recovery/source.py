@@ -655,7 +655,12 @@ def _writer_active(
         continuation = _as_dict(_as_dict(evidence).get("explicitUserContinuation"))
         readiness = _as_dict(continuation.get("readiness"))
         continuation_run = continuation.get("runId")
-        if readiness.get("mode") == "fresh_isolated_workspace" and _is_uuid(continuation_run):
+        # Exactly the run's id as text (as the seed compares it), not any spelling of it.
+        if (
+            readiness.get("mode") == "fresh_isolated_workspace"
+            and _is_uuid(continuation_run)
+            and str(UUID(str(continuation_run))) == continuation_run
+        ):
             continuations.add(UUID(str(continuation_run)))
     targets = (
         Q(native_issue_id=UUID(issue_key))

@@ -13,8 +13,14 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from leases.export_resume import db_now
 from leases.models import EnvironmentLease
-from paperclip.models import Company, ExecutionWorkspaceSnapshot, HeartbeatRun
+from paperclip.models import (
+    Company,
+    ExecutionWorkspaceSnapshot,
+    HeartbeatRun,
+    NativeRunFinalization,
+)
 from recovery.source import (
     adapter_execution_control,
     admin_panel_html,
@@ -25,14 +31,17 @@ from recovery.source import (
 from recovery.source_errors import SourceFailure, SourceInspectionLimit
 from tests.environment.factories import (
     EnvironmentLeaseFactory,
+    RecoveryActionFactory,
     Scenario,
     build_scenario,
     set_meta,
     sync_reference,
 )
 from tests.factories import (
+    AgentFactory,
     EnvironmentFactory,
     ExecutionWorkspaceFactory,
+    IssueFactory,
     NativeRunFactory,
     NativeRunFinalizationFactory,
     NativeRunResultFactory,
@@ -386,6 +395,60 @@ FAILURES: list[Any] = [
         id="workspace_writer_active-workspace",
     ),
     pytest.param(vanished_environment, "source_unavailable", None, R, id="source_unavailable"),
+    pytest.param(
+        lambda s: save(s.run, native_issue=IssueFactory(company=s.company)),
+        BINDING,
+        "source_issue_mismatch",
+        R,
+        id="source_issue_mismatch-native-issue-wins-over-issue",
+    ),
+    pytest.param(
+        lambda s: ORDERED["native_reference_invalid"](s),
+        BINDING,
+        "native_reference_invalid",
+        R,
+        id="native_reference_invalid-both-references",
+    ),
+    pytest.param(
+        lambda s: save(
+            s.action,
+            evidence={
+                **s.action.evidence,
+                "historicalWorkspaceSource": {"schema": "v0", "runId": str(s.run.pk)},
+            },
+        ),
+        BINDING,
+        "historical_reference_invalid",
+        R,
+        id="historical_reference_invalid-schema",
+    ),
+    pytest.param(
+        lambda s: save(s.lease, provider=None),
+        BINDING,
+        "lease_provider_invalid",
+        R,
+        id="lease_provider_invalid-none",
+    ),
+    pytest.param(
+        lambda s: (
+            save(s.action, cause="stranded_assigned_issue"),
+            save(
+                s.action,
+                evidence={
+                    **s.action.evidence,
+                    "historicalWorkspaceSource": {
+                        "schema": "paperclip.historical-workspace-source.v1",
+                        "runId": str(s.run.pk),
+                        "leaseIds": [],
+                    },
+                },
+            ),
+        ),
+        "historical_source_missing",
+        None,
+        "use_alternative_strategy",
+        id="historical_source_missing-empty-list",
+    ),
 ]
 
 
@@ -403,6 +466,154 @@ def test_inspection_failures(
     assert failure.details["disposition"] == disposition
 
 
+# --- Check order: the first failing check (in the seed's order) decides the answer ---------
+
+
+def _foreign_live_lease(s: Scenario) -> None:
+    """A live lease on the same allocation, in an environment that still exists."""
+    EnvironmentLeaseFactory(
+        company=s.company,
+        environment=EnvironmentFactory(company=s.company),
+        provider=s.lease.provider,
+        provider_lease_id=s.lease.provider_lease_id,
+        status="active",
+    )
+
+
+# (reported failure, mutation that introduces it), earliest check first. Each mutation leaves
+# every other mutation's failure in place, so applying them from the last to the first stacks
+# failures up: after each step the newly added (earlier) failure must be the one reported.
+ORDERED_FAILURES: list[tuple[str, Callable[[Scenario], Any]]] = [
+    ("source_run_missing", lambda s: s.overrides.update(run_id=uuid.uuid4())),
+    ("recovery_action_missing", lambda s: s.overrides.update(action_id=uuid.uuid4())),
+    (
+        "recovery_action_run_mismatch",
+        lambda s: save(s.action, evidence={**s.action.evidence, "runId": str(uuid.uuid4())}),
+    ),
+    ("source_run_not_terminal", lambda s: save(s.run, status="running")),
+    (
+        "source_issue_mismatch",
+        lambda s: save(
+            s.run, native_issue=None, issue=None, context_snapshot={"issueId": str(uuid.uuid4())}
+        ),
+    ),
+    (
+        "native_reference_invalid",  # a native and a remote reference at once
+        lambda s: save(
+            s.run,
+            runner_profile_json={
+                **s.run.runner_profile_json,
+                "remoteWorkspace": {
+                    "workspaceId": str(s.workspace.pk),
+                    "leaseId": str(s.lease.pk),
+                    "providerLeaseId": "sbx-remote",
+                    "remoteCwd": "/workspace",
+                    "epoch": 1,
+                    "state": "prepared",
+                    "snapshotId": None,
+                },
+            },
+        ),
+    ),
+    (
+        "restore_reference_invalid",
+        lambda s: save(s.run, result_json={"workspaceRestoreRecovery": {"schema": "v0"}}),
+    ),
+    (
+        "historical_reference_invalid",
+        lambda s: save(
+            s.action,
+            evidence={
+                **s.action.evidence,
+                "historicalWorkspaceSource": {
+                    "schema": "paperclip.historical-workspace-source.v1",
+                    "runId": str(uuid.uuid4()),
+                },
+            },
+        ),
+    ),
+    ("historical_source_missing", lambda s: save(s.action, cause="stranded_assigned_issue")),
+    ("lease_reference_invalid", lambda s: s.set_reference(leaseId="not-a-uuid")),
+    (
+        "agent_stop_unconfirmed",
+        lambda s: NativeRunFinalizationFactory(run=s.run, lease_owner="boot:1:x"),
+    ),
+    (
+        "source_lease_not_bound",
+        lambda s: save(s.lease, heartbeat_run=NativeRunFactory(company=s.company)),
+    ),
+    ("lease_issue_mismatch", lambda s: save(s.lease, issue=None)),
+    ("lease_environment_missing", lambda s: save(s.lease, environment=None)),
+    ("lease_allocation_missing", lambda s: save(s.lease, provider_lease_id=None)),
+    ("lease_provider_invalid", lambda s: save(s.lease, provider="local")),
+    ("lease_policy_not_retained", lambda s: save(s.lease, lease_policy="mystery")),
+    ("lease_cwd_invalid", lambda s: set_meta(s.lease, remoteCwd="workspace")),
+    ("allocation_reference_mismatch", lambda s: s.set_reference(providerLeaseId="sbx-other")),
+    ("cwd_reference_mismatch", lambda s: s.set_reference(remoteCwd="/elsewhere")),
+    (
+        "workspace_reference_mismatch",
+        lambda s: save(s.lease, execution_workspace=ExecutionWorkspaceFactory(company=s.company)),
+    ),
+    ("allocation_ownership_ambiguous", _foreign_live_lease),
+    ("workspace_writer_active", queued_writer),
+    ("source_unavailable", vanished_environment),
+]
+
+
+ORDERED = dict(ORDERED_FAILURES)
+
+
+def _reported(s: Scenario) -> str:
+    failure = failure_of(s)
+    return failure.reason or failure.code
+
+
+@pytest.mark.django_db
+def test_the_first_failing_check_in_seed_order_decides() -> None:
+    s = build_scenario()
+    reported = []
+    for expected, mutate in reversed(ORDERED_FAILURES):
+        mutate(s)
+        reported.append((expected, _reported(s)))
+    assert [got for _, got in reported] == [want for want, _ in reported]
+
+
+@pytest.mark.django_db
+def test_remote_reference_mismatch_precedes_the_restore_record() -> None:
+    s = build_scenario()
+    make_remote(s, epoch=4)
+    save(s.run, result_json={"workspaceRestoreRecovery": {"schema": "v0"}})
+    assert _reported(s) == "workspace_reference_mismatch"
+
+
+@pytest.mark.django_db
+def test_the_source_limit_precedes_the_lease_id_checks() -> None:
+    s = build_scenario()
+    restore_ids("not-a-uuid", "not-a-uuid-either")(s)
+    assert _reported(s) == "lease_reference_invalid"
+    with pytest.raises(SourceInspectionLimit):
+        inspect(s, maximum_sources=1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        (("lease", "missing"), "workspace_writer_active"),
+        (("missing", "lease"), "source_lease_not_bound"),
+    ],
+)
+def test_leases_are_checked_one_after_another_in_recorded_order(
+    order: tuple[str, str], expected: str
+) -> None:
+    """Every check of a lease (writer check included) runs before the next lease is looked at."""
+    s = build_scenario()
+    missing = str(uuid.uuid4())
+    restore_ids(*(missing if item == "missing" else item for item in order))(s)
+    queued_writer(s)
+    assert _reported(s) == expected
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("policy", "observed"),
@@ -417,6 +628,14 @@ def test_policy_not_retained_reports_the_observed_policy(policy: str, observed: 
         observed,
     )
     assert failure.details["observed_lease_policy"] == observed
+
+
+@pytest.mark.django_db
+def test_an_expired_controller_lease_and_an_unheld_coordinator_do_not_block() -> None:
+    s = build_scenario()
+    save(s.run, controller_lease_expires_at=db_now() - timedelta(seconds=1))
+    NativeRunFinalizationFactory(run=s.run, lease_owner=None)
+    assert inspect(s).sources
 
 
 @pytest.mark.django_db
@@ -497,23 +716,34 @@ def test_legacy_migration_record_marks_preservation_only() -> None:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    ("mode", "blocked"), [("fresh_isolated_workspace", False), ("shared", True)]
+    ("mode", "spelling", "on_other_issue", "blocked"),
+    [
+        pytest.param("fresh_isolated_workspace", str, False, False, id="exempt"),
+        pytest.param("shared", str, False, True, id="not-fresh-isolated"),
+        # The recorded id must be the run's id exactly as stored (the seed compares text).
+        pytest.param("fresh_isolated_workspace", str.upper, False, True, id="id-spelled-other"),
+        # Only an action of this issue can exempt a continuation.
+        pytest.param("fresh_isolated_workspace", str, True, True, id="action-of-other-issue"),
+    ],
 )
-def test_explicit_fresh_isolated_continuation_is_not_a_writer(mode: str, blocked: bool) -> None:
+def test_explicit_fresh_isolated_continuation_is_not_a_writer(
+    mode: str, spelling: Callable[[str], str], on_other_issue: bool, blocked: bool
+) -> None:
     s = build_scenario()
     continuation = NativeRunFactory(
         company=s.company, issue=s.issue, native_issue=s.issue, status="queued"
     )
-    save(
-        s.action,
-        evidence={
-            **s.action.evidence,
-            "explicitUserContinuation": {
-                "runId": str(continuation.pk),
-                "readiness": {"mode": mode},
-            },
+    evidence = {
+        "runId": str(s.run.pk),
+        "explicitUserContinuation": {
+            "runId": spelling(str(continuation.pk)),
+            "readiness": {"mode": mode},
         },
-    )
+    }
+    if on_other_issue:
+        RecoveryActionFactory(source_issue=IssueFactory(company=s.company), evidence=evidence)
+    else:
+        save(s.action, evidence=evidence)
     if blocked:
         assert failure_of(s).code == "workspace_writer_active"
     else:
@@ -607,6 +837,143 @@ def test_unclean_handoff_is_ambiguous(spoil: Callable[[Scenario, Any], Any]) -> 
     s = build_scenario()
     spoil(s, None)
     assert failure_of(s).code == "allocation_ownership_ambiguous"
+
+
+def _prior_run(s: Scenario) -> HeartbeatRun:
+    return HeartbeatRun.objects.exclude(pk=s.run.pk).get(
+        runner_profile_json__has_any_keys=["nativeWorkspaceSync", "remoteWorkspace"]
+    )
+
+
+def _prior_reference(s: Scenario, **changes: Any) -> None:
+    prior = _prior_run(s)
+    reference = {**prior.runner_profile_json["nativeWorkspaceSync"], **changes}
+    save(prior, runner_profile_json={"nativeWorkspaceSync": reference})
+
+
+def _prior_owner(s: Scenario, **changes: Any) -> None:
+    NativeRunFinalization.objects.filter(run=_prior_run(s)).update(**changes)
+
+
+PREDECESSOR_SPOILERS: list[Any] = [
+    pytest.param(lambda s: save(_prior_run(s), runtime_mode="legacy"), id="prior-not-native"),
+    pytest.param(
+        lambda s: save(_prior_run(s), agent=AgentFactory(company=s.company)), id="prior-agent"
+    ),
+    pytest.param(
+        lambda s: save(_prior_run(s), native_issue=IssueFactory(company=s.company)),
+        id="prior-issue",
+    ),
+    pytest.param(
+        lambda s: save(
+            _prior_run(s), controller_lease_expires_at=timezone.now() + timedelta(hours=1)
+        ),
+        id="prior-controller-lease-live",
+    ),
+    pytest.param(
+        lambda s: NativeRunFinalization.objects.filter(run=_prior_run(s)).delete(),
+        id="prior-coordinator-missing",
+    ),
+    pytest.param(
+        lambda s: _prior_owner(s, issue=IssueFactory(company=s.company)),
+        id="prior-coordinator-other-issue",
+    ),
+    pytest.param(lambda s: _prior_owner(s, lease_owner="boot:2:y"), id="prior-coordinator-held"),
+    pytest.param(lambda s: save(_prior_run(s), runner_profile_json={}), id="prior-no-descriptor"),
+    pytest.param(lambda s: _prior_reference(s, finalHostSha256=None), id="prior-no-host-digest"),
+    pytest.param(lambda s: _prior_reference(s, leaseId=str(s.lease.pk)), id="prior-lease-id"),
+    pytest.param(lambda s: _prior_reference(s, providerLeaseId="sbx-other"), id="prior-allocation"),
+    pytest.param(
+        lambda s: _prior_reference(s, workspaceId=str(uuid.uuid4())), id="prior-workspace"
+    ),
+    pytest.param(lambda s: _prior_reference(s, remoteCwd="/elsewhere"), id="prior-cwd"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("spoil", PREDECESSOR_SPOILERS)
+def test_every_predecessor_condition_is_required(spoil: Callable[[Scenario], Any]) -> None:
+    s = build_scenario()
+    _handoff(s)
+    assert inspect(s).sources  # the clean hand-off passes ...
+    spoil(s)
+    failure = failure_of(s)  # ... and each broken condition makes it ambiguous
+    assert (failure.code, failure.disposition) == ("allocation_ownership_ambiguous", R)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("phase", "accepted"),
+    [("committed", True), ("terminal_failure", True), ("applied", True), ("observed", False)],
+)
+def test_settled_predecessor_phases(phase: str, accepted: bool) -> None:
+    s = build_scenario()
+    _handoff(s, phase=phase)
+    if accepted:
+        assert inspect(s).sources
+    else:
+        assert failure_of(s).code == "allocation_ownership_ambiguous"
+
+
+@pytest.mark.django_db
+def test_predecessor_executing_in_this_process_is_ambiguous() -> None:
+    s = build_scenario()
+    _handoff(s)
+    with adapter_execution_control(_prior_run(s).pk):
+        assert failure_of(s).code == "allocation_ownership_ambiguous"
+    assert inspect(s).sources
+
+
+def _remote_handoff(s: Scenario, *, prior_epoch: int, prior_state: str = "saved") -> None:
+    """The scenario's run is remote (epoch 3, reusable lease); a retired predecessor saved the
+    same allocation at `prior_epoch`."""
+    make_remote(s)
+    save(s.lease, lease_policy="reuse_by_execution_workspace")
+    prior = NativeRunFactory(
+        company=s.company, agent=s.agent, issue=s.issue, native_issue=s.issue, status="succeeded"
+    )
+    predecessor = EnvironmentLeaseFactory(
+        company=s.company,
+        environment=s.environment,
+        issue=s.issue,
+        heartbeat_run=prior,
+        provider=s.lease.provider,
+        provider_lease_id=s.lease.provider_lease_id,
+        lease_policy="reuse_by_execution_workspace",
+        status="released",
+    )
+    EnvironmentLease.objects.filter(pk=predecessor.pk).update(
+        acquired_at=T0, released_at=T0 + timedelta(hours=1)
+    )
+    EnvironmentLease.objects.filter(pk=s.lease.pk).update(acquired_at=T0 + timedelta(hours=2))
+    remote = {
+        "workspaceId": str(s.workspace.pk),
+        "leaseId": str(predecessor.pk),
+        "providerLeaseId": s.lease.provider_lease_id,
+        "remoteCwd": "/workspace",
+        "epoch": prior_epoch,
+        "state": prior_state,
+        "snapshotId": str(uuid.uuid4()) if prior_state == "saved" else None,
+    }
+    save(prior, runner_profile_json={"remoteWorkspace": remote})
+    NativeRunFinalizationFactory(run=prior, phase="applied")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("prior_epoch", "prior_state", "accepted"),
+    [(2, "saved", True), (3, "saved", False), (2, "prepared", False)],
+)
+def test_remote_predecessor_must_have_saved_an_earlier_epoch(
+    prior_epoch: int, prior_state: str, accepted: bool
+) -> None:
+    s = build_scenario()
+    _remote_handoff(s, prior_epoch=prior_epoch, prior_state=prior_state)
+    if accepted:
+        (source,) = inspect(s).sources
+        assert source.remote_reference is not None
+    else:
+        assert failure_of(s).code == "allocation_ownership_ambiguous"
 
 
 # --- The hand-off rule, both sides ----------------------------------------------------------
