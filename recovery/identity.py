@@ -40,7 +40,8 @@ _identity: ControllerIdentity | None = None
 
 
 def process_started_at(pid: int) -> datetime | None:
-    """The OS-observed start time of `pid`, or None when no such process is visible."""
+    """The OS-observed start time of `pid`, or None when no such process is visible. Raises
+    psutil.AccessDenied when the process exists but its start time can't be read."""
     try:
         created = psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -92,7 +93,11 @@ def evaluate_controller_takeover(
         return TakeoverDecision(False, "controller_identity_missing")
     if _is_dead(pid):
         return TakeoverDecision(True, "controller_process_dead")
-    observed = process_started_at(pid)
+    try:
+        observed = process_started_at(pid)
+    except psutil.AccessDenied:
+        # Alive, and we can't tell whether it is the recorded process: fail closed.
+        return TakeoverDecision(False, "controller_start_time_unreadable")
     if observed is None:
         return TakeoverDecision(True, "controller_process_dead")
     if abs((observed - started_at).total_seconds()) >= PID_RECYCLE_TOLERANCE_SECONDS:

@@ -184,14 +184,15 @@ class FinalizationOwnership:
         run_id: UUID,
         token: str,
         session: _LockSession,
-        automatic_result_id: UUID | None,
+        binding_current: Callable[[], bool] | None,
         using: str,
     ) -> None:
         self.company_id = company_id
         self.run_id = run_id
         self.token = token
         self._session = session
-        self._automatic_result_id = automatic_result_id
+        # After a platform-proof takeover: is the task we resumed still the current one?
+        self._binding_current = binding_current
         self._using = using
 
     @property
@@ -213,16 +214,13 @@ class FinalizationOwnership:
             still_owner = receipt_is_ours(
                 company_id=self.company_id, run_id=self.run_id, token=self.token, using=self._using
             )
-            if self._automatic_result_id is not None:
-                with transaction.atomic(using=self._using):
-                    current = _current_recovery_result_id(
-                        company_id=self.company_id, run_id=self.run_id, lock=False
-                    )
+            recheck = self._binding_current
+            task_current = recheck() if recheck is not None and still_owner else True
         except Exception as exc:
             raise FinalizationOwnershipLost("database_unavailable") from exc
         if not still_owner:
             raise FinalizationOwnershipLost("owner_replaced")
-        if self._automatic_result_id is not None and current != self._automatic_result_id:
+        if not task_current:
             raise FinalizationOwnershipLost("task_replaced")
 
 
@@ -254,9 +252,13 @@ def _copyback_barrier_exists(*, company_id: UUID, run_id: UUID, issue_id: UUID) 
     ).exists()
 
 
-def _current_recovery_result_id(*, company_id: UUID, run_id: UUID, lock: bool) -> UUID | None:
+def _current_recovery_result_id(
+    *, company_id: UUID, run_id: UUID, lock: bool, committed_ok: bool = False
+) -> UUID | None:
     """The accepted result still waiting for this run's finalization, or None when the task
-    moved on. With `lock`, rows are locked in the global order (issue → coordinator → run)."""
+    moved on. With `lock`, rows are locked in the global order (issue → coordinator → run).
+    `committed_ok`: a coordinator that committed this very result still counts (the owner's
+    own action commits it before the final `assert_held`)."""
     run = HeartbeatRun.objects.filter(pk=run_id, company_id=company_id).first()
     issue_id = run_issue_id(run) if run is not None else None
     if run is None or issue_id is None:
@@ -271,7 +273,10 @@ def _current_recovery_result_id(*, company_id: UUID, run_id: UUID, lock: bool) -
         return None
     if coordinator.issue_id != issue.pk or coordinator.result_id is None:
         return None
-    if coordinator.phase not in (*WAITING_PHASES, "retryable_failure"):
+    phases: tuple[str, ...] = (*WAITING_PHASES, "retryable_failure")
+    if committed_ok:
+        phases += (NativeRunFinalization.Phase.COMMITTED,)
+    if coordinator.phase not in phases:
         return None
     if issue.execution_run_id not in (None, run_id):
         return None
@@ -286,19 +291,20 @@ def _current_recovery_result_id(*, company_id: UUID, run_id: UUID, lock: bool) -
 
 
 def _retained_repair_current(
-    *, company_id: UUID, run_id: UUID, issue_id: UUID, action_id: UUID
+    *, company_id: UUID, run_id: UUID, issue_id: UUID, action_id: UUID, lock: bool = True
 ) -> bool:
     """UPSTREAM §3.2 step 7, retained repair: the repair action still names this terminal run,
     no controller lease is live, and no other run holds the issue (except the independent
-    continuation run recorded on the action)."""
-    issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
-    coordinator = coordinators_for_update().filter(run_id=run_id, company_id=company_id).first()
-    run = runs_for_update().filter(pk=run_id, company_id=company_id).first()
-    repair = (
-        recovery_actions_for_update()
-        .filter(pk=action_id, company_id=company_id, source_issue_id=issue_id)
-        .first()
-    )
+    continuation run recorded on the action). With `lock`, rows are locked in the global order
+    (issue → coordinator → run → action)."""
+    issues = issues_for_update() if lock else Issue.objects.all()
+    coordinators = coordinators_for_update() if lock else NativeRunFinalization.objects.all()
+    runs = runs_for_update() if lock else HeartbeatRun.objects.all()
+    actions = recovery_actions_for_update() if lock else IssueRecoveryAction.objects.all()
+    issue = issues.filter(pk=issue_id, company_id=company_id).first()
+    coordinator = coordinators.filter(run_id=run_id, company_id=company_id).first()
+    run = runs.filter(pk=run_id, company_id=company_id).first()
+    repair = actions.filter(pk=action_id, company_id=company_id, source_issue_id=issue_id).first()
     if issue is None or run is None or repair is None:
         return False
     evidence = repair.evidence if isinstance(repair.evidence, dict) else {}
@@ -696,12 +702,21 @@ def _run_owned[T](
         if prior is not None:
             with _state:
                 _joined_owner_tokens.discard(prior.token)
+        binding_current = _binding_recheck(
+            company_id=company_id,
+            run_id=run_id,
+            issue_id=issue_id,
+            proof_used=proof is not None,
+            retained_repair_action_id=retained_repair_action_id,
+            automatic_result_id=automatic_result_id,
+            using=using,
+        )
         ownership = FinalizationOwnership(
             company_id=company_id,
             run_id=run_id,
             token=token,
             session=session,
-            automatic_result_id=automatic_result_id,
+            binding_current=binding_current,
             using=using,
         )
         ownership.assert_held()
@@ -711,6 +726,45 @@ def _run_owned[T](
     finally:
         if claimed:
             _release_receipt(company_id=company_id, run_id=run_id, token=token, run_key=run_key)
+
+
+def _binding_recheck(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    issue_id: UUID | None,
+    proof_used: bool,
+    retained_repair_action_id: UUID | None,
+    automatic_result_id: UUID | None,
+    using: str,
+) -> Callable[[], bool] | None:
+    """What `assert_held` rechecks after a platform-proof takeover (UPSTREAM §3.2 step 8): the
+    stop receipt proved the old worker exited, not that its task is still current."""
+    if not proof_used:
+        return None
+    if retained_repair_action_id is not None and issue_id is not None:
+        repair_id = retained_repair_action_id
+
+        def repair_current() -> bool:
+            with transaction.atomic(using=using):
+                return _retained_repair_current(
+                    company_id=company_id,
+                    run_id=run_id,
+                    issue_id=issue_id,
+                    action_id=repair_id,
+                    lock=False,
+                )
+
+        return repair_current
+
+    def result_current() -> bool:
+        with transaction.atomic(using=using):
+            current = _current_recovery_result_id(
+                company_id=company_id, run_id=run_id, lock=False, committed_ok=True
+            )
+        return current is not None and current == automatic_result_id
+
+    return result_current
 
 
 def _record_platform_takeover(

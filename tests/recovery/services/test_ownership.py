@@ -258,27 +258,6 @@ def test_binding_changed_when_the_receipt_changes_between_read_and_swap() -> Non
     assert not ownership_module._active_run_owners
 
 
-def test_lock_survives_idle_in_transaction_timeout_via_keepalive() -> None:
-    b = make_binding()
-    db_name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(f'ALTER DATABASE "{db_name}" SET idle_in_transaction_session_timeout = 300')
-    try:
-        done = threading.Event()
-
-        def slow(own: FinalizationOwnership) -> str:
-            # Several timeouts long; without the keepalive the server ends the lock session.
-            done.wait(timeout=1.2)
-            own.assert_held()
-            return "survived"
-
-        outcome = with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=slow)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f'ALTER DATABASE "{db_name}" RESET idle_in_transaction_session_timeout')
-    assert outcome == Acquired("survived")
-
-
 def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner() -> None:
     b = make_binding()
     inside, checked = threading.Event(), threading.Event()
@@ -321,34 +300,6 @@ def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner
     assert len(errors) == 1
     assert errors[0].reason == "lock_connection_lost"
     assert OWNER_KEY not in _profile(b.run)  # its own cleanup removed only its receipt
-
-
-def test_progress_writes_commit_while_the_lock_transaction_stays_open() -> None:
-    b = make_binding()
-    seen: dict[str, Any] = {}
-
-    def action(own: FinalizationOwnership) -> None:
-        # One application connection (Django's, this thread): ordinary writes commit on it
-        # and are visible to others while the lock transaction is still open elsewhere.
-        op = WorkspaceOperation.objects.create(
-            company=b.company, heartbeat_run=b.run, issue=b.issue, phase="progress"
-        )
-        with _other_connection() as other:
-            seen["visible"] = other.execute(
-                "SELECT count(*) FROM workspace_operations WHERE id = %s", [op.pk]
-            ).fetchone()[0]
-            seen["lock_held"] = other.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
-                [own.lock_backend_pid],
-            ).fetchone()[0]
-            seen["app_backend_is_other"] = (
-                connection.connection.info.backend_pid != own.lock_backend_pid
-            )
-
-    assert with_finalization_ownership(
-        company_id=b.company.pk, run_id=b.run.pk, action=action
-    ) == Acquired(None)
-    assert seen == {"visible": 1, "lock_held": 1, "app_backend_is_other": True}
 
 
 def test_same_boot_joined_token_is_taken_over_after_failed_cleanup() -> None:

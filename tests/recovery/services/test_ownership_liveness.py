@@ -1,0 +1,417 @@
+"""Ownership on real connections: the keepalive against idle_in_transaction_session_timeout,
+progress writes with an application connection budget of one, NOTIFY signals, same-boot join
+evidence after a real cleanup failure, and what assert_held rechecks after a platform-proof
+takeover (ordinary and retained-repair)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import psycopg.errors
+import pytest
+from django.db import OperationalError, connection
+from django.db.backends.postgresql.base import DatabaseWrapper
+from django.test import override_settings
+
+from paperclip.db.advisory import connection_params
+from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
+from recovery.errors import FinalizationOwnershipLost
+from recovery.identity import current_controller_identity
+from recovery.models import IssueRecoveryAction
+from recovery.notify import (
+    DEFERRED_EXECUTION_CHANNEL,
+    FINALIZATION_CHANNEL,
+    FINALIZATION_RELEASED_CHANNEL,
+    RESULT_COMMIT_CHANNEL,
+    RUN_DISPATCH_CHANNEL,
+    STATUS_REASSESSMENT_CHANNEL,
+)
+from recovery.platform import worker_stop_record, worker_stop_signature
+from recovery.receipts import OWNER_KEY
+from recovery.services import (
+    Acquired,
+    FinalizationOwnership,
+    NotAcquired,
+    run_finalize,
+    with_finalization_ownership,
+)
+from recovery.services import ownership as ownership_module
+from tests.factories import NativeRunFactory
+from tests.recovery.factories import make_binding, receipt_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "stop-secret-for-tests"
+ALL_CHANNELS = (
+    RESULT_COMMIT_CHANNEL,
+    FINALIZATION_CHANNEL,
+    STATUS_REASSESSMENT_CHANNEL,
+    RUN_DISPATCH_CHANNEL,
+    DEFERRED_EXECUTION_CHANNEL,
+    FINALIZATION_RELEASED_CHANNEL,
+)
+
+
+def _raw(*, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A connection outside the application (the test's observer)."""
+    params = connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
+def _advisory_locks_of(pid: int) -> int:
+    with _raw() as other:
+        row = other.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND granted",
+            [pid],
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def _database_setting(name: str, value: str) -> Iterator[None]:
+    """ALTER DATABASE for the test database: every *new* session gets the setting."""
+    db = connection.settings_dict["NAME"]
+    with _raw() as admin:
+        admin.execute(f'ALTER DATABASE "{db}" SET {name} = {value}')
+    try:
+        yield
+    finally:
+        with _raw() as admin:
+            admin.execute(f'ALTER DATABASE "{db}" RESET {name}')
+
+
+# --- keepalive --------------------------------------------------------------------------------
+
+
+def test_keepalive_holds_the_lock_through_a_2s_action_with_a_500ms_idle_timeout() -> None:
+    b = make_binding()
+    connection.ensure_connection()  # the application's own session predates the setting
+    with _database_setting("idle_in_transaction_session_timeout", "500"):
+        # Control: the server really ends an idle transaction of a new session after 500 ms.
+        with _raw(autocommit=False) as control:
+            control.execute("SELECT 1")
+            time.sleep(1.0)  # idle in transaction on purpose: the thing under test
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                control.execute("SELECT 1")
+        seen: dict[str, Any] = {}
+
+        def slow(own: FinalizationOwnership) -> str:
+            with _raw() as other:
+                seen["timeout"] = other.execute(
+                    "SELECT setting FROM pg_settings "
+                    "WHERE name = 'idle_in_transaction_session_timeout'"
+                ).fetchone()
+            threading.Event().wait(2.0)  # the copy-back's duration, not a synchronisation
+            seen["locks_after_2s"] = _advisory_locks_of(own.lock_backend_pid)
+            own.assert_held()
+            return "survived"
+
+        outcome = with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=slow)
+    assert seen["timeout"] == ("500",)
+    assert seen["locks_after_2s"] == 1
+    assert outcome == Acquired("survived")
+
+
+# --- an application connection budget of one ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def application_connection_budget(limit: int) -> Iterator[None]:
+    """Let the application (Django) hold at most `limit` open database connections, like a
+    pool of that size: asking for another one fails at once."""
+    connection.ensure_connection()
+    opened: list[Any] = [connection.connection]
+    original = DatabaseWrapper.get_new_connection
+
+    def guarded(self: DatabaseWrapper, conn_params: dict[str, Any]) -> Any:
+        if sum(1 for c in opened if not c.closed) >= limit:
+            raise OperationalError(f"application connection budget ({limit}) exhausted")
+        conn = original(self, conn_params)
+        opened.append(conn)
+        return conn
+
+    DatabaseWrapper.get_new_connection = guarded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DatabaseWrapper.get_new_connection = original  # type: ignore[method-assign]
+
+
+def test_progress_writes_work_while_the_application_connection_budget_is_one(
+    tmp_path: Path,
+) -> None:
+    b = make_binding(tmp_path=tmp_path)
+    seen: dict[str, Any] = {}
+
+    def second_application_connection() -> None:
+        try:
+            HeartbeatRun.objects.count()
+            seen["control"] = "got a second connection"
+        except OperationalError as exc:
+            seen["control"] = str(exc)
+        finally:
+            connection.close()
+
+    def action(own: FinalizationOwnership) -> None:
+        # Control: the budget is real; another application connection is refused.
+        probe = threading.Thread(target=second_application_connection)
+        probe.start()
+        probe.join(timeout=10)
+        op = WorkspaceOperation.objects.create(
+            company=b.company, heartbeat_run=b.run, issue=b.issue, phase="progress"
+        )
+        with _raw() as observer:  # committed, not parked inside the lock transaction
+            row = observer.execute(
+                "SELECT count(*) FROM workspace_operations WHERE id = %s", [op.pk]
+            ).fetchone()
+        seen["visible"] = row[0] if row else None
+        seen["lock_held"] = _advisory_locks_of(own.lock_backend_pid)
+
+    with application_connection_budget(1):
+        first = with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
+        full = run_finalize(company_id=b.company.pk, run_id=b.run.pk)
+    assert first == Acquired(None)
+    assert seen == {
+        "control": "application connection budget (1) exhausted",
+        "visible": 1,
+        "lock_held": 1,
+    }
+    assert isinstance(full, Acquired)
+    assert full.value.status == "committed"
+    assert b.dest_dir is not None
+    assert (b.dest_dir / "README.md").read_text() == "hello\n"
+
+
+# --- NOTIFY ---------------------------------------------------------------------------------------
+
+
+def _listen() -> psycopg.Connection[Any]:
+    listener = _raw()
+    for channel in ALL_CHANNELS:
+        listener.execute(f"LISTEN {channel}")
+    return listener
+
+
+def _drain(listener: psycopg.Connection[Any], expected: int) -> list[tuple[str, dict[str, str]]]:
+    got = [
+        (n.channel, json.loads(n.payload))
+        for n in listener.notifies(timeout=5, stop_after=expected)
+    ]
+    # Anything beyond `expected` would show up within a short extra wait.
+    got += [(n.channel, json.loads(n.payload)) for n in listener.notifies(timeout=0.2)]
+    return got
+
+
+def test_releasing_ownership_signals_reconcilers_at_commit() -> None:
+    b = make_binding()
+    run_payload = {"companyId": str(b.company.pk), "runId": str(b.run.pk)}
+    company_payload = {"companyId": str(b.company.pk)}
+    with _listen() as listener:
+        seen_inside: list[Any] = []
+
+        def action(own: FinalizationOwnership) -> None:
+            # Nothing is signalled while the owner is still working.
+            seen_inside.extend(listener.notifies(timeout=0.2))
+
+        with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
+        got = _drain(listener, 6)
+    assert seen_inside == []
+    assert sorted(got) == sorted(
+        [
+            (RESULT_COMMIT_CHANNEL, run_payload),
+            (FINALIZATION_CHANNEL, run_payload),
+            (STATUS_REASSESSMENT_CHANNEL, run_payload),
+            (RUN_DISPATCH_CHANNEL, company_payload),
+            (DEFERRED_EXECUTION_CHANNEL, company_payload),
+            (FINALIZATION_RELEASED_CHANNEL, run_payload),
+        ]
+    )
+
+
+def test_a_refused_owner_signals_nothing() -> None:
+    b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
+    with _listen() as listener:
+        outcome = with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+        )
+        got = _drain(listener, 1)
+    assert outcome == NotAcquired("owner_unverified")
+    assert got == []
+
+
+# --- same-boot join evidence after a real cleanup failure -------------------------------------
+
+
+def test_failed_cleanup_leaves_join_evidence_only_this_boot_can_use() -> None:
+    b = make_binding()
+    tokens: list[str] = []
+
+    def kill_my_application_connection(own: FinalizationOwnership) -> None:
+        tokens.append(own.token)
+        pid = connection.connection.info.backend_pid
+        with _raw() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    # The action finished, but the final check and the receipt removal both fail: the
+    # application's connection died under them.
+    with pytest.raises(FinalizationOwnershipLost):
+        with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=kill_my_application_connection
+        )
+    connection.close()
+    b.run.refresh_from_db()
+    left = b.run.runner_profile_json[OWNER_KEY]
+    assert left["token"] == tokens[0]
+    assert left["controllerBootId"] == current_controller_identity().boot_id
+    assert tokens[0] in ownership_module._joined_owner_tokens
+
+    # This boot knows its action joined, so it takes the receipt over without a board action.
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: "again"
+    ) == Acquired("again")
+    takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
+    assert takeover.details["takeoverBasis"] == "same_boot_joined"
+    assert not IssueRecoveryAction.objects.exists()
+    assert not ownership_module._joined_owner_tokens
+
+
+# --- platform proof: what assert_held rechecks ----------------------------------------------------
+
+
+def _record_stop(run_id: Any, token: str, worker_id: str) -> None:
+    stopped_at = "2026-01-02T03:04:05+00:00"
+    worker_stop_record(
+        run_id=run_id,
+        owner_token=token,
+        worker_id=worker_id,
+        stopped_at=stopped_at,
+        signature=worker_stop_signature(
+            secret=SECRET,
+            run_id=run_id,
+            owner_token=token,
+            worker_id=worker_id,
+            stopped_at=stopped_at,
+        ),
+    )
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+def test_platform_proof_takeover_finalizes_and_commits(tmp_path: Path) -> None:
+    prior = receipt_for(hostname="pod-9.cluster", worker={"id": "pod-9"})
+    b = make_binding(tmp_path=tmp_path, receipt=prior)
+    _record_stop(b.run.pk, prior["token"], "pod-9")
+
+    outcome = run_finalize(company_id=b.company.pk, run_id=b.run.pk)
+
+    # The commit is the owner's own progress, not a replaced task.
+    assert isinstance(outcome, Acquired)
+    assert outcome.value.status == "committed"
+    b.refresh()
+    assert (b.coordinator.phase, b.run.status) == ("committed", "succeeded")
+    assert b.dest_dir is not None
+    assert (b.dest_dir / "src" / "main.py").exists()
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+def test_platform_proof_takeover_stops_when_the_task_moves_on() -> None:
+    prior = receipt_for(hostname="pod-3.cluster", worker={"id": "pod-3"})
+    b = make_binding(receipt=prior)
+    _record_stop(b.run.pk, prior["token"], "pod-3")
+    newer = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
+
+    def action(own: FinalizationOwnership) -> None:
+        own.assert_held()
+        b.issue.execution_run = newer  # the task was handed to another run meanwhile
+        b.issue.save(update_fields=["execution_run"])
+        own.assert_held()
+
+    with pytest.raises(FinalizationOwnershipLost) as lost:
+        with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
+    assert lost.value.reason == "task_replaced"
+
+
+def _retained_repair(receipt: dict[str, Any]) -> tuple[Any, IssueRecoveryAction]:
+    b = make_binding(receipt=receipt)
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(status="failed")
+    b.issue.execution_run = None
+    b.issue.checkout_run = None
+    b.issue.save(update_fields=["execution_run", "checkout_run"])
+    repair = IssueRecoveryAction.objects.create(
+        company=b.company,
+        source_issue=b.issue,
+        kind="workspace_validation",
+        owner_type="board",
+        cause="native_workspace_sync_out_retry_exhausted",
+        fingerprint="export-1",
+        evidence={
+            "runId": str(b.run.pk),
+            "workspaceRecovery": {"schema": "paperclip.workspace-recovery.v1"},
+        },
+        next_action="repair",
+    )
+    return b, repair
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+def test_retained_repair_with_proof_rechecks_the_repair_binding() -> None:
+    prior = receipt_for(hostname="pod-4.cluster", worker={"id": "pod-4"})
+    b, repair = _retained_repair(prior)
+    _record_stop(b.run.pk, prior["token"], "pod-4")
+    intruder = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
+
+    def action(own: FinalizationOwnership) -> None:
+        own.assert_held()
+        b.issue.execution_run = intruder  # not the recorded independent continuation
+        b.issue.save(update_fields=["execution_run"])
+        own.assert_held()
+
+    with pytest.raises(FinalizationOwnershipLost) as lost:
+        with_finalization_ownership(
+            company_id=b.company.pk,
+            run_id=b.run.pk,
+            action=action,
+            retained_repair_action_id=repair.pk,
+        )
+    assert lost.value.reason == "task_replaced"
+
+
+def test_retained_repair_never_records_a_hold_and_a_held_lock_is_busy() -> None:
+    b, repair = _retained_repair(receipt_for(hostname="elsewhere.example"))
+    args = {"company_id": b.company.pk, "run_id": b.run.pk, "retained_repair_action_id": repair.pk}
+    assert with_finalization_ownership(**args, action=lambda o: 1) == NotAcquired(
+        "owner_unverified"
+    )
+    assert list(IssueRecoveryAction.objects.values_list("pk", flat=True)) == [repair.pk]
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={})
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(own: FinalizationOwnership) -> None:
+        inside.set()
+        assert release.wait(timeout=10)
+
+    def holder() -> Any:
+        try:
+            return with_finalization_ownership(
+                company_id=b.company.pk, run_id=b.run.pk, action=hold
+            )
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=holder)
+    worker.start()
+    try:
+        assert inside.wait(timeout=10)
+        # The same process holds it, but a retained repair never reports owner_active.
+        assert with_finalization_ownership(**args, action=lambda o: 1) == NotAcquired("busy")
+    finally:
+        release.set()
+        worker.join(timeout=10)
