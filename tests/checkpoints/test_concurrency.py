@@ -47,9 +47,15 @@ def test_two_controllers_race_for_the_lease_and_only_the_holders_writes_land() -
                 grant = controller_lease_acquire(
                     run_id=fin.run_id, agent_id=fin.run.agent_id, boot_id=boot
                 )
-            except ControllerLeaseHeld:
-                # A loser that guesses an owner for the generation it saw still cannot write.
-                guess = CheckpointOwner(boot_id=boot, lease_owner=f"{boot}:1:guess", generation=1)
+            except ControllerLeaseHeld as held:
+                # A loser that presents the holder's boot and generation (the 409 tells it
+                # both) with a guessed lease_owner still cannot write: only the token fences.
+                holder_boot = str(held.details["controller_boot_id"])
+                guess = CheckpointOwner(
+                    boot_id=holder_boot,
+                    lease_owner=f"{holder_boot}:{held.details['generation']}:guess",
+                    generation=int(held.details["generation"]),
+                )
                 try:
                     _write(fin, guess, {"state": boot})
                 except CheckpointOwnerLost:
