@@ -33,6 +33,7 @@ from tests.environment.factories import (
     sync_reference,
 )
 from tests.factories import (
+    CompanyFactory,
     ExecutionWorkspaceFactory,
     NativeRunFactory,
     NativeRunFinalizationFactory,
@@ -136,6 +137,25 @@ MARKER_CASES: list[Any] = [
         ),
         False,
         id="v1-explicit-foreign-pin-never-overridden",
+    ),
+    pytest.param(
+        lambda lease: with_marker(
+            lease, schema="paperclip.workspace-export-resume.v1", pluginId=PLUGIN
+        ),
+        True,
+        id="v1-explicit-matching-pin",
+    ),
+    pytest.param(
+        lambda lease: with_marker(
+            unsaved_lease(metadata={}), schema="paperclip.workspace-export-resume.v1", pluginId=...
+        ),
+        False,
+        id="v1-without-pin-on-a-lease-without-plugin",
+    ),
+    pytest.param(
+        lambda lease: with_marker(unsaved_lease(metadata={"pluginId": ""}), pluginId=""),
+        False,
+        id="empty-pin-equal-to-empty-lease-plugin",
     ),
     pytest.param(lambda lease: with_marker(lease, pluginId=...), False, id="v2-requires-pin"),
     pytest.param(lambda lease: with_marker(lease, pluginId="other"), False, id="pin-mismatch"),
@@ -300,7 +320,17 @@ def _export_run(*, state: str = "prepared", lease_status: str = "active") -> tup
     lease = EnvironmentLeaseFactory(
         company=run.company, heartbeat_run=run, issue=run.native_issue, status=lease_status
     )
-    set_meta(lease, remoteExecutionTermination={"schema": "old"})
+    set_meta(
+        lease,
+        remoteExecutionTermination={"schema": "old"},
+        # Leftovers of an earlier cleanup cycle: preserve must reset every one of them.
+        pendingCleanupAttemptId="attempt-old",
+        pendingCleanupInFlight=True,
+        pendingCleanupLeaseExpiresAtMs=123,
+        pendingCleanupRetryAfterMs=456,
+        pendingCleanupRetryAttempts=4,
+        pendingCleanupRetryCapWarned=True,
+    )
     run.runner_profile_json = {
         "nativeWorkspaceSync": sync_reference(lease, workspace.pk, state=state)
     }
@@ -331,9 +361,17 @@ def test_preserve_tags_the_prepared_export_lease() -> None:
         "terminal_export",
     )
     assert meta["pendingCleanupAttemptId"] == marker.request_id == preserved.request_id
-    assert meta["pendingCleanupInFlight"] is False
-    assert meta["pendingCleanupRetryAttempts"] == 0
-    assert meta["pendingCleanupRetryCapWarned"] is False
+    assert {k: v for k, v in meta.items() if k.startswith("pendingCleanup")} == {
+        "pendingCleanupAttemptId": preserved.request_id,
+        "pendingCleanupInFlight": False,
+        "pendingCleanupLeaseExpiresAtMs": 0,
+        "pendingCleanupRetryAfterMs": 0,
+        "pendingCleanupRetryAttempts": 0,
+        "pendingCleanupRetryCapWarned": False,
+    }
+    assert (meta["pluginId"], meta["remoteCwd"]) == (PLUGIN, "/workspace")  # kept
+    assert marker.raw["leaseId"] == str(lease.pk)
+    assert marker.raw["providerLeaseId"] == lease.provider_lease_id
     assert (
         ActivityEvent.objects.filter(
             action="environment_lease.export_resume_preserved", entity_id=str(lease.pk)
@@ -360,6 +398,18 @@ def _rebound_lease(run: Any, lease: Any, result: Any) -> Any:
     return result.pk
 
 
+def _reallocated_reference(run: Any, lease: Any, result: Any) -> Any:
+    reference = {**run.runner_profile_json["nativeWorkspaceSync"], "providerLeaseId": "sbx-x"}
+    run.runner_profile_json = {"nativeWorkspaceSync": reference}
+    run.save()
+    return result.pk
+
+
+def _result_of_other_run(run: Any, lease: Any, result: Any) -> Any:
+    other = NativeRunFactory(company=run.company, completion_contract_id=run.completion_contract_id)
+    return NativeRunResultFactory(run=other).pk
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("state", "lease_status", "mutate"),
@@ -370,6 +420,8 @@ def _rebound_lease(run: Any, lease: Any, result: Any) -> Any:
         pytest.param("prepared", "active", _reject_result, id="result-rejected"),
         pytest.param("prepared", "active", _other_contract, id="result-other-contract"),
         pytest.param("prepared", "active", _rebound_lease, id="lease-of-another-run"),
+        pytest.param("prepared", "active", _reallocated_reference, id="reference-allocation"),
+        pytest.param("prepared", "active", _result_of_other_run, id="result-of-another-run"),
     ],
 )
 def test_preserve_does_nothing_unless_every_condition_holds(
@@ -382,6 +434,14 @@ def test_preserve_does_nothing_unless_every_condition_holds(
     assert lease.status == lease_status
     assert not export_resume_has(lease)
     assert not ActivityEvent.objects.filter(entity_type="environment_lease").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_preserve_refuses_to_run_outside_the_finalizers_transaction() -> None:
+    run, lease, result = _export_run()
+    with pytest.raises(RuntimeError):
+        export_resume_preserve(run_id=run.pk, result_id=result.pk)
+    assert EnvironmentLease.objects.get(pk=lease.pk).status == "active"
 
 
 # --- release_completed: the nine cases ------------------------------------------------------
@@ -442,6 +502,30 @@ def test_release_completed(case: str, reason: str) -> None:
     assert export_resume_has(lease) is (reason != "released")
     audits = ActivityEvent.objects.filter(action="environment_lease.export_resume_released")
     assert audits.count() == (1 if reason == "released" else 0)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("status", "blocks"),
+    [
+        ("active", True),
+        ("retained", True),
+        ("pending_cleanup", True),
+        ("released", False),
+        ("expired", False),
+        ("failed", False),
+    ],
+)
+def test_only_a_live_other_lease_of_the_allocation_competes(status: str, blocks: bool) -> None:
+    lease = _retained_export("complete")
+    EnvironmentLeaseFactory(
+        provider=lease.provider, provider_lease_id=lease.provider_lease_id, status=status
+    )
+    # Another provider's allocation with the same id is a different allocation.
+    EnvironmentLeaseFactory(provider="e2b", provider_lease_id=lease.provider_lease_id)
+    outcome = export_resume_release_completed(lease_id=lease.pk)
+    assert outcome.released is not blocks
+    assert outcome.reason == ("competing_owner" if blocks else "released")
 
 
 @pytest.mark.django_db
@@ -542,6 +626,14 @@ def _repinned(lease: EnvironmentLease) -> None:
     set_meta(EnvironmentLease.objects.get(pk=lease.pk), pluginId="plugin-other")
 
 
+def _other_provider(lease: EnvironmentLease) -> None:
+    EnvironmentLease.objects.filter(pk=lease.pk).update(provider="e2b")
+
+
+def _other_company(lease: EnvironmentLease) -> None:
+    EnvironmentLease.objects.filter(pk=lease.pk).update(company=CompanyFactory())
+
+
 def _settled_already(lease: EnvironmentLease) -> None:
     EnvironmentLease.objects.filter(pk=lease.pk).update(status="released")
 
@@ -560,6 +652,8 @@ def _reallocated(lease: EnvironmentLease) -> None:
         pytest.param(_repinned, id="plugin-pin-changed"),
         pytest.param(_settled_already, id="no-longer-pending"),
         pytest.param(_reallocated, id="allocation-changed"),
+        pytest.param(_other_provider, id="provider-changed"),
+        pytest.param(_other_company, id="company-changed"),
     ],
 )
 def test_late_receipt_never_rewrites_a_changed_lease(
