@@ -8,19 +8,21 @@ would sit on every request, and the secrets are 256-bit random, so it buys nothi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, models
+from django.db.models import Field
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
@@ -62,22 +64,137 @@ def parse_bearer(header: str, kind: str) -> tuple[str, str] | None:
     return prefix, secret
 
 
+type _Converter = Callable[[Any, Any, Any], Any]
+
+
+def _quoted(field: Field[Any, Any]) -> str:
+    if field.column is None:  # pragma: no cover - every concrete field has a column
+        raise ImproperlyConfigured(f"{field} has no column")
+    return connection.ops.quote_name(field.column)
+
+
+def _converters(fields: Sequence[Field[Any, Any]]) -> tuple[tuple[int, list[_Converter]], ...]:
+    """The value converters the ORM's compiler would apply, per column that has any."""
+    result = []
+    for index, field in enumerate(fields):
+        col = field.get_col(field.model._meta.db_table)
+        found = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if found:
+            result.append((index, found))
+    return tuple(result)
+
+
+@dataclass(frozen=True, slots=True)
+class _CredentialQuery:
+    """One round trip that loads a credential with its principal and, in the same statement,
+    refreshes `last_used_at` when the presented secret is the key's, the key is not revoked
+    and the stored value is older than LAST_USED_RESOLUTION (no write otherwise).
+
+    Built once per model from `_meta` (so it follows the schema) and run as raw SQL: the ORM
+    compiled the same lookup on every request, which was most of authentication's cost (see
+    bench/leases.py). Rows become instances through `from_db` and the field converters, as
+    the ORM would build them.
+
+    The bump compares hashes in SQL only to decide whether to write bookkeeping; whether the
+    request authenticates is decided in Python with `hmac.compare_digest` on the row's hash.
+    The statement's snapshot does not see its CTE's write, hence the `RETURNING` join.
+    """
+
+    model: type[AgentApiKey] | type[BoardApiToken]
+    principal: type[models.Model]
+    relation: models.ForeignKey[Any, Any]
+    sql: str
+    credential_fields: tuple[str, ...]
+    principal_fields: tuple[str, ...]
+    converters: tuple[tuple[int, list[_Converter]], ...]
+
+    @classmethod
+    def build(cls, model: type[AgentApiKey] | type[BoardApiToken]) -> _CredentialQuery:
+        relation = model._meta.get_field("agent" if model is AgentApiKey else "user")
+        principal = relation.related_model
+        if not isinstance(relation, models.ForeignKey) or not isinstance(principal, type):
+            raise ImproperlyConfigured(f"{model} has no principal foreign key")  # pragma: no cover
+        meta = model._meta
+        fields = list(meta.concrete_fields)
+        principal_fields = list(principal._meta.concrete_fields)
+        key_pk, last_used = _quoted(meta.pk), _quoted(meta.get_field("last_used_at"))
+        prefix, hashed = _quoted(meta.get_field("prefix")), _quoted(meta.get_field("secret_sha256"))
+        revoked = _quoted(meta.get_field("revoked_at"))
+        table = connection.ops.quote_name(meta.db_table)
+        selected = [
+            f"COALESCE(bump.{last_used}, c.{last_used})"
+            if field.name == "last_used_at"
+            else f"c.{_quoted(field)}"
+            for field in fields
+        ] + [f"p.{_quoted(field)}" for field in principal_fields]
+        sql = (
+            f"WITH bump AS (UPDATE {table} SET {last_used} = now()"  # noqa: S608 - identifiers from _meta
+            f" WHERE {prefix} = %(prefix)s AND {hashed} = %(secret_sha256)s"
+            f" AND {revoked} IS NULL"
+            f" AND ({last_used} IS NULL"
+            f" OR {last_used} < now() - make_interval(secs => %(resolution)s))"
+            f" RETURNING {key_pk}, {last_used})"
+            f" SELECT {', '.join(selected)} FROM {table} c"
+            f" JOIN {connection.ops.quote_name(principal._meta.db_table)} p"
+            f" ON p.{_quoted(principal._meta.pk)} = c.{_quoted(relation)}"
+            f" LEFT JOIN bump ON bump.{key_pk} = c.{key_pk}"
+            f" WHERE c.{prefix} = %(prefix)s"
+        )
+        return cls(
+            model=model,
+            principal=principal,
+            relation=relation,
+            sql=sql,
+            credential_fields=tuple(field.attname for field in fields),
+            principal_fields=tuple(field.attname for field in principal_fields),
+            converters=_converters(fields + principal_fields),
+        )
+
+    def fetch(self, prefix: str, secret_sha256: str) -> AgentApiKey | BoardApiToken | None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                self.sql,
+                {
+                    "prefix": prefix,
+                    "secret_sha256": secret_sha256,
+                    "resolution": LAST_USED_RESOLUTION.total_seconds(),
+                },
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        values = list(row)
+        for index, converters in self.converters:
+            for convert in converters:
+                values[index] = convert(values[index], None, connection)
+        split = len(self.credential_fields)
+        credential = self.model.from_db(connection.alias, self.credential_fields, values[:split])
+        principal = self.principal.from_db(connection.alias, self.principal_fields, values[split:])
+        self.relation.set_cached_value(credential, principal)
+        return credential
+
+
+@functools.cache
+def _credential_query(model: type[AgentApiKey] | type[BoardApiToken]) -> _CredentialQuery:
+    return _CredentialQuery.build(model)
+
+
 def _verify(
     model: type[AgentApiKey] | type[BoardApiToken], prefix: str, secret: str
 ) -> AgentApiKey | BoardApiToken:
-    related = "agent" if model is AgentApiKey else "user"
-    credential = model.objects.select_related(related).filter(prefix=prefix).first()
+    """The credential with `prefix` whose hash matches `secret`, with its principal loaded;
+    AuthenticationFailed otherwise. Revocation is read from the row on every request, so it
+    takes effect on the next one."""
+    presented = hash_secret(secret)
+    credential = _credential_query(model).fetch(prefix, presented)
     if credential is None:
         # Compare anyway so an unknown prefix costs the same as a wrong secret.
-        hmac.compare_digest(hash_secret(secret), "0" * 64)
+        hmac.compare_digest(presented, "0" * 64)
         raise exceptions.AuthenticationFailed("Invalid API credential.")
-    if not hmac.compare_digest(hash_secret(secret), credential.secret_sha256):
+    if not hmac.compare_digest(presented, credential.secret_sha256):
         raise exceptions.AuthenticationFailed("Invalid API credential.")
     if credential.revoked_at is not None:
         raise exceptions.AuthenticationFailed("This API credential has been revoked.")
-    model.objects.filter(pk=credential.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=Now() - LAST_USED_RESOLUTION)
-    ).update(last_used_at=Now())
     return credential
 
 

@@ -1,0 +1,112 @@
+"""The bearer-credential lookup: one statement per request that loads the key with its
+principal and refreshes `last_used_at` only for a valid, unrevoked key, at most once a minute."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.test import APIClient, APIRequestFactory
+
+from paperclip.api.auth import AgentKeyAuthentication, BoardTokenAuthentication
+from paperclip.credentials import agent_key_create, agent_key_revoke, board_token_create
+from paperclip.models import Agent, AgentApiKey, BoardApiToken
+from tests.core.helpers import assert_error
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _request(secret: str):
+    return APIRequestFactory().get("/api/me", HTTP_AUTHORIZATION=f"Bearer {secret}")
+
+
+def _client(secret: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    return client
+
+
+def _values(instance) -> dict:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_agent_key_loads_key_and_agent_as_the_orm_would(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    agent_obj, key = AgentKeyAuthentication().authenticate(_request(issued.secret))
+    assert isinstance(agent_obj, Agent)
+    assert isinstance(key, AgentApiKey)
+    assert _values(key) == _values(AgentApiKey.objects.get(pk=issued.id))
+    assert _values(agent_obj) == _values(Agent.objects.get(pk=agent.pk))
+    assert not key._state.adding
+    assert key._state.db == "default"
+    # The principal is cached on the key, like select_related: no further query.
+    with CaptureQueriesContext(connection) as queries:
+        assert key.agent is agent_obj
+    assert len(queries) == 0
+
+
+def test_board_token_loads_token_and_user_as_the_orm_would() -> None:
+    user = UserFactory()
+    issued = board_token_create(user=user)
+    user_obj, token = BoardTokenAuthentication().authenticate(_request(issued.secret))
+    assert isinstance(token, BoardApiToken)
+    assert _values(token) == _values(BoardApiToken.objects.get(pk=issued.id))
+    assert _values(user_obj) == _values(type(user).objects.get(pk=user.pk))
+    assert token.user is user_obj
+
+
+def test_authentication_is_one_statement_whether_or_not_it_writes(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    client = _client(issued.secret)
+    for _ in range(2):  # the first request writes last_used_at, the second does not
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get("/api/me").status_code == 200
+        assert len(queries) == 1, [q["sql"] for q in queries]
+
+
+def test_wrong_secret_does_not_touch_last_used_at(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    prefix = issued.secret.removeprefix("pcak_").split(".", 1)[0]
+    assert_error(_client(f"pcak_{prefix}.wrong").get("/api/me"), 401, "not_authenticated")
+    assert AgentApiKey.objects.get(pk=issued.id).last_used_at is None
+
+
+def test_revoked_key_is_refused_on_the_next_request_and_not_bumped(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    client = _client(issued.secret)
+    assert client.get("/api/me").status_code == 200
+    agent_key_revoke(key_id=issued.id, actor_type="system", actor_id="test")
+    stale = AgentApiKey.objects.get(pk=issued.id).last_used_at - timedelta(minutes=5)
+    AgentApiKey.objects.filter(pk=issued.id).update(last_used_at=stale)
+    assert_error(client.get("/api/me"), 401, "not_authenticated")
+    assert AgentApiKey.objects.get(pk=issued.id).last_used_at == stale
+
+
+def test_last_used_at_is_refreshed_only_after_the_resolution(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    client = _client(issued.secret)
+    client.get("/api/me")
+    first = AgentApiKey.objects.get(pk=issued.id).last_used_at
+    recent = first - timedelta(seconds=50)
+    AgentApiKey.objects.filter(pk=issued.id).update(last_used_at=recent)
+    client.get("/api/me")
+    assert AgentApiKey.objects.get(pk=issued.id).last_used_at == recent
+    old = first - timedelta(seconds=70)
+    AgentApiKey.objects.filter(pk=issued.id).update(last_used_at=old)
+    _, key = AgentKeyAuthentication().authenticate(_request(issued.secret))
+    stored = AgentApiKey.objects.get(pk=issued.id).last_used_at
+    assert stored > old
+    assert key.last_used_at == stored  # the instance carries the value just written
+
+
+def test_a_key_of_another_kind_with_the_same_prefix_is_not_found(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    with pytest.raises(AuthenticationFailed):
+        BoardTokenAuthentication().authenticate(
+            _request("pcbt_" + issued.secret.removeprefix("pcak_"))
+        )
+    assert AgentApiKey.objects.get(pk=issued.id).last_used_at is None
