@@ -12,8 +12,9 @@ only from the owner key that holds the lease at the generation it names.
 
 Cross-process exclusivity comes from PostgreSQL alone: the unique lease row per workspace,
 row locks in a fixed order (see `leases.locks`), and database time (`now()`) for every TTL.
-The renew hot path is two statements in one short transaction; the claim round-trips are
-raw SQL because this is the hottest write in the system (see bench/leases.py).
+The renew hot path is one gated UPDATE running as its own implicit transaction; only a miss
+takes the slow path (one short durable transaction under the workspace row lock). The claim
+round trips are raw SQL because this is the hottest write in the system (see bench/leases.py).
 """
 
 from __future__ import annotations

@@ -418,6 +418,53 @@ def test_board_cannot_record_fenced_operations(board_client, workspace):
     assert response.status_code == 403
 
 
+def test_operation_owner_ids_are_checked_like_a_claim(
+    agent_client, agent, workspace, other_company
+):
+    post(agent_client, workspace.pk, {"action": "start"})
+    cases = [
+        ({"issue_id": str(IssueFactory(company=other_company).pk)}, 404, "not_found"),
+        ({"issue_id": str(uuid.uuid4())}, 404, "not_found"),
+        ({"run_id": str(HeartbeatRunFactory(company=other_company).pk)}, 404, "not_found"),
+        (
+            {"run_id": str(HeartbeatRunFactory(company=workspace.company).pk)},
+            403,
+            "permission_denied",
+        ),
+    ]
+    for extra, http_status, code in cases:
+        response = operation(agent_client, workspace.pk, generation=1, **extra)
+        assert response.status_code == http_status, (extra, response.json())
+        assert error_code(response) == code
+    assert WorkspaceOperation.objects.count() == 0
+    # Refused before the fence is consulted: not recorded as a superseded write either.
+    assert not ActivityEvent.objects.filter(
+        action="runtime_lease.superseded_write_rejected"
+    ).exists()
+
+
+def test_operation_naming_another_owner_key_is_superseded(agent_client, agent, workspace):
+    post(agent_client, workspace.pk, {"action": "start"})  # held by agent:<id>
+    issue = IssueFactory(company=workspace.company)
+    response = operation(agent_client, workspace.pk, generation=1, issue_id=str(issue.pk))
+    assert response.status_code == 409
+    details = response.json()["error"]["details"]
+    assert details["requested_owner_key"] == f"issue:{issue.pk}"
+    assert details["owner_key"] == f"agent:{agent.pk}"
+    assert details["current_generation"] == 1
+    assert WorkspaceOperation.objects.count() == 0
+
+
+def test_operation_unauthenticated_is_401(client, workspace):
+    response = client.post(
+        url(workspace.pk, "operations"),
+        {"generation": 1, "phase": "p", "status": "running"},
+        content_type="application/json",
+    )
+    assert response.status_code == 401
+    assert error_code(response) == "not_authenticated"
+
+
 def test_operation_on_foreign_workspace_is_404(agent_client, other_company):
     foreign = ExecutionWorkspaceFactory(company=other_company)
     response = operation(agent_client, foreign.pk, generation=1)

@@ -73,9 +73,12 @@ def test_first_claim_creates_the_lease_with_generation_1(workspace, agent):
 
 
 def test_default_ttl_comes_from_settings(workspace, agent, settings):
-    settings.PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = 1800
+    # Not the shipped default (1800), so a hard-coded 30 minutes would fail here.
+    settings.PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = 420
     lease = claim(workspace, agent).lease
-    assert lease.expires_at - lease.claimed_at == timedelta(minutes=30)
+    assert lease.expires_at - lease.claimed_at == timedelta(seconds=420)
+    renewed = claim(workspace, agent).lease  # the renew fast path uses it too
+    assert renewed.expires_at - renewed.renewed_at == timedelta(seconds=420)
 
 
 def test_owner_key_prefers_issue_then_run_then_agent(workspace, agent):
@@ -259,11 +262,15 @@ def test_live_run_and_issue_owners_are_not_stale(workspace, agent):
 
 
 def test_owner_is_looked_up_inside_the_lease_company(workspace, agent, other_company):
-    # A lease naming an issue id that exists only in another company reads as missing.
-    foreign_issue = IssueFactory(company=other_company)
+    # A lease naming an issue or run id that exists only in another company reads as missing
+    # (the foreign rows are live, so a lookup that ignored the company would say "not stale").
+    foreign_issue = IssueFactory(company=other_company, status="in_progress")
+    foreign_run = HeartbeatRunFactory(company=other_company, status="running")
     lease = claim(workspace, agent).lease
     WorkspaceRuntimeLease.objects.filter(pk=lease.id).update(owner_key=f"issue:{foreign_issue.pk}")
     assert runtime_lease_evaluate_stale(lease_id=lease.id) == "owner_issue_missing"
+    WorkspaceRuntimeLease.objects.filter(pk=lease.id).update(owner_key=f"run:{foreign_run.pk}")
+    assert runtime_lease_evaluate_stale(lease_id=lease.id) == "owner_run_missing"
 
 
 def test_malformed_owner_key_reads_as_missing_owner_not_an_error(workspace, agent):

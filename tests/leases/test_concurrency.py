@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -94,8 +95,10 @@ CHILD = """
 import json, os, sys, uuid
 import django
 django.setup()
+from django.db import connection
 from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip.errors import DomainError
+connection.ensure_connection()  # connected before the start signal: the claims race, not setup
 print("ready", flush=True)
 sys.stdin.readline()  # the start signal, sent to every child at once
 try:
@@ -157,8 +160,10 @@ def test_eight_processes_racing_for_a_workspace_get_one_winner():
     assert WorkspaceRuntimeLease.objects.get().generation == 1
 
 
-def wait_for_lock_waiters(count: int = 1) -> None:
-    """Poll until `count` backends of this database wait for a row lock (bounded)."""
+def wait_for_lock_waiters(count: int = 1, *, until: Callable[[], bool] | None = None) -> bool:
+    """Poll until `count` backends of this database wait for a row lock (bounded). With
+    `until`, give up (returning False) as soon as it is true: the would-be waiter finished
+    without waiting."""
     deadline = time.monotonic() + TIMEOUT
     with psycopg.connect(**_params(), autocommit=True) as observer:
         while time.monotonic() < deadline:
@@ -167,7 +172,9 @@ def wait_for_lock_waiters(count: int = 1) -> None:
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'"
             ).fetchone()[0]
             if waiting >= count:
-                return
+                return True
+            if until is not None and until():
+                return False
             time.sleep(0.01)  # polling an observable state, not a timing assumption
     raise AssertionError("no backend started waiting for the lock")
 
@@ -238,36 +245,59 @@ def test_a_held_row_lock_turns_into_resource_busy_not_a_hang(monkeypatch):
     assert claim(workspace, agent).outcome == "renewed"
 
 
-def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next():
-    """The holder's write share-locks the lease row; a reclaim must wait for it, so the write
-    lands under the old generation and the holder's next write is refused."""
+def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next(monkeypatch):
+    """The real service's write holds the lease row (FOR SHARE) until it commits: a reclaim
+    started mid-write must wait for it, so the write lands under the old generation and the
+    holder's next write is refused. (Without the service's row lock the reclaim would finish
+    while the write is still open, and the write would then commit after the reclaim.)"""
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
     holder_agent, rival = AgentFactory.create_batch(2, company=company)
     claim(workspace, holder_agent)
     expire(workspace)
     owner = RuntimeLeaseOwner.for_agent(holder_agent.pk)
+    in_write, finish_write = threading.Event(), threading.Event()
+    real_audit = services._audit
 
-    with psycopg.connect(**_params()) as writer:
-        # The write's critical section, held open: share lock + the operation row.
-        writer.execute(
-            "SELECT 1 FROM execution_workspace_runtime_leases"
-            " WHERE execution_workspace_id = %s FOR SHARE",
-            [workspace.pk],
-        )
+    def audit_then_pause(**kwargs):
+        real_audit(**kwargs)
+        if kwargs["action"] == "workspace_operation.recorded":
+            # Inside the write's transaction, after the operation row: hold it open here.
+            in_write.set()
+            assert finish_write.wait(TIMEOUT)
 
-        def reclaim():
-            try:
-                return claim(workspace, rival)
-            finally:
-                connection.close()
+    monkeypatch.setattr(services, "_audit", audit_then_pause)
 
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(reclaim)
-            wait_for_lock_waiters()
-            assert not future.done()
-            writer.commit()
-            assert future.result(timeout=TIMEOUT).outcome == "reclaimed"
+    def write():
+        try:
+            return workspace_operation_create_fenced(
+                company_id=company.pk,
+                execution_workspace_id=workspace.pk,
+                owner=owner,
+                generation=1,
+                phase="runtime_start",
+                status="running",
+            )
+        finally:
+            connection.close()
+
+    def reclaim():
+        try:
+            return claim(workspace, rival)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        written = pool.submit(write)
+        assert in_write.wait(TIMEOUT)
+        reclaimed = pool.submit(reclaim)
+        waited = wait_for_lock_waiters(until=reclaimed.done)
+        finished_early = reclaimed.done()
+        finish_write.set()
+        assert written.result(timeout=TIMEOUT).lease_generation == 1
+        assert reclaimed.result(timeout=TIMEOUT).outcome == "reclaimed"
+    assert waited, "the reclaim did not wait for the in-flight fenced write"
+    assert not finished_early
 
     with pytest.raises(DomainError) as caught:
         workspace_operation_create_fenced(
@@ -280,7 +310,7 @@ def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next():
         )
     assert caught.value.code == "workspace_runtime_lease_superseded"
     assert caught.value.details["current_generation"] == 2
-    assert not WorkspaceOperation.objects.exists()
+    assert list(WorkspaceOperation.objects.values_list("lease_generation", flat=True)) == [1]
 
 
 def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation():

@@ -74,13 +74,39 @@ def test_sweep_deletes_stale_leases_in_batches_and_audits_each(company):
     assert {e.details["lease_id"] for e in events} == {str(lease.id) for lease in stale}
 
 
+def all_lease_rows() -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM execution_workspace_runtime_leases ORDER BY id")
+        return cursor.fetchall()
+
+
 @pytest.mark.django_db
 def test_dry_run_changes_nothing(company):
     seed(company)
-    output = sweep("--dry-run")
-    assert WorkspaceRuntimeLease.objects.count() == 7
+    before, events_before = all_lease_rows(), ActivityEvent.objects.count()
+    output = sweep("--dry-run", "--batch-size", "2")
+    assert all_lease_rows() == before  # not one column of one row
+    assert ActivityEvent.objects.count() == events_before
+    assert [line.split(":")[0] for line in output.splitlines()[:3]] == [
+        "batch 1",
+        "batch 2",
+        "batch 3",
+    ]
     assert "Dry run: would delete 5" in output
-    assert not ActivityEvent.objects.filter(action="runtime_lease.swept").exists()
+    assert "  lease_expired: 2" in output.splitlines()
+
+
+@pytest.mark.django_db
+def test_a_swept_workspace_never_gets_an_old_generation_back(company):
+    agent = AgentFactory(company=company)
+    ws = ExecutionWorkspaceFactory(company=company)
+    claim(ws, agent)
+    expire(ws)
+    assert claim(ws, AgentFactory(company=company)).lease.generation == 2  # reclaim
+    expire(ws)
+    sweep()
+    assert not WorkspaceRuntimeLease.objects.exists()
+    assert claim(ws, agent).lease.generation == 3
 
 
 @pytest.mark.django_db
