@@ -13,6 +13,8 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+import recovery.services
+import recovery.source
 from leases.export_resume import db_now
 from leases.models import EnvironmentLease
 from paperclip.models import (
@@ -1255,10 +1257,26 @@ def test_board_endpoint_scoping_and_validation(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_inspection_outside_a_transaction_uses_one_read_only_snapshot() -> None:
+def test_inspection_outside_a_transaction_uses_one_read_only_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     s = build_scenario()
+    seen: list[tuple[str, str]] = []
+    checks = recovery.source._inspect
+
+    def observed(*args: Any) -> Any:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('transaction_isolation'),"
+                " current_setting('transaction_read_only')"
+            )
+            seen.append(cursor.fetchone())
+        return checks(*args)
+
+    monkeypatch.setattr(recovery.source, "_inspect", observed)
     assert not connection.in_atomic_block
     assert len(inspect(s).sources) == 1
+    assert seen == [("repeatable read", "on")]
     assert failure_of(Scenario(**{**s.__dict__, "overrides": {"run_id": uuid.uuid4()}})).reason == (
         "source_run_missing"
     )
@@ -1283,3 +1301,8 @@ def test_admin_panel_shows_sources_or_the_failure() -> None:
     html = admin_panel_html(s.action)
     assert "<script>" not in html
     assert "&lt;script&gt;" in html
+
+
+def test_services_are_reachable_under_their_contract_names() -> None:
+    assert recovery.services.recovery_source_inspect is recovery_source_inspect
+    assert recovery.services.recovery_source_owned_lease is recovery_source_owned_lease
