@@ -224,6 +224,49 @@ def test_a_release_between_insert_conflict_and_row_lock_is_contended():
     assert claim(workspace, rival).lease.generation == 2
 
 
+def test_a_renew_committed_while_a_reclaim_waits_turns_the_reclaim_into_a_conflict():
+    """The reclaim judges staleness on the row as it is once locked, not as it was when the
+    claim began: the holder renewing its expired lease meanwhile keeps the lane."""
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    holder = AgentFactory(company=company)
+    claim(workspace, holder)
+    expire(workspace)
+    rival = AgentFactory(company=company)
+
+    with psycopg.connect(**_params()) as renewer:
+        # The holder's renew in flight: the row is locked, the expiry not yet moved.
+        renewer.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases"
+            " WHERE execution_workspace_id = %s FOR UPDATE",
+            [workspace.pk],
+        )
+
+        def rival_claim():
+            try:
+                return claim(workspace, rival)
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(rival_claim)
+            wait_for_lock_waiters()
+            renewer.execute(
+                "UPDATE execution_workspace_runtime_leases"
+                " SET expires_at = now() + interval '30 minutes', renewed_at = now()"
+                " WHERE execution_workspace_id = %s",
+                [workspace.pk],
+            )
+            renewer.commit()
+            with pytest.raises(RuntimeLeaseConflict) as caught:
+                future.result(timeout=TIMEOUT)
+
+    assert caught.value.details["owner_key"] == f"agent:{holder.pk}"
+    lease = WorkspaceRuntimeLease.objects.get()
+    assert (lease.owner_key, lease.generation) == (f"agent:{holder.pk}", 1)
+    assert ExecutionWorkspace.objects.get(pk=workspace.pk).runtime_lease_generation == 1
+
+
 def test_a_held_row_lock_turns_into_resource_busy_not_a_hang(monkeypatch):
     monkeypatch.setattr(services, "LOCK_TIMEOUT", "200ms")
     company = CompanyFactory()
