@@ -163,6 +163,17 @@ def test_an_expired_claim_can_be_reclaimed_and_the_old_attempt_goes_stale(
     assert late.json()["error"]["details"]["reason"] == "attempt_mismatch"
 
 
+def test_a_late_receipt_is_accepted_while_nobody_has_reclaimed(
+    company: Company, agent_client: APIClient
+) -> None:
+    lease = pending_lease(company)
+    attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
+    set_meta(EnvironmentLease.objects.get(pk=lease.pk), pendingCleanupLeaseExpiresAtMs=1000)
+    late = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
+    assert late.status_code == 200
+    assert late.json()["status"] == "released"
+
+
 def test_failed_receipt_keeps_the_lease_pending_and_claimable(
     company: Company, agent_client: APIClient
 ) -> None:
