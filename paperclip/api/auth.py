@@ -38,6 +38,7 @@ _SECRET_RE = re.compile(r"[A-Za-z0-9_\-]{1,256}")
 # last_used_at is bookkeeping, not a decision: refresh it at most this often, so a busy key does
 # not turn every request into a write on one hot row.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+_RESOLUTION_SECONDS = int(LAST_USED_RESOLUTION.total_seconds())
 
 
 def hash_secret(secret: str) -> str:
@@ -86,24 +87,24 @@ def _converters(fields: Sequence[Field[Any, Any]]) -> tuple[tuple[int, list[_Con
 
 @dataclass(frozen=True, slots=True)
 class _CredentialQuery:
-    """One round trip that loads a credential with its principal and, in the same statement,
-    refreshes `last_used_at` when the presented secret is the key's, the key is not revoked
-    and the stored value is older than LAST_USED_RESOLUTION (no write otherwise).
+    """The credential lookup as two prebuilt statements: one SELECT of the credential joined
+    with its principal (every request), and the `last_used_at` refresh (at most once per
+    LAST_USED_RESOLUTION per credential, after the secret has been verified).
 
     Built once per model from `_meta` (so it follows the schema) and run as raw SQL: the ORM
     compiled the same lookup on every request, which was most of authentication's cost (see
     bench/leases.py). Rows become instances through `from_db` and the field converters, as
-    the ORM would build them.
-
-    The bump compares hashes in SQL only to decide whether to write bookkeeping; whether the
-    request authenticates is decided in Python with `hmac.compare_digest` on the row's hash.
-    The statement's snapshot does not see its CTE's write, hence the `RETURNING` join.
+    the ORM would build them. Whether the refresh is due is decided by the database clock in
+    the SELECT, and re-checked by the UPDATE itself, so concurrent requests write it once.
+    (A single statement with the UPDATE in a CTE was measured too: parsing and planning it
+    costs more than the rare second round trip.)
     """
 
     model: type[AgentApiKey] | type[BoardApiToken]
     principal: type[models.Model]
     relation: models.ForeignKey[Any, Any]
-    sql: str
+    select_sql: str
+    touch_sql: str
     credential_fields: tuple[str, ...]
     principal_fields: tuple[str, ...]
     converters: tuple[tuple[int, list[_Converter]], ...]
@@ -118,52 +119,48 @@ class _CredentialQuery:
         fields = list(meta.concrete_fields)
         principal_fields = list(principal._meta.concrete_fields)
         key_pk, last_used = _quoted(meta.pk), _quoted(meta.get_field("last_used_at"))
-        prefix, hashed = _quoted(meta.get_field("prefix")), _quoted(meta.get_field("secret_sha256"))
-        revoked = _quoted(meta.get_field("revoked_at"))
         table = connection.ops.quote_name(meta.db_table)
-        selected = [
-            f"COALESCE(bump.{last_used}, c.{last_used})"
-            if field.name == "last_used_at"
-            else f"c.{_quoted(field)}"
-            for field in fields
-        ] + [f"p.{_quoted(field)}" for field in principal_fields]
-        sql = (
-            f"WITH bump AS (UPDATE {table} SET {last_used} = now()"  # noqa: S608 - identifiers from _meta
-            f" WHERE {prefix} = %(prefix)s AND {hashed} = %(secret_sha256)s"
-            f" AND {revoked} IS NULL"
-            f" AND ({last_used} IS NULL"
-            f" OR {last_used} < now() - make_interval(secs => %(resolution)s))"
-            f" RETURNING {key_pk}, {last_used})"
-            f" SELECT {', '.join(selected)} FROM {table} c"
-            f" JOIN {connection.ops.quote_name(principal._meta.db_table)} p"
+
+        def due(column: str) -> str:
+            """SQL: the stored last use is missing or older than the resolution (DB clock)."""
+            return (
+                f"({column} IS NULL"
+                f" OR {column} < now() - make_interval(secs => {_RESOLUTION_SECONDS}))"
+            )
+
+        columns = [f"c.{_quoted(field)}" for field in fields]
+        columns += [f"p.{_quoted(field)}" for field in principal_fields]
+        select_sql = (
+            f"SELECT {', '.join(columns)}, {due(f'c.{last_used}')}"  # noqa: S608 - identifiers from _meta
+            f" FROM {table} c JOIN {connection.ops.quote_name(principal._meta.db_table)} p"
             f" ON p.{_quoted(principal._meta.pk)} = c.{_quoted(relation)}"
-            f" LEFT JOIN bump ON bump.{key_pk} = c.{key_pk}"
-            f" WHERE c.{prefix} = %(prefix)s"
+            f" WHERE c.{_quoted(meta.get_field('prefix'))} = %s"
+        )
+        touch_sql = (
+            f"UPDATE {table} SET {last_used} = now()"  # noqa: S608 - identifiers from _meta
+            f" WHERE {key_pk} = %s AND {_quoted(meta.get_field('revoked_at'))} IS NULL"
+            f" AND {due(last_used)} RETURNING {last_used}"
         )
         return cls(
             model=model,
             principal=principal,
             relation=relation,
-            sql=sql,
+            select_sql=select_sql,
+            touch_sql=touch_sql,
             credential_fields=tuple(field.attname for field in fields),
             principal_fields=tuple(field.attname for field in principal_fields),
             converters=_converters(fields + principal_fields),
         )
 
-    def fetch(self, prefix: str, secret_sha256: str) -> AgentApiKey | BoardApiToken | None:
+    def fetch(self, prefix: str) -> tuple[AgentApiKey | BoardApiToken, bool] | None:
+        """(credential with its principal cached, whether last_used_at is due); None when
+        no credential has this prefix."""
         with connection.cursor() as cursor:
-            cursor.execute(
-                self.sql,
-                {
-                    "prefix": prefix,
-                    "secret_sha256": secret_sha256,
-                    "resolution": LAST_USED_RESOLUTION.total_seconds(),
-                },
-            )
+            cursor.execute(self.select_sql, [prefix])
             row = cursor.fetchone()
         if row is None:
             return None
-        values = list(row)
+        values = list(row[:-1])
         for index, converters in self.converters:
             for convert in converters:
                 values[index] = convert(values[index], None, connection)
@@ -171,7 +168,15 @@ class _CredentialQuery:
         credential = self.model.from_db(connection.alias, self.credential_fields, values[:split])
         principal = self.principal.from_db(connection.alias, self.principal_fields, values[split:])
         self.relation.set_cached_value(credential, principal)
-        return credential
+        return credential, bool(row[-1])
+
+    def touch(self, credential: AgentApiKey | BoardApiToken) -> None:
+        """Record the use (no-op when a concurrent request just did)."""
+        with connection.cursor() as cursor:
+            cursor.execute(self.touch_sql, [credential.pk])
+            row = cursor.fetchone()
+        if row is not None:
+            credential.last_used_at = row[0]
 
 
 @functools.cache
@@ -184,17 +189,21 @@ def _verify(
 ) -> AgentApiKey | BoardApiToken:
     """The credential with `prefix` whose hash matches `secret`, with its principal loaded;
     AuthenticationFailed otherwise. Revocation is read from the row on every request, so it
-    takes effect on the next one."""
+    takes effect on the next one. One statement, plus the `last_used_at` refresh when due."""
+    query = _credential_query(model)
     presented = hash_secret(secret)
-    credential = _credential_query(model).fetch(prefix, presented)
-    if credential is None:
+    found = query.fetch(prefix)
+    if found is None:
         # Compare anyway so an unknown prefix costs the same as a wrong secret.
         hmac.compare_digest(presented, "0" * 64)
         raise exceptions.AuthenticationFailed("Invalid API credential.")
+    credential, last_used_due = found
     if not hmac.compare_digest(presented, credential.secret_sha256):
         raise exceptions.AuthenticationFailed("Invalid API credential.")
     if credential.revoked_at is not None:
         raise exceptions.AuthenticationFailed("This API credential has been revoked.")
+    if last_used_due:
+        query.touch(credential)
     return credential
 
 

@@ -1,5 +1,5 @@
-"""The bearer-credential lookup: one statement per request that loads the key with its
-principal and refreshes `last_used_at` only for a valid, unrevoked key, at most once a minute."""
+"""The bearer-credential lookup: one statement per request loads the key with its principal;
+`last_used_at` is refreshed only for a valid, unrevoked key, at most once a minute."""
 
 from __future__ import annotations
 
@@ -59,13 +59,19 @@ def test_board_token_loads_token_and_user_as_the_orm_would() -> None:
     assert token.user is user_obj
 
 
-def test_authentication_is_one_statement_whether_or_not_it_writes(agent: Agent) -> None:
+def test_authentication_is_one_statement_plus_the_refresh_when_due(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
     client = _client(issued.secret)
-    for _ in range(2):  # the first request writes last_used_at, the second does not
+    for expected in (2, 1, 1):  # the first use writes last_used_at; the next ones only read
         with CaptureQueriesContext(connection) as queries:
             assert client.get("/api/me").status_code == 200
-        assert len(queries) == 1, [q["sql"] for q in queries]
+        assert len(queries) == expected, [q["sql"] for q in queries]
+    stale = AgentApiKey.objects.get(pk=issued.id).last_used_at - timedelta(minutes=2)
+    AgentApiKey.objects.filter(pk=issued.id).update(last_used_at=stale)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/api/me").status_code == 200
+    assert len(queries) == 2
+    assert AgentApiKey.objects.get(pk=issued.id).last_used_at > stale
 
 
 def test_wrong_secret_does_not_touch_last_used_at(agent: Agent) -> None:

@@ -110,7 +110,8 @@ def test_boolean_ttl_is_still_a_400(agent_client, workspace):
 
 
 def test_http_renew_is_two_statements(agent_client, workspace):
-    """Authentication (one statement) plus the service's renew (one statement)."""
+    """Authentication (one statement: last_used_at was just written) plus the service's renew
+    (one statement)."""
     assert agent_client.post(url(workspace), {"action": "start"}, "json").status_code == 200
     with CaptureQueriesContext(connection) as queries:
         response = agent_client.post(url(workspace), {"action": "start"}, "json")
