@@ -14,7 +14,7 @@ from paperclip.activity import activity_record
 from paperclip.api.auth import Actor
 from paperclip.db.advisory import set_local_lock_timeout, try_advisory_xact_lock
 from paperclip.errors import InvalidRequest, NotFoundError, ResourceBusy
-from paperclip.models import HeartbeatRun, Issue, NativeRunResult
+from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
@@ -57,10 +57,19 @@ def nonblank_length(text: str) -> int:
 
 
 def _replay(
-    action: IssueRecoveryAction, run: HeartbeatRun, run_id: UUID, owner_token: str
+    *,
+    action: IssueRecoveryAction | None,
+    run: HeartbeatRun | None,
+    coordinator: NativeRunFinalization | None,
+    run_id: UUID,
+    owner_token: str,
 ) -> OwnerStopConfirmation | None:
-    """The earlier answer, if this exact confirmation was already recorded and its receipt is
-    gone (a repeat can never release a newer owner)."""
+    """The earlier answer, if this exact confirmation (same action, run, owner token and saved
+    result) was already recorded and its receipt is gone. Never writes, so a repeat can't
+    release a newer owner. Safe without row locks: a recorded stop is never removed and a
+    released token never comes back (tokens are random per claim)."""
+    if action is None or run is None or coordinator is None:
+        return None
     evidence: Any = action.evidence
     stop = evidence.get("workspaceOwnerStop") if isinstance(evidence, dict) else None
     if not isinstance(stop, dict) or evidence.get("runId") != str(run_id):
@@ -68,14 +77,12 @@ def _replay(
     owner = stop.get("owner")
     if not isinstance(owner, dict) or owner.get("token") != owner_token:
         return None
+    if coordinator.result_id is None or stop.get("resultId") != str(coordinator.result_id):
+        return None
     current = raw_owner(run.runner_profile_json)
     if isinstance(current, dict) and current.get("token") == owner_token:
         return None
-    try:
-        result_id = UUID(str(stop.get("resultId")))
-    except ValueError:
-        return None
-    return OwnerStopConfirmation(run_id=run_id, result_id=result_id, replayed=True)
+    return OwnerStopConfirmation(run_id=run_id, result_id=coordinator.result_id, replayed=True)
 
 
 def recovery_owner_stop_confirm(
@@ -98,8 +105,8 @@ def recovery_owner_stop_confirm(
     or receipt is no longer the recorded one or a newer run exists; WorkspaceControllerAlive
     when the owner is on this host and its process is alive; NotFoundError for an issue the
     actor can't see; InvalidRequest without the checkbox or with short evidence. A repeat is
-    idempotent (same answer, nothing written). Audited (`issue.workspace_owner_stop_confirmed`);
-    NOTIFY wakes the reconcilers on commit.
+    idempotent (same answer, nothing written, even while the lock is held). Audited
+    (`issue.workspace_owner_stop_confirmed`); NOTIFY wakes the reconcilers on commit.
     """
     fields: dict[str, list[str]] = {}
     if controller_and_copyback_stopped is not True:
@@ -114,6 +121,20 @@ def recovery_owner_stop_confirm(
     if visible is None or not actor.can_access(visible):
         raise NotFoundError()
     company_id: UUID = visible
+    # An exact repeat answers the same even while the reconciler it woke holds the lock.
+    replay = _replay(
+        action=IssueRecoveryAction.objects.filter(
+            pk=action_id, company_id=company_id, source_issue_id=issue_id
+        ).first(),
+        run=HeartbeatRun.objects.filter(pk=run_id, company_id=company_id).first(),
+        coordinator=NativeRunFinalization.objects.filter(
+            run_id=run_id, company_id=company_id, issue_id=issue_id
+        ).first(),
+        run_id=run_id,
+        owner_token=owner_token,
+    )
+    if replay is not None:
+        return replay
     try:
         with transaction.atomic(durable=True):
             return _confirm_locked(
@@ -161,7 +182,9 @@ def _confirm_locked(
     )
     if issue is None or coordinator is None or run is None or action is None:
         raise stale(reason="binding_missing")
-    replay = _replay(action, run, run_id, owner_token)
+    replay = _replay(
+        action=action, run=run, coordinator=coordinator, run_id=run_id, owner_token=owner_token
+    )
     if replay is not None:
         return replay
     evidence: dict[str, Any] = action.evidence if isinstance(action.evidence, dict) else {}

@@ -1,0 +1,190 @@
+"""Owner-stop confirmation admission (UPSTREAM §7.2): every check refuses on its own and a
+refusal changes nothing; replays answer the same without writing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from paperclip.db.advisory import connection_params
+from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult
+from recovery.errors import WorkspaceCopybackActive, WorkspaceOwnerRecoveryStale
+from recovery.locks import finalization_lock_key
+from recovery.models import IssueRecoveryAction
+from recovery.receipts import OWNER_KEY
+from tests.factories import AgentFactory, NativeRunFactory
+from tests.recovery.factories import Binding
+from tests.recovery.services.test_owner_stop import confirm, held_binding
+
+pytestmark = pytest.mark.django_db
+
+Mutation = Callable[[Binding, IssueRecoveryAction, dict[str, Any]], None]
+
+
+def _action(**fields: Any) -> Mutation:
+    def mutate(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+        IssueRecoveryAction.objects.filter(pk=action.pk).update(**fields)
+
+    return mutate
+
+
+def _evidence_run_id(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+    IssueRecoveryAction.objects.filter(pk=action.pk).update(
+        evidence={**action.evidence, "runId": "00000000-0000-0000-0000-000000000001"}
+    )
+
+
+def _run(**fields: Any) -> Mutation:
+    def mutate(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+        HeartbeatRun.objects.filter(pk=b.run.pk).update(**fields)
+
+    return mutate
+
+
+def _coordinator(**fields: Any) -> Mutation:
+    def mutate(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+        type(b.coordinator).objects.filter(pk=b.coordinator.pk).update(**fields)
+
+    return mutate
+
+
+def _issue(**fields: Any) -> Mutation:
+    def mutate(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+        type(b.issue).objects.filter(pk=b.issue.pk).update(**fields)
+
+    return mutate
+
+
+def _assignee_elsewhere(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+    type(b.issue).objects.filter(pk=b.issue.pk).update(
+        assignee_agent=AgentFactory(company=b.company)
+    )
+
+
+def _checkout_by_another_run(
+    b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]
+) -> None:
+    other = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue, status="failed")
+    HeartbeatRun.objects.filter(pk=other.pk).update(created_at=b.run.created_at)
+    type(b.issue).objects.filter(pk=b.issue.pk).update(checkout_run=other)
+
+
+def _rejected_result(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+    assert b.result is not None
+    NativeRunResult.objects.filter(pk=b.result.pk).update(schema_status="rejected")
+
+
+def _newer_finished_run(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+    NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue, status="failed")
+
+
+def _receipt_gone(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={})
+
+
+def _receipt_differs_from_evidence(
+    b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]
+) -> None:
+    # Same token, but not the process the board was shown.
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(
+        runner_profile_json={OWNER_KEY: {**receipt, "pid": receipt["pid"] + 1}}
+    )
+
+
+ADMISSION_CHECKS: dict[str, Mutation] = {
+    "action resolved": _action(status="resolved"),
+    "action cancelled": _action(status="cancelled"),
+    "action of another cause": _action(cause="stranded_assigned_issue"),
+    "action not board-owned": _action(owner_type="agent"),
+    "action of another kind": _action(kind="workspace_validation"),
+    "action for another run": _evidence_run_id,
+    "run not native": _run(runtime_mode="legacy"),
+    "run not running": _run(status="succeeded"),
+    "coordinator committed": _coordinator(phase="committed"),
+    "coordinator observed": _coordinator(phase="observed"),
+    "coordinator leased": _coordinator(lease_owner="boot:1:lease"),
+    "no accepted result": _coordinator(result=None),
+    "issue done": _issue(status="done"),
+    "issue cancelled": _issue(status="cancelled"),
+    "issue assigned to another agent": _assignee_elsewhere,
+    "issue executed by nobody": _issue(execution_run=None),
+    "issue checked out by another run": _checkout_by_another_run,
+    "result rejected": _rejected_result,
+    "newer run (finished)": _newer_finished_run,
+    "receipt already gone, nothing recorded": _receipt_gone,
+    "receipt differs from the recorded owner": _receipt_differs_from_evidence,
+}
+
+
+@pytest.mark.parametrize("mutate", ADMISSION_CHECKS.values(), ids=ADMISSION_CHECKS.keys())
+def test_each_admission_check_refuses_and_changes_nothing(mutate: Mutation) -> None:
+    b, action, receipt, actor = held_binding()
+    mutate(b, action, receipt)
+    run_before = HeartbeatRun.objects.values().get(pk=b.run.pk)
+    action_before = IssueRecoveryAction.objects.values().get(pk=action.pk)
+
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
+
+    assert HeartbeatRun.objects.values().get(pk=b.run.pk) == run_before
+    assert IssueRecoveryAction.objects.values().get(pk=action.pk) == action_before
+    assert not ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").exists()
+
+
+def test_the_unmutated_binding_is_admitted() -> None:
+    """The control for the table above: each refusal comes from its own mutation."""
+    b, action, receipt, actor = held_binding()
+    assert confirm(b, action, receipt["token"], actor).status == "queued"
+
+
+def _hold_lock(b: Binding) -> psycopg.Connection[Any]:
+    params = connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    other = psycopg.connect(**params, autocommit=True)
+    other.execute("SET lock_timeout = '5s'")  # fail, never hang, if someone else holds it
+    other.execute(
+        "SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+        [finalization_lock_key(b.company.pk, b.run.pk)],
+    )
+    return other
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_repeat_answers_the_same_while_the_woken_reconciler_holds_the_lock() -> None:
+    b, action, receipt, actor = held_binding()
+    first = confirm(b, action, receipt["token"], actor)
+    with _hold_lock(b):
+        again = confirm(b, action, receipt["token"], actor)
+        # A first confirmation would still be refused while copy-back may be running.
+        other_b, other_action, other_receipt, other_actor = held_binding()
+        with _hold_lock(other_b), pytest.raises(WorkspaceCopybackActive):
+            confirm(other_b, other_action, other_receipt["token"], other_actor)
+    assert (again.run_id, again.result_id, again.status, again.replayed) == (
+        first.run_id,
+        first.result_id,
+        "queued",
+        True,
+    )
+    assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 1
+
+
+def test_a_repeat_for_another_saved_result_is_not_a_replay() -> None:
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    other = NativeRunResult.objects.create(
+        company=b.company,
+        issue=b.issue,
+        run=b.run,
+        completion_contract_id=b.run.completion_contract_id,
+        server_fingerprint="another",
+        schema_status="accepted",
+        result_json={},
+        canonical_sha256="0" * 64,
+    )
+    type(b.coordinator).objects.filter(pk=b.coordinator.pk).update(result=other)
+    with pytest.raises(WorkspaceOwnerRecoveryStale):
+        confirm(b, action, receipt["token"], actor)
