@@ -29,6 +29,17 @@ class FinalizationNotAcquired(ConflictError):
     )
 
 
+class FinalizationOwnershipLostError(ConflictError):
+    """The HTTP face of FinalizationOwnershipLost: the finalization stopped mid-way."""
+
+    code = "finalization_ownership_lost"
+    message = (
+        "Finalization ownership was lost mid-way (lock connection or owner receipt gone); "
+        "nothing further was published."
+    )
+    remediation = "Inspect the run's recovery actions; the reconciler retries if it can."
+
+
 class FinalizationNotReady(ConflictError):
     code = "finalization_not_ready"
     message = "The run has no accepted result waiting for workspace finalization."

@@ -21,7 +21,11 @@ from rest_framework.views import APIView
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for, scoped_get
 from paperclip.errors import PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
-from recovery.errors import FinalizationNotAcquired
+from recovery.errors import (
+    FinalizationNotAcquired,
+    FinalizationOwnershipLost,
+    FinalizationOwnershipLostError,
+)
 from recovery.platform import worker_stop_record
 from recovery.selectors import recovery_action_list_for_issue
 from recovery.services import (
@@ -147,7 +151,11 @@ class RunFinalizeApi(APIView):
         run = scoped_get(HeartbeatRun.objects.all(), actor, run_id)
         if actor.is_agent and run.agent_id != actor.agent_id:
             raise PermissionDenied("Only the run's own agent or a board member may finalize it.")
-        outcome = run_finalize(company_id=run.company_id, run_id=run.pk)
+        try:
+            outcome = run_finalize(company_id=run.company_id, run_id=run.pk)
+        except FinalizationOwnershipLost as exc:
+            # Not a DomainError on purpose (the services treat it as a control-flow signal).
+            raise FinalizationOwnershipLostError(reason=exc.reason, run_id=str(run.pk)) from exc
         if isinstance(outcome, NotAcquired):
             raise FinalizationNotAcquired(reason=outcome.reason, run_id=str(run.pk))
         value = outcome.value

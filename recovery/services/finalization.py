@@ -10,9 +10,11 @@ from uuid import UUID, uuid4
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record, require_transaction
+from paperclip.errors import DomainError
 from paperclip.models import (
     HeartbeatRun,
     Issue,
@@ -70,7 +72,9 @@ class ResultAcceptance:
 @dataclass(frozen=True, slots=True)
 class FinalizeOutcome:
     run_id: UUID
-    status: Literal["committed", "already_committed", "retry_scheduled", "retry_exhausted"]
+    status: Literal[
+        "committed", "already_committed", "retry_scheduled", "retry_exhausted", "not_due"
+    ]
     phase: str
     result_id: UUID | None
     run_status: str
@@ -109,6 +113,16 @@ def _locked_binding(
     if issue is None or locked_run is None:
         raise FinalizationBindingMissing(run_id=str(run_id))
     return issue, coordinator, locked_run
+
+
+def _require_receipt(run: HeartbeatRun, ownership: FinalizationOwnership) -> None:
+    """Fence a write on the locked run row: our receipt must still be the run's receipt, so
+    nothing is published after ownership moved on (the row lock keeps it stable until
+    commit)."""
+    profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
+    receipt = profile.get(OWNER_KEY)
+    if not isinstance(receipt, dict) or receipt.get("token") != ownership.token:
+        raise FinalizationOwnershipLost("owner_replaced")
 
 
 def result_accept(
@@ -259,8 +273,43 @@ def _start_operation(
     """Record `workspace_finalize` (running) and move the coordinator to workspace_finalizing."""
     with transaction.atomic(durable=True):
         issue, coordinator, locked = _locked_binding(company_id=run.company_id, run_id=run.pk)
+        _require_receipt(locked, ownership)
         if coordinator is None or coordinator.phase not in (*WAITING_PHASES, "retryable_failure"):
             raise FinalizationNotReady(run_id=str(run.pk))
+        # A `running` row left by an earlier owner is not a barrier and never will be: that
+        # owner was verified gone before we could claim the receipt. Close it as abandoned so
+        # operators see no phantom copy-back in progress.
+        abandoned = list(
+            WorkspaceOperation.objects.filter(
+                company_id=run.company_id,
+                heartbeat_run_id=run.pk,
+                phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
+                status=WorkspaceOperation.Status.RUNNING,
+            ).values_list("pk", flat=True)
+        )
+        if abandoned:
+            with transaction.get_connection().cursor() as cursor:
+                cursor.execute(
+                    "UPDATE workspace_operations SET status = %s, finished_at = now(), "
+                    "updated_at = now(), metadata = coalesce(metadata, '{}'::jsonb) || "
+                    '\'{"error": "abandoned_by_previous_owner"}\'::jsonb '
+                    "WHERE id = ANY(%s) AND status = %s",
+                    [
+                        WorkspaceOperation.Status.FAILED,
+                        abandoned,
+                        WorkspaceOperation.Status.RUNNING,
+                    ],
+                )
+            activity_record(
+                company_id=run.company_id,
+                actor_type="system",
+                actor_id=FINALIZER,
+                action="run.workspace_finalize_abandoned",
+                entity_type="heartbeat_run",
+                entity_id=run.pk,
+                run_id=run.pk,
+                details={"operationIds": [str(pk) for pk in abandoned]},
+            )
         coordinator.phase = NativeRunFinalization.Phase.WORKSPACE_FINALIZING
         coordinator.attempt += 1
         coordinator.updated_at = Now()
@@ -334,13 +383,16 @@ def _finish_operation(
             )
 
 
-def _schedule_retry(*, company_id: UUID, run_id: UUID, code: str, detail: str) -> FinalizeOutcome:
+def _schedule_retry(
+    *, ownership: FinalizationOwnership, company_id: UUID, run_id: UUID, code: str, detail: str
+) -> FinalizeOutcome:
     """A copy-back failure keeps the saved result: back off, and after the budget stop
     automatic retries (phase retryable_failure) until someone finalizes it explicitly."""
     with transaction.atomic(durable=True):
         _issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
         if coordinator is None:
             raise FinalizationNotReady(run_id=str(run_id))
+        _require_receipt(run, ownership)
         if coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
             # A committed coordinator is never overwritten by a late failure.
             return _outcome(coordinator, run, "already_committed")
@@ -420,10 +472,7 @@ def _commit(
             raise FinalizationNotReady(run_id=str(run_id))
         # Fence inside the transaction: the run row is locked, so our receipt can't change
         # between this check and the commit.
-        profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
-        receipt = profile.get(OWNER_KEY)
-        if not isinstance(receipt, dict) or receipt.get("token") != ownership.token:
-            raise FinalizationOwnershipLost("owner_replaced")
+        _require_receipt(run, ownership)
         if coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
             return _outcome(coordinator, run, "already_committed")
         result = (
@@ -505,7 +554,15 @@ def _commit(
         return _outcome(coordinator, run, "committed", operation_id=operation_id, copied=copied)
 
 
-def _finalize_owned(ownership: FinalizationOwnership) -> FinalizeOutcome:
+def _not_due(run_id: UUID) -> bool:
+    """The coordinator no longer waits for an automatic attempt: it moved past the waiting
+    phases or its retry time (database clock) is still ahead."""
+    waiting = NativeRunFinalization.objects.filter(run_id=run_id, phase__in=WAITING_PHASES)
+    due = waiting.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now()))
+    return waiting.exists() and not due.exists()
+
+
+def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> FinalizeOutcome:
     company_id, run_id = ownership.company_id, ownership.run_id
     run = (
         HeartbeatRun.objects.select_related("execution_workspace")
@@ -523,6 +580,10 @@ def _finalize_owned(ownership: FinalizationOwnership) -> FinalizeOutcome:
         or coordinator.phase not in (*WAITING_PHASES, "retryable_failure")
     ):
         raise FinalizationNotReady(run_id=str(run_id))
+    if due_only and (coordinator.phase not in WAITING_PHASES or _not_due(run_id)):
+        # Rechecked under ownership (UPSTREAM §4.1): another reconciler may have attempted it
+        # and scheduled a retry since our sweep selected it. Spend nothing.
+        return _outcome(coordinator, run, "not_due")
     issue = Issue.objects.select_related("execution_workspace").get(pk=coordinator.issue_id)
     barrier = WorkspaceOperation.objects.filter(
         company_id=company_id,
@@ -568,7 +629,9 @@ def _finalize_owned(ownership: FinalizationOwnership) -> FinalizeOutcome:
         _finish_operation(
             operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
         )
-        return _schedule_retry(company_id=company_id, run_id=run_id, code=code, detail=str(exc))
+        return _schedule_retry(
+            ownership=ownership, company_id=company_id, run_id=run_id, code=code, detail=str(exc)
+        )
     _finish_operation(
         operation=operation,
         succeeded=True,
@@ -594,16 +657,26 @@ def _finalize_owned(ownership: FinalizationOwnership) -> FinalizeOutcome:
     )
 
 
-def run_finalize(*, company_id: UUID, run_id: UUID) -> Acquired[FinalizeOutcome] | NotAcquired:
+def run_finalize(
+    *, company_id: UUID, run_id: UUID, due_only: bool = False
+) -> Acquired[FinalizeOutcome] | NotAcquired:
     """Finalize a run's workspace under finalization ownership: record `workspace_finalize`,
     copy the run's workspace directory back to the execution workspace's cwd, then commit.
 
     Returns NotAcquired(reason) when ownership isn't ours (see with_finalization_ownership).
     A copy-back failure keeps the saved result and schedules a retry (outcome
-    retry_scheduled / retry_exhausted). Raises FinalizationBindingMissing, FinalizationNotReady,
-    FinalizationOwnershipLost (ownership lost mid-way: nothing is published after that).
+    retry_scheduled / retry_exhausted). With `due_only` (the reconciler) a coordinator whose
+    retry time is still ahead, rechecked under ownership, is left alone (outcome not_due).
+    Locks: the finalization advisory lock (dedicated connection) for the whole run, then
+    issue → coordinator → run per progress write. Raises FinalizationBindingMissing,
+    FinalizationNotReady, FinalizationOwnershipLost (ownership lost mid-way: nothing is
+    published after that).
     """
-    return with_finalization_ownership(company_id=company_id, run_id=run_id, action=_finalize_owned)
+
+    def action(ownership: FinalizationOwnership) -> FinalizeOutcome:
+        return _finalize_owned(ownership, due_only=due_only)
+
+    return with_finalization_ownership(company_id=company_id, run_id=run_id, action=action)
 
 
 def finalizations_reconcile(
@@ -627,18 +700,22 @@ def finalizations_reconcile(
             after = run_id
             examined += 1
             try:
-                outcome = run_finalize(company_id=company_id, run_id=run_id)
-            except (
-                FinalizationNotReady,
-                FinalizationBindingMissing,
-                FinalizationOwnershipLost,
-            ) as exc:
+                outcome = run_finalize(company_id=company_id, run_id=run_id, due_only=True)
+            except (DomainError, FinalizationOwnershipLost) as exc:
                 errors += 1
                 text = f"error {getattr(exc, 'code', None) or exc}"
+            except Exception as exc:
+                # One broken run must not stop the sweep; it is retried next time.
+                logger.exception("finalization of run %s failed", run_id)
+                errors += 1
+                text = f"error {type(exc).__name__}"
             else:
                 if isinstance(outcome, NotAcquired):
                     not_acquired[outcome.reason] = not_acquired.get(outcome.reason, 0) + 1
                     text = f"skipped ({outcome.reason})"
+                elif outcome.value.status == "not_due":
+                    not_acquired["not_due"] = not_acquired.get("not_due", 0) + 1
+                    text = "skipped (not due)"
                 elif outcome.value.status == "committed":
                     committed += 1
                     text = "committed"
