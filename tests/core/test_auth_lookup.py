@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.test import APIClient, APIRequestFactory
@@ -116,3 +116,35 @@ def test_a_key_of_another_kind_with_the_same_prefix_is_not_found(agent: Agent) -
             _request("pcbt_" + issued.secret.removeprefix("pcak_"))
         )
     assert AgentApiKey.objects.get(pk=issued.id).last_used_at is None
+
+
+def _prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_the_lookup_is_prepared_once_per_session_and_reused(agent: Agent) -> None:
+    issued = agent_key_create(agent_id=agent.pk)
+    client = _client(issued.secret)
+    for _ in range(3):
+        assert client.get("/api/me").status_code == 200
+    lookups = [s for s in _prepared_statements() if '"agent_api_keys"' in s]
+    assert len(lookups) == 1
+    assert 'WHERE c."prefix" = $1' in lookups[0]
+    # Django's own (client-side binding) statements are never prepared.
+    assert not any("activity" in s or "INSERT" in s for s in _prepared_statements())
+
+
+def test_the_lookup_survives_a_rolled_back_savepoint(agent: Agent) -> None:
+    """psycopg forgets its prepared statements after a rollback; the next lookup re-prepares."""
+    issued = agent_key_create(agent_id=agent.pk)
+    client = _client(issued.secret)
+    assert client.get("/api/me").status_code == 200
+    sid = transaction.savepoint_create()
+    Agent.objects.filter(pk=agent.pk).update(name="renamed")
+    transaction.savepoint_rollback(sid)
+    assert client.get("/api/me").status_code == 200
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    assert client.get("/api/me").status_code == 200
