@@ -13,18 +13,29 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
 
-from paperclip.models import ActivityEvent, WorkspaceOperation
+from paperclip.api.auth import board_actor
+from paperclip.models import ActivityEvent, BoardMembership, WorkspaceOperation
+from recovery.errors import FinalizationOwnershipLost
 from recovery.models import IssueRecoveryAction
 from recovery.receipts import OWNER_KEY
 from recovery.selectors import OWNER_UNVERIFIED_CAUSE
-from recovery.services import Acquired, NotAcquired, with_finalization_ownership
+from recovery.services import (
+    Acquired,
+    NotAcquired,
+    recovery_owner_stop_confirm,
+    run_finalize,
+    with_finalization_ownership,
+)
+from tests.factories import UserFactory
 from tests.recovery.factories import make_binding
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -98,18 +109,23 @@ def reaper() -> Iterator[list[int]]:
             os.killpg(pid, signal.SIGKILL)
 
 
-def test_sigkilled_controller_with_live_orphan_is_never_taken_over(
+def test_controller_sigkilled_mid_copyback_with_a_live_orphan_is_held_for_the_board(
     tmp_path: Path, reaper: list[int]
 ) -> None:
-    b = make_binding()
-    proc = _spawn("crash_during_copy", b.company.pk, b.run.pk, tmp_path)
+    b = make_binding(tmp_path=tmp_path)
+    status = tmp_path / "status"
+    status.mkdir()
+    proc = _spawn("crash_during_real_copyback", b.company.pk, b.run.pk, status)
     try:
-        _wait_for(tmp_path / "ready", proc)
-        orphan_pid = int((tmp_path / "orphan.pid").read_text())
+        _wait_for(status / "ready", proc)
+        orphan_pid = int((status / "orphan.pid").read_text())
         reaper.append(orphan_pid)
-        b.run.refresh_from_db()
+        b.refresh()
         receipt = b.run.runner_profile_json[OWNER_KEY]
         assert receipt["pid"] == proc.pid
+        assert b.coordinator.phase == "workspace_finalizing"
+        running = WorkspaceOperation.objects.get(heartbeat_run=b.run, phase="workspace_finalize")
+        assert running.status == "running"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=TIMEOUT)
     finally:
@@ -118,27 +134,105 @@ def test_sigkilled_controller_with_live_orphan_is_never_taken_over(
             proc.wait(timeout=TIMEOUT)
     ran: list[int] = []
 
+    # The controller is dead, but its copy child isn't, and no barrier says copy-back ended.
     outcome = _attempt_until_lock_free(b, lambda own: ran.append(1))
 
     assert outcome == NotAcquired("owner_unverified")
     assert ran == []
-    # The orphan is still copying: the log keeps growing after its parent died.
-    size = (tmp_path / "orphan.log").stat().st_size
+    size = (status / "orphan.log").stat().st_size
     deadline = time.monotonic() + TIMEOUT
-    while (tmp_path / "orphan.log").stat().st_size == size:
+    while (status / "orphan.log").stat().st_size == size:
         assert time.monotonic() < deadline, "orphan stopped writing"
         time.sleep(0.05)
     b.run.refresh_from_db()
     assert b.run.runner_profile_json[OWNER_KEY] == receipt
-    assert not WorkspaceOperation.objects.filter(heartbeat_run_id=b.run.pk).exists()
+    running.refresh_from_db()
+    assert running.status == "running"  # a stale running row is never a barrier
+    assert b.dest_dir is not None
+    assert not b.dest_dir.exists()
     action = IssueRecoveryAction.objects.get(source_issue=b.issue)
-    assert action.cause == OWNER_UNVERIFIED_CAUSE
-    assert action.owner_type == "board"
+    assert (action.cause, action.owner_type, action.wake_policy) == (
+        OWNER_UNVERIFIED_CAUSE,
+        "board",
+        None,
+    )
     assert action.evidence["owner"] == receipt
-    # A later sweep still refuses and spends nothing.
+    # Later sweeps (reconciler included) still refuse and spend nothing.
     assert _attempt_until_lock_free(b, lambda own: ran.append(1)) == NotAcquired("owner_unverified")
+    out = StringIO()
+    call_command("reconcile_finalizations", stdout=out)
+    assert "skipped 1 (owner_unverified=1)" in out.getvalue()
     action.refresh_from_db()
     assert (action.status, action.attempt_count, ran) == ("active", 1, [])
+
+    # The operator stops the orphan through the platform, then confirms.
+    os.killpg(orphan_pid, signal.SIGKILL)
+    user = UserFactory()
+    BoardMembership.objects.create(user=user, company=b.company)
+    recovery_owner_stop_confirm(
+        actor=board_actor(user),
+        issue_id=b.issue.pk,
+        action_id=action.pk,
+        run_id=b.run.pk,
+        owner_token=receipt["token"],
+        stop_evidence="controller pid killed, orphan copy process group killed at 12:00",
+        controller_and_copyback_stopped=True,
+    )
+    out = StringIO()
+    call_command("reconcile_finalizations", stdout=out)
+    assert "committed 1" in out.getvalue(), out.getvalue()
+    b.refresh()
+    assert (b.coordinator.phase, b.run.status) == ("committed", "succeeded")
+    assert (b.dest_dir / "src" / "main.py").read_text() == "print('hi')\n"
+    running.refresh_from_db()
+    assert (running.status, running.metadata["error"]) == ("failed", "abandoned_by_previous_owner")
+    action.refresh_from_db()
+    assert (action.status, action.outcome) == ("resolved", "restored")
+
+
+def test_terminated_lock_connection_admits_no_owner_from_another_process(
+    tmp_path: Path,
+) -> None:
+    b = make_binding()
+    inside, checked = threading.Event(), threading.Event()
+    backend: dict[str, int] = {}
+
+    def action(own: Any) -> None:
+        backend["pid"] = own.lock_backend_pid
+        inside.set()
+        assert checked.wait(timeout=TIMEOUT)
+        own.assert_held()
+
+    def holder() -> Any:
+        try:
+            return with_finalization_ownership(
+                company_id=b.company.pk, run_id=b.run.pk, action=action
+            )
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(holder)
+        try:
+            assert inside.wait(timeout=TIMEOUT)
+            b.run.refresh_from_db()
+            receipt = b.run.runner_profile_json[OWNER_KEY]
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [backend["pid"]])
+            # The lock is free now, but the receipt of a live controller still fences the run.
+            proc = _spawn("try", b.company.pk, b.run.pk, tmp_path)
+            out, err = proc.communicate(timeout=TIMEOUT)
+            b.run.refresh_from_db()
+            assert b.run.runner_profile_json[OWNER_KEY] == receipt
+        finally:
+            checked.set()
+        with pytest.raises(FinalizationOwnershipLost):
+            future.result(timeout=TIMEOUT)
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "acquired": False,
+        "reason": "owner_unverified",
+    }, err
+    assert IssueRecoveryAction.objects.get(source_issue=b.issue).evidence["owner"] == receipt
 
 
 def test_same_host_controller_that_exited_after_the_barrier_is_taken_over(
@@ -151,13 +245,22 @@ def test_same_host_controller_that_exited_after_the_barrier_is_taken_over(
     b.run.refresh_from_db()
     prior = b.run.runner_profile_json[OWNER_KEY]
 
-    outcome = _attempt_until_lock_free(b, lambda own: own.token)
+    barrier = WorkspaceOperation.objects.get(heartbeat_run=b.run, status="succeeded")
+    deadline = time.monotonic() + TIMEOUT
+    while (outcome := run_finalize(company_id=b.company.pk, run_id=b.run.pk)) == NotAcquired(
+        "busy"
+    ):  # the dead controller's session ends when the server notices its socket closed
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
 
     assert isinstance(outcome, Acquired)
-    assert outcome.value != prior["token"]
+    # Copy-back already finished under the dead owner: only the commit is left.
+    assert (outcome.value.status, outcome.value.operation_id) == ("committed", barrier.pk)
+    assert WorkspaceOperation.objects.filter(heartbeat_run=b.run).count() == 1
     assert not IssueRecoveryAction.objects.filter(source_issue=b.issue).exists()
     takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
     assert takeover.details["priorToken"] == prior["token"]
+    assert takeover.details["takeoverBasis"] == "controller_process_dead+copyback_barrier"
 
 
 def test_lock_held_by_another_process_is_busy_not_owner_active(tmp_path: Path) -> None:
