@@ -42,7 +42,7 @@ _SECRET_RE = re.compile(r"[A-Za-z0-9_\-]{1,256}")
 # last_used_at is bookkeeping, not a decision: refresh it at most this often, so a busy key does
 # not turn every request into a write on one hot row.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
-TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
 _RESOLUTION_SECONDS = int(LAST_USED_RESOLUTION.total_seconds())
 
 
@@ -118,7 +118,7 @@ def _prepared_cursor() -> CursorWrapper:
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
         raw = _PreparingCursor(connection.connection)
-        loader = connection.connection.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
+        loader = connection.connection.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
         if getattr(loader, "timezone", None) != connection.timezone:
             register_tzloader(connection.timezone, raw)
     # (django-stubs type these as taking a CursorWrapper; they wrap a DB-API cursor.)
