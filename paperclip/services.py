@@ -618,10 +618,7 @@ def _run_finish_locked(
     HeartbeatRun.objects.filter(pk=run.pk).update(
         status=to_status, finished_at=Now(), updated_at=Now()
     )
-    Issue.objects.filter(execution_run_id=run.pk).update(
-        execution_run=None, execution_locked_at=None, updated_at=Now()
-    )
-    Issue.objects.filter(checkout_run_id=run.pk).update(checkout_run=None, updated_at=Now())
+    _issue_slots_release(run_id=run.pk)
     activity_record(
         company_id=run.company_id,
         actor_type=actor_type,
@@ -633,3 +630,19 @@ def _run_finish_locked(
         details={**(details or {}), "from": from_status, "to": to_status},
     )
     run.refresh_from_db()
+
+
+def _issue_slots_release(*, run_id: UUID) -> bool:
+    """Clear every issue's `execution_run` / `checkout_run` that points at this run.
+
+    Inside the caller's transaction, with the issue locked (lock order issue -> run). Returns
+    whether any slot was cleared. No audit row of its own: callers record the run's change.
+    """
+    require_transaction()
+    executing = Issue.objects.filter(execution_run_id=run_id).update(
+        execution_run=None, execution_locked_at=None, updated_at=Now()
+    )
+    checked_out = Issue.objects.filter(checkout_run_id=run_id).update(
+        checkout_run=None, updated_at=Now()
+    )
+    return bool(executing or checked_out)

@@ -22,6 +22,7 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
+from paperclip.services import _issue_slots_release, _run_finish_locked
 from recovery.canonical import canonical_sha256
 from recovery.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.errors import (
@@ -493,31 +494,26 @@ def _commit(
             **(run.result_json if isinstance(run.result_json, dict) else {}),
             "finalizationPhase": "committed",
         }
-        if not run.is_terminal:
-            run.status = _terminal_state(result)
-            run.finished_at = Now()
         run.updated_at = Now()
         run.save(
-            update_fields=[
-                "native_phase",
-                "native_phase_updated_at",
-                "result_json",
-                "status",
-                "finished_at",
-                "updated_at",
-            ]
+            update_fields=["native_phase", "native_phase_updated_at", "result_json", "updated_at"]
         )
-        issue_fields: list[str] = []
-        if issue.execution_run_id == run_id:
-            issue.execution_run = None
-            issue.execution_locked_at = None
-            issue_fields += ["execution_run", "execution_locked_at"]
-        if issue.checkout_run_id == run_id:
-            issue.checkout_run = None
-            issue_fields.append("checkout_run")
-        if issue_fields:
-            issue.updated_at = Now()
-            issue.save(update_fields=[*issue_fields, "updated_at"])
+        # The run's own lifecycle step (terminal status, freeing the issue's execution and
+        # checkout slots, its status_changed audit row) is the core service's, shared with PATCH.
+        if not run.is_terminal:
+            issue_lock_cleared = run_id in (
+                issue.execution_run_id,
+                issue.checkout_run_id,
+            )
+            _run_finish_locked(
+                run=run,
+                to_status=_terminal_state(result),
+                actor_type="system",
+                actor_id=FINALIZER,
+                details={"resultId": str(coordinator.result_id), "via": "finalization"},
+            )
+        else:
+            issue_lock_cleared = _issue_slots_release(run_id=run_id)
         activity_record(
             company_id=company_id,
             actor_type="system",
@@ -531,7 +527,7 @@ def _commit(
                 "fromStatus": previous_status,
                 "toStatus": run.status,
                 "operationId": str(operation_id) if operation_id else None,
-                "issueLockCleared": bool(issue_fields),
+                "issueLockCleared": issue_lock_cleared,
             },
         )
         for hold in recovery_actions_for_update().filter(

@@ -279,3 +279,29 @@ def test_finalize_run_command(tmp_path: Path) -> None:
     call_command("finalize_run", str(b.run.pk), stdout=out)
     assert "committed" in out.getvalue()
     assert HeartbeatRun.objects.get(pk=b.run.pk).status == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_commit_ends_the_run_through_the_core_lifecycle(
+    tmp_path: Path, make_agent_client: Any
+) -> None:
+    """Finalization ends the run with the same lifecycle step as a status PATCH: the issue's
+    execution and checkout slots are freed and a `heartbeat_run.status_changed` row records it."""
+    b = make_binding(tmp_path=tmp_path)
+    b.refresh()
+    assert b.issue.execution_run_id == b.run.pk  # the run holds its issue
+    res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
+    assert res.status_code == 200, res.json()
+    b.refresh()
+    assert (b.run.status, b.issue.execution_run_id, b.issue.checkout_run_id) == (
+        "succeeded",
+        None,
+        None,
+    )
+    changed = ActivityEvent.objects.get(
+        action="heartbeat_run.status_changed", entity_id=str(b.run.pk)
+    )
+    assert changed.details["via"] == "finalization"
+    assert (changed.details["from"], changed.details["to"]) == ("running", "succeeded")
+    committed = ActivityEvent.objects.get(action="run.finalization_committed")
+    assert committed.details["issueLockCleared"] is True
