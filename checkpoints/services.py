@@ -419,7 +419,7 @@ def _owner_validate(
         # A legitimate successor on the same controller boot: a native coordinator with an
         # unexpired lease, or a legacy run still preparing under an unexpired controller lease
         # and without a coordinator. The controller boot is the presenting owner's (this
-        # server has no controller process of its own; see docs/checkpoints.md).
+        # server has no controller process of its own; see the README, "Runner checkpoints").
         cursor.execute(
             """
             SELECT EXISTS (
