@@ -7,7 +7,7 @@ historical-source evidence, and every lease must be bound to that exact run. Che
 seed's order and the first failure wins, so an operator always sees the most fundamental
 problem first.
 
-Decisions where upstream is not available (documented for operators in the README, "Environment leases"):
+Decisions where upstream is not available (for operators: README, "Environment leases"):
 - Executing in this process (`adapterExecutionControls`): this service hosts no in-process
   adapters, so nothing registers and a run is never "executing here". The registry below
   (`adapter_execution_control`) exists for any future in-process executor; it is per process.
