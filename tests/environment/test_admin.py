@@ -4,7 +4,6 @@ inspection panel."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from paperclip.models import ActivityEvent, BoardMembership, Company, Environment
+from paperclip.testing.processes import child_env
 from tests.environment.factories import (
     EnvironmentLeaseFactory,
     build_scenario,
@@ -44,7 +44,7 @@ def test_admin_autodiscovery_registers_the_environment_admins() -> None:
         "print(type(admin.site._registry[EnvironmentLease]).__name__,"
         " type(admin.site._registry[Environment]).__name__)"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "paperclip.settings"}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )

@@ -52,13 +52,3 @@ def lease_row(workspace: ExecutionWorkspace) -> dict[str, Any] | None:
         if row is None:
             return None
         return dict(zip([c.name for c in cursor.description], row, strict=True))
-
-
-def db_url(settings_dict: dict[str, Any]) -> str:
-    """A DATABASE_URL for the (test) database of `settings_dict`, for child processes."""
-    user = settings_dict.get("USER") or ""
-    password = settings_dict.get("PASSWORD") or ""
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = settings_dict.get("HOST") or "127.0.0.1"
-    port = settings_dict.get("PORT") or 5432
-    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"

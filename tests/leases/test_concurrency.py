@@ -24,8 +24,9 @@ from leases.services import RuntimeLeaseOwner, workspace_operation_create_fenced
 from paperclip.db.advisory import connection_params
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
+from paperclip.testing.processes import database_url
 from tests.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
-from tests.leases.factories import claim, db_url, expire
+from tests.leases.factories import claim, expire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,7 +123,7 @@ def test_eight_processes_racing_for_a_workspace_get_one_winner():
     env_base = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "paperclip.settings",
-        "DATABASE_URL": db_url(connection.settings_dict),
+        "DATABASE_URL": database_url(),
         "COMPANY": str(company.pk),
         "WORKSPACE": str(workspace.pk),
         "PYTHONPATH": str(ROOT),

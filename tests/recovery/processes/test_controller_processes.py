@@ -24,6 +24,7 @@ from django.db import connection
 
 from paperclip.api.auth import board_actor
 from paperclip.models import ActivityEvent, BoardMembership, WorkspaceOperation
+from paperclip.testing.processes import child_env
 from recovery.errors import FinalizationOwnershipLost
 from recovery.models import IssueRecoveryAction
 from recovery.receipts import OWNER_KEY
@@ -44,17 +45,7 @@ TIMEOUT = 30
 
 
 def _child_env() -> dict[str, str]:
-    s = connection.settings_dict
-    url = f"postgres://{s['USER']}"
-    if s.get("PASSWORD"):
-        url += f":{s['PASSWORD']}"
-    url += f"@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "paperclip.settings",
-        "DATABASE_URL": url,
-        "PYTHONPATH": str(settings.BASE_DIR),
-    }
+    return child_env()
 
 
 def _spawn(mode: str, company_id: Any, run_id: Any, status_dir: Path) -> subprocess.Popen[str]:
