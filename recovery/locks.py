@@ -12,7 +12,8 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 
-from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization
+# The core rows' locking querysets are the core app's; re-exported for recovery callers.
+from paperclip.locks import coordinators_for_update, issues_for_update, runs_for_update
 from recovery.models import IssueRecoveryAction
 
 
@@ -27,17 +28,15 @@ def recovery_source_key(company_id: UUID | str, issue_id: UUID | str) -> str:
     return f"recovery:source-issue:{company_id}:{issue_id}"
 
 
-def issues_for_update() -> QuerySet[Issue]:
-    return Issue.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
-
-
-def coordinators_for_update() -> QuerySet[NativeRunFinalization]:
-    return NativeRunFinalization.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
-
-
-def runs_for_update() -> QuerySet[HeartbeatRun]:
-    return HeartbeatRun.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
-
-
 def recovery_actions_for_update() -> QuerySet[IssueRecoveryAction]:
     return IssueRecoveryAction.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+__all__ = [
+    "coordinators_for_update",
+    "finalization_lock_key",
+    "issues_for_update",
+    "recovery_actions_for_update",
+    "recovery_source_key",
+    "runs_for_update",
+]
