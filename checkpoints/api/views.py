@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from django.core.validators import ProhibitNullCharactersValidator
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
@@ -19,38 +19,11 @@ from rest_framework.views import APIView
 
 from checkpoints import selectors, services
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for, scoped_get
+from paperclip.api.serializers import error_responses
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun
 
 BOOT_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
-
-
-class ErrorBodySerializer(serializers.Serializer[Any]):
-    """`{"error": {"code", "message", "details", "remediation"?}}`."""
-
-    class Meta:
-        ref_name = "CheckpointErrorBody"
-
-    class ErrorSerializer(serializers.Serializer[Any]):
-        class Meta:
-            ref_name = "CheckpointError"
-
-        code = serializers.CharField()
-        message = serializers.CharField()
-        details = serializers.DictField()
-        remediation = serializers.CharField(required=False)
-
-    error = ErrorSerializer()
-
-
-def _errors(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:
-    grouped: dict[int, list[str]] = {}
-    for http_status, code in codes:
-        grouped.setdefault(http_status, []).append(code)
-    return {
-        s: OpenApiResponse(ErrorBodySerializer, description=" | ".join(c))
-        for s, c in grouped.items()
-    }
 
 
 COMMON_ERRORS = (
@@ -112,7 +85,7 @@ class ControllerLeaseAcquireApi(APIView):
         request=InputSerializer,
         responses={
             200: OutputSerializer,
-            **_errors(
+            **error_responses(
                 *COMMON_ERRORS,
                 (409, "controller_lease_held"),
                 (409, "controller_lease_run_terminal"),
@@ -157,7 +130,7 @@ class ControllerLeaseExpireApi(APIView):
         request=InputSerializer,
         responses={
             200: OutputSerializer,
-            **_errors(
+            **error_responses(
                 *COMMON_ERRORS, (409, "resource_busy"), (422, "controller_lease_run_not_native")
             ),
         },
@@ -263,7 +236,7 @@ class CheckpointApi(APIView):
         request=WriteInputSerializer,
         responses={
             200: WriteOutputSerializer,
-            **_errors(
+            **error_responses(
                 *COMMON_ERRORS,
                 (409, "native_runner_checkpoint_owner_lost"),
                 (409, "resource_busy"),
@@ -328,7 +301,7 @@ class CheckpointApi(APIView):
         ],
         responses={
             200: ReadOutputSerializer,
-            **_errors(
+            **error_responses(
                 *COMMON_ERRORS,
                 (422, "native_runner_checkpoint_unreadable"),
                 (422, "native_runner_checkpoint_binding_mismatch"),
@@ -359,7 +332,7 @@ class CheckpointHeaderApi(APIView):
     @extend_schema(
         operation_id="checkpoint_header_read",
         summary="Read the checkpoint's header part (null when missing or unreadable)",
-        responses={200: OutputSerializer, **_errors(*COMMON_ERRORS)},
+        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
     )
     def get(self, request: Request, run_id: str) -> Response:
         run = _run_for(request, run_id, runner_only=True)
@@ -390,7 +363,7 @@ class CheckpointPartsListApi(APIView):
     @extend_schema(
         operation_id="checkpoint_parts_list",
         summary="List the checkpoint's parts: names, sizes, key ids, times (never contents)",
-        responses={200: OutputSerializer, **_errors(*COMMON_ERRORS)},
+        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
     )
     def get(self, request: Request, run_id: str) -> Response:
         actor = actor_for(request)

@@ -8,7 +8,6 @@ from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
     extend_schema_serializer,
-    inline_serializer,
 )
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -22,21 +21,7 @@ from leases.environment_services import (
 )
 from leases.models import EnvironmentLease
 from paperclip.api.auth import IsAgent, actor_for, parse_uuid
-
-ERROR_BODY = inline_serializer(
-    name="EnvironmentLeaseError",
-    fields={
-        "error": inline_serializer(
-            name="EnvironmentLeaseErrorBody",
-            fields={
-                "code": serializers.CharField(),
-                "message": serializers.CharField(),
-                "details": serializers.DictField(),
-                "remediation": serializers.CharField(required=False),
-            },
-        )
-    },
-)
+from paperclip.api.serializers import ErrorSerializer
 
 
 @extend_schema_serializer(component_name="EnvironmentLease")
@@ -106,13 +91,13 @@ class EnvironmentLeaseCleanupClaimApi(APIView):
         request=None,
         responses={
             200: OutputSerializer,
-            403: OpenApiResponse(ERROR_BODY, description="Not an agent."),
-            404: OpenApiResponse(ERROR_BODY, description="No such lease in your company."),
+            403: OpenApiResponse(ErrorSerializer, description="Not an agent."),
+            404: OpenApiResponse(ErrorSerializer, description="No such lease in your company."),
             409: OpenApiResponse(
-                ERROR_BODY,
+                ErrorSerializer,
                 description="cleanup_not_pending | cleanup_in_flight | resource_busy",
             ),
-            422: OpenApiResponse(ERROR_BODY, description="cleanup_intent_invalid"),
+            422: OpenApiResponse(ErrorSerializer, description="cleanup_intent_invalid"),
         },
     )
     def post(self, request: Request, lease_id: str) -> Response:
@@ -154,11 +139,11 @@ class EnvironmentLeaseCleanupReceiptApi(APIView):
         request=InputSerializer,
         responses={
             200: EnvironmentLeaseOutputSerializer,
-            400: OpenApiResponse(ERROR_BODY, description="invalid_request"),
-            403: OpenApiResponse(ERROR_BODY, description="Not an agent."),
-            404: OpenApiResponse(ERROR_BODY, description="No such lease in your company."),
+            400: OpenApiResponse(ErrorSerializer, description="invalid_request"),
+            403: OpenApiResponse(ErrorSerializer, description="Not an agent."),
+            404: OpenApiResponse(ErrorSerializer, description="No such lease in your company."),
             409: OpenApiResponse(
-                ERROR_BODY,
+                ErrorSerializer,
                 description="cleanup_attempt_stale (nothing changed) | resource_busy",
             ),
         },

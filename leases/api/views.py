@@ -17,7 +17,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
-    OpenApiResponse,
     extend_schema,
     extend_schema_serializer,
 )
@@ -30,20 +29,9 @@ from rest_framework.views import APIView
 from leases import services
 from leases.selectors import STALE_REASONS, RuntimeLease
 from paperclip.api.auth import Actor, IsAgent, IsAgentOrBoard, actor_for, parse_uuid
-from paperclip.api.serializers import ErrorSerializer
+from paperclip.api.serializers import error_responses
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
-
-
-def _errors(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:
-    grouped: dict[int, list[str]] = {}
-    for http_status, code in codes:
-        grouped.setdefault(http_status, []).append(code)
-    return {
-        http_status: OpenApiResponse(ErrorSerializer, description=" | ".join(names))
-        for http_status, names in grouped.items()
-    }
-
 
 WORKSPACE_ID = OpenApiParameter(
     "workspace_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="Execution workspace."
@@ -248,7 +236,7 @@ class RuntimeLeaseClaimApi(APIView):
         request=InputSerializer,
         responses={
             200: OutputSerializer,
-            **_errors(
+            **error_responses(
                 *COMMON_ERRORS,
                 (409, "workspace_runtime_lease_conflict"),
                 (409, "workspace_runtime_lease_contended"),
@@ -292,7 +280,7 @@ class RuntimeLeaseDetailApi(APIView):
         parameters=[WORKSPACE_ID],
         operation_id="runtime_lease_get",
         summary="The workspace's runtime lease and its live stale reason",
-        responses={200: OutputSerializer, **_errors(*COMMON_ERRORS[1:4])},
+        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS[1:4])},
     )
     def get(self, request: Request, workspace_id: str) -> Response:
         actor = actor_for(request)
@@ -330,7 +318,7 @@ class RuntimeLeaseReleaseApi(APIView):
         operation_id="runtime_lease_release",
         summary="Release the lease you hold (agent) or force-release any lease (board)",
         request=InputSerializer,
-        responses={200: OutputSerializer, **_errors(*COMMON_ERRORS)},
+        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
     )
     def post(self, request: Request, workspace_id: str) -> Response:
         actor = actor_for(request)
@@ -402,7 +390,7 @@ class WorkspaceOperationCreateApi(APIView):
         request=InputSerializer,
         responses={
             201: OutputSerializer,
-            **_errors(*COMMON_ERRORS, (409, "workspace_runtime_lease_superseded")),
+            **error_responses(*COMMON_ERRORS, (409, "workspace_runtime_lease_superseded")),
         },
     )
     def post(self, request: Request, workspace_id: str) -> Response:

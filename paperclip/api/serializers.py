@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
@@ -31,6 +31,21 @@ class ErrorSerializer(serializers.Serializer[Any]):
     """`{"error": {"code", "message", "details", "remediation"?}}`: every error response."""
 
     error = ErrorDetailSerializer()
+
+
+def error_responses(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:
+    """OpenAPI responses for error statuses, each documented with the one error body.
+
+    `codes` are (HTTP status, error code) pairs; codes sharing a status are listed together in
+    that status's description.
+    """
+    grouped: dict[int, list[str]] = {}
+    for http_status, code in codes:
+        grouped.setdefault(http_status, []).append(code)
+    return {
+        http_status: OpenApiResponse(ErrorSerializer, description=" | ".join(names))
+        for http_status, names in grouped.items()
+    }
 
 
 class CompanyOutputSerializer(serializers.Serializer[Company]):

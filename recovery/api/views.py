@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for, scoped_get
+from paperclip.api.serializers import ErrorSerializer
 from paperclip.errors import PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
 from recovery.errors import (
@@ -39,21 +40,6 @@ from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
     MIN_STOP_EVIDENCE_CHARS,
     nonblank_length,
-)
-
-ErrorSerializer = inline_serializer(
-    name="Error",
-    fields={
-        "error": inline_serializer(
-            name="ErrorBody",
-            fields={
-                "code": serializers.CharField(),
-                "message": serializers.CharField(),
-                "details": serializers.DictField(),
-                "remediation": serializers.CharField(required=False),
-            },
-        )
-    },
 )
 
 
