@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from paperclip.api.auth import board_actor
+from paperclip.api.auth import board_actor, parse_uuid
 from paperclip.errors import DomainError
 from paperclip.models import BoardMembership, HeartbeatRun
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
@@ -188,7 +188,7 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
         run_id = evidence.get("runId")
         run = (
             HeartbeatRun.objects.filter(pk=run_id, company_id=obj.company_id).first()
-            if isinstance(run_id, str) and _is_uuid(run_id)
+            if isinstance(run_id, str) and parse_uuid(run_id) is not None
             else None
         )
         if run is None:
@@ -306,11 +306,3 @@ class WorkerStopReceiptAdmin(_ReceiptAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        UUID(value)
-    except ValueError:
-        return False
-    return True
