@@ -2,7 +2,7 @@
 
 Lock order (see `paperclip/db/advisory.py`): the coordinator row (`native_run_finalizations`,
 app `paperclip`) first, then rows of this app (checkpoint parts, the work memory). Callers
-start their transaction with `lock_timeout_set()`, so a stuck holder surfaces as the retryable
+start their transaction with `set_local_lock_timeout()`, so a stuck holder surfaces as the retryable
 `ResourceBusy` instead of a hung request. Row locks are `FOR NO KEY UPDATE`: nothing here
 changes a key, and it still excludes every other writer and `FOR UPDATE` locker of the row.
 """
@@ -10,37 +10,14 @@ changes a key, and it still excludes every other writer and `FOR UPDATE` locker 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import OperationalError, connection
-from psycopg import errors as pg_errors
+from django.db import connection
 
-from paperclip.activity import require_transaction
-from paperclip.db.advisory import set_local_lock_timeout
-from paperclip.errors import ResourceBusy
-
-LOCK_TIMEOUT = "5s"
-
-
-def lock_timeout_set() -> None:
-    """Bound this transaction's lock waits; call once at the start of a hot-path transaction."""
-    set_local_lock_timeout(LOCK_TIMEOUT)
-
-
-@contextmanager
-def lock_wait_bounded() -> Iterator[None]:
-    """Turn an expired lock wait (see `lock_timeout_set`) into `ResourceBusy` (409)."""
-    try:
-        yield
-    except OperationalError as exc:
-        if isinstance(exc.__cause__, pg_errors.LockNotAvailable):
-            raise ResourceBusy(resource="native_run_finalization") from exc
-        raise
+from paperclip.db.locking import busy_on_lock_timeout, require_transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +77,7 @@ SELECT {_COORDINATOR_COLUMNS}, clock_timestamp() FROM locked
 
 def _fetch_locked(sql: str, params: list[Any]) -> LockedCoordinator | None:
     require_transaction()
-    with lock_wait_bounded(), connection.cursor() as cursor:
+    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else LockedCoordinator(*row)
@@ -124,7 +101,7 @@ def checkpoint_owner_lock(
 def checkpoint_work_lock(run_id: UUID) -> tuple[str, list[str]] | None:
     """The run's remembered (lease_owner, work_command_ids), locked for this write."""
     require_transaction()
-    with lock_wait_bounded(), connection.cursor() as cursor:
+    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
         cursor.execute(
             "SELECT lease_owner, work_command_ids FROM native_runner_checkpoint_work "
             "WHERE run_id = %s FOR NO KEY UPDATE",

@@ -35,7 +35,8 @@ from checkpoints.errors import (
     ControllerLeaseRunTerminal,
 )
 from checkpoints.selectors import RunnerRun, runner_run_get
-from paperclip.activity import activity_record, require_transaction
+from paperclip.activity import activity_record
+from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import HeartbeatRun
 
@@ -90,7 +91,7 @@ def _coordinator_ensure(run: RunnerRun) -> bool:
     other paths. ON CONFLICT makes two racing first acquirers agree on one row.
     """
     require_transaction()
-    with locks.lock_wait_bounded(), connection.cursor() as cursor:
+    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO native_run_finalizations
@@ -133,7 +134,7 @@ def controller_lease_acquire(
         )
     run = runner_run_get(run_id=run_id, agent_id=agent_id)
     with transaction.atomic(durable=True):
-        locks.lock_timeout_set()
+        set_local_lock_timeout()
         created = False
         current = locks.coordinator_lock(run.run_id)
         if current is None:
@@ -258,8 +259,11 @@ def controller_lease_expire_on_failure(
     """
     run = runner_run_get(run_id=run_id, agent_id=agent_id)
     with transaction.atomic(durable=True):
-        locks.lock_timeout_set()
-        with locks.lock_wait_bounded(), connection.cursor() as cursor:
+        set_local_lock_timeout()
+        with (
+            busy_on_lock_timeout(resource="native_run_finalization"),
+            connection.cursor() as cursor,
+        ):
             cursor.execute(
                 """
                 UPDATE native_run_finalizations
@@ -501,7 +505,7 @@ def checkpoint_write(
     work_ids = list(dict.fromkeys(work_command_ids))
 
     with transaction.atomic(durable=True):
-        locks.lock_timeout_set()
+        set_local_lock_timeout()
         locked = locks.checkpoint_owner_lock(
             company_id=binding.company_id,
             issue_id=binding.issue_id,
@@ -567,7 +571,7 @@ def _parts_apply(
 ) -> int:
     require_transaction()
     removed_count = 0
-    with locks.lock_wait_bounded(), connection.cursor() as cursor:
+    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
         if reset:
             cursor.execute(
                 "DELETE FROM native_runner_checkpoints "
@@ -603,7 +607,7 @@ def _parts_apply(
 
 def _work_remember(binding: Binding, lease_owner: str, work_ids: list[str]) -> None:
     require_transaction()
-    with locks.lock_wait_bounded(), connection.cursor() as cursor:
+    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO native_runner_checkpoint_work
@@ -734,8 +738,11 @@ def checkpoint_key_rotate_batch(
     ring = keyring(create=False)
     primary = ring.primary
     with transaction.atomic(durable=True):
-        locks.lock_timeout_set()
-        with locks.lock_wait_bounded(), connection.cursor() as cursor:
+        set_local_lock_timeout()
+        with (
+            busy_on_lock_timeout(resource="native_run_finalization"),
+            connection.cursor() as cursor,
+        ):
             # Choose the batch from sizes alone (no ciphertext loaded), then lock and load it.
             cursor.execute(
                 """

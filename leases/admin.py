@@ -230,6 +230,3 @@ def _pinned_generations(values: list[str]) -> dict[UUID, int]:
         except ValueError:
             continue
     return pinned
-
-
-from leases import environment_admin  # noqa: E402,F401

@@ -21,7 +21,7 @@ from uuid import UUID
 from django.db import connection
 
 from leases.selectors import LEASE_COLUMNS, LEASE_TABLE, RuntimeLease
-from paperclip.activity import require_transaction
+from paperclip.db.locking import require_transaction
 
 
 def workspace_generation_for_update(

@@ -27,7 +27,7 @@ from typing import Any, Final, Literal
 from uuid import UUID, uuid4
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from leases import locks
 from leases.errors import (
@@ -54,8 +54,10 @@ from leases.selectors import (
     runtime_lease_stale_page,
     with_stale_reason,
 )
-from paperclip.activity import activity_record, require_transaction
-from paperclip.errors import InvalidRequest, ResourceBusy
+from paperclip.activity import activity_record
+from paperclip.db import locking
+from paperclip.db.locking import busy_on_lock_timeout, require_transaction
+from paperclip.errors import InvalidRequest
 from paperclip.models import WorkspaceOperation
 
 __all__ = [
@@ -85,7 +87,7 @@ __all__ = [
 LEASED_ACTIONS: Final[tuple[str, ...]] = tuple(WorkspaceRuntimeLease.Action.values)
 TTL_MIN_SECONDS: Final = 60
 TTL_MAX_SECONDS: Final = 86_400
-LOCK_TIMEOUT: Final = "5s"
+BUSY_MESSAGE: Final = "The runtime lease is locked by another request; retry shortly."
 SWEEP_ACTOR_ID: Final = "sweep_runtime_leases"
 ENTITY_TYPE: Final = "execution_workspace"
 
@@ -224,14 +226,6 @@ def _ttl_seconds(ttl_seconds: int | None) -> int:
     return ttl_seconds
 
 
-def _raise_if_busy(exc: OperationalError) -> None:
-    """A `lock_timeout` expiry (SQLSTATE 55P03) is a retryable conflict, not a 500."""
-    if getattr(exc.__cause__, "sqlstate", None) == "55P03":
-        raise ResourceBusy(
-            "The runtime lease is locked by another request; retry shortly."
-        ) from exc
-
-
 def _preconditions(
     *, company_id: UUID, execution_workspace_id: UUID, owner: RuntimeLeaseOwner
 ) -> None:
@@ -249,7 +243,7 @@ def _preconditions(
             " EXISTS (SELECT 1 FROM issues WHERE id = %s AND company_id = %s),"
             " (SELECT agent_id FROM heartbeat_runs WHERE id = %s AND company_id = %s)",
             [
-                LOCK_TIMEOUT,
+                locking.HOT_PATH_LOCK_TIMEOUT,  # read per call: tests shorten it
                 execution_workspace_id,
                 company_id,
                 owner.issue_id,
@@ -425,22 +419,9 @@ def runtime_lease_claim(
             action=action,
             owner=owner,
         )
-    try:
-        renewed = _claim_fast_renew(
-            company_id=company_id,
-            execution_workspace_id=execution_workspace_id,
-            action=action,
-            owner=owner,
-            owner_key=owner_key,
-            ttl=ttl,
-        )
-        if renewed is not None:
-            return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
-        with transaction.atomic(durable=True):
-            _preconditions(
-                company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
-            )
-            return _claim_under_workspace_lock(
+    with busy_on_lock_timeout(BUSY_MESSAGE):
+        try:
+            renewed = _claim_fast_renew(
                 company_id=company_id,
                 execution_workspace_id=execution_workspace_id,
                 action=action,
@@ -448,15 +429,28 @@ def runtime_lease_claim(
                 owner_key=owner_key,
                 ttl=ttl,
             )
-    except OperationalError as exc:
-        _raise_if_busy(exc)
-        raise
-    except IntegrityError as exc:
-        # An owner issue/run deleted between our check and the FK check: the world moved
-        # under the claim; a retry answers with the proper 404.
-        raise RuntimeLeaseContended(
-            execution_workspace_id=str(execution_workspace_id), requested_action=action
-        ) from exc
+            if renewed is not None:
+                return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
+            with transaction.atomic(durable=True):
+                _preconditions(
+                    company_id=company_id,
+                    execution_workspace_id=execution_workspace_id,
+                    owner=owner,
+                )
+                return _claim_under_workspace_lock(
+                    company_id=company_id,
+                    execution_workspace_id=execution_workspace_id,
+                    action=action,
+                    owner=owner,
+                    owner_key=owner_key,
+                    ttl=ttl,
+                )
+        except IntegrityError as exc:
+            # An owner issue/run deleted between our check and the FK check: the world moved
+            # under the claim; a retry answers with the proper 404.
+            raise RuntimeLeaseContended(
+                execution_workspace_id=str(execution_workspace_id), requested_action=action
+            ) from exc
 
 
 def _claim_fast_renew(
@@ -483,7 +477,7 @@ def _claim_fast_renew(
         cursor.execute(
             _FAST_RENEW_SQL,
             {
-                "timeout": LOCK_TIMEOUT,
+                "timeout": locking.HOT_PATH_LOCK_TIMEOUT,
                 "workspace": execution_workspace_id,
                 "company": company_id,
                 "issue": owner.issue_id,
@@ -648,29 +642,23 @@ def runtime_lease_release(
     the same 404/403 errors as a claim for foreign ids, ResourceBusy. Audits a release.
     """
     owner_key = owner.owner_key
-    try:
-        with transaction.atomic(durable=True):
-            _preconditions(
-                company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
-            )
-            if owner_key is None:
-                return RuntimeLeaseRelease(released=False, owner_key=None)
-            deleted = _fetch_lease(
-                _DELETE_OWNED_SQL, [execution_workspace_id, company_id, owner_key]
-            )
-            if deleted is None:
-                return RuntimeLeaseRelease(released=False, owner_key=None)
-            _audit(
-                owner_actor=(owner.actor_type, owner.actor_id),
-                company_id=company_id,
-                execution_workspace_id=execution_workspace_id,
-                action="runtime_lease.released",
-                run_id=owner.run_id,
-                details=_lease_details(deleted),
-            )
-    except OperationalError as exc:
-        _raise_if_busy(exc)
-        raise
+    with busy_on_lock_timeout(BUSY_MESSAGE), transaction.atomic(durable=True):
+        _preconditions(
+            company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
+        )
+        if owner_key is None:
+            return RuntimeLeaseRelease(released=False, owner_key=None)
+        deleted = _fetch_lease(_DELETE_OWNED_SQL, [execution_workspace_id, company_id, owner_key])
+        if deleted is None:
+            return RuntimeLeaseRelease(released=False, owner_key=None)
+        _audit(
+            owner_actor=(owner.actor_type, owner.actor_id),
+            company_id=company_id,
+            execution_workspace_id=execution_workspace_id,
+            action="runtime_lease.released",
+            run_id=owner.run_id,
+            details=_lease_details(deleted),
+        )
     return RuntimeLeaseRelease(released=True, owner_key=deleted.owner_key, lease=deleted)
 
 
@@ -694,36 +682,32 @@ def runtime_lease_force_release(
     if not reason:
         raise InvalidRequest(fields={"reason": ["A reason is required to force-release."]})
     owner = RuntimeLeaseOwner(actor_type, actor_id)
-    try:
-        with transaction.atomic(durable=True):
-            _preconditions(
-                company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
-            )
-            deleted = _fetch_lease(
-                _DELETE_ANY_SQL,
-                [execution_workspace_id, company_id, expected_generation, expected_generation],
-            )
-            if deleted is None:
-                if expected_generation is not None:
-                    current = runtime_lease_get(execution_workspace_id=execution_workspace_id)
-                    if current.lease is not None:
-                        raise RuntimeLeaseSuperseded(
-                            execution_workspace_id=str(execution_workspace_id),
-                            requested_generation=expected_generation,
-                            current_generation=current.lease.generation,
-                        )
-                return RuntimeLeaseRelease(released=False, owner_key=None)
-            _audit(
-                owner_actor=(actor_type, actor_id),
-                company_id=company_id,
-                execution_workspace_id=execution_workspace_id,
-                action="runtime_lease.force_released",
-                run_id=None,
-                details={**_lease_details(deleted), "reason": reason},
-            )
-    except OperationalError as exc:
-        _raise_if_busy(exc)
-        raise
+    with busy_on_lock_timeout(BUSY_MESSAGE), transaction.atomic(durable=True):
+        _preconditions(
+            company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
+        )
+        deleted = _fetch_lease(
+            _DELETE_ANY_SQL,
+            [execution_workspace_id, company_id, expected_generation, expected_generation],
+        )
+        if deleted is None:
+            if expected_generation is not None:
+                current = runtime_lease_get(execution_workspace_id=execution_workspace_id)
+                if current.lease is not None:
+                    raise RuntimeLeaseSuperseded(
+                        execution_workspace_id=str(execution_workspace_id),
+                        requested_generation=expected_generation,
+                        current_generation=current.lease.generation,
+                    )
+            return RuntimeLeaseRelease(released=False, owner_key=None)
+        _audit(
+            owner_actor=(actor_type, actor_id),
+            company_id=company_id,
+            execution_workspace_id=execution_workspace_id,
+            action="runtime_lease.force_released",
+            run_id=None,
+            details={**_lease_details(deleted), "reason": reason},
+        )
     return RuntimeLeaseRelease(released=True, owner_key=deleted.owner_key, lease=deleted)
 
 
@@ -764,78 +748,80 @@ def workspace_operation_create_fenced(
             fields={"status": [f"Must be one of: {', '.join(WorkspaceOperation.Status.values)}."]}
         )
     owner_key = owner.owner_key
-    try:
-        with transaction.atomic(durable=True):
-            _preconditions(
-                company_id=company_id, execution_workspace_id=execution_workspace_id, owner=owner
-            )
-            current = locks.runtime_lease_for_share(execution_workspace_id=execution_workspace_id)
-            if (
-                owner_key is None
-                or current is None
-                or current.owner_key != owner_key
-                or current.generation != generation
-            ):
-                raise RuntimeLeaseSuperseded(
-                    execution_workspace_id=str(execution_workspace_id),
-                    requested_owner_key=owner_key,
-                    requested_generation=generation,
-                    current_generation=None if current is None else current.generation,
-                    owner_key=None if current is None else current.owner_key,
+    with busy_on_lock_timeout(BUSY_MESSAGE):
+        try:
+            with transaction.atomic(durable=True):
+                _preconditions(
+                    company_id=company_id,
+                    execution_workspace_id=execution_workspace_id,
+                    owner=owner,
                 )
-            operation_id = uuid4()
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    _OPERATION_INSERT_SQL,
-                    [
-                        operation_id,
-                        company_id,
-                        execution_workspace_id,
-                        owner.run_id,
-                        owner.agent_id,
-                        owner.run_id,
-                        owner.issue_id,
-                        phase,
-                        command,
-                        status,
-                        exit_code,
-                        generation,
-                        status,
-                    ],
+                current = locks.runtime_lease_for_share(
+                    execution_workspace_id=execution_workspace_id
                 )
-                inserted = cursor.fetchone()
-            assert inserted is not None  # noqa: S101 - INSERT ... RETURNING of one row
-            started_at, finished_at = inserted
-            _audit(
-                owner_actor=(owner.actor_type, owner.actor_id),
+                if (
+                    owner_key is None
+                    or current is None
+                    or current.owner_key != owner_key
+                    or current.generation != generation
+                ):
+                    raise RuntimeLeaseSuperseded(
+                        execution_workspace_id=str(execution_workspace_id),
+                        requested_owner_key=owner_key,
+                        requested_generation=generation,
+                        current_generation=None if current is None else current.generation,
+                        owner_key=None if current is None else current.owner_key,
+                    )
+                operation_id = uuid4()
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        _OPERATION_INSERT_SQL,
+                        [
+                            operation_id,
+                            company_id,
+                            execution_workspace_id,
+                            owner.run_id,
+                            owner.agent_id,
+                            owner.run_id,
+                            owner.issue_id,
+                            phase,
+                            command,
+                            status,
+                            exit_code,
+                            generation,
+                            status,
+                        ],
+                    )
+                    inserted = cursor.fetchone()
+                assert inserted is not None  # noqa: S101 - INSERT ... RETURNING of one row
+                started_at, finished_at = inserted
+                _audit(
+                    owner_actor=(owner.actor_type, owner.actor_id),
+                    company_id=company_id,
+                    execution_workspace_id=execution_workspace_id,
+                    action="workspace_operation.recorded",
+                    run_id=owner.run_id,
+                    details={
+                        "operation_id": str(operation_id),
+                        "phase": phase,
+                        "status": status,
+                        "lease_generation": generation,
+                        "owner_key": owner_key,
+                    },
+                )
+        except RuntimeLeaseSuperseded as exc:
+            _record_superseded_write(
                 company_id=company_id,
                 execution_workspace_id=execution_workspace_id,
-                action="workspace_operation.recorded",
-                run_id=owner.run_id,
-                details={
-                    "operation_id": str(operation_id),
-                    "phase": phase,
-                    "status": status,
-                    "lease_generation": generation,
-                    "owner_key": owner_key,
-                },
+                owner=owner,
+                phase=phase,
+                details=exc.details,
             )
-    except RuntimeLeaseSuperseded as exc:
-        _record_superseded_write(
-            company_id=company_id,
-            execution_workspace_id=execution_workspace_id,
-            owner=owner,
-            phase=phase,
-            details=exc.details,
-        )
-        raise
-    except OperationalError as exc:
-        _raise_if_busy(exc)
-        raise
-    except IntegrityError as exc:
-        raise RuntimeLeaseContended(
-            execution_workspace_id=str(execution_workspace_id), requested_action=phase
-        ) from exc
+            raise
+        except IntegrityError as exc:
+            raise RuntimeLeaseContended(
+                execution_workspace_id=str(execution_workspace_id), requested_action=phase
+            ) from exc
     return WorkspaceOperationRecord(
         id=operation_id,
         company_id=company_id,

@@ -5,15 +5,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
-
+from paperclip.db.locking import require_transaction
 from paperclip.models import ActivityEvent
-
-
-def require_transaction() -> None:
-    """Private helpers that must run inside their caller's transaction start with this."""
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("this helper must run inside the caller's transaction.atomic()")
 
 
 def activity_record(

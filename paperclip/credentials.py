@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,15 +13,21 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
-from paperclip.api.auth import (
-    AGENT_KEY_KIND,
-    BOARD_TOKEN_KIND,
-    hash_secret,
-    new_credential_parts,
-)
 from paperclip.errors import NotFoundError
 from paperclip.locks import agent_keys_for_update
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
+
+AGENT_KEY_KIND = "pcak"
+BOARD_TOKEN_KIND = "pcbt"  # noqa: S105 - a key prefix, not a secret
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_credential_parts() -> tuple[str, str]:
+    """A fresh (prefix, secret) pair."""
+    return secrets.token_hex(6), secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,20 +19,14 @@ workspace operations, results) proceed without waiting.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
-from django.db import OperationalError
 from django.db.models import QuerySet
 
-from paperclip.activity import require_transaction
+from paperclip.db.locking import require_transaction
 from paperclip.errors import NotFoundError, ResourceBusy
 from paperclip.models import AgentApiKey, HeartbeatRun, Issue, NativeRunFinalization
-
-# SQLSTATE 55P03: raised when `lock_timeout` expires (or NOWAIT finds the row locked).
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 def issues_for_update() -> QuerySet[Issue]:
@@ -86,18 +80,3 @@ def run_lock_with_issue(
         if run.issue_id == (issue.pk if issue is not None else None):
             return LockedRun(run=run, issue=issue, coordinator=coordinator)
     raise ResourceBusy(run_id=str(run_id))
-
-
-@contextmanager
-def busy_on_lock_timeout(**details: str) -> Iterator[None]:
-    """Turn PostgreSQL's "lock not available" into a retryable ResourceBusy (409).
-
-    Wrap it around the whole `transaction.atomic()` block (outermost), so the aborted
-    transaction has been rolled back before the domain error is raised.
-    """
-    try:
-        yield
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-            raise ResourceBusy(**details) from exc
-        raise

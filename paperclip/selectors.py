@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from paperclip.api.auth import Actor, parse_uuid, scoped_get
+from paperclip.access import Actor, scoped_get
 from paperclip.errors import NotFoundError
+from paperclip.ids import parse_uuid
 from paperclip.models import (
     Agent,
     AgentApiKey,

@@ -33,8 +33,8 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from paperclip import selectors
-from paperclip.activity import activity_record, require_transaction
-from paperclip.api.auth import Actor
+from paperclip.access import Actor
+from paperclip.activity import activity_record
 from paperclip.credentials import (
     CredentialRevocation,
     IssuedCredential,
@@ -43,7 +43,7 @@ from paperclip.credentials import (
 from paperclip.credentials import (
     agent_key_revoke as _credential_agent_key_revoke,
 )
-from paperclip.db.advisory import set_local_lock_timeout
+from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import (
     AgentNotActive,
     InvalidRequest,
@@ -52,11 +52,7 @@ from paperclip.errors import (
     NotFoundError,
     PermissionDenied,
 )
-from paperclip.locks import (
-    busy_on_lock_timeout,
-    issues_for_update,
-    run_lock_with_issue,
-)
+from paperclip.locks import issues_for_update, run_lock_with_issue
 from paperclip.models import (
     Agent,
     BoardMembership,
@@ -100,8 +96,6 @@ RESULT_ACCEPTED_PHASES = frozenset(
         NativeRunFinalization.Phase.APPLIED,
     }
 )
-
-HOT_PATH_LOCK_TIMEOUT = "5s"
 
 
 # --- validation shared with the API serializers ---------------------------------------------
@@ -304,7 +298,7 @@ def issue_update(
         raise InvalidRequest(fields={"status": [f'"{status}" is not a valid choice.']})
     visible = selectors.issue_get(actor=actor, issue_id=issue_id)
     with busy_on_lock_timeout(issue_id=str(visible.pk)), transaction.atomic(durable=True):
-        set_local_lock_timeout(HOT_PATH_LOCK_TIMEOUT)
+        set_local_lock_timeout()
         issue = issues_for_update().filter(pk=visible.pk).first()
         if issue is None:
             raise NotFoundError()
@@ -506,7 +500,7 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
         raise PermissionDenied("Only the run's own agent may change its status.")
 
     with busy_on_lock_timeout(run_id=str(visible.pk)), transaction.atomic(durable=True):
-        set_local_lock_timeout(HOT_PATH_LOCK_TIMEOUT)
+        set_local_lock_timeout()
         check_result = (
             to_status == RunStatus.SUCCEEDED
             and visible.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE

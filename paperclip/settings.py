@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "paperclip",
     "leases",
+    "leases.environment",
     "recovery",
     "checkpoints",
 ]
@@ -174,10 +175,10 @@ LOGGING = {
 # --- Paperclip settings (PAPERCLIP_ prefix) -------------------------------------------------
 PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = env.int("PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS", default=1800)
 PAPERCLIP_COPYBACK_BACKEND = env.str(
-    "PAPERCLIP_COPYBACK_BACKEND", default="recovery.copyback.LocalDirectoryCopyback"
+    "PAPERCLIP_COPYBACK_BACKEND", default="recovery.adapters.copyback.LocalDirectoryCopyback"
 )
 PAPERCLIP_WORKER_PLATFORM = env.str(
-    "PAPERCLIP_WORKER_PLATFORM", default="recovery.platform.SignedReceiptPlatform"
+    "PAPERCLIP_WORKER_PLATFORM", default="recovery.adapters.platform.SignedReceiptPlatform"
 )
 PAPERCLIP_PLATFORM_STOP_SECRET = env.str("PAPERCLIP_PLATFORM_STOP_SECRET", default="")
 PAPERCLIP_CHECKPOINT_KEYS = env.list("PAPERCLIP_CHECKPOINT_KEYS", default=[])

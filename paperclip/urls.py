@@ -13,7 +13,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("paperclip.api.urls")),
     path("api/", include("leases.api.urls")),
-    path("api/", include("leases.api.environment_urls")),
+    path("api/", include("leases.environment.api.urls")),
     path("api/", include("recovery.api.urls")),
     path("api/", include("recovery.api.source_urls")),
     path("api/", include("checkpoints.api.urls")),

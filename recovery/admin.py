@@ -17,12 +17,13 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from paperclip.api.auth import board_actor, parse_uuid
+from paperclip.access import board_actor
 from paperclip.errors import DomainError
+from paperclip.ids import parse_uuid
 from paperclip.models import BoardMembership, HeartbeatRun
+from paperclip.receipts import owner_line, raw_owner
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
-from recovery.receipts import owner_line, raw_owner
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
@@ -213,7 +214,7 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
     @admin.display(description="recovery source")
     def recovery_source(self, obj: IssueRecoveryAction) -> SafeString | str:
         try:
-            from recovery import source
+            from recovery.selectors import source
         except ImportError:
             return "—"
         panel = getattr(source, "admin_panel_html", None)

@@ -1,8 +1,12 @@
-"""Domain errors of the recovery app (finalization ownership and owner-stop recovery)."""
+"""Domain errors of the recovery app: finalization ownership, owner-stop recovery, worker
+stop receipts, and (the second half of this module) recovery-source inspection failures."""
 
 from __future__ import annotations
 
-from paperclip.errors import ConflictError, NotFoundError, RuleViolationError
+from typing import Any, ClassVar, Final, Literal
+
+from leases.models import EnvironmentLease
+from paperclip.errors import ConflictError, DomainError, NotFoundError, RuleViolationError
 
 
 class FinalizationOwnershipLost(Exception):
@@ -97,3 +101,141 @@ class WorkerStopSignatureInvalid(RuleViolationError):
 class WorkerStopPlatformDisabled(RuleViolationError):
     code = "worker_stop_platform_disabled"
     message = "No platform stop secret is configured, so stop receipts cannot be verified."
+
+
+# --- recovery-source inspection failures ------------------------------------------------
+# Failures of recovery-source inspection (UPSTREAM §2.12, `SystemRecoveryFailure`).
+#
+# `SourceFailure(code, disposition, reason=None, observed_lease_policy=None)` builds the
+# subclass for `code`, so the HTTP status follows the code: 422 for `source_binding_invalid`,
+# `historical_source_missing`, `allocation_ownership_ambiguous`, `source_unavailable`; 409 for
+# `agent_stop_unconfirmed`, `workspace_writer_active`. Details: `{"disposition", "reason"?,
+# "observed_lease_policy"?}`.
+
+Disposition = Literal["service_required", "use_alternative_strategy", "recheck_evidence"]
+DISPOSITIONS: Final = frozenset(
+    {"service_required", "use_alternative_strategy", "recheck_evidence"}
+)
+
+# WorkspaceSourceVerificationFailure["reason"]: the reasons of `source_binding_invalid`.
+BINDING_REASONS: Final = (
+    "source_run_missing",
+    "recovery_action_missing",
+    "recovery_action_run_mismatch",
+    "source_run_not_terminal",
+    "source_issue_mismatch",
+    "native_reference_invalid",
+    "workspace_reference_mismatch",
+    "restore_reference_invalid",
+    "historical_reference_invalid",
+    "lease_reference_invalid",
+    "source_lease_not_bound",
+    "lease_issue_mismatch",
+    "lease_environment_missing",
+    "lease_allocation_missing",
+    "lease_provider_invalid",
+    "lease_policy_not_retained",
+    "lease_cwd_invalid",
+    "allocation_reference_mismatch",
+    "cwd_reference_mismatch",
+    "recovery_lease_not_selected",
+    "recovery_environment_mismatch",
+    "recovery_lease_not_claimed",
+    "recovery_owner_mismatch",
+    "recovery_stop_intent_missing",
+)
+
+
+class SourceFailure(DomainError):
+    """A recovery source that cannot be trusted, with what the operator should do next."""
+
+    _by_code: ClassVar[dict[str, type[SourceFailure]]] = {}
+
+    def __new__(
+        cls,
+        code: str,
+        disposition: str,
+        reason: str | None = None,
+        observed_lease_policy: str | None = None,
+    ) -> SourceFailure:
+        target = cls._by_code.get(code) if cls is SourceFailure else cls
+        if target is None:
+            raise ValueError(f"unknown recovery source failure code {code!r}")
+        return super().__new__(target)
+
+    def __init__(
+        self,
+        code: str,
+        disposition: str,
+        reason: str | None = None,
+        observed_lease_policy: str | None = None,
+    ) -> None:
+        if code != self.code or disposition not in DISPOSITIONS:
+            raise ValueError(f"invalid recovery source failure {code!r}/{disposition!r}")
+        if reason is not None and reason not in BINDING_REASONS:
+            raise ValueError(f"unknown source binding reason {reason!r}")
+        details: dict[str, Any] = {"disposition": disposition}
+        if reason is not None:
+            details["reason"] = reason
+        if observed_lease_policy is not None:
+            details["observed_lease_policy"] = observed_lease_policy
+        super().__init__(**details)
+        self.disposition = disposition
+        self.reason = reason
+        self.observed_lease_policy = observed_lease_policy
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        SourceFailure._by_code[cls.code] = cls
+
+
+class SourceBindingInvalid(SourceFailure, RuleViolationError):
+    code = "source_binding_invalid"
+    message = "The recovery source does not bind to the failed run's recorded workspace."
+
+
+class HistoricalSourceMissing(SourceFailure, RuleViolationError):
+    code = "historical_source_missing"
+    message = "The failed run recorded no workspace source to recover from."
+    remediation = "Use another recovery strategy (a fresh isolated workspace)."
+
+
+class AllocationOwnershipAmbiguous(SourceFailure, RuleViolationError):
+    code = "allocation_ownership_ambiguous"
+    message = "The provider allocation's ownership history is not a clean hand-off chain."
+    remediation = "An operator must establish who owns the allocation."
+
+
+class SourceUnavailable(SourceFailure, RuleViolationError):
+    code = "source_unavailable"
+    message = "The recovery source's environment no longer exists."
+
+
+class AgentStopUnconfirmed(SourceFailure, ConflictError):
+    code = "agent_stop_unconfirmed"
+    message = "The source run's agent or controller may still be running."
+    remediation = "Re-check once the run's controller lease and finalization owner are gone."
+
+
+class WorkspaceWriterActive(SourceFailure, ConflictError):
+    code = "workspace_writer_active"
+    message = "Another queued or running run may write to the source workspace."
+    remediation = "Re-check after that run ends."
+
+
+def binding_failure(reason: str, policy: object = None) -> SourceFailure:
+    """`source_binding_invalid` / `service_required` for `reason`; for
+    `lease_policy_not_retained` the observed policy (or `unrecognized`) is attached."""
+    observed: str | None = None
+    if reason == "lease_policy_not_retained":
+        recognised = isinstance(policy, str) and policy in EnvironmentLease.Policy.values
+        observed = str(policy) if recognised else "unrecognized"
+    return SourceFailure("source_binding_invalid", "service_required", reason, observed)
+
+
+class SourceInspectionLimit(RuleViolationError):
+    """More source leases than the caller allows (`maximum_sources`). **beyond** upstream's
+    bare error: details `{"maximum_sources", "recorded"}`."""
+
+    code = "source_inspection_limit"
+    message = "The failed run recorded more source leases than this inspection allows."

@@ -11,7 +11,7 @@ from uuid import UUID
 
 from django.db import connection
 
-from paperclip.activity import require_transaction
+from paperclip.db.locking import require_transaction
 
 FINALIZATION_CHANNEL = "paperclip_native_finalization"
 RESULT_COMMIT_CHANNEL = "paperclip_native_result_commit"

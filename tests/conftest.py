@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from paperclip.credentials import agent_key_create, board_token_create
 from paperclip.models import Agent, BoardMembership, Company
-from tests.factories import AgentFactory, CompanyFactory, UserFactory
+from tests.paperclip.factories import AgentFactory, CompanyFactory, UserFactory
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from checkpoints import selectors, services
-from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for, scoped_get
+from paperclip.access import scoped_get
+from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
 from paperclip.api.serializers import error_responses
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun

@@ -28,9 +28,11 @@ from rest_framework.views import APIView
 
 from leases import services
 from leases.selectors import STALE_REASONS, RuntimeLease
-from paperclip.api.auth import Actor, IsAgent, IsAgentOrBoard, actor_for, parse_uuid
+from paperclip.access import Actor
+from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
 from paperclip.api.serializers import error_responses
 from paperclip.errors import NotFoundError, PermissionDenied
+from paperclip.ids import parse_uuid
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 
 WORKSPACE_ID = OpenApiParameter(

@@ -9,18 +9,15 @@ would sit on every request, and the secrets are 256-bit random, so it buys nothi
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
 import re
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Self
-from uuid import UUID
+from typing import Any, Self
 
 import psycopg
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, models
 from django.db.backends.postgresql.psycopg_any import register_tzloader
@@ -30,12 +27,9 @@ from psycopg.pq import Format
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from paperclip.errors import NotFoundError
-from paperclip.models import Agent, AgentApiKey, BoardApiToken, BoardMembership, Company
-
-AGENT_KEY_KIND = "pcak"
-BOARD_TOKEN_KIND = "pcbt"  # noqa: S105 - a key prefix, not a secret
-
+from paperclip.access import Actor, agent_actor, board_actor
+from paperclip.credentials import AGENT_KEY_KIND, BOARD_TOKEN_KIND, hash_secret
+from paperclip.models import Agent, AgentApiKey, BoardApiToken
 
 _PREFIX_RE = re.compile(r"[0-9a-f]{1,32}")
 _SECRET_RE = re.compile(r"[A-Za-z0-9_\-]{1,256}")
@@ -44,15 +38,6 @@ _SECRET_RE = re.compile(r"[A-Za-z0-9_\-]{1,256}")
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 _TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
 _RESOLUTION_SECONDS = int(LAST_USED_RESOLUTION.total_seconds())
-
-
-def hash_secret(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def new_credential_parts() -> tuple[str, str]:
-    """A fresh (prefix, secret) pair."""
-    return secrets.token_hex(6), secrets.token_urlsafe(32)
 
 
 def parse_bearer(header: str, kind: str) -> tuple[str, str] | None:
@@ -295,65 +280,6 @@ class BoardTokenAuthentication(_BearerAuthentication):
         return token.user, token
 
 
-@dataclass(frozen=True, slots=True)
-class Actor:
-    """Who is calling, in the terms services understand."""
-
-    type: Literal["agent", "board"]
-    agent: Agent | None = None
-    user: AbstractBaseUser | None = None
-    # None means every company (a superuser board member).
-    company_ids: frozenset[UUID] | None = frozenset()
-
-    @property
-    def is_agent(self) -> bool:
-        return self.type == "agent"
-
-    @property
-    def is_board(self) -> bool:
-        return self.type == "board"
-
-    @property
-    def is_superuser(self) -> bool:
-        return self.is_board and bool(getattr(self.user, "is_superuser", False))
-
-    @property
-    def actor_type(self) -> str:
-        """The audit log's actor type: `agent` or `user`."""
-        return "agent" if self.is_agent else "user"
-
-    @property
-    def actor_id(self) -> str:
-        if self.agent is not None:
-            return str(self.agent.pk)
-        return str(self.user.pk) if self.user is not None else ""
-
-    @property
-    def agent_id(self) -> UUID | None:
-        return self.agent.pk if self.agent is not None else None
-
-    def can_access(self, company_id: UUID | str | None) -> bool:
-        if company_id is None:
-            return False
-        if self.company_ids is None:
-            return True
-        try:
-            return UUID(str(company_id)) in self.company_ids
-        except ValueError:
-            return False
-
-
-def board_actor(user: Any) -> Actor:
-    if user.is_superuser:
-        return Actor(type="board", user=user, company_ids=None)
-    ids = frozenset(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))
-    return Actor(type="board", user=user, company_ids=ids)
-
-
-def agent_actor(agent: Agent) -> Actor:
-    return Actor(type="agent", agent=agent, company_ids=frozenset({agent.company_id}))
-
-
 def actor_for(request: Request) -> Actor:
     """The Actor of an authenticated request (cached on the request)."""
     cached = getattr(request, "_paperclip_actor", None)
@@ -397,30 +323,3 @@ class IsAgentOrBoard(permissions.BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         actor_for(request)
         return True
-
-
-def parse_uuid(value: Any) -> UUID | None:
-    try:
-        return UUID(str(value))
-    except (ValueError, TypeError, AttributeError):
-        return None
-
-
-def scoped_get[M: models.Model](
-    queryset: models.QuerySet[M], actor: Actor, pk: Any, *, company_field: str = "company_id"
-) -> M:
-    """The object `pk` if the actor may see its company; otherwise NotFoundError (404).
-
-    Another company's object and a malformed id are both plain 404s: never reveal existence.
-    """
-    obj_id = parse_uuid(pk)
-    if obj_id is None:
-        raise NotFoundError()
-    obj = queryset.filter(pk=obj_id).first()
-    if obj is None or not actor.can_access(getattr(obj, company_field)):
-        raise NotFoundError()
-    return obj
-
-
-def scoped_company(actor: Actor, company_id: Any) -> Company:
-    return scoped_get(Company.objects.all(), actor, company_id, company_field="id")

@@ -41,13 +41,6 @@ def try_advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     return bool(row and row[0])
 
 
-def set_local_lock_timeout(timeout: str = "5s", *, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Bound row-lock waits on hot paths; a timeout surfaces as `ResourceBusy`."""
-    _require_atomic(using, "set_local_lock_timeout")
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])
-
-
 def connection_params(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """psycopg connect() keyword arguments for the configured database (test DB included)."""
     return dict(connections[using].get_connection_params())

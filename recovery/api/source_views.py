@@ -17,12 +17,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leases.api.environment_views import EnvironmentLeaseOutputSerializer
-from paperclip.api.auth import IsBoard, actor_for, parse_uuid, scoped_get
+from leases.environment.api.views import EnvironmentLeaseOutputSerializer
+from paperclip.access import scoped_get
+from paperclip.api.auth import IsBoard, actor_for
 from paperclip.errors import NotFoundError
+from paperclip.ids import parse_uuid
 from paperclip.models import Environment, ExecutionWorkspace, HeartbeatRun, Issue
 from recovery.models import IssueRecoveryAction
-from recovery.source import RecoverySource, recovery_source_inspect
+from recovery.selectors.source import RecoverySource, recovery_source_inspect
 
 MAXIMUM_SOURCES = 50
 

@@ -18,7 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for, scoped_get
+from paperclip.access import scoped_get
+from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for
 from paperclip.api.serializers import ErrorSerializer
 from paperclip.errors import PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
@@ -27,8 +28,7 @@ from recovery.errors import (
     FinalizationOwnershipLost,
     FinalizationOwnershipLostError,
 )
-from recovery.platform import worker_stop_record
-from recovery.selectors import recovery_action_list_for_issue
+from recovery.selectors.actions import recovery_action_list_for_issue
 from recovery.services import (
     NotAcquired,
     recovery_owner_stop_confirm,
@@ -41,6 +41,7 @@ from recovery.services.owner_stop import (
     MIN_STOP_EVIDENCE_CHARS,
     nonblank_length,
 )
+from recovery.services.worker_stops import worker_stop_record
 
 
 def _errors(*codes: int) -> dict[int, OpenApiResponse]:

@@ -6,14 +6,14 @@
 - finalization: `result_accept`, `run_finalize`, `finalizations_reconcile`;
 - owner-stop recovery: `recovery_owner_stop_confirm`;
 - recovery-source inspection (`recovery_source_inspect`, `recovery_source_owned_lease`),
-  re-exported lazily from `recovery.source`, which imports from this package.
+  re-exported lazily from `recovery.selectors.source`, which imports from this package.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from recovery.selectors import recovery_action_get_live
+from recovery.selectors.actions import recovery_action_get_live
 from recovery.services.actions import (
     RecoveryActionInput,
     RecoveryUpsert,
@@ -41,7 +41,7 @@ _SOURCE_EXPORTS = ("recovery_source_inspect", "recovery_source_owned_lease")
 
 def __getattr__(name: str) -> Any:
     if name in _SOURCE_EXPORTS:
-        from recovery import source
+        from recovery.selectors import source
 
         return getattr(source, name)
     raise AttributeError(name)

@@ -10,12 +10,14 @@ from uuid import UUID
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
-from paperclip.activity import activity_record, require_transaction
+from paperclip.activity import activity_record
 from paperclip.db.advisory import advisory_xact_lock
+from paperclip.db.clock import db_now_iso
+from paperclip.db.locking import require_transaction
 from recovery.errors import RecoveryActionNotFound, RecoveryHoldNotDismissable
 from recovery.locks import recovery_actions_for_update, recovery_source_key
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE, db_now_iso
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 
 logger = logging.getLogger(__name__)
 

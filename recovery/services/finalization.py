@@ -13,7 +13,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from paperclip.activity import activity_record, require_transaction
+from paperclip.activity import activity_record
+from paperclip.db.locking import require_transaction
 from paperclip.errors import DomainError
 from paperclip.models import (
     HeartbeatRun,
@@ -22,9 +23,10 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
+from paperclip.receipts import OWNER_KEY
 from paperclip.services import _issue_slots_release, _run_finish_locked
+from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.canonical import canonical_sha256
-from recovery.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.errors import (
     FinalizationBindingMissing,
     FinalizationNotReady,
@@ -40,8 +42,7 @@ from recovery.locks import (
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.notify import notify_finalization_wake
-from recovery.receipts import OWNER_KEY
-from recovery.selectors import (
+from recovery.selectors.actions import (
     OWNER_UNVERIFIED_CAUSE,
     WAITING_PHASES,
     finalizations_waiting,

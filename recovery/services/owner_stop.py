@@ -6,21 +6,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
-from django.db import OperationalError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from paperclip.access import Actor
 from paperclip.activity import activity_record
-from paperclip.api.auth import Actor
-from paperclip.db.advisory import set_local_lock_timeout, try_advisory_xact_lock
-from paperclip.errors import InvalidRequest, NotFoundError, ResourceBusy
+from paperclip.db.advisory import try_advisory_xact_lock
+from paperclip.db.clock import db_now_iso
+from paperclip.db.locking import busy_on_lock_timeout, set_local_lock_timeout
+from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
+from paperclip.receipts import OWNER_KEY, raw_owner, read_owner
+from recovery.adapters.identity import current_hostname, evaluate_controller_takeover
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
     WorkspaceOwnerRecoveryStale,
 )
-from recovery.identity import current_hostname, evaluate_controller_takeover
 from recovery.locks import (
     coordinators_for_update,
     finalization_lock_key,
@@ -30,8 +33,7 @@ from recovery.locks import (
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.notify import notify_finalization_wake
-from recovery.receipts import OWNER_KEY, raw_owner, read_owner
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, db_now_iso, run_issue_id
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 
 MIN_STOP_EVIDENCE_CHARS = 20
 MAX_STOP_EVIDENCE_CHARS = 12000
@@ -41,7 +43,6 @@ QUEUED_NEXT_ACTION = (
 # The coordinator may have been waiting in any of these when its owner vanished.
 _ADMISSIBLE_PHASES = (*WAITING_PHASES, "retryable_failure")
 _CLOSED_ISSUE_STATUSES = ("done", "cancelled")
-_LOCK_NOT_AVAILABLE = "55P03"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,21 +136,16 @@ def recovery_owner_stop_confirm(
     )
     if replay is not None:
         return replay
-    try:
-        with transaction.atomic(durable=True):
-            return _confirm_locked(
-                actor=actor,
-                company_id=company_id,
-                issue_id=issue_id,
-                action_id=action_id,
-                run_id=run_id,
-                owner_token=owner_token,
-                stop_evidence=stop_evidence,
-            )
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
-            raise ResourceBusy() from exc
-        raise
+    with busy_on_lock_timeout(), transaction.atomic(durable=True):
+        return _confirm_locked(
+            actor=actor,
+            company_id=company_id,
+            issue_id=issue_id,
+            action_id=action_id,
+            run_id=run_id,
+            owner_token=owner_token,
+            stop_evidence=stop_evidence,
+        )
 
 
 def _confirm_locked(
@@ -166,7 +162,7 @@ def _confirm_locked(
     # finalization of this run is in progress anywhere.
     if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
         raise WorkspaceCopybackActive(run_id=str(run_id))
-    set_local_lock_timeout("5s")
+    set_local_lock_timeout()
     stale = WorkspaceOwnerRecoveryStale
     issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
     coordinator = (

@@ -46,13 +46,15 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
-from recovery.canonical import canonical_sha256
-from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
-from recovery.identity import (
+from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY, OwnerReceipt, raw_owner, read_owner
+from recovery.adapters.identity import (
     ControllerIdentity,
     current_controller_identity,
     evaluate_controller_takeover,
 )
+from recovery.adapters.platform import current_workspace_worker, request_worker_stop_proof
+from recovery.canonical import canonical_sha256
+from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import (
     coordinators_for_update,
     finalization_lock_key,
@@ -63,9 +65,7 @@ from recovery.locks import (
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.notify import notify_owner_released
-from recovery.platform import current_workspace_worker, request_worker_stop_proof
-from recovery.receipts import OWNER_KEY, STOP_PROOF_KEY, OwnerReceipt, raw_owner, read_owner
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from django.db import connection
 from checkpoints.crypto import generate_key_text
 from checkpoints.services import CheckpointOwner, ControllerLease, controller_lease_acquire
 from paperclip.models import HeartbeatRun, NativeRunFinalization
-from tests.factories import NativeRunFinalizationFactory
+from tests.paperclip.factories import NativeRunFinalizationFactory
 
 TEST_KEY = generate_key_text()
 OLD_KEY = generate_key_text()

@@ -9,7 +9,7 @@ from django.test import Client
 from checkpoints.models import NativeRunnerCheckpoint
 from checkpoints.services import checkpoint_write
 from tests.checkpoints.factories import coordinator, lease, owner_of
-from tests.factories import BoardMembershipFactory, UserFactory
+from tests.paperclip.factories import BoardMembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from checkpoints.models import NativeRunnerCheckpoint
 from paperclip.models import ActivityEvent, Agent, Company, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease
-from tests.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
+from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from checkpoints import locks
+import paperclip.db.locking
 from checkpoints.errors import CheckpointOwnerLost, ControllerLeaseHeld
 from checkpoints.selectors import checkpoint_load, runner_run_get
 from checkpoints.services import CheckpointOwner, checkpoint_write, controller_lease_acquire
@@ -127,7 +127,7 @@ def test_a_takeover_fences_the_old_controller_mid_stream() -> None:
 
 
 def test_a_writer_blocked_on_the_coordinator_lock_gets_resource_busy(monkeypatch: Any) -> None:
-    monkeypatch.setattr(locks, "LOCK_TIMEOUT", "200ms")
+    monkeypatch.setattr(paperclip.db.locking, "HOT_PATH_LOCK_TIMEOUT", "200ms")
     fin = coordinator()
     owner = owner_of(lease(fin.run))
     with dedicated_connection() as other, other.cursor() as cursor:

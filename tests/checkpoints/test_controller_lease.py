@@ -13,7 +13,7 @@ from checkpoints.services import controller_lease_acquire, controller_lease_expi
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease
-from tests.factories import (
+from tests.paperclip.factories import (
     AgentFactory,
     HeartbeatRunFactory,
     NativeRunFactory,

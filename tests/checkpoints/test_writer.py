@@ -28,7 +28,7 @@ from checkpoints.services import (
 from paperclip.errors import InvalidRequest
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
-from tests.factories import (
+from tests.paperclip.factories import (
     HeartbeatRunFactory,
     IssueFactory,
     NativeRunFactory,

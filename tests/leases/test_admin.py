@@ -15,7 +15,8 @@ from django.urls import reverse
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, ExecutionWorkspace, Issue
-from tests.factories import (
+from tests.leases.factories import claim, expire
+from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,
     ExecutionWorkspaceFactory,
@@ -23,7 +24,6 @@ from tests.factories import (
     IssueFactory,
     UserFactory,
 )
-from tests.leases.factories import claim, expire
 
 pytestmark = pytest.mark.django_db
 

@@ -8,13 +8,13 @@ import pytest
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, Issue, WorkspaceOperation
-from tests.factories import (
+from tests.leases.factories import expire
+from tests.paperclip.factories import (
     AgentFactory,
     ExecutionWorkspaceFactory,
     HeartbeatRunFactory,
     IssueFactory,
 )
-from tests.leases.factories import expire
 
 pytestmark = pytest.mark.django_db
 

@@ -21,14 +21,14 @@ from leases.services import (
 )
 from paperclip.errors import DomainError
 from paperclip.models import ActivityEvent, ExecutionWorkspace, HeartbeatRun, Issue
-from tests.factories import (
+from tests.leases.factories import claim, expire, lease_row
+from tests.paperclip.factories import (
     AgentFactory,
     ExecutionWorkspaceFactory,
     HeartbeatRunFactory,
     IssueFactory,
     UserFactory,
 )
-from tests.leases.factories import claim, expire, lease_row
 
 pytestmark = pytest.mark.django_db
 

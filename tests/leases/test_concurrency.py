@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+import paperclip.db.locking
 from leases import services
 from leases.errors import RuntimeLeaseConflict, RuntimeLeaseContended
 from leases.models import WorkspaceRuntimeLease
@@ -25,8 +26,8 @@ from paperclip.db.advisory import connection_params
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 from paperclip.testing.processes import database_url
-from tests.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
 from tests.leases.factories import claim, expire
+from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -269,7 +270,7 @@ def test_a_renew_committed_while_a_reclaim_waits_turns_the_reclaim_into_a_confli
 
 
 def test_a_held_row_lock_turns_into_resource_busy_not_a_hang(monkeypatch):
-    monkeypatch.setattr(services, "LOCK_TIMEOUT", "200ms")
+    monkeypatch.setattr(paperclip.db.locking, "HOT_PATH_LOCK_TIMEOUT", "200ms")
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
     agent = AgentFactory(company=company)

@@ -15,14 +15,14 @@ from leases.models import WorkspaceRuntimeLease
 from leases.selectors import runtime_lease_stale_page
 from leases.services import runtime_lease_sweep_batch
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue
-from tests.factories import (
+from tests.leases.factories import claim, expire
+from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,
     ExecutionWorkspaceFactory,
     HeartbeatRunFactory,
     IssueFactory,
 )
-from tests.leases.factories import claim, expire
 
 EVENT_TIMEOUT = 10
 

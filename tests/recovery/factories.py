@@ -20,10 +20,10 @@ from paperclip.models import (
     NativeRunFinalization,
     NativeRunResult,
 )
-from recovery.identity import current_controller_identity
+from paperclip.receipts import OWNER_KEY
+from recovery.adapters.identity import current_controller_identity
 from recovery.models import IssueRecoveryAction
-from recovery.receipts import OWNER_KEY
-from tests.factories import (
+from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,
     ExecutionWorkspaceFactory,

@@ -7,9 +7,9 @@ import pytest
 from django.test import Client
 
 from paperclip.models import ActivityEvent, BoardMembership
+from paperclip.receipts import OWNER_KEY
 from recovery.models import IssueRecoveryAction
-from recovery.receipts import OWNER_KEY
-from tests.factories import UserFactory
+from tests.paperclip.factories import UserFactory
 from tests.recovery.services.test_owner_stop import held_binding
 
 pytestmark = pytest.mark.django_db

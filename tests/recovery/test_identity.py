@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import psutil
 
-from recovery.identity import (
+from recovery.adapters.identity import (
     current_controller_identity,
     evaluate_controller_takeover,
     process_started_at,

@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 
 from paperclip import services
-from paperclip.api.auth import board_actor
+from paperclip.access import board_actor
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.models import (
     Agent,

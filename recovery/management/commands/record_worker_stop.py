@@ -8,7 +8,7 @@ from uuid import UUID
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from paperclip.errors import DomainError
-from recovery.platform import worker_stop_record
+from recovery.services.worker_stops import worker_stop_record
 
 
 class Command(BaseCommand):

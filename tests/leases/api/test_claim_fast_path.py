@@ -12,8 +12,8 @@ from leases.api.views import RuntimeLeaseClaimApi, _plain_claim_input, claim_bod
 from leases.models import WorkspaceRuntimeLease
 from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip.models import Issue
-from tests.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
 from tests.leases.factories import claim
+from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
+from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
+from recovery.adapters.platform import worker_stop_signature
 from recovery.models import IssueRecoveryAction
-from recovery.platform import worker_stop_signature
-from recovery.receipts import OWNER_KEY, STOP_PROOF_KEY
 from recovery.services import Acquired, with_finalization_ownership
 from tests.recovery.factories import make_binding, receipt_for
 
@@ -60,7 +60,7 @@ def test_result_input_errors_and_other_agents(make_agent_client: Any) -> None:
     )
     assert bad.status_code == 400
     assert bad.json()["error"]["code"] == "invalid_request"
-    from tests.factories import AgentFactory
+    from tests.paperclip.factories import AgentFactory
 
     sibling = make_agent_client(AgentFactory(company=b.company))
     assert sibling.post(url, RESULT, format="json").status_code == 403
@@ -102,7 +102,7 @@ def test_recovery_actions_list_board_and_assignee(
         "updated_at",
     }
     assert make_agent_client(b.agent).get(url).status_code == 200
-    from tests.factories import AgentFactory
+    from tests.paperclip.factories import AgentFactory
 
     assert make_agent_client(AgentFactory(company=b.company)).get(url).status_code == 403
     assert make_board_client().get(url).status_code == 404

@@ -22,13 +22,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 
-from paperclip.api.auth import board_actor
+from paperclip.access import board_actor
 from paperclip.models import ActivityEvent, BoardMembership, WorkspaceOperation
+from paperclip.receipts import OWNER_KEY
 from paperclip.testing.processes import child_env
 from recovery.errors import FinalizationOwnershipLost
 from recovery.models import IssueRecoveryAction
-from recovery.receipts import OWNER_KEY
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import (
     Acquired,
     NotAcquired,
@@ -36,7 +36,7 @@ from recovery.services import (
     run_finalize,
     with_finalization_ownership,
 )
-from tests.factories import UserFactory
+from tests.paperclip.factories import UserFactory
 from tests.recovery.factories import make_binding
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -11,14 +11,14 @@ from django.db import connection
 from paperclip.models import ActivityEvent
 from recovery.errors import RecoveryHoldNotDismissable
 from recovery.models import IssueRecoveryAction
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import (
     RecoveryActionInput,
     recovery_action_get_live,
     recovery_action_resolve,
     recovery_action_upsert_source_scoped,
 )
-from tests.factories import IssueFactory
+from tests.paperclip.factories import IssueFactory
 
 
 def _data(**kw: object) -> RecoveryActionInput:

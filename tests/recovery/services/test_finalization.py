@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunFinalization, WorkspaceOperation
-from recovery.copyback import CopybackReport
+from paperclip.receipts import OWNER_KEY
+from recovery.adapters.copyback import CopybackReport
 from recovery.errors import FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key
-from recovery.receipts import OWNER_KEY
 from recovery.services import Acquired, run_finalize
 from tests.recovery.factories import Binding, make_binding
 

@@ -7,10 +7,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from paperclip.api.auth import board_actor
+from paperclip.access import board_actor
 from paperclip.db.advisory import connection_params
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun
+from paperclip.receipts import OWNER_KEY
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
@@ -18,11 +19,15 @@ from recovery.errors import (
 )
 from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
-from recovery.receipts import OWNER_KEY
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
-from tests.factories import CompanyFactory, HeartbeatRunFactory, NativeRunResultFactory, UserFactory
+from tests.paperclip.factories import (
+    CompanyFactory,
+    HeartbeatRunFactory,
+    NativeRunResultFactory,
+    UserFactory,
+)
 from tests.recovery.factories import Binding, make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db

@@ -11,11 +11,11 @@ import pytest
 
 from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult
+from paperclip.receipts import OWNER_KEY
 from recovery.errors import WorkspaceCopybackActive, WorkspaceOwnerRecoveryStale
 from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
-from recovery.receipts import OWNER_KEY
-from tests.factories import AgentFactory, NativeRunFactory
+from tests.paperclip.factories import AgentFactory, NativeRunFactory
 from tests.recovery.factories import Binding
 from tests.recovery.services.test_owner_stop import confirm, held_binding
 

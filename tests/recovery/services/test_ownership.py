@@ -14,10 +14,10 @@ from django.db import connection
 
 from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
+from paperclip.receipts import OWNER_KEY
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.models import IssueRecoveryAction
-from recovery.receipts import OWNER_KEY
-from recovery.selectors import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import (
     Acquired,
     FinalizationOwnership,
@@ -26,7 +26,7 @@ from recovery.services import (
 )
 from recovery.services import ownership as ownership_module
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
-from tests.factories import HeartbeatRunFactory
+from tests.paperclip.factories import HeartbeatRunFactory
 from tests.recovery.factories import make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -304,7 +304,7 @@ def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner
 
 def test_same_boot_joined_token_is_taken_over_after_failed_cleanup() -> None:
     b = make_binding()
-    from recovery.identity import current_controller_identity
+    from recovery.adapters.identity import current_controller_identity
 
     me = current_controller_identity()
     prior = receipt_for(boot_id=me.boot_id)

@@ -22,8 +22,10 @@ from django.test import override_settings
 
 from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
+from paperclip.receipts import OWNER_KEY
+from recovery.adapters.identity import current_controller_identity
+from recovery.adapters.platform import worker_stop_signature
 from recovery.errors import FinalizationOwnershipLost
-from recovery.identity import current_controller_identity
 from recovery.models import IssueRecoveryAction
 from recovery.notify import (
     DEFERRED_EXECUTION_CHANNEL,
@@ -33,8 +35,6 @@ from recovery.notify import (
     RUN_DISPATCH_CHANNEL,
     STATUS_REASSESSMENT_CHANNEL,
 )
-from recovery.platform import worker_stop_record, worker_stop_signature
-from recovery.receipts import OWNER_KEY
 from recovery.services import (
     Acquired,
     FinalizationOwnership,
@@ -43,7 +43,8 @@ from recovery.services import (
     with_finalization_ownership,
 )
 from recovery.services import ownership as ownership_module
-from tests.factories import NativeRunFactory
+from recovery.services.worker_stops import worker_stop_record
+from tests.paperclip.factories import NativeRunFactory
 from tests.recovery.factories import make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,18 +9,14 @@ from uuid import UUID
 import pytest
 from django.db import connection, transaction
 
-from paperclip.api.auth import board_actor
-from paperclip.db.advisory import (
-    advisory_xact_lock,
-    dedicated_connection,
-    set_local_lock_timeout,
-    try_advisory_xact_lock,
-)
+from paperclip.access import board_actor
+from paperclip.db.advisory import advisory_xact_lock, dedicated_connection, try_advisory_xact_lock
+from paperclip.db.locking import busy_on_lock_timeout, set_local_lock_timeout
 from paperclip.errors import IssueExecutionLocked, ResourceBusy
-from paperclip.locks import busy_on_lock_timeout, issues_for_update, run_lock_with_issue
+from paperclip.locks import issues_for_update, run_lock_with_issue
 from paperclip.models import HeartbeatRun, Issue
 from paperclip.services import run_transition
-from tests.factories import HeartbeatRunFactory, IssueFactory, UserFactory
+from tests.paperclip.factories import HeartbeatRunFactory, IssueFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

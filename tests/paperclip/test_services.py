@@ -8,7 +8,7 @@ from django.db import transaction
 from paperclip.locks import run_lock_with_issue
 from paperclip.models import ActivityEvent, Issue
 from paperclip.services import _run_finish_locked, absolute_path_error
-from tests.factories import HeartbeatRunFactory, IssueFactory
+from tests.paperclip.factories import HeartbeatRunFactory, IssueFactory
 
 pytestmark = pytest.mark.django_db
 

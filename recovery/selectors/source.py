@@ -34,13 +34,13 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.template.loader import render_to_string
 
-from leases.export_resume import (
+from leases.environment.export_resume import (
     NativeWorkspaceSyncReference,
-    db_now,
     read_native_workspace_sync_reference,
     stop_only_cleanup_read,
 )
 from leases.models import EnvironmentLease
+from paperclip.db.clock import db_now
 from paperclip.models import (
     Environment,
     ExecutionWorkspace,
@@ -49,12 +49,12 @@ from paperclip.models import (
     NativeRunFinalization,
     NativeRunResult,
 )
-from recovery.models import IssueRecoveryAction
-from recovery.source_errors import (
+from recovery.errors import (
     SourceFailure,
     SourceInspectionLimit,
     binding_failure,
 )
+from recovery.models import IssueRecoveryAction
 
 WORKSPACE_EXPORT_CAUSES: Final = (
     "native_workspace_sync_out_unrecoverable",

@@ -14,15 +14,15 @@ from django.test import Client
 
 from paperclip.models import ActivityEvent, BoardMembership, Company, Environment
 from paperclip.testing.processes import child_env
-from tests.environment.factories import (
+from tests.leases.environment.factories import (
     EnvironmentLeaseFactory,
     build_scenario,
     export_marker,
     set_meta,
 )
-from tests.factories import CompanyFactory, EnvironmentFactory, UserFactory
+from tests.paperclip.factories import CompanyFactory, EnvironmentFactory, UserFactory
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LEASES = "/admin/leases/environmentlease/"
 ENVIRONMENTS = "/admin/paperclip/environment/"
 
@@ -34,7 +34,7 @@ def superuser_client() -> Client:
 
 
 def test_admin_autodiscovery_registers_the_environment_admins() -> None:
-    """No test imports leases.environment_admin by hand: a fresh process must find both admins
+    """No test imports leases.environment.admin by hand: a fresh process must find both admins
     through `leases/admin.py` alone."""
     probe = (
         "import django; django.setup();"

@@ -20,7 +20,7 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
-from tests.factories import (
+from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,
     ExecutionWorkspaceFactory,

@@ -15,7 +15,11 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from leases.export_resume import export_resume_has, export_resume_read, stop_only_cleanup_has
+from leases.environment.export_resume import (
+    export_resume_has,
+    export_resume_read,
+    stop_only_cleanup_has,
+)
 from leases.models import EnvironmentLease
 from paperclip.admin import AuditedAdmin, ReadOnlyAdmin
 from paperclip.models import Environment

@@ -13,13 +13,14 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from leases import environment_services
-from leases.export_resume import db_now, export_resume_has
+import paperclip.db.locking
+from leases.environment.export_resume import export_resume_has
 from leases.models import EnvironmentLease
 from paperclip.db.advisory import dedicated_connection
+from paperclip.db.clock import db_now
 from paperclip.models import ActivityEvent, Agent, Company
-from tests.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
-from tests.factories import AgentFactory, NativeRunFactory
+from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
+from tests.paperclip.factories import AgentFactory, NativeRunFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -355,7 +356,7 @@ def test_racing_duplicate_receipts_settle_once(
 def test_a_held_row_lock_answers_resource_busy_and_changes_nothing(
     make_agent_client: Callable[[Agent], APIClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(environment_services, "CLEANUP_LOCK_TIMEOUT", "200ms")
+    monkeypatch.setattr(paperclip.db.locking, "HOT_PATH_LOCK_TIMEOUT", "200ms")
     company = Company.objects.create(name="busy")
     lease = pending_lease(company)
     client = make_agent_client(AgentFactory(company=company))

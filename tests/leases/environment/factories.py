@@ -18,7 +18,7 @@ from paperclip.models import (
     Issue,
 )
 from recovery.models import IssueRecoveryAction
-from tests.factories import (
+from tests.paperclip.factories import (
     CompanyFactory,
     EnvironmentFactory,
     ExecutionWorkspaceFactory,

@@ -14,14 +14,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leases.environment_errors import EnvironmentLeaseNotFound
-from leases.environment_services import (
+from leases.environment.errors import EnvironmentLeaseNotFound
+from leases.environment.services import (
     environment_lease_cleanup_claim,
     environment_lease_cleanup_settle,
 )
 from leases.models import EnvironmentLease
-from paperclip.api.auth import IsAgent, actor_for, parse_uuid
+from paperclip.api.auth import IsAgent, actor_for
 from paperclip.api.serializers import ErrorSerializer
+from paperclip.ids import parse_uuid
 
 
 @extend_schema_serializer(component_name="EnvironmentLease")

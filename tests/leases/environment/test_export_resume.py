@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from leases.export_resume import (
+from leases.environment.export_resume import (
     export_resume_has,
     export_resume_preserve,
     export_resume_read,
@@ -22,7 +22,7 @@ from leases.export_resume import (
 )
 from leases.models import EnvironmentLease
 from paperclip.models import ActivityEvent, HeartbeatRun
-from tests.environment.factories import (
+from tests.leases.environment.factories import (
     HEX_A,
     HEX_B,
     HEX_C,
@@ -32,7 +32,7 @@ from tests.environment.factories import (
     set_meta,
     sync_reference,
 )
-from tests.factories import (
+from tests.paperclip.factories import (
     CompanyFactory,
     ExecutionWorkspaceFactory,
     NativeRunFactory,

@@ -16,8 +16,7 @@ from paperclip.models import (
     Issue,
     NativeRunFinalization,
 )
-from tests.core.helpers import assert_error, audit_count
-from tests.factories import (
+from tests.paperclip.factories import (
     AgentFactory,
     ExecutionWorkspaceFactory,
     HeartbeatRunFactory,
@@ -26,6 +25,7 @@ from tests.factories import (
     NativeRunFinalizationFactory,
     NativeRunResultFactory,
 )
+from tests.paperclip.helpers import assert_error, audit_count
 
 pytestmark = pytest.mark.django_db
 

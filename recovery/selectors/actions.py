@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
@@ -59,11 +58,3 @@ def finalizations_waiting(*, after_run_id: UUID | None, limit: int) -> list[tupl
     if after_run_id is not None:
         qs = qs.filter(run_id__gt=after_run_id)
     return list(qs.order_by("run_id").values_list("company_id", "run_id")[:limit])
-
-
-def db_now_iso() -> str:
-    """Database time (the only clock) as ISO-8601, for timestamps stored inside jsonb."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    return str(row[0].isoformat())

@@ -24,14 +24,9 @@ from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 from django.utils.module_loading import import_string
 
-from paperclip.activity import activity_record
-from paperclip.errors import NotFoundError
-from paperclip.models import HeartbeatRun
 from recovery.canonical import canonical_json
-from recovery.errors import WorkerStopPlatformDisabled, WorkerStopSignatureInvalid
 from recovery.models import WorkerStopReceipt
 
 PROOF_SCHEMA = "paperclip.worker-stop-receipt.v1"
@@ -69,7 +64,7 @@ def worker_stop_signature(
     return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
-def _stop_secret() -> str:
+def stop_secret() -> str:
     return str(getattr(settings, "PAPERCLIP_PLATFORM_STOP_SECRET", "") or "")
 
 
@@ -85,7 +80,7 @@ class SignedReceiptPlatform:
     def request_stop_proof(
         self, *, run_id: UUID, owner_token: str, worker: dict[str, Any]
     ) -> StopProofCheck:
-        secret = _stop_secret()
+        secret = stop_secret()
         worker_id = worker.get("id")
         if not secret or not isinstance(worker_id, str):
             return StopProofCheck("unverified")
@@ -135,66 +130,3 @@ def request_worker_stop_proof(
     return worker_platform().request_stop_proof(
         run_id=run_id, owner_token=owner_token, worker=worker
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedStop:
-    receipt: WorkerStopReceipt
-    created: bool
-
-
-def worker_stop_record(
-    *, run_id: UUID, owner_token: str, worker_id: str, stopped_at: str, signature: str
-) -> RecordedStop:
-    """Store a platform's signed stop receipt for (run, owner token).
-
-    The signature is checked before the run is looked up, so an unsigned caller learns
-    nothing about which runs exist. Idempotent on (run, owner token): a repeat returns the
-    stored receipt. Raises WorkerStopPlatformDisabled, WorkerStopSignatureInvalid, NotFoundError.
-    """
-    secret = _stop_secret()
-    if not secret:
-        raise WorkerStopPlatformDisabled()
-    expected = worker_stop_signature(
-        secret=secret,
-        run_id=run_id,
-        owner_token=owner_token,
-        worker_id=worker_id,
-        stopped_at=stopped_at,
-    )
-    if not hmac.compare_digest(expected, signature.lower()):
-        raise WorkerStopSignatureInvalid()
-    with transaction.atomic(durable=True):
-        run = HeartbeatRun.objects.filter(pk=run_id).only("id", "company_id").first()
-        if run is None:
-            raise NotFoundError()
-        existing = WorkerStopReceipt.objects.filter(run_id=run_id, owner_token=owner_token).first()
-        if existing is not None:
-            return RecordedStop(existing, created=False)
-        try:
-            with transaction.atomic():
-                receipt = WorkerStopReceipt.objects.create(
-                    company_id=run.company_id,
-                    run_id=run_id,
-                    owner_token=owner_token,
-                    worker_id=worker_id,
-                    stopped_at=stopped_at,
-                    signature=signature.lower(),
-                )
-        except IntegrityError:
-            # A concurrent identical report won the unique index; answer with its row.
-            return RecordedStop(
-                WorkerStopReceipt.objects.get(run_id=run_id, owner_token=owner_token),
-                created=False,
-            )
-        activity_record(
-            company_id=run.company_id,
-            actor_type="system",
-            actor_id="worker-platform",
-            action="run.worker_stop_recorded",
-            entity_type="heartbeat_run",
-            entity_id=run_id,
-            run_id=run_id,
-            details={"workerId": worker_id, "ownerToken": owner_token, "stoppedAt": stopped_at},
-        )
-    return RecordedStop(receipt, created=True)

@@ -13,25 +13,25 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+import recovery.selectors.source
 import recovery.services
-import recovery.source
-from leases.export_resume import db_now
 from leases.models import EnvironmentLease
+from paperclip.db.clock import db_now
 from paperclip.models import (
     Company,
     ExecutionWorkspaceSnapshot,
     HeartbeatRun,
     NativeRunFinalization,
 )
-from recovery.source import (
+from recovery.errors import SourceFailure, SourceInspectionLimit
+from recovery.selectors.source import (
     adapter_execution_control,
     admin_panel_html,
     recovery_source_inspect,
     recovery_source_owned_lease,
     retired_reusable_lease_predecessors,
 )
-from recovery.source_errors import SourceFailure, SourceInspectionLimit
-from tests.environment.factories import (
+from tests.leases.environment.factories import (
     EnvironmentLeaseFactory,
     RecoveryActionFactory,
     Scenario,
@@ -39,7 +39,7 @@ from tests.environment.factories import (
     set_meta,
     sync_reference,
 )
-from tests.factories import (
+from tests.paperclip.factories import (
     AgentFactory,
     EnvironmentFactory,
     ExecutionWorkspaceFactory,
@@ -1262,7 +1262,7 @@ def test_inspection_outside_a_transaction_uses_one_read_only_snapshot(
 ) -> None:
     s = build_scenario()
     seen: list[tuple[str, str]] = []
-    checks = recovery.source._inspect
+    checks = recovery.selectors.source._inspect
 
     def observed(*args: Any) -> Any:
         with connection.cursor() as cursor:
@@ -1273,7 +1273,7 @@ def test_inspection_outside_a_transaction_uses_one_read_only_snapshot(
             seen.append(cursor.fetchone())
         return checks(*args)
 
-    monkeypatch.setattr(recovery.source, "_inspect", observed)
+    monkeypatch.setattr(recovery.selectors.source, "_inspect", observed)
     assert not connection.in_atomic_block
     assert len(inspect(s).sources) == 1
     assert seen == [("repeatable read", "on")]

@@ -18,8 +18,8 @@ from paperclip.models import (
     ExecutionWorkspace,
     Issue,
 )
-from tests.core.helpers import assert_error, audit_count
-from tests.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
+from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
+from tests.paperclip.helpers import assert_error, audit_count
 
 pytestmark = pytest.mark.django_db
 
@@ -342,7 +342,7 @@ def _foreign_requests(other: Company) -> list[tuple[str, str, dict[str, Any] | N
     key = AgentApiKey.objects.create(agent=agent, prefix="abcdef012345", secret_sha256="0" * 64)
     issue = IssueFactory(company=other)
     workspace = ExecutionWorkspaceFactory(company=other)
-    from tests.factories import HeartbeatRunFactory
+    from tests.paperclip.factories import HeartbeatRunFactory
 
     run = HeartbeatRunFactory(company=other, agent=agent)
     return [

@@ -19,7 +19,7 @@ from paperclip.models import (
     Issue,
     NativeRunFinalization,
 )
-from tests.factories import AgentFactory, UserFactory
+from tests.paperclip.factories import AgentFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

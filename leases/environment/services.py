@@ -19,31 +19,31 @@ from uuid import UUID
 from django.db import transaction
 from django.db.models.functions import Now
 
-from leases.environment_errors import (
+from leases.environment.errors import (
     CleanupAttemptStale,
     CleanupInFlight,
     CleanupIntentInvalid,
     CleanupNotPending,
     EnvironmentLeaseNotFound,
 )
-from leases.environment_locks import bounded_lock_wait, environment_leases_for_update
-from leases.export_resume import (
+from leases.environment.export_resume import (
     EXPORT_RESUME_KEY,
     REMOTE_TERMINATION_KEY,
     STOP_AND_RETAIN_KEY,
-    db_now,
     export_resume_has,
     export_resume_settle,
     remote_termination_receipt,
     stop_only_cleanup_has,
     stop_only_cleanup_read,
 )
+from leases.environment.locks import environment_leases_for_update
 from leases.models import EnvironmentLease
 from paperclip.activity import activity_record
+from paperclip.db.clock import db_now
+from paperclip.db.locking import bounded_lock_wait
 
 CLEANUP_CLAIM_TTL_MS: Final = 15 * 60 * 1000
 # How long a claim or receipt waits for the lease's row lock before answering `resource_busy`.
-CLEANUP_LOCK_TIMEOUT = "5s"
 ReceiptState = Literal["stopped", "destroyed", "failed"]
 
 
@@ -66,7 +66,9 @@ def _claim_expiry_ms(metadata: dict[str, Any]) -> int:
 
 
 def _locked_lease(*, lease_id: UUID, company_id: UUID) -> EnvironmentLease:
-    with bounded_lock_wait(CLEANUP_LOCK_TIMEOUT):
+    # A racing worker waits for the winner's short transaction and then sees its claim, so it
+    # gets a meaningful `cleanup_in_flight` instead of a bare "busy".
+    with bounded_lock_wait(resource="environment_lease"):
         lease = environment_leases_for_update().filter(pk=lease_id, company_id=company_id).first()
     if lease is None:
         raise EnvironmentLeaseNotFound()

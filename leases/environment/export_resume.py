@@ -24,12 +24,14 @@ from datetime import datetime
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 
-from leases.environment_locks import environment_leases_for_update
+from leases.environment.locks import environment_leases_for_update
 from leases.models import EnvironmentLease
-from paperclip.activity import activity_record, require_transaction
+from paperclip.activity import activity_record
+from paperclip.db.clock import db_now
+from paperclip.db.locking import require_transaction
 from paperclip.models import HeartbeatRun, NativeRunFinalization, NativeRunResult
 
 EXPORT_RESUME_KEY: Final = "nativeWorkspaceExportResume"
@@ -309,16 +311,6 @@ def remote_termination_has(lease: EnvironmentLease) -> bool:
     return rebound is not None and all(
         rebound[k] == receipt.get(k) for k in ("companyId", "runId", "leaseId", "provider")
     )
-
-
-def db_now() -> datetime:
-    """The database clock (the only clock for TTLs and expiry)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        row = cursor.fetchone()
-    if row is None:  # pragma: no cover - SELECT now() always returns a row
-        raise RuntimeError("SELECT now() returned no row")
-    return row[0]
 
 
 def _parse_uuid(value: str) -> UUID | None:

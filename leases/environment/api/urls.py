@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, path
 
-from leases.api.environment_views import (
+from leases.environment.api.views import (
     EnvironmentLeaseCleanupClaimApi,
     EnvironmentLeaseCleanupReceiptApi,
 )
