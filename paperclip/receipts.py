@@ -1,21 +1,43 @@
-"""The durable finalization owner receipt kept in
-`heartbeat_runs.runner_profile_json -> 'nativeWorkspaceFinalizationOwner'` (UPSTREAM §1.14).
+"""The durable finalization owner receipt of a run: the one parser and the one rendering.
 
-Keys keep upstream's camelCase so upstream's maintenance SQL reads the same rows.
+The receipt lives in `heartbeat_runs.runner_profile_json -> 'nativeWorkspaceFinalizationOwner'`
+(written and removed only by finalization ownership, `recovery.services.ownership`); its keys
+stay camelCase because the rows are shared with tools that read the stored JSON. Semantics:
+docs/recovery.md#the-owner-receipt.
+
+- `owner_receipt_fields` reads it field by field, as far as it is readable (a damaged
+  receipt is still shown: it still blocks finalization, so operators must see it);
+- `read_owner` is the strict reading that decisions use: every field present and valid, or
+  None (an unreadable receipt needs an operator's verification, never an automatic takeover);
+- `owner_receipt_json` is the Run JSON's `finalization_owner`, the same on every endpoint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
-OWNER_KEY = "nativeWorkspaceFinalizationOwner"
-STOP_PROOF_KEY = "nativeWorkspaceOwnerStopProof"
+OWNER_KEY: Final = "nativeWorkspaceFinalizationOwner"
+STOP_PROOF_KEY: Final = "nativeWorkspaceOwnerStopProof"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerReceiptFields:
+    """A receipt as far as it is readable: a missing or malformed field is None."""
+
+    token: str | None
+    hostname: str | None
+    pid: int | None
+    process_started_at: str | None
+    controller_boot_id: str | None
+    worker: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
 class OwnerReceipt:
+    """A fully readable receipt: the controller process that owns the finalization."""
+
     token: str
     hostname: str
     pid: int
@@ -24,7 +46,12 @@ class OwnerReceipt:
     worker: dict[str, Any] | None
 
 
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def parse_iso(value: Any) -> datetime | None:
+    """An ISO-8601 time with a zone (a trailing `Z` included); None otherwise."""
     if not isinstance(value, str):
         return None
     try:
@@ -34,34 +61,63 @@ def parse_iso(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
-def read_owner(value: Any) -> OwnerReceipt | None:
-    """The receipt if it is readable (token, hostname, positive integer pid, parsable start);
-    None otherwise. An unreadable receipt still blocks: it needs operator verification."""
-    if not isinstance(value, dict):
+def raw_owner(runner_profile: Any) -> Any:
+    """The raw receipt value of a run's `runner_profile_json` (maybe malformed); None if absent."""
+    if not isinstance(runner_profile, dict):
         return None
-    token, hostname, pid = value.get("token"), value.get("hostname"), value.get("pid")
-    started = parse_iso(value.get("processStartedAt"))
-    if not isinstance(token, str) or not token or not isinstance(hostname, str):
-        return None
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0 or started is None:
-        return None
-    boot_id = value.get("controllerBootId")
-    worker = value.get("worker")
-    return OwnerReceipt(
-        token=token,
-        hostname=hostname,
-        pid=pid,
-        process_started_at=started,
-        controller_boot_id=boot_id if isinstance(boot_id, str) else None,
+    return runner_profile.get(OWNER_KEY)
+
+
+def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
+    """Every field of a raw receipt that is readable; the others None."""
+    raw = value if isinstance(value, dict) else {}
+    pid = raw.get("pid")
+    worker = raw.get("worker")
+    return OwnerReceiptFields(
+        token=_str_or_none(raw.get("token")),
+        hostname=_str_or_none(raw.get("hostname")),
+        # bool is an int subclass; a JSON true is not a pid.
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        process_started_at=_str_or_none(raw.get("processStartedAt")),
+        controller_boot_id=_str_or_none(raw.get("controllerBootId")),
         worker=worker if isinstance(worker, dict) else None,
     )
 
 
-def raw_owner(runner_profile: Any) -> Any:
-    """The raw receipt value (possibly malformed), or None when absent."""
-    if not isinstance(runner_profile, dict):
+def read_owner(value: Any) -> OwnerReceipt | None:
+    """The receipt if it is readable (non-empty token, hostname, positive integer pid,
+    parsable start time with a zone); None otherwise."""
+    if not isinstance(value, dict):
         return None
-    return runner_profile.get(OWNER_KEY)
+    fields = owner_receipt_fields(value)
+    started = parse_iso(fields.process_started_at)
+    if not fields.token or fields.hostname is None or started is None:
+        return None
+    if fields.pid is None or fields.pid <= 0:
+        return None
+    return OwnerReceipt(
+        token=fields.token,
+        hostname=fields.hostname,
+        pid=fields.pid,
+        process_started_at=started,
+        controller_boot_id=fields.controller_boot_id,
+        worker=fields.worker,
+    )
+
+
+def owner_receipt_json(runner_profile: Any) -> dict[str, Any] | None:
+    """The Run JSON's `finalization_owner`: `{token, hostname, pid, process_started_at}` with
+    unreadable fields null, or None when the run has no receipt."""
+    raw = raw_owner(runner_profile)
+    if raw is None:
+        return None
+    fields = owner_receipt_fields(raw)
+    return {
+        "token": fields.token,
+        "hostname": fields.hostname,
+        "pid": fields.pid,
+        "process_started_at": fields.process_started_at,
+    }
 
 
 def owner_line(value: Any) -> str:

@@ -6,8 +6,6 @@ actor cannot see: another company's objects must be indistinguishable from absen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
 from paperclip.access import Actor, scoped_get
@@ -21,8 +19,6 @@ from paperclip.models import (
     HeartbeatRun,
     Issue,
 )
-
-FINALIZATION_OWNER_KEY = "nativeWorkspaceFinalizationOwner"
 
 
 def company_get(*, actor: Actor, company_id: UUID | str) -> Company:
@@ -56,41 +52,3 @@ def execution_workspace_get(*, actor: Actor, workspace_id: UUID | str) -> Execut
 
 def run_get(*, actor: Actor, run_id: UUID | str) -> HeartbeatRun:
     return scoped_get(HeartbeatRun.objects.all(), actor, run_id)
-
-
-@dataclass(frozen=True, slots=True)
-class FinalizationOwner:
-    """The durable finalization owner receipt of a run, as far as it is readable.
-
-    Missing or malformed fields are None: a damaged receipt is still shown (it still blocks
-    finalization upstream), never turned into an error.
-    """
-
-    token: str | None
-    hostname: str | None
-    pid: int | None
-    process_started_at: str | None
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def run_finalization_owner(run: HeartbeatRun) -> FinalizationOwner | None:
-    """The run's `runner_profile_json.nativeWorkspaceFinalizationOwner`, or None if absent."""
-    profile = run.runner_profile_json
-    if not isinstance(profile, dict):
-        return None
-    raw = profile.get(FINALIZATION_OWNER_KEY)
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        return FinalizationOwner(token=None, hostname=None, pid=None, process_started_at=None)
-    pid = raw.get("pid")
-    return FinalizationOwner(
-        token=_str_or_none(raw.get("token")),
-        hostname=_str_or_none(raw.get("hostname")),
-        # bool is an int subclass; a JSON true is not a pid.
-        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
-        process_started_at=_str_or_none(raw.get("processStartedAt")),
-    )

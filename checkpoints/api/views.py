@@ -35,7 +35,7 @@ COMMON_ERRORS = (
 )
 
 
-def _run_for(request: Request, run_id: str, *, runner_only: bool) -> HeartbeatRun:
+def _run_for(request: Request, run_id: UUID, *, runner_only: bool) -> HeartbeatRun:
     """The run, visible to the actor (404 otherwise, also for another company's run); with
     `runner_only`, only its own agent may go on (403 for other agents and the board)."""
     actor = actor_for(request)
@@ -95,7 +95,7 @@ class ControllerLeaseAcquireApi(APIView):
             ),
         },
     )
-    def post(self, request: Request, run_id: str) -> Response:
+    def post(self, request: Request, run_id: UUID) -> Response:
         run = _run_for(request, run_id, runner_only=True)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -136,7 +136,7 @@ class ControllerLeaseExpireApi(APIView):
             ),
         },
     )
-    def post(self, request: Request, run_id: str) -> Response:
+    def post(self, request: Request, run_id: UUID) -> Response:
         run = _run_for(request, run_id, runner_only=True)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -246,7 +246,7 @@ class CheckpointApi(APIView):
             ),
         },
     )
-    def put(self, request: Request, run_id: str) -> Response:
+    def put(self, request: Request, run_id: UUID) -> Response:
         run = _run_for(request, run_id, runner_only=True)
         self._check_body_size(request)
         data = self.WriteInputSerializer(data=request.data)
@@ -310,7 +310,7 @@ class CheckpointApi(APIView):
             ),
         },
     )
-    def get(self, request: Request, run_id: str) -> Response:
+    def get(self, request: Request, run_id: UUID) -> Response:
         run = _run_for(request, run_id, runner_only=True)
         binding = selectors.runner_run_get(run_id=run.pk, agent_id=_agent_id(request)).binding
         session = request.query_params.get("normalized_session_id")
@@ -335,7 +335,7 @@ class CheckpointHeaderApi(APIView):
         summary="Read the checkpoint's header part (null when missing or unreadable)",
         responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
     )
-    def get(self, request: Request, run_id: str) -> Response:
+    def get(self, request: Request, run_id: UUID) -> Response:
         run = _run_for(request, run_id, runner_only=True)
         binding = selectors.runner_run_get(run_id=run.pk, agent_id=_agent_id(request)).binding
         header = selectors.checkpoint_header_load(binding=binding)
@@ -366,7 +366,7 @@ class CheckpointPartsListApi(APIView):
         summary="List the checkpoint's parts: names, sizes, key ids, times (never contents)",
         responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
     )
-    def get(self, request: Request, run_id: str) -> Response:
+    def get(self, request: Request, run_id: UUID) -> Response:
         actor = actor_for(request)
         run = _run_for(request, run_id, runner_only=actor.is_agent)
         binding = selectors.runner_run_get(run_id=run.pk, agent_id=None).binding

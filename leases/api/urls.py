@@ -11,22 +11,22 @@ from leases.api.views import (
 
 urlpatterns: list[URLPattern] = [
     path(
-        "execution-workspaces/<str:workspace_id>/runtime-lease",
+        "execution-workspaces/<uuid:workspace_id>/runtime-lease",
         RuntimeLeaseDetailApi.as_view(),
         name="runtime-lease-detail",
     ),
     path(
-        "execution-workspaces/<str:workspace_id>/runtime-lease/claim",
+        "execution-workspaces/<uuid:workspace_id>/runtime-lease/claim",
         RuntimeLeaseClaimApi.as_view(),
         name="runtime-lease-claim",
     ),
     path(
-        "execution-workspaces/<str:workspace_id>/runtime-lease/release",
+        "execution-workspaces/<uuid:workspace_id>/runtime-lease/release",
         RuntimeLeaseReleaseApi.as_view(),
         name="runtime-lease-release",
     ),
     path(
-        "execution-workspaces/<str:workspace_id>/operations",
+        "execution-workspaces/<uuid:workspace_id>/operations",
         WorkspaceOperationCreateApi.as_view(),
         name="workspace-operation-create",
     ),

@@ -32,7 +32,6 @@ from paperclip.access import Actor
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
 from paperclip.api.serializers import error_responses
 from paperclip.errors import NotFoundError, PermissionDenied
-from paperclip.ids import parse_uuid
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 
 WORKSPACE_ID = OpenApiParameter(
@@ -89,14 +88,12 @@ def _renderer[S: serializers.Serializer[Any]](serializer_class: type[S]) -> S:
     return serializer_class()
 
 
-def _workspace_company(actor: Actor, workspace_id: str) -> UUID:
-    """The workspace's company if the actor may see it; 404 otherwise (also when malformed).
+def _workspace_company(actor: Actor, workspace_id: UUID) -> UUID:
+    """The workspace's company if the actor may see it; 404 otherwise.
 
     An agent acts only inside its own company, so its lookups stay in that company.
     """
-    pk = parse_uuid(workspace_id)
-    if pk is None:
-        raise NotFoundError("Execution workspace not found.")
+    pk = workspace_id
     if actor.is_agent and actor.agent is not None:
         return actor.agent.company_id  # the service 404s a workspace outside it
     company_id = (
@@ -252,7 +249,7 @@ class RuntimeLeaseClaimApi(APIView):
             ),
         ],
     )
-    def post(self, request: Request, workspace_id: str) -> Response:
+    def post(self, request: Request, workspace_id: UUID) -> Response:
         actor = actor_for(request)
         company_id = _workspace_company(actor, workspace_id)
         values = _plain_claim_input(request.data)
@@ -262,7 +259,7 @@ class RuntimeLeaseClaimApi(APIView):
             values = data.validated_data
         result = services.runtime_lease_claim(
             company_id=company_id,
-            execution_workspace_id=UUID(workspace_id),
+            execution_workspace_id=workspace_id,
             action=values["action"],
             owner=_owner(actor, values),
             ttl_seconds=values.get("ttl_seconds"),
@@ -284,12 +281,12 @@ class RuntimeLeaseDetailApi(APIView):
         summary="The workspace's runtime lease and its live stale reason",
         responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS[1:4])},
     )
-    def get(self, request: Request, workspace_id: str) -> Response:
+    def get(self, request: Request, workspace_id: UUID) -> Response:
         actor = actor_for(request)
         company_id = _workspace_company(actor, workspace_id)
         if not ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id).exists():
             raise NotFoundError("Execution workspace not found.")
-        view = services.runtime_lease_get(execution_workspace_id=UUID(workspace_id))
+        view = services.runtime_lease_get(execution_workspace_id=workspace_id)
         return Response(_renderer(self.OutputSerializer).to_representation(view))
 
 
@@ -322,7 +319,7 @@ class RuntimeLeaseReleaseApi(APIView):
         request=InputSerializer,
         responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
     )
-    def post(self, request: Request, workspace_id: str) -> Response:
+    def post(self, request: Request, workspace_id: UUID) -> Response:
         actor = actor_for(request)
         company_id = _workspace_company(actor, workspace_id)
         body = request.data if isinstance(request.data, dict) else {}
@@ -331,7 +328,7 @@ class RuntimeLeaseReleaseApi(APIView):
             raise PermissionDenied("Only board members may force-release a runtime lease.")
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        workspace_pk = UUID(workspace_id)
+        workspace_pk = workspace_id
         if data.validated_data["force"]:
             result = services.runtime_lease_force_release(
                 company_id=company_id,
@@ -395,7 +392,7 @@ class WorkspaceOperationCreateApi(APIView):
             **error_responses(*COMMON_ERRORS, (409, "workspace_runtime_lease_superseded")),
         },
     )
-    def post(self, request: Request, workspace_id: str) -> Response:
+    def post(self, request: Request, workspace_id: UUID) -> Response:
         actor = actor_for(request)
         company_id = _workspace_company(actor, workspace_id)
         data = self.InputSerializer(data=request.data)
@@ -403,7 +400,7 @@ class WorkspaceOperationCreateApi(APIView):
         values = data.validated_data
         record = services.workspace_operation_create_fenced(
             company_id=company_id,
-            execution_workspace_id=UUID(workspace_id),
+            execution_workspace_id=workspace_id,
             owner=_owner(actor, values),
             generation=values["generation"],
             phase=values["phase"],

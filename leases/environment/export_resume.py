@@ -32,6 +32,7 @@ from leases.models import EnvironmentLease
 from paperclip.activity import activity_record
 from paperclip.db.clock import db_now
 from paperclip.db.locking import require_transaction
+from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun, NativeRunFinalization, NativeRunResult
 
 EXPORT_RESUME_KEY: Final = "nativeWorkspaceExportResume"
@@ -313,13 +314,6 @@ def remote_termination_has(lease: EnvironmentLease) -> bool:
     )
 
 
-def _parse_uuid(value: str) -> UUID | None:
-    try:
-        return UUID(value)
-    except ValueError:
-        return None
-
-
 # --- Services -----------------------------------------------------------------------------
 
 
@@ -355,7 +349,7 @@ def export_resume_preserve(
         return None
     profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
     reference = read_native_workspace_sync_reference(profile.get("nativeWorkspaceSync"))
-    lease_pk = _parse_uuid(reference.lease_id) if reference is not None else None
+    lease_pk = parse_uuid(reference.lease_id) if reference is not None else None
     if reference is None or reference.state != "prepared" or lease_pk is None:
         return None
     accepted = NativeRunResult.objects.filter(

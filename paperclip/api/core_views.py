@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -21,12 +21,13 @@ from rest_framework.views import APIView
 from paperclip import selectors, services
 from paperclip.api.auth import IsAgentOrBoard, IsBoard, IsSuperuserBoard, actor_for
 from paperclip.api.serializers import (
+    AUTH_ERRORS,
     AgentOutputSerializer,
     CompanyOutputSerializer,
-    ErrorSerializer,
     ExecutionWorkspaceOutputSerializer,
     IssueOutputSerializer,
     RunOutputSerializer,
+    error_responses,
 )
 from paperclip.models import Company, HeartbeatRun, Issue
 
@@ -35,19 +36,9 @@ TITLE_MAX = 1000
 PATH_MAX = 4096
 
 
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    described = {
-        400: "invalid_request: malformed body (details.fields names the fields)",
-        401: "not_authenticated",
-        403: "permission_denied",
-        404: "not_found (also another company's object)",
-        409: "state or lock conflict",
-        422: "rule violation",
-    }
-    return {
-        code: OpenApiResponse(ErrorSerializer, description=described[code])
-        for code in (401, 403, *codes)
-    }
+INVALID = (400, "invalid_request")
+NOT_FOUND = (404, "not_found")
+BUSY = (409, "resource_busy")
 
 
 class StrictInputSerializer(serializers.Serializer[Any]):
@@ -115,7 +106,7 @@ class MeApi(APIView):
     @extend_schema(
         operation_id="me",
         summary="Who am I: actor type, agent or user, and the companies I can act in",
-        responses={200: OutputSerializer, **_errors()},
+        responses={200: OutputSerializer, **error_responses(*AUTH_ERRORS)},
     )
     def get(self, request: Request) -> Response:
         actor = actor_for(request)
@@ -151,7 +142,7 @@ class CompanyCreateApi(APIView):
         operation_id="company_create",
         summary="Create a company (superuser); the caller becomes a board member of it",
         request=InputSerializer,
-        responses={201: CompanyOutputSerializer, **_errors(400)},
+        responses={201: CompanyOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID)},
     )
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -173,7 +164,7 @@ class AgentCreateApi(APIView):
         operation_id="agent_create",
         summary="Create an agent in a company (board)",
         request=InputSerializer,
-        responses={201: AgentOutputSerializer, **_errors(400, 404)},
+        responses={201: AgentOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND)},
     )
     def post(self, request: Request, company_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -204,7 +195,7 @@ class AgentKeyCreateApi(APIView):
         operation_id="agent_key_create",
         summary="Mint an API key for an agent (board); the secret is shown only in this response",
         request=InputSerializer,
-        responses={201: OutputSerializer, **_errors(400, 404)},
+        responses={201: OutputSerializer, **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND)},
     )
     def post(self, request: Request, agent_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -234,7 +225,7 @@ class AgentKeyRevokeApi(APIView):
         operation_id="agent_key_revoke",
         summary="Revoke an agent key (board); idempotent",
         request=None,
-        responses={200: OutputSerializer, **_errors(404)},
+        responses={200: OutputSerializer, **error_responses(*AUTH_ERRORS, NOT_FOUND)},
     )
     def post(self, request: Request, key_id: UUID) -> Response:
         result = services.agent_key_revoke(actor=actor_for(request), key_id=key_id)
@@ -259,7 +250,7 @@ class IssueCreateApi(APIView):
         operation_id="issue_create",
         summary="Create an issue (board); the assignee must be an agent of the company",
         request=InputSerializer,
-        responses={201: IssueOutputSerializer, **_errors(400, 404)},
+        responses={201: IssueOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND)},
     )
     def post(self, request: Request, company_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -293,7 +284,7 @@ class IssueDetailApi(APIView):
     @extend_schema(
         operation_id="issue_get",
         summary="Read an issue",
-        responses={200: IssueOutputSerializer, **_errors(404)},
+        responses={200: IssueOutputSerializer, **error_responses(*AUTH_ERRORS, NOT_FOUND)},
     )
     def get(self, request: Request, issue_id: UUID) -> Response:
         issue = selectors.issue_get(actor=actor_for(request), issue_id=issue_id)
@@ -303,7 +294,12 @@ class IssueDetailApi(APIView):
         operation_id="issue_update",
         summary="Change an issue's status or hide/unhide it (board)",
         request=UpdateInputSerializer,
-        responses={200: IssueOutputSerializer, **_errors(400, 404, 409)},
+        responses={
+            200: IssueOutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS, INVALID, NOT_FOUND, (409, "issue_execution_locked"), BUSY
+            ),
+        },
     )
     def patch(self, request: Request, issue_id: UUID) -> Response:
         data = self.UpdateInputSerializer(data=request.data)
@@ -329,7 +325,10 @@ class ExecutionWorkspaceCreateApi(APIView):
         operation_id="execution_workspace_create",
         summary="Create an execution workspace (board); cwd must be an absolute path",
         request=InputSerializer,
-        responses={201: ExecutionWorkspaceOutputSerializer, **_errors(400, 404)},
+        responses={
+            201: ExecutionWorkspaceOutputSerializer,
+            **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND),
+        },
     )
     def post(self, request: Request, company_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -349,7 +348,10 @@ class ExecutionWorkspaceGetApi(APIView):
     @extend_schema(
         operation_id="execution_workspace_get",
         summary="Read an execution workspace",
-        responses={200: ExecutionWorkspaceOutputSerializer, **_errors(404)},
+        responses={
+            200: ExecutionWorkspaceOutputSerializer,
+            **error_responses(*AUTH_ERRORS, NOT_FOUND),
+        },
     )
     def get(self, request: Request, workspace_id: UUID) -> Response:
         workspace = selectors.execution_workspace_get(
@@ -390,7 +392,10 @@ class RunCreateApi(APIView):
         operation_id="heartbeat_run_create",
         summary="Queue a heartbeat run (agent: for itself; board: agent_id required)",
         request=InputSerializer,
-        responses={201: RunOutputSerializer, **_errors(400, 404, 422)},
+        responses={
+            201: RunOutputSerializer,
+            **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND, (422, "agent_not_active")),
+        },
     )
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -411,7 +416,7 @@ class RunDetailApi(APIView):
     @extend_schema(
         operation_id="heartbeat_run_get",
         summary="Read a heartbeat run",
-        responses={200: RunOutputSerializer, **_errors(404)},
+        responses={200: RunOutputSerializer, **error_responses(*AUTH_ERRORS, NOT_FOUND)},
     )
     def get(self, request: Request, run_id: UUID) -> Response:
         run = selectors.run_get(actor=actor_for(request), run_id=run_id)
@@ -428,7 +433,17 @@ class RunDetailApi(APIView):
             "finalization (422)."
         ),
         request=UpdateInputSerializer,
-        responses={200: RunOutputSerializer, **_errors(400, 404, 409, 422)},
+        responses={
+            200: RunOutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID,
+                NOT_FOUND,
+                (409, "issue_execution_locked"),
+                BUSY,
+                (422, "invalid_run_transition"),
+            ),
+        },
     )
     def patch(self, request: Request, run_id: UUID) -> Response:
         data = self.UpdateInputSerializer(data=request.data)

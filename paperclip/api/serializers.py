@@ -12,7 +12,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema_field, extend_s
 from rest_framework import serializers
 
 from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
-from paperclip.selectors import run_finalization_owner
+from paperclip.receipts import owner_receipt_json
 
 
 @extend_schema_serializer(component_name="ErrorResponseBody")
@@ -31,6 +31,10 @@ class ErrorSerializer(serializers.Serializer[Any]):
     """`{"error": {"code", "message", "details", "remediation"?}}`: every error response."""
 
     error = ErrorDetailSerializer()
+
+
+# Every authenticated endpoint can answer these two.
+AUTH_ERRORS: tuple[tuple[int, str], ...] = ((401, "not_authenticated"), (403, "permission_denied"))
 
 
 def error_responses(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:
@@ -114,15 +118,7 @@ class RunOutputSerializer(serializers.Serializer[HeartbeatRun]):
     @staticmethod
     @extend_schema_field(FinalizationOwnerSerializer(allow_null=True))
     def get_finalization_owner(run: HeartbeatRun) -> dict[str, Any] | None:
-        owner = run_finalization_owner(run)
-        if owner is None:
-            return None
-        return {
-            "token": owner.token,
-            "hostname": owner.hostname,
-            "pid": owner.pid,
-            "process_started_at": owner.process_started_at,
-        }
+        return owner_receipt_json(run.runner_profile_json)
 
 
 def company_to_json(company: Company) -> dict[str, Any]:

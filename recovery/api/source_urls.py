@@ -6,7 +6,7 @@ from recovery.api.source_views import RecoverySourceInspectApi
 
 urlpatterns: list[URLPattern] = [
     path(
-        "issues/<str:issue_id>/recovery-actions/<str:action_id>/source",
+        "issues/<uuid:issue_id>/recovery-actions/<uuid:action_id>/source",
         RecoverySourceInspectApi.as_view(),
         name="recovery-source-inspect",
     ),

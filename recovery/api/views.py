@@ -7,7 +7,6 @@ from typing import Any
 from uuid import UUID
 
 from drf_spectacular.utils import (
-    OpenApiResponse,
     extend_schema,
     extend_schema_serializer,
     inline_serializer,
@@ -20,7 +19,7 @@ from rest_framework.views import APIView
 
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for
-from paperclip.api.serializers import ErrorSerializer
+from paperclip.api.serializers import AUTH_ERRORS, error_responses
 from paperclip.errors import PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
 from recovery.errors import (
@@ -43,9 +42,9 @@ from recovery.services.owner_stop import (
 )
 from recovery.services.worker_stops import worker_stop_record
 
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {code: OpenApiResponse(ErrorSerializer) for code in codes}
+INVALID = (400, "invalid_request")
+NOT_FOUND = (404, "not_found")
+BUSY = (409, "resource_busy")
 
 
 class NativeResultOutput(serializers.Serializer[Any]):
@@ -82,7 +81,14 @@ class RunResultAcceptApi(APIView):
         responses={
             201: NativeResultOutput,
             200: NativeResultOutput,
-            **_errors(400, 403, 404, 409, 422),
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID,
+                NOT_FOUND,
+                (409, "native_result_conflict"),
+                BUSY,
+                (422, "finalization_binding_missing"),
+            ),
         },
         summary="Report a native run's result",
     )
@@ -130,7 +136,20 @@ class RunFinalizeApi(APIView):
 
     @extend_schema(
         request=None,
-        responses={200: OutputSerializer, **_errors(403, 404, 409, 422)},
+        responses={
+            200: OutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                NOT_FOUND,
+                (409, "finalization_not_acquired"),
+                (409, "finalization_ownership_lost"),
+                (409, "finalization_not_ready"),
+                (409, "run_not_finalizable"),
+                BUSY,
+                (422, "finalization_binding_missing"),
+                (422, "workspace_copyback_source_missing"),
+            ),
+        },
         summary="Finalize a native run's workspace under finalization ownership",
     )
     def post(self, request: Request, run_id: UUID) -> Response:
@@ -196,7 +215,7 @@ class IssueRecoveryActionListApi(APIView):
             200: inline_serializer(
                 name="RecoveryActionList", fields={"results": RecoveryActionOutput(many=True)}
             ),
-            **_errors(403, 404),
+            **error_responses(*AUTH_ERRORS, NOT_FOUND),
         },
         summary="List an issue's recovery actions",
     )
@@ -245,7 +264,18 @@ class OwnerStopConfirmApi(APIView):
 
     @extend_schema(
         request=InputSerializer,
-        responses={202: OutputSerializer, **_errors(400, 403, 404, 409)},
+        responses={
+            202: OutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID,
+                NOT_FOUND,
+                (409, "workspace_copyback_active"),
+                (409, "workspace_controller_alive"),
+                (409, "workspace_owner_recovery_stale"),
+                BUSY,
+            ),
+        },
         summary="Confirm a stopped workspace owner and resume finalization",
     )
     def post(self, request: Request, issue_id: UUID) -> Response:
@@ -300,7 +330,16 @@ class WorkerStopRecordApi(APIView):
 
     @extend_schema(
         request=InputSerializer,
-        responses={201: OutputSerializer, 200: OutputSerializer, **_errors(400, 404, 422)},
+        responses={
+            201: OutputSerializer,
+            200: OutputSerializer,
+            **error_responses(
+                INVALID,
+                NOT_FOUND,
+                (422, "worker_stop_signature_invalid"),
+                (422, "worker_stop_platform_disabled"),
+            ),
+        },
         summary="Record a worker platform's signed stop receipt",
         auth=[],
     )

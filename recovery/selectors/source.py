@@ -22,7 +22,6 @@ Decisions where upstream is not available (for operators: README, "Environment l
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from leases.environment.export_resume import (
 )
 from leases.models import EnvironmentLease
 from paperclip.db.clock import db_now
+from paperclip.ids import is_uuid
 from paperclip.models import (
     Environment,
     ExecutionWorkspace,
@@ -72,15 +72,9 @@ LEGACY_MIGRATION_SCHEMA: Final = "paperclip.legacy-workspace-source-migration.v1
 REMOTE_AUTHORITY_KEY: Final = "remoteWorkspaceAuthority"
 ADMIN_MAXIMUM_SOURCES: Final = 50
 
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
-
 
 def _as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _is_uuid(value: object) -> bool:
-    return isinstance(value, str) and _UUID.fullmatch(value) is not None
 
 
 def _is_count(value: object) -> bool:
@@ -123,11 +117,11 @@ def read_remote_workspace_reference(value: object) -> RemoteWorkspaceReference |
     strings = [value.get(k) for k in ("leaseId", "providerLeaseId", "remoteCwd")]
     state, snapshot = value.get("state"), value.get("snapshotId")
     if (
-        not _is_uuid(value.get("workspaceId"))
+        not is_uuid(value.get("workspaceId"))
         or any(not isinstance(s, str) for s in strings)
         or not _is_count(value.get("epoch"))
         or state not in ("prepared", "saved")
-        or (snapshot is not None and not _is_uuid(snapshot))
+        or (snapshot is not None and not is_uuid(snapshot))
         or (state == "saved" and snapshot is None)
     ):
         return None
@@ -436,7 +430,7 @@ def _inspect(  # one linear list of checks, in the seed's order
     if maximum_sources is not None and len(lease_ids) > maximum_sources:
         raise SourceInspectionLimit(maximum_sources=maximum_sources, recorded=len(lease_ids))
     if (
-        any(not _is_uuid(item) for item in lease_ids)
+        any(not is_uuid(item) for item in lease_ids)
         or len(set(lease_ids)) != len(lease_ids)
         or (recovery_reference is not None and recovery_reference.lease_id not in lease_ids)
     ):
@@ -658,17 +652,17 @@ def _writer_active(
         # Exactly the run's id as text (as the seed compares it), not any spelling of it.
         if (
             readiness.get("mode") == "fresh_isolated_workspace"
-            and _is_uuid(continuation_run)
-            and str(UUID(str(continuation_run))) == continuation_run
+            and is_uuid(continuation_run)
+            and str(UUID(continuation_run)) == continuation_run
         ):
-            continuations.add(UUID(str(continuation_run)))
+            continuations.add(UUID(continuation_run))
     targets = (
         Q(native_issue_id=UUID(issue_key))
         | Q(issue_id=UUID(issue_key))
         | Q(context_snapshot__issueId=issue_key)
         | Q(context_snapshot__executionWorkspaceId=workspace_id)
     )
-    if _is_uuid(workspace_id):
+    if is_uuid(workspace_id):
         # Beyond the seed: our runs also carry the workspace as a column.
         targets |= Q(execution_workspace_id=UUID(workspace_id))
     return (
@@ -744,14 +738,14 @@ def admin_panel_html(action: IssueRecoveryAction) -> str:
     by `action.evidence.runId`."""
     raw_run = _as_dict(action.evidence).get("runId")
     context: dict[str, Any] = {"action": action, "run_id": raw_run}
-    if not _is_uuid(raw_run):
+    if not is_uuid(raw_run):
         context["missing_run"] = True
         return render_to_string("admin/recovery/source_panel.html", context)
     try:
         inspection = recovery_source_inspect(
             company_id=action.company_id,
             issue_id=action.source_issue_id,
-            run_id=UUID(str(raw_run)),
+            run_id=UUID(raw_run),
             action_id=action.pk,
             maximum_sources=ADMIN_MAXIMUM_SOURCES,
         )

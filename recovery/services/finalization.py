@@ -23,7 +23,7 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
-from paperclip.receipts import OWNER_KEY
+from paperclip.receipts import raw_owner
 from paperclip.services import _issue_slots_release, _run_finish_locked
 from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.canonical import canonical_sha256
@@ -121,8 +121,7 @@ def _require_receipt(run: HeartbeatRun, ownership: FinalizationOwnership) -> Non
     """Fence a write on the locked run row: our receipt must still be the run's receipt, so
     nothing is published after ownership moved on (the row lock keeps it stable until
     commit)."""
-    profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
-    receipt = profile.get(OWNER_KEY)
+    receipt = raw_owner(run.runner_profile_json)
     if not isinstance(receipt, dict) or receipt.get("token") != ownership.token:
         raise FinalizationOwnershipLost("owner_replaced")
 

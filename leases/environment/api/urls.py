@@ -9,12 +9,12 @@ from leases.environment.api.views import (
 
 urlpatterns: list[URLPattern] = [
     path(
-        "environment-leases/<str:lease_id>/cleanup-claims",
+        "environment-leases/<uuid:lease_id>/cleanup-claims",
         EnvironmentLeaseCleanupClaimApi.as_view(),
         name="environment-lease-cleanup-claim",
     ),
     path(
-        "environment-leases/<str:lease_id>/cleanup-receipts",
+        "environment-leases/<uuid:lease_id>/cleanup-receipts",
         EnvironmentLeaseCleanupReceiptApi.as_view(),
         name="environment-lease-cleanup-receipt",
     ),

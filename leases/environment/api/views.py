@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from drf_spectacular.utils import (
-    OpenApiResponse,
     extend_schema,
     extend_schema_serializer,
 )
@@ -21,8 +21,7 @@ from leases.environment.services import (
 )
 from leases.models import EnvironmentLease
 from paperclip.api.auth import IsAgent, actor_for
-from paperclip.api.serializers import ErrorSerializer
-from paperclip.ids import parse_uuid
+from paperclip.api.serializers import AUTH_ERRORS, error_responses
 
 
 @extend_schema_serializer(component_name="EnvironmentLease")
@@ -60,13 +59,6 @@ class EnvironmentLeaseOutputSerializer(serializers.ModelSerializer[EnvironmentLe
     metadata = serializers.JSONField(allow_null=True)
 
 
-def _lease_id(value: str) -> Any:
-    lease_id = parse_uuid(value)
-    if lease_id is None:
-        raise EnvironmentLeaseNotFound()
-    return lease_id
-
-
 def _worker_company(request: Request) -> Any:
     agent = actor_for(request).agent
     if agent is None:  # unreachable behind IsAgent
@@ -92,19 +84,20 @@ class EnvironmentLeaseCleanupClaimApi(APIView):
         request=None,
         responses={
             200: OutputSerializer,
-            403: OpenApiResponse(ErrorSerializer, description="Not an agent."),
-            404: OpenApiResponse(ErrorSerializer, description="No such lease in your company."),
-            409: OpenApiResponse(
-                ErrorSerializer,
-                description="cleanup_not_pending | cleanup_in_flight | resource_busy",
+            **error_responses(
+                *AUTH_ERRORS,
+                (404, "not_found"),
+                (409, "cleanup_not_pending"),
+                (409, "cleanup_in_flight"),
+                (409, "resource_busy"),
+                (422, "cleanup_intent_invalid"),
             ),
-            422: OpenApiResponse(ErrorSerializer, description="cleanup_intent_invalid"),
         },
     )
-    def post(self, request: Request, lease_id: str) -> Response:
+    def post(self, request: Request, lease_id: UUID) -> Response:
         actor = actor_for(request)
         claim = environment_lease_cleanup_claim(
-            lease_id=_lease_id(lease_id),
+            lease_id=lease_id,
             company_id=_worker_company(request),
             actor_type=actor.actor_type,
             actor_id=actor.actor_id,
@@ -140,18 +133,18 @@ class EnvironmentLeaseCleanupReceiptApi(APIView):
         request=InputSerializer,
         responses={
             200: EnvironmentLeaseOutputSerializer,
-            400: OpenApiResponse(ErrorSerializer, description="invalid_request"),
-            403: OpenApiResponse(ErrorSerializer, description="Not an agent."),
-            404: OpenApiResponse(ErrorSerializer, description="No such lease in your company."),
-            409: OpenApiResponse(
-                ErrorSerializer,
-                description="cleanup_attempt_stale (nothing changed) | resource_busy",
+            **error_responses(
+                *AUTH_ERRORS,
+                (400, "invalid_request"),
+                (404, "not_found"),
+                (409, "cleanup_attempt_stale"),
+                (409, "resource_busy"),
             ),
         },
     )
-    def post(self, request: Request, lease_id: str) -> Response:
+    def post(self, request: Request, lease_id: UUID) -> Response:
         actor = actor_for(request)
-        lease_pk = _lease_id(lease_id)
+        lease_pk = lease_id
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
