@@ -10,7 +10,7 @@ sending `force` gets 403). Fenced operations are for agents only (a board has no
 from __future__ import annotations
 
 import functools
-from typing import Any, Final
+from typing import Any
 from uuid import UUID
 
 from drf_spectacular.types import OpenApiTypes
@@ -83,8 +83,8 @@ class OwnerInputSerializer(serializers.Serializer[Any]):
 @functools.cache
 def _renderer[S: serializers.Serializer[Any]](serializer_class: type[S]) -> S:
     """One shared instance per output serializer: rendering is stateless, and building the
-    fields (a deep copy of every declared field) per request was a measurable share of the
-    claim hot path (bench/leases.py)."""
+    fields (a deep copy of every declared field) per request was a measurable share of a
+    claim renew, the most frequent request (bench/leases.py)."""
     return serializer_class()
 
 
@@ -110,91 +110,6 @@ def _owner(actor: Actor, data: dict[str, Any]) -> services.RuntimeLeaseOwner:
             actor.agent_id, run_id=data.get("run_id"), issue_id=data.get("issue_id")
         )
     return services.RuntimeLeaseOwner.for_board(actor.actor_id)
-
-
-# --- the claim hot path -------------------------------------------------------------------
-# A renew is the most frequent request agents send. Building and running the DRF serializers
-# (a deep copy of every declared field, then per-field validation) cost about as much as the
-# service itself (bench/leases.py), so the claim validates the plain, well-formed body by hand
-# and renders its response from the dataclasses. Anything else goes through InputSerializer,
-# which stays the single source of error messages; the serializers above still document the
-# endpoint, and tests/leases/api/test_claim_fast_path.py holds both paths to the same output.
-
-_ACTIONS: Final = frozenset(services.LEASED_ACTIONS)
-_DATETIME: Final = serializers.DateTimeField()  # stateless; renders exactly as the serializers
-
-
-def _plain_uuid(value: Any) -> tuple[bool, UUID | None]:
-    """(ok, value) for an optional id given as a UUID string, as StrictUUIDField accepts it."""
-    if value is None:
-        return True, None
-    if not isinstance(value, str):
-        return False, None
-    try:
-        return True, UUID(value)
-    except ValueError:
-        return False, None
-
-
-def _plain_claim_input(body: Any) -> dict[str, Any] | None:
-    """The claim body's values when it is valid in the common shape (JSON object, known action,
-    ids as UUID strings or null, ttl_seconds an in-range integer or null); None when the
-    InputSerializer must decide, for an error or a rarer accepted form such as `"120"`."""
-    if not isinstance(body, dict):
-        return None
-    action = body.get("action")
-    if not isinstance(action, str) or action not in _ACTIONS:
-        return None
-    ttl = body.get("ttl_seconds")
-    if ttl is not None and (
-        type(ttl) is not int or not services.TTL_MIN_SECONDS <= ttl <= services.TTL_MAX_SECONDS
-    ):
-        return None
-    issue_ok, issue_id = _plain_uuid(body.get("issue_id"))
-    run_ok, run_id = _plain_uuid(body.get("run_id"))
-    if not (issue_ok and run_ok):
-        return None
-    return {"action": action, "ttl_seconds": ttl, "issue_id": issue_id, "run_id": run_id}
-
-
-def _uuid_text(value: UUID | None) -> str | None:
-    return None if value is None else str(value)
-
-
-def lease_body(lease: RuntimeLease | None) -> dict[str, Any] | None:
-    """`LeaseSerializer(allow_null=True).to_representation(lease)`, without the serializer."""
-    if lease is None:
-        return None
-    return {
-        "id": str(lease.id),
-        "company_id": str(lease.company_id),
-        "execution_workspace_id": str(lease.execution_workspace_id),
-        "owner_key": lease.owner_key,
-        "owner_issue_id": _uuid_text(lease.owner_issue_id),
-        "owner_run_id": _uuid_text(lease.owner_run_id),
-        "owner_agent_id": _uuid_text(lease.owner_agent_id),
-        "last_action": lease.last_action,
-        "generation": lease.generation,
-        "claimed_at": _DATETIME.to_representation(lease.claimed_at),
-        "renewed_at": _DATETIME.to_representation(lease.renewed_at),
-        "expires_at": _DATETIME.to_representation(lease.expires_at),
-        "metadata": lease.metadata,
-    }
-
-
-def claim_body(result: services.RuntimeLeaseClaim) -> dict[str, Any]:
-    """`RuntimeLeaseClaimApi.OutputSerializer().to_representation(result)`, without it."""
-    reclaimed = result.reclaimed_from
-    return {
-        "outcome": result.outcome,
-        "owner_key": result.owner_key,
-        "lease": lease_body(result.lease),
-        "reclaimed_from": (
-            None
-            if reclaimed is None
-            else {"owner_key": reclaimed.owner_key, "reason": reclaimed.reason}
-        ),
-    }
 
 
 class RuntimeLeaseClaimApi(APIView):
@@ -252,11 +167,9 @@ class RuntimeLeaseClaimApi(APIView):
     def post(self, request: Request, workspace_id: UUID) -> Response:
         actor = actor_for(request)
         company_id = _workspace_company(actor, workspace_id)
-        values = _plain_claim_input(request.data)
-        if values is None:
-            data = self.InputSerializer(data=request.data)
-            data.is_valid(raise_exception=True)
-            values = data.validated_data
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
         result = services.runtime_lease_claim(
             company_id=company_id,
             execution_workspace_id=workspace_id,
@@ -264,7 +177,7 @@ class RuntimeLeaseClaimApi(APIView):
             owner=_owner(actor, values),
             ttl_seconds=values.get("ttl_seconds"),
         )
-        return Response(claim_body(result))
+        return Response(_renderer(self.OutputSerializer).to_representation(result))
 
 
 class RuntimeLeaseDetailApi(APIView):
