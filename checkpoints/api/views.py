@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from checkpoints import selectors, services
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
-from paperclip.api.serializers import error_responses
+from paperclip.api.serializers import UUIDBodyField, error_responses
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun
 
@@ -203,14 +203,14 @@ class CheckpointApi(APIView):
             boot_id = serializers.RegexField(BOOT_ID_PATTERN)
             lease_owner = serializers.CharField(max_length=400, trim_whitespace=False)
             generation = serializers.IntegerField(min_value=0, max_value=services.GENERATION_MAX)
-            authority_run_id = serializers.UUIDField(required=False, allow_null=True)
+            authority_run_id = UUIDBodyField(required=False, allow_null=True)
 
         class PredecessorSerializer(serializers.Serializer[Any]):
             class Meta:
                 ref_name = "CheckpointPredecessor"
 
-            run_id = serializers.UUIDField()
-            normalized_session_id = serializers.UUIDField()
+            run_id = UUIDBodyField()
+            normalized_session_id = UUIDBodyField()
 
         owner = OwnerSerializer()
         reset = serializers.BooleanField()

@@ -30,7 +30,7 @@ from leases import services
 from leases.selectors import STALE_REASONS, RuntimeLease
 from paperclip.access import Actor
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
-from paperclip.api.serializers import error_responses
+from paperclip.api.serializers import UUIDBodyField, error_responses
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 
@@ -66,18 +66,9 @@ class LeaseSerializer(serializers.Serializer[RuntimeLease]):
     )
 
 
-class StrictUUIDField(serializers.UUIDField):
-    """A UUID given as a string; DRF's own field would also turn the integer 12 into a UUID."""
-
-    def to_internal_value(self, data: Any) -> UUID:
-        if not isinstance(data, str):
-            self.fail("invalid", value=data)
-        return super().to_internal_value(data)
-
-
 class OwnerInputSerializer(serializers.Serializer[Any]):
-    issue_id = StrictUUIDField(required=False, allow_null=True)
-    run_id = StrictUUIDField(required=False, allow_null=True)
+    issue_id = UUIDBodyField(required=False, allow_null=True)
+    run_id = UUIDBodyField(required=False, allow_null=True)
 
 
 @functools.cache

@@ -27,6 +27,7 @@ from paperclip.api.serializers import (
     ExecutionWorkspaceOutputSerializer,
     IssueOutputSerializer,
     RunOutputSerializer,
+    UUIDBodyField,
     error_responses,
 )
 from paperclip.models import Company, HeartbeatRun, Issue
@@ -59,15 +60,6 @@ class StrictBooleanField(serializers.BooleanField):
         if not isinstance(data, bool):
             self.fail("invalid", input=data)
         return data
-
-
-class StrictUUIDField(serializers.UUIDField):
-    """A UUID given as a JSON string: DRF would also take an integer as `UUID(int=...)`."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, str):
-            self.fail("invalid", value=data)
-        return super().to_internal_value(data)
 
 
 class AbsolutePathField(serializers.CharField):
@@ -244,7 +236,7 @@ class IssueCreateApi(APIView):
         status = serializers.ChoiceField(
             choices=Issue.Status.choices, required=False, default=Issue.Status.BACKLOG
         )
-        assignee_agent_id = StrictUUIDField(required=False, allow_null=True, default=None)
+        assignee_agent_id = UUIDBodyField(required=False, allow_null=True, default=None)
 
     @extend_schema(
         operation_id="issue_create",
@@ -368,14 +360,14 @@ class RunCreateApi(APIView):
 
     @extend_schema_serializer(component_name="RunCreateInput")
     class InputSerializer(StrictInputSerializer):
-        agent_id = StrictUUIDField(
+        agent_id = UUIDBodyField(
             required=False, allow_null=True, default=None, help_text="Required for a board caller."
         )
-        issue_id = StrictUUIDField(
+        issue_id = UUIDBodyField(
             required=False, allow_null=True, default=None, help_text="Required for native runs."
         )
         runtime_mode = serializers.ChoiceField(choices=HeartbeatRun.RuntimeMode.choices)
-        execution_workspace_id = StrictUUIDField(required=False, allow_null=True, default=None)
+        execution_workspace_id = UUIDBodyField(required=False, allow_null=True, default=None)
         workspace_dir = AbsolutePathField(
             required=False,
             allow_null=True,

@@ -7,12 +7,26 @@ Other apps import these to render core objects the same way everywhere, e.g.
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from paperclip.ids import parse_uuid
 from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
 from paperclip.receipts import owner_receipt_json
+
+
+class UUIDBodyField(serializers.UUIDField):
+    """An id in a request body or query string: a JSON string in canonical UUID form
+    (`paperclip.ids.parse_uuid`). DRF's own field would also take the integer 12, a braced or
+    dashless spelling, or `urn:uuid:`."""
+
+    def to_internal_value(self, data: Any) -> UUID:
+        parsed = parse_uuid(data) if isinstance(data, str) else None
+        if parsed is None:
+            self.fail("invalid", value=data)
+        return parsed
 
 
 @extend_schema_serializer(component_name="ErrorResponseBody")

@@ -18,7 +18,12 @@ from rest_framework.views import APIView
 from leases.environment.api.views import EnvironmentLeaseOutputSerializer
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsBoard, actor_for
-from paperclip.api.serializers import AUTH_ERRORS, RunOutputSerializer, error_responses
+from paperclip.api.serializers import (
+    AUTH_ERRORS,
+    RunOutputSerializer,
+    UUIDBodyField,
+    error_responses,
+)
 from paperclip.models import Environment, ExecutionWorkspace, Issue
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.source import RecoverySource, recovery_source_inspect
@@ -93,7 +98,7 @@ class RecoverySourceInspectApi(APIView):
         sources = _SourceSerializer(many=True)
 
     class QuerySerializer(serializers.Serializer[Any]):
-        run_id = serializers.UUIDField()
+        run_id = UUIDBodyField()
 
     @extend_schema(
         operation_id="recovery_source_inspect",

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for
-from paperclip.api.serializers import AUTH_ERRORS, error_responses
+from paperclip.api.serializers import AUTH_ERRORS, UUIDBodyField, error_responses
 from paperclip.errors import PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
 from recovery.errors import (
@@ -236,8 +236,8 @@ class OwnerStopConfirmApi(APIView):
 
     @extend_schema_serializer(component_name="OwnerStopConfirmInput")
     class InputSerializer(serializers.Serializer[Any]):
-        action_id = serializers.UUIDField()
-        run_id = serializers.UUIDField()
+        action_id = UUIDBodyField()
+        run_id = UUIDBodyField()
         owner_token = serializers.CharField(max_length=200)
         controller_and_copyback_stopped = serializers.BooleanField()
         stop_evidence = serializers.CharField(
@@ -313,7 +313,7 @@ class WorkerStopRecordApi(APIView):
 
     @extend_schema_serializer(component_name="WorkerStopRecordInput")
     class InputSerializer(serializers.Serializer[Any]):
-        run_id = serializers.UUIDField()
+        run_id = UUIDBodyField()
         owner_token = serializers.CharField(max_length=200)
         worker_id = serializers.CharField(max_length=500)
         stopped_at = serializers.CharField(max_length=64)

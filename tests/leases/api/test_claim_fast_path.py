@@ -154,6 +154,8 @@ def test_plain_bodies_are_read_as_expected(body, values):
         ({"action": "start", "ttl_seconds": True}, "ttl_seconds"),
         ({"action": "start", "issue_id": "not-a-uuid"}, "issue_id"),
         ({"action": "start", "issue_id": 12}, "issue_id"),
+        ({"action": "start", "issue_id": "{" + ISSUE + "}"}, "issue_id"),
+        ({"action": "start", "run_id": ISSUE.replace("-", "")}, "run_id"),
         ({"action": "start", "run_id": ["x"]}, "run_id"),
     ],
 )
