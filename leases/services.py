@@ -437,7 +437,7 @@ def runtime_lease_claim(
                     execution_workspace_id=execution_workspace_id,
                     owner=owner,
                 )
-                return _claim_under_workspace_lock(
+                return _claim_in_tx(
                     company_id=company_id,
                     execution_workspace_id=execution_workspace_id,
                     action=action,
@@ -510,7 +510,7 @@ def _claim_bypass(
     return RuntimeLeaseClaim(outcome="bypassed", owner_key=None, lease=None)
 
 
-def _claim_under_workspace_lock(
+def _claim_in_tx(
     *,
     company_id: UUID,
     execution_workspace_id: UUID,

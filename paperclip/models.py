@@ -280,9 +280,15 @@ class HeartbeatRun(TimestampedModel):
         TIMED_OUT = "timed_out"
         INTERRUPTED = "interrupted"
 
-    TERMINAL_STATUSES: ClassVar[frozenset[str]] = frozenset(
-        {"succeeded", "failed", "cancelled", "timed_out", "interrupted"}
+    # In declaration order (API enums list them so); the frozenset is for membership tests.
+    TERMINAL_STATUS_VALUES: ClassVar[tuple[str, ...]] = (
+        "succeeded",
+        "failed",
+        "cancelled",
+        "timed_out",
+        "interrupted",
     )
+    TERMINAL_STATUSES: ClassVar[frozenset[str]] = frozenset(TERMINAL_STATUS_VALUES)
     LIVE_STATUSES: ClassVar[frozenset[str]] = frozenset({"queued", "running"})
 
     class RuntimeMode(models.TextChoices):

@@ -17,7 +17,7 @@ status a run already has is an idempotent no-op (no audit row). A native run who
 been accepted reaches `succeeded` only through finalization.
 
 Composable helpers for other apps (they run inside the caller's transaction, never open one):
-`_run_start_locked` and `_run_finish_locked`; lock with `paperclip.locks.run_lock_with_issue`
+`_run_start_in_tx` and `run_finish_in_tx`; lock with `paperclip.locks.run_lock_with_issue`
 first (lock order: issue -> coordinator -> run, see `paperclip.locks`).
 """
 
@@ -530,17 +530,17 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
                 to_status=to_status,
             )
         if to_status == RunStatus.RUNNING:
-            _run_start_locked(
+            _run_start_in_tx(
                 run=run, issue=issue, actor_type=actor.actor_type, actor_id=actor.actor_id
             )
         else:
-            _run_finish_locked(
+            run_finish_in_tx(
                 run=run, to_status=to_status, actor_type=actor.actor_type, actor_id=actor.actor_id
             )
     return RunTransition(run=run, from_status=from_status, changed=True)
 
 
-def _run_start_locked(
+def _run_start_in_tx(
     *, run: HeartbeatRun, issue: Issue | None, actor_type: str, actor_id: str
 ) -> None:
     """Move a locked queued run to `running`, taking its issue's execution and checkout slots.
@@ -589,7 +589,7 @@ def _run_start_locked(
     run.refresh_from_db()
 
 
-def _run_finish_locked(
+def run_finish_in_tx(
     *,
     run: HeartbeatRun,
     to_status: str,
@@ -612,7 +612,7 @@ def _run_finish_locked(
     HeartbeatRun.objects.filter(pk=run.pk).update(
         status=to_status, finished_at=Now(), updated_at=Now()
     )
-    _issue_slots_release(run_id=run.pk)
+    issue_slots_release_in_tx(run_id=run.pk)
     activity_record(
         company_id=run.company_id,
         actor_type=actor_type,
@@ -626,7 +626,7 @@ def _run_finish_locked(
     run.refresh_from_db()
 
 
-def _issue_slots_release(*, run_id: UUID) -> bool:
+def issue_slots_release_in_tx(*, run_id: UUID) -> bool:
     """Clear every issue's `execution_run` / `checkout_run` that points at this run.
 
     Inside the caller's transaction, with the issue locked (lock order issue -> run). Returns

@@ -13,6 +13,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -22,8 +23,10 @@ from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
 from paperclip.models import BoardMembership, HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
+from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
@@ -214,14 +217,7 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
     @admin.display(description="recovery source")
     def recovery_source(self, obj: IssueRecoveryAction) -> SafeString | str:
         try:
-            from recovery.selectors import source
-        except ImportError:
-            return "—"
-        panel = getattr(source, "admin_panel_html", None)
-        if panel is None:
-            return "—"
-        try:
-            html: str = panel(obj)
+            html = source_panel_html(obj)
         except Exception:
             # The inspection is advisory here; a failure must not take the hold's page down.
             logger.exception("recovery source panel failed for action %s", obj.pk)
@@ -307,3 +303,43 @@ class WorkerStopReceiptAdmin(_ReceiptAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def source_panel_html(action: IssueRecoveryAction) -> str:
+    """The inspection of `action`'s recorded source as safe HTML for its admin page: the
+    sources, or the failure with its code, reason and disposition. The run is the one named
+    by `action.evidence.runId`."""
+    evidence = action.evidence if isinstance(action.evidence, dict) else {}
+    raw_run = evidence.get("runId")
+    context: dict[str, Any] = {"action": action, "run_id": raw_run}
+    run_id = parse_uuid(raw_run)
+    if run_id is None:
+        context["missing_run"] = True
+        return render_to_string("admin/recovery/source_panel.html", context)
+    try:
+        inspection = recovery_source_inspect(
+            company_id=action.company_id,
+            issue_id=action.source_issue_id,
+            run_id=run_id,
+            action_id=action.pk,
+            maximum_sources=MAXIMUM_SOURCES,
+        )
+    except SourceFailure as failure:
+        context["failure"] = {
+            "code": failure.code,
+            "message": failure.text,
+            "reason": failure.reason,
+            "disposition": failure.disposition,
+            "observed_lease_policy": failure.observed_lease_policy,
+        }
+    except SourceInspectionLimit as limit:
+        context["failure"] = {
+            "code": limit.code,
+            "message": limit.text,
+            "reason": None,
+            "disposition": None,
+            "observed_lease_policy": None,
+        }
+    else:
+        context["sources"] = inspection.sources
+    return render_to_string("admin/recovery/source_panel.html", context)

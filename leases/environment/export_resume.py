@@ -46,7 +46,6 @@ REMOTE_TERMINATION_SCHEMA: Final = "paperclip.remote-termination.v1"
 SYNC_REFERENCE_SCHEMA: Final = "paperclip.native-workspace-sync/v1"
 EXPORT_STOP_PENDING: Final = "workspace_export_stop_pending"
 
-TERMINAL_RUN_STATUSES: Final = ("succeeded", "failed", "cancelled", "timed_out", "interrupted")
 RETIRED_LEASE_STATUSES: Final = ("released", "expired", "failed")
 LIVE_ALLOCATION_STATUSES: Final = ("active", "retained", "pending_cleanup")
 
@@ -469,7 +468,7 @@ def export_resume_release_completed(
         run = HeartbeatRun.objects.filter(
             pk=lease.heartbeat_run_id, company_id=lease.company_id
         ).first()
-        if run is None or run.status not in TERMINAL_RUN_STATUSES:
+        if run is None or run.status not in HeartbeatRun.TERMINAL_STATUSES:
             return ExportResumeRelease(False, "run_not_terminal", lease)
         coordinator = NativeRunFinalization.objects.filter(
             run_id=run.pk, company_id=run.company_id

@@ -26,9 +26,7 @@ from paperclip.api.serializers import (
 )
 from paperclip.models import Environment, ExecutionWorkspace, Issue
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.source import RecoverySource, recovery_source_inspect
-
-MAXIMUM_SOURCES = 50
+from recovery.selectors.source import MAXIMUM_SOURCES, RecoverySource, recovery_source_inspect
 
 
 @extend_schema_serializer(component_name="RecoverySourceAction")

@@ -34,7 +34,6 @@ from recovery.services import (
     result_accept,
     run_finalize,
 )
-from recovery.services.finalization import RUN_TERMINAL_STATES
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
     MIN_STOP_EVIDENCE_CHARS,
@@ -68,7 +67,11 @@ class RunResultAcceptApi(APIView):
     class InputSerializer(serializers.Serializer[Any]):
         @extend_schema_serializer(component_name="RunResultTerminal")
         class TerminalSerializer(serializers.Serializer[Any]):
-            run_terminal_state = serializers.ChoiceField(choices=RUN_TERMINAL_STATES)
+            run_terminal_state = serializers.ChoiceField(
+                choices=[
+                    s for s in HeartbeatRun.Status.values if s in HeartbeatRun.TERMINAL_STATUSES
+                ]
+            )
 
         result = serializers.DictField()
         terminal = TerminalSerializer()

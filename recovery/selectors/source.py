@@ -31,7 +31,6 @@ from uuid import UUID
 
 from django.db import connection, transaction
 from django.db.models import Q
-from django.template.loader import render_to_string
 
 from leases.environment.export_resume import (
     NativeWorkspaceSyncReference,
@@ -60,8 +59,6 @@ WORKSPACE_EXPORT_CAUSES: Final = (
     "native_workspace_sync_out_unrecoverable",
     "native_workspace_sync_out_retry_exhausted",
 )
-TERMINAL_RUN_STATUSES: Final = ("failed", "interrupted", "timed_out", "cancelled", "succeeded")
-LIVE_RUN_STATUSES: Final = ("queued", "running")
 RETAINED_POLICIES: Final = ("retain_on_failure", "ephemeral")
 REUSABLE_POLICIES: Final = ("reuse_by_environment", "reuse_by_execution_workspace")
 RETIRED_LEASE_STATUSES: Final = ("released", "expired", "failed")
@@ -70,7 +67,8 @@ RESTORE_RECOVERY_SCHEMA: Final = "paperclip.workspace-restore-recovery.v1"
 HISTORICAL_SOURCE_SCHEMA: Final = "paperclip.historical-workspace-source.v1"
 LEGACY_MIGRATION_SCHEMA: Final = "paperclip.legacy-workspace-source-migration.v1"
 REMOTE_AUTHORITY_KEY: Final = "remoteWorkspaceAuthority"
-ADMIN_MAXIMUM_SOURCES: Final = 50
+# How many sources the board API and the admin panel inspect at most per request.
+MAXIMUM_SOURCES: Final = 50
 
 
 def _as_dict(value: object) -> dict[str, Any]:
@@ -366,7 +364,7 @@ def _inspect(  # one linear list of checks, in the seed's order
     evidence = _as_dict(action.evidence)
     if evidence.get("runId") != str(run.pk):
         raise invalid("recovery_action_run_mismatch")
-    if run.status not in TERMINAL_RUN_STATUSES:
+    if run.status not in HeartbeatRun.TERMINAL_STATUSES:
         raise invalid("source_run_not_terminal")
     bound_issue: object = run.native_issue_id or run.issue_id
     if bound_issue is None:
@@ -601,7 +599,7 @@ def _check_predecessors(
             or prior.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE
             or prior.agent_id != run.agent_id
             or prior.native_issue_id != issue_id
-            or prior.status not in TERMINAL_RUN_STATUSES
+            or prior.status not in HeartbeatRun.TERMINAL_STATUSES
             or adapter_executing(prior.pk)
             or (
                 prior.controller_lease_expires_at is not None
@@ -666,7 +664,7 @@ def _writer_active(
         # Beyond the seed: our runs also carry the workspace as a column.
         targets |= Q(execution_workspace_id=UUID(workspace_id))
     return (
-        HeartbeatRun.objects.filter(company_id=company_id, status__in=LIVE_RUN_STATUSES)
+        HeartbeatRun.objects.filter(company_id=company_id, status__in=HeartbeatRun.LIVE_STATUSES)
         .filter(targets)
         .exclude(pk__in=continuations)
         .exists()
@@ -730,41 +728,3 @@ def recovery_source_owned_lease(
 
 
 # --- Admin panel ----------------------------------------------------------------------------
-
-
-def admin_panel_html(action: IssueRecoveryAction) -> str:
-    """The inspection of `action`'s recorded source as safe HTML for its admin page: the
-    sources, or the failure with its code, reason and disposition. The run is the one named
-    by `action.evidence.runId`."""
-    raw_run = _as_dict(action.evidence).get("runId")
-    context: dict[str, Any] = {"action": action, "run_id": raw_run}
-    if not is_uuid(raw_run):
-        context["missing_run"] = True
-        return render_to_string("admin/recovery/source_panel.html", context)
-    try:
-        inspection = recovery_source_inspect(
-            company_id=action.company_id,
-            issue_id=action.source_issue_id,
-            run_id=UUID(raw_run),
-            action_id=action.pk,
-            maximum_sources=ADMIN_MAXIMUM_SOURCES,
-        )
-    except SourceFailure as failure:
-        context["failure"] = {
-            "code": failure.code,
-            "message": failure.text,
-            "reason": failure.reason,
-            "disposition": failure.disposition,
-            "observed_lease_policy": failure.observed_lease_policy,
-        }
-    except SourceInspectionLimit as limit:
-        context["failure"] = {
-            "code": limit.code,
-            "message": limit.text,
-            "reason": None,
-            "disposition": None,
-            "observed_lease_policy": None,
-        }
-    else:
-        context["sources"] = inspection.sources
-    return render_to_string("admin/recovery/source_panel.html", context)

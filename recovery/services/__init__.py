@@ -1,19 +1,22 @@
-"""Services of the recovery app (writes). Entry points named by the contract live here:
+"""The recovery app's public entry points, in one place (the writes are in this package's
+modules, the reads in `recovery.selectors`):
 
 - recovery actions: `recovery_action_get_live`, `recovery_action_upsert_source_scoped`,
   `recovery_action_resolve`;
 - finalization ownership: `with_finalization_ownership` → `Acquired` / `NotAcquired`;
 - finalization: `result_accept`, `run_finalize`, `finalizations_reconcile`;
 - owner-stop recovery: `recovery_owner_stop_confirm`;
-- recovery-source inspection (`recovery_source_inspect`, `recovery_source_owned_lease`),
-  re-exported lazily from `recovery.selectors.source`, which imports from this package.
+- recovery-source inspection: `recovery_source_inspect`, `recovery_source_owned_lease`
+  (`recovery.selectors.source`).
+
+Code inside the app imports from the defining module; this facade is for other apps, the
+commands and operators' shells.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from recovery.selectors.actions import recovery_action_get_live
+from recovery.selectors.source import recovery_source_inspect, recovery_source_owned_lease
 from recovery.services.actions import (
     RecoveryActionInput,
     RecoveryUpsert,
@@ -36,17 +39,6 @@ from recovery.services.ownership import (
     with_finalization_ownership,
 )
 
-_SOURCE_EXPORTS = ("recovery_source_inspect", "recovery_source_owned_lease")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SOURCE_EXPORTS:
-        from recovery.selectors import source
-
-        return getattr(source, name)
-    raise AttributeError(name)
-
-
 __all__ = [
     "Acquired",
     "FinalizationOwnership",
@@ -62,6 +54,8 @@ __all__ = [
     "recovery_action_resolve",
     "recovery_action_upsert_source_scoped",
     "recovery_owner_stop_confirm",
+    "recovery_source_inspect",
+    "recovery_source_owned_lease",
     "result_accept",
     "run_finalize",
     "with_finalization_ownership",

@@ -24,7 +24,7 @@ from paperclip.models import (
     WorkspaceOperation,
 )
 from paperclip.receipts import raw_owner
-from paperclip.services import _issue_slots_release, _run_finish_locked
+from paperclip.services import issue_slots_release_in_tx, run_finish_in_tx
 from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.canonical import canonical_sha256
 from recovery.errors import (
@@ -59,7 +59,6 @@ from recovery.services.ownership import (
 logger = logging.getLogger(__name__)
 
 TERMINAL_SCHEMA = "paperclip.prp.terminal.v1"
-RUN_TERMINAL_STATES = ("succeeded", "failed", "cancelled", "timed_out", "interrupted")
 FINALIZER = "native_workspace_finalizer"
 RETRY_BASE_SECONDS = 30
 RETRY_CAP_SECONDS = 900
@@ -144,7 +143,7 @@ def result_accept(
     (run terminal or already committed), NativeResultConflict (another result was accepted,
     or the same caller id was used for different content). Audited; NOTIFY on commit.
     """
-    if run_terminal_state not in RUN_TERMINAL_STATES:
+    if run_terminal_state not in HeartbeatRun.TERMINAL_STATUSES:
         raise ValueError(f"unknown run terminal state {run_terminal_state!r}")
     result_json = {
         "result": result,
@@ -260,7 +259,7 @@ def _terminal_state(result: NativeRunResult | None) -> str:
     data = result.result_json if result is not None else None
     terminal = data.get("terminal") if isinstance(data, dict) else None
     state = terminal.get("runTerminalState") if isinstance(terminal, dict) else None
-    return state if state in RUN_TERMINAL_STATES else "succeeded"
+    return state if state in HeartbeatRun.TERMINAL_STATUSES else "succeeded"
 
 
 def _start_operation(
@@ -505,7 +504,7 @@ def _commit(
                 issue.execution_run_id,
                 issue.checkout_run_id,
             )
-            _run_finish_locked(
+            run_finish_in_tx(
                 run=run,
                 to_status=_terminal_state(result),
                 actor_type="system",
@@ -513,7 +512,7 @@ def _commit(
                 details={"resultId": str(coordinator.result_id), "via": "finalization"},
             )
         else:
-            issue_lock_cleared = _issue_slots_release(run_id=run_id)
+            issue_lock_cleared = issue_slots_release_in_tx(run_id=run_id)
         activity_record(
             company_id=company_id,
             actor_type="system",

@@ -14,7 +14,11 @@ from paperclip.access import Actor
 from paperclip.activity import activity_record
 from paperclip.db.advisory import try_advisory_xact_lock
 from paperclip.db.clock import db_now_iso
-from paperclip.db.locking import busy_on_lock_timeout, set_local_lock_timeout
+from paperclip.db.locking import (
+    busy_on_lock_timeout,
+    require_transaction,
+    set_local_lock_timeout,
+)
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
 from paperclip.receipts import OWNER_KEY, raw_owner, read_owner
@@ -137,7 +141,7 @@ def recovery_owner_stop_confirm(
     if replay is not None:
         return replay
     with busy_on_lock_timeout(), transaction.atomic(durable=True):
-        return _confirm_locked(
+        return _confirm_in_tx(
             actor=actor,
             company_id=company_id,
             issue_id=issue_id,
@@ -148,7 +152,7 @@ def recovery_owner_stop_confirm(
         )
 
 
-def _confirm_locked(
+def _confirm_in_tx(
     *,
     actor: Actor,
     company_id: UUID,
@@ -158,6 +162,7 @@ def _confirm_locked(
     owner_token: str,
     stop_evidence: str,
 ) -> OwnerStopConfirmation:
+    require_transaction()
     # The same key a live controller holds for the whole copy-back: if we get it, no
     # finalization of this run is in progress anywhere.
     if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):

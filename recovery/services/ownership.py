@@ -84,7 +84,6 @@ OWNER_UNVERIFIED_NEXT_ACTION = (
     "a replacement run and do not delete workspace files."
 )
 
-_TERMINAL_RUN_STATUSES = ("failed", "interrupted", "timed_out", "cancelled", "succeeded")
 # Keepalive cadence: well inside the server's idle-in-transaction timeout.
 _KEEPALIVE_FRACTION = 3
 _KEEPALIVE_MIN_SECONDS = 0.02
@@ -324,7 +323,7 @@ def _retained_repair_current(
         evidence.get("runId") == str(run.pk)
         and bool(evidence.get("workspaceRecovery"))
         and (coordinator is None or not coordinator.lease_owner)
-        and run.status in _TERMINAL_RUN_STATUSES
+        and run.status in HeartbeatRun.TERMINAL_STATUSES
         and (str(issue.execution_run_id) if issue.execution_run_id else None) in allowed_holders
         and (str(issue.checkout_run_id) if issue.checkout_run_id else None) in allowed_holders
     )

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from paperclip.locks import run_lock_with_issue
 from paperclip.models import ActivityEvent, Issue
-from paperclip.services import _run_finish_locked, absolute_path_error
+from paperclip.services import absolute_path_error, run_finish_in_tx
 from tests.paperclip.factories import HeartbeatRunFactory, IssueFactory
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ def test_run_finish_locked_composes_inside_a_callers_transaction() -> None:
     Issue.objects.filter(pk=issue.pk).update(execution_run=run, checkout_run=run)
     with transaction.atomic():
         locked = run_lock_with_issue(run_id=run.pk)
-        _run_finish_locked(
+        run_finish_in_tx(
             run=locked.run,
             to_status="succeeded",
             actor_type="system",
@@ -39,14 +39,14 @@ def test_run_finish_locked_composes_inside_a_callers_transaction() -> None:
 def test_run_finish_locked_refuses_non_terminal_status() -> None:
     run = HeartbeatRunFactory(status="running")
     with transaction.atomic(), pytest.raises(ValueError, match="terminal"):
-        _run_finish_locked(run=run, to_status="queued", actor_type="system", actor_id="x")
+        run_finish_in_tx(run=run, to_status="queued", actor_type="system", actor_id="x")
 
 
 @pytest.mark.django_db(transaction=True)
 def test_run_finish_locked_needs_a_transaction() -> None:
     run = HeartbeatRunFactory(status="running")
     with pytest.raises(RuntimeError, match="transaction"):
-        _run_finish_locked(run=run, to_status="failed", actor_type="system", actor_id="x")
+        run_finish_in_tx(run=run, to_status="failed", actor_type="system", actor_id="x")
     run.refresh_from_db()
     assert run.status == "running"
 

@@ -23,10 +23,10 @@ from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
+from recovery.admin import source_panel_html
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.selectors.source import (
     adapter_execution_control,
-    admin_panel_html,
     recovery_source_inspect,
     recovery_source_owned_lease,
     retired_reusable_lease_predecessors,
@@ -1285,11 +1285,11 @@ def test_inspection_outside_a_transaction_uses_one_read_only_snapshot(
 @pytest.mark.django_db
 def test_admin_panel_shows_sources_or_the_failure() -> None:
     s = build_scenario()
-    html = admin_panel_html(s.action)
+    html = source_panel_html(s.action)
     assert str(s.lease.pk) in html
     assert "every check passed" in html
     save(s.lease, lease_policy="mystery")
-    html = admin_panel_html(s.action)
+    html = source_panel_html(s.action)
     for text in (
         "source_binding_invalid",
         "lease_policy_not_retained",
@@ -1298,7 +1298,7 @@ def test_admin_panel_shows_sources_or_the_failure() -> None:
     ):
         assert text in html
     save(s.action, evidence={"runId": "<script>alert(1)</script>"})
-    html = admin_panel_html(s.action)
+    html = source_panel_html(s.action)
     assert "<script>" not in html
     assert "&lt;script&gt;" in html
 
