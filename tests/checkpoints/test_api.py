@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from checkpoints.models import NativeRunnerCheckpoint
 from paperclip.models import ActivityEvent, Agent, Company, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease
+from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
 
 pytestmark = pytest.mark.django_db
@@ -101,15 +102,14 @@ def test_unpaired_surrogates_are_400(runner: APIClient, fin: NativeRunFinalizati
         raw = json.dumps({"owner": owner, "reset": False, **body})
         res = runner.generic("PUT", url(fin), raw, content_type="application/json")
         assert res.status_code == 400, (body, res.content)
-        assert res.json()["error"]["code"] == "invalid_request"
+        assert_error(res, 400, "invalid_request")
     assert not NativeRunnerCheckpoint.objects.exists()
 
 
 def test_controller_lease_held_is_409(runner: APIClient, fin: NativeRunFinalization) -> None:
     acquire(runner, fin)
     res = acquire(runner, fin, boot_id="boot-b")
-    assert res.status_code == 409
-    assert res.json()["error"]["code"] == "controller_lease_held"
+    assert_error(res, 409, "controller_lease_held")
 
 
 def test_stale_owner_write_is_409_and_changes_nothing(
@@ -122,8 +122,7 @@ def test_stale_owner_write_is_409_and_changes_nothing(
     assert new["generation"] == 2
     events = ActivityEvent.objects.count()
     res = put(runner, fin, old, changed={"a": "stale"})
-    assert res.status_code == 409
-    assert res.json()["error"]["code"] == "native_runner_checkpoint_owner_lost"
+    assert_error(res, 409, "native_runner_checkpoint_owner_lost")
     assert ActivityEvent.objects.count() == events
     assert runner.get(url(fin)).json() == {"parts": {"a": "old"}}
 
@@ -140,8 +139,7 @@ def test_predecessor_mismatch_is_422(runner: APIClient, fin: NativeRunFinalizati
             "normalized_session_id": "5b0a2a5c-8a43-4a4c-9d0e-6f1c1b2f5e11",
         },
     )
-    assert res.status_code == 422
-    assert res.json()["error"]["code"] == "native_runner_checkpoint_binding_mismatch"
+    assert_error(res, 422, "native_runner_checkpoint_binding_mismatch")
     assert not NativeRunnerCheckpoint.objects.exists()
 
 
@@ -152,9 +150,7 @@ def test_unreadable_part_is_422_naming_it_and_header_null(
     put(runner, fin, grant, changed={"header": "H", "body": "B"})
     settings.PAPERCLIP_CHECKPOINT_KEYS = ["A" * 43 + "="]  # a different key: the old one is lost
     res = runner.get(url(fin))
-    assert res.status_code == 422
-    err = res.json()["error"]
-    assert err["code"] == "native_runner_checkpoint_unreadable"
+    err = assert_error(res, 422, "native_runner_checkpoint_unreadable")
     assert err["details"]["part"] == "body"
     assert err["details"]["reason"] == "unknown_key"
     assert runner.get(url(fin, "checkpoint/header")).json() == {"header": None}
@@ -166,8 +162,7 @@ def test_restore_session_check(runner: APIClient, fin: NativeRunFinalization) ->
     put(runner, fin, grant, changed={"header": header})
     assert runner.get(url(fin), {"normalized_session_id": "sess-1"}).status_code == 200
     res = runner.get(url(fin), {"normalized_session_id": "sess-2"})
-    assert res.status_code == 422
-    assert res.json()["error"]["code"] == "native_runner_checkpoint_binding_mismatch"
+    assert_error(res, 422, "native_runner_checkpoint_binding_mismatch")
 
 
 @pytest.mark.parametrize(
@@ -192,9 +187,8 @@ def test_malformed_writes_are_400(
 ) -> None:
     grant = acquire(runner, fin).json()
     res = put(runner, fin, grant, **body)
-    assert res.status_code == 400, res.json()
-    assert res.json()["error"]["code"] == "invalid_request"
-    assert "fields" in res.json()["error"]["details"]
+    error = assert_error(res, 400, "invalid_request")
+    assert "fields" in error["details"]
     assert not NativeRunnerCheckpoint.objects.exists()
 
 
@@ -220,8 +214,7 @@ def test_oversized_body_is_refused_before_parsing(
 
 def test_malformed_json_is_400(runner: APIClient, fin: NativeRunFinalization) -> None:
     res = runner.generic("PUT", url(fin), "{not json", content_type="application/json")
-    assert res.status_code == 400
-    assert res.json()["error"]["code"] == "invalid_request"
+    assert_error(res, 400, "invalid_request")
 
 
 @pytest.mark.parametrize("suffix", ["checkpoint", "checkpoint/header", "controller-lease"])
@@ -235,10 +228,8 @@ def test_other_agent_of_same_company_is_403_other_company_is_404(
         if suffix == "controller-lease"
         else (lambda c: c.get(url(fin, suffix)))
     )
-    assert call(same).status_code == 403
-    assert call(same).json()["error"]["code"] == "permission_denied"
-    assert call(foreign).status_code == 404
-    assert call(foreign).json()["error"]["code"] == "not_found"
+    assert_error(call(same), 403, "permission_denied")
+    assert_error(call(foreign), 404, "not_found")
 
 
 def test_other_company_cannot_write(
@@ -268,8 +259,7 @@ def test_board_sees_metadata_only(
 def test_malformed_and_unknown_run_ids_are_404(runner: APIClient) -> None:
     for run_id in ["not-a-uuid", "00000000-0000-0000-0000-000000000000"]:
         res = runner.get(f"/api/heartbeat-runs/{run_id}/checkpoint")
-        assert res.status_code == 404
-        assert res.json()["error"]["code"] == "not_found"
+        assert_error(res, 404, "not_found")
 
 
 def test_legacy_run_is_422(
@@ -280,8 +270,7 @@ def test_legacy_run_is_422(
     res = client.post(
         f"/api/heartbeat-runs/{run.pk}/controller-lease", {"boot_id": "b"}, format="json"
     )
-    assert res.status_code == 422
-    assert res.json()["error"]["code"] == "controller_lease_run_not_native"
+    assert_error(res, 422, "controller_lease_run_not_native")
 
 
 def test_ttl_out_of_range_is_400(runner: APIClient, fin: NativeRunFinalization) -> None:
@@ -301,7 +290,7 @@ def test_failure_hook_endpoint(runner: APIClient, fin: NativeRunFinalization) ->
         "expired": False
     }
     res = put(runner, fin, grant, changed={"a": "1"})
-    assert res.json()["error"]["code"] == "native_runner_checkpoint_owner_lost"
+    assert_error(res, 409, "native_runner_checkpoint_owner_lost")
 
 
 def test_schema_documents_the_endpoints(
@@ -344,9 +333,8 @@ def test_ciphertext_copied_from_another_row_is_422_naming_the_part(
     stolen = NativeRunnerCheckpoint.objects.get(run=donor.run, part="log").material
     NativeRunnerCheckpoint.objects.filter(run=fin.run, part="log").update(material=stolen)
     res = runner.get(url(fin))
-    assert res.status_code == 422
-    err = res.json()["error"]
-    assert (err["code"], err["details"]["part"]) == ("native_runner_checkpoint_unreadable", "log")
+    err = assert_error(res, 422, "native_runner_checkpoint_unreadable")
+    assert err["details"]["part"] == "log"
     assert err["details"]["reason"] == "authentication_failed"
     assert "theirs" not in res.content.decode()
     assert runner.get(url(fin, "checkpoint/header")).json() == {"header": "H"}

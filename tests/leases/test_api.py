@@ -8,6 +8,7 @@ import pytest
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, Issue, WorkspaceOperation
+from tests.helpers import assert_error
 from tests.leases.factories import expire
 from tests.paperclip.factories import (
     AgentFactory,
@@ -46,10 +47,6 @@ def url(workspace_id, suffix="runtime-lease/claim"):
 
 def post(client, workspace_id, body, suffix="runtime-lease/claim"):
     return client.post(url(workspace_id, suffix), body, format="json")
-
-
-def error_code(response):
-    return response.json()["error"]["code"]
 
 
 # --- claim --------------------------------------------------------------------------------
@@ -95,9 +92,7 @@ def test_conflict_body(agent_client, agent, make_agent_client, workspace):
 
     response = post(make_agent_client(rival), workspace.pk, {"action": "stop"})
 
-    assert response.status_code == 409
-    error = response.json()["error"]
-    assert error["code"] == "workspace_runtime_lease_conflict"
+    error = assert_error(response, 409, "workspace_runtime_lease_conflict")
     assert error["remediation"]
     assert error["message"]
     lease = WorkspaceRuntimeLease.objects.get()
@@ -180,17 +175,15 @@ def test_board_claim_is_bypassed(board_client, agent_client, workspace):
 )
 def test_malformed_claims_are_400_and_change_nothing(agent_client, workspace, body):
     response = post(agent_client, workspace.pk, body)
-    assert response.status_code == 400
-    assert error_code(response) == "invalid_request"
-    assert "fields" in response.json()["error"]["details"]
+    error = assert_error(response, 400, "invalid_request")
+    assert "fields" in error["details"]
     assert WorkspaceRuntimeLease.objects.count() == 0
     assert not ActivityEvent.objects.filter(action__startswith="runtime_lease").exists()
 
 
 def test_invalid_json_is_400(agent_client, workspace):
     response = agent_client.post(url(workspace.pk), "{nope", content_type="application/json")
-    assert response.status_code == 400
-    assert error_code(response) == "invalid_request"
+    assert_error(response, 400, "invalid_request")
 
 
 def test_foreign_and_missing_workspaces_are_404(agent_client, board_client, other_company):
@@ -207,7 +200,7 @@ def test_foreign_and_missing_workspaces_are_404(agent_client, board_client, othe
                 else:
                     response = client.get(url(workspace_id, suffix))
                 assert response.status_code == 404, (suffix, workspace_id)
-                assert error_code(response) == "not_found"
+                assert_error(response, 404, "not_found")
     assert WorkspaceRuntimeLease.objects.count() == 0
 
 
@@ -229,14 +222,13 @@ def test_foreign_issue_and_run_are_404_and_another_agents_run_is_403(
         for suffix in ("runtime-lease/claim", "runtime-lease/release"):
             response = post(agent_client, workspace.pk, {"action": "start", **extra}, suffix)
             assert response.status_code == http_status, (extra, suffix, response.json())
-            assert error_code(response) == code
+            assert_error(response, http_status, code)
     assert WorkspaceRuntimeLease.objects.count() == 0
 
 
 def test_unauthenticated_is_401(client, workspace):
     response = client.post(url(workspace.pk), {"action": "start"}, content_type="application/json")
-    assert response.status_code == 401
-    assert error_code(response) == "not_authenticated"
+    assert_error(response, 401, "not_authenticated")
 
 
 # --- release ------------------------------------------------------------------------------
@@ -265,8 +257,7 @@ def test_agent_sending_force_gets_403(agent_client, workspace):
     post(agent_client, workspace.pk, {"action": "start"})
     for body in ({"force": True, "reason": "mine now"}, {"force": "yes"}):
         response = post(agent_client, workspace.pk, body, "runtime-lease/release")
-        assert response.status_code == 403
-        assert error_code(response) == "permission_denied"
+        assert_error(response, 403, "permission_denied")
     assert WorkspaceRuntimeLease.objects.count() == 1
 
 
@@ -366,11 +357,10 @@ def test_superseded_generation_is_rejected_after_a_reclaim(
     wrong_generation = operation(rival_client, workspace.pk, generation=1)
     current = operation(rival_client, workspace.pk, generation=2)
 
-    assert stale.status_code == 409
-    assert error_code(stale) == "workspace_runtime_lease_superseded"
-    assert stale.json()["error"]["details"]["current_generation"] == 2
-    assert stale.json()["error"]["details"]["requested_generation"] == 1
-    assert error_code(wrong_generation) == "workspace_runtime_lease_superseded"
+    error = assert_error(stale, 409, "workspace_runtime_lease_superseded")
+    assert error["details"]["current_generation"] == 2
+    assert error["details"]["requested_generation"] == 1
+    assert_error(wrong_generation, 409, "workspace_runtime_lease_superseded")
     assert current.status_code == 201
     assert list(WorkspaceOperation.objects.values_list("lease_generation", flat=True)) == [2]
     # The refusals rolled back but left their own audit rows.
@@ -392,7 +382,7 @@ def test_write_after_release_and_recreate_with_old_generation_is_rejected(agent_
     assert post(agent_client, workspace.pk, {"action": "start"}).json()["lease"]["generation"] == 2
     # Same owner key, but the generation it fenced with is gone for good.
     response = operation(agent_client, workspace.pk, generation=1)
-    assert error_code(response) == "workspace_runtime_lease_superseded"
+    assert_error(response, 409, "workspace_runtime_lease_superseded")
 
 
 @pytest.mark.parametrize(
@@ -408,8 +398,7 @@ def test_write_after_release_and_recreate_with_old_generation_is_rejected(agent_
 def test_malformed_operation_is_400(agent_client, workspace, body):
     post(agent_client, workspace.pk, {"action": "start"})
     response = post(agent_client, workspace.pk, {"phase": "p", **body}, "operations")
-    assert response.status_code == 400
-    assert error_code(response) == "invalid_request"
+    assert_error(response, 400, "invalid_request")
     assert WorkspaceOperation.objects.count() == 0
 
 
@@ -435,7 +424,7 @@ def test_operation_owner_ids_are_checked_like_a_claim(
     for extra, http_status, code in cases:
         response = operation(agent_client, workspace.pk, generation=1, **extra)
         assert response.status_code == http_status, (extra, response.json())
-        assert error_code(response) == code
+        assert_error(response, http_status, code)
     assert WorkspaceOperation.objects.count() == 0
     # Refused before the fence is consulted: not recorded as a superseded write either.
     assert not ActivityEvent.objects.filter(
@@ -461,8 +450,7 @@ def test_operation_unauthenticated_is_401(client, workspace):
         {"generation": 1, "phase": "p", "status": "running"},
         content_type="application/json",
     )
-    assert response.status_code == 401
-    assert error_code(response) == "not_authenticated"
+    assert_error(response, 401, "not_authenticated")
 
 
 def test_operation_on_foreign_workspace_is_404(agent_client, other_company):

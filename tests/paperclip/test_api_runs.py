@@ -16,6 +16,7 @@ from paperclip.models import (
     Issue,
     NativeRunFinalization,
 )
+from tests.helpers import assert_error
 from tests.paperclip.factories import (
     AgentFactory,
     ExecutionWorkspaceFactory,
@@ -25,7 +26,7 @@ from tests.paperclip.factories import (
     NativeRunFinalizationFactory,
     NativeRunResultFactory,
 )
-from tests.paperclip.helpers import assert_error, audit_count
+from tests.paperclip.helpers import audit_count
 
 pytestmark = pytest.mark.django_db
 

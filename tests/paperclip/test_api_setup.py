@@ -18,8 +18,9 @@ from paperclip.models import (
     ExecutionWorkspace,
     Issue,
 )
+from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
-from tests.paperclip.helpers import assert_error, audit_count
+from tests.paperclip.helpers import audit_count
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ from rest_framework.test import APIClient
 
 from paperclip.credentials import agent_key_create, agent_key_revoke, board_token_create
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
+from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, UserFactory
-from tests.paperclip.helpers import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from rest_framework.test import APIClient, APIRequestFactory
 from paperclip.api.auth import AgentKeyAuthentication, BoardTokenAuthentication
 from paperclip.credentials import agent_key_create, agent_key_revoke, board_token_create
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
+from tests.helpers import assert_error
 from tests.paperclip.factories import UserFactory
-from tests.paperclip.helpers import assert_error
 
 pytestmark = pytest.mark.django_db
 

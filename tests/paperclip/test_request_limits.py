@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
+from tests.helpers import assert_error
+
 pytestmark = pytest.mark.django_db
 
 
@@ -13,9 +15,8 @@ def test_oversized_body_is_413_json(agent_client) -> None:
     response = agent_client.post(
         "/api/heartbeat-runs", {"runtime_mode": "legacy", "pad": "x" * 4096}, format="json"
     )
-    assert response.status_code == 413
-    assert response.json()["error"]["code"] == "request_too_large"
-    assert response.json()["error"]["details"] == {"max_bytes": 1024}
+    error = assert_error(response, 413, "request_too_large")
+    assert error["details"] == {"max_bytes": 1024}
 
 
 def test_default_limit_admits_a_full_checkpoint_write(settings) -> None:

@@ -45,6 +45,15 @@ class RecoveryActionFactory(factory.django.DjangoModelFactory):
     fingerprint = factory.Sequence(lambda n: f"fp-{n}")
     next_action = "do something"
 
+    class Params:
+        # A board-owned export-failure action: what a native workspace recovery source hangs off.
+        workspace_source = factory.Trait(
+            kind=IssueRecoveryAction.Kind.WORKSPACE_VALIDATION,
+            owner_type=IssueRecoveryAction.OwnerType.BOARD,
+            cause="native_workspace_sync_out_retry_exhausted",
+            next_action="Inspect the recorded workspace source.",
+        )
+
 
 @dataclass
 class Binding:

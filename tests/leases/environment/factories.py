@@ -22,13 +22,12 @@ from tests.paperclip.factories import (
     CompanyFactory,
     EnvironmentFactory,
     ExecutionWorkspaceFactory,
-    IssueFactory,
     NativeRunFactory,
 )
+from tests.recovery.factories import RecoveryActionFactory
 
 PLUGIN = "plugin-daytona"
 PROVIDER = "daytona"
-EXPORT_CAUSE = "native_workspace_sync_out_retry_exhausted"
 HEX_A, HEX_B, HEX_C = "a" * 64, "b" * 64, "c" * 64
 
 
@@ -43,20 +42,6 @@ class EnvironmentLeaseFactory(factory.django.DjangoModelFactory):
     provider = PROVIDER
     provider_lease_id = factory.Sequence(lambda n: f"sbx-{n}")
     metadata = factory.LazyFunction(lambda: {"pluginId": PLUGIN, "remoteCwd": "/workspace"})
-
-
-class RecoveryActionFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = IssueRecoveryAction
-
-    company = factory.SelfAttribute("source_issue.company")
-    source_issue = factory.SubFactory(IssueFactory)
-    kind = IssueRecoveryAction.Kind.WORKSPACE_VALIDATION
-    owner_type = IssueRecoveryAction.OwnerType.BOARD
-    cause = EXPORT_CAUSE
-    fingerprint = factory.Sequence(lambda n: f"fp-{n}")
-    next_action = "Inspect the recorded workspace source."
-    evidence = factory.LazyFunction(dict)
 
 
 def sync_reference(
@@ -158,5 +143,7 @@ def build_scenario(*, company: Company | None = None) -> Scenario:
     set_meta(lease, nativeWorkspaceExportResume=export_marker(lease))
     run.runner_profile_json = {"nativeWorkspaceSync": sync_reference(lease, workspace.pk)}
     run.save(update_fields=["runner_profile_json"])
-    action = RecoveryActionFactory(source_issue=issue, evidence={"runId": str(run.pk)})
+    action = RecoveryActionFactory(
+        workspace_source=True, source_issue=issue, evidence={"runId": str(run.pk)}
+    )
     return Scenario(company, issue, agent, workspace, environment, run, lease, action)

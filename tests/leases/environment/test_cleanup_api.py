@@ -19,6 +19,7 @@ from leases.models import EnvironmentLease
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.clock import db_now
 from paperclip.models import ActivityEvent, Agent, Company
+from tests.helpers import assert_error
 from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
 from tests.paperclip.factories import AgentFactory, NativeRunFactory
 
@@ -93,8 +94,7 @@ def test_claim_then_stop_receipt_settles_the_export_lease(
     }  # fmt: skip
 
     again = agent_client.post(claim_url(lease.pk))
-    assert again.status_code == 409
-    assert again.json()["error"]["code"] == "cleanup_in_flight"
+    assert_error(again, 409, "cleanup_in_flight")
 
     settled = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
     assert settled.status_code == 200, settled.json()
@@ -104,8 +104,7 @@ def test_claim_then_stop_receipt_settles_the_export_lease(
     assert data["metadata"]["remoteExecutionTermination"]["state"] == "stopped"
 
     duplicate = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
-    assert duplicate.status_code == 409
-    assert duplicate.json()["error"]["code"] == "cleanup_attempt_stale"
+    assert_error(duplicate, 409, "cleanup_attempt_stale")
     actions = list(
         ActivityEvent.objects.filter(entity_id=str(lease.pk))
         .order_by("created_at")
@@ -139,9 +138,8 @@ def test_stale_and_foreign_receipts_change_nothing(
     body = receipt(attempt, lease)
     mutate(body)
     response = agent_client.post(receipt_url(lease.pk), body, format="json")
-    assert response.status_code == 409
-    error = response.json()["error"]
-    assert (error["code"], error["details"]["reason"]) == ("cleanup_attempt_stale", reason)
+    error = assert_error(response, 409, "cleanup_attempt_stale")
+    assert error["details"]["reason"] == reason
     after = EnvironmentLease.objects.get(pk=lease.pk)
     assert (after.metadata, after.status, after.updated_at) == (
         before.metadata,
@@ -224,12 +222,12 @@ def test_claim_refuses_a_lease_without_pending_cleanup(
 ) -> None:
     lease = EnvironmentLeaseFactory(company=company, status="active")
     response = agent_client.post(claim_url(lease.pk))
-    assert response.status_code == 409
-    assert response.json()["error"] == {
+    error = assert_error(response, 409, "cleanup_not_pending")
+    assert error == {
         "code": "cleanup_not_pending",
-        "message": response.json()["error"]["message"],
+        "message": error["message"],
         "details": {"status": "active"},
-        "remediation": response.json()["error"]["remediation"],
+        "remediation": error["remediation"],
     }
 
 
@@ -239,8 +237,7 @@ def test_claim_refuses_an_unbound_stop_only_intent(
     lease = pending_lease(company)
     set_meta(lease, pluginId="another-plugin")
     response = agent_client.post(claim_url(lease.pk))
-    assert response.status_code == 422
-    assert response.json()["error"]["code"] == "cleanup_intent_invalid"
+    assert_error(response, 422, "cleanup_intent_invalid")
     assert "pendingCleanupInFlight" not in EnvironmentLease.objects.get(pk=lease.pk).metadata
 
 
@@ -261,9 +258,10 @@ def test_scoping_and_permissions(
         agent_client.post(claim_url("not-a-uuid")),
     ]
     # Another company's lease, a missing one and a malformed id look exactly alike (CONTRACT).
-    assert {(r.status_code, r.json()["error"]["code"]) for r in hidden} == {(404, "not_found")}
+    for response in hidden:
+        assert_error(response, 404, "not_found")
     board = make_board_client(company)
-    assert board.post(claim_url(lease.pk)).json()["error"]["code"] == "permission_denied"
+    assert_error(board.post(claim_url(lease.pk)), 403, "permission_denied")
     assert APIClient().post(claim_url(lease.pk)).status_code == 401
     bad = agent_client.post(
         receipt_url(lease.pk), {"attempt_id": "x", "receipt": {"state": "gone"}}, format="json"
@@ -364,8 +362,7 @@ def test_a_held_row_lock_answers_resource_busy_and_changes_nothing(
         holder.execute("SELECT 1 FROM environment_leases WHERE id = %s FOR UPDATE", [lease.pk])
         response = client.post(claim_url(lease.pk))
         holder.rollback()
-    assert response.status_code == 409
-    assert response.json()["error"]["code"] == "resource_busy"
+    assert_error(response, 409, "resource_busy")
     assert "pendingCleanupInFlight" not in EnvironmentLease.objects.get(pk=lease.pk).metadata
     assert not ActivityEvent.objects.filter(entity_type="environment_lease").exists()
 

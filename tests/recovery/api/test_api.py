@@ -15,6 +15,7 @@ from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
 from recovery.adapters.platform import worker_stop_signature
 from recovery.models import IssueRecoveryAction
 from recovery.services import Acquired, with_finalization_ownership
+from tests.helpers import assert_error
 from tests.recovery.factories import make_binding, receipt_for
 
 RESULT = {"result": {"summary": "done"}, "terminal": {"run_terminal_state": "succeeded"}}
@@ -58,8 +59,7 @@ def test_result_input_errors_and_other_agents(make_agent_client: Any) -> None:
     bad = make_agent_client(b.agent).post(
         url, {"result": {}, "terminal": {"run_terminal_state": "exploded"}}, format="json"
     )
-    assert bad.status_code == 400
-    assert bad.json()["error"]["code"] == "invalid_request"
+    assert_error(bad, 400, "invalid_request")
     from tests.paperclip.factories import AgentFactory
 
     sibling = make_agent_client(AgentFactory(company=b.company))
@@ -129,8 +129,7 @@ def test_owner_stop_endpoint_is_board_only_and_validates(
     short = board.post(url, {**body, "stop_evidence": " a b c "}, format="json")
     assert short.status_code == 400
     stale = board.post(url, body, format="json")
-    assert stale.status_code == 409
-    assert stale.json()["error"]["code"] == "workspace_owner_recovery_stale"
+    assert_error(stale, 409, "workspace_owner_recovery_stale")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -142,9 +141,8 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
     agent = make_agent_client(b.agent)
 
     held = agent.post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    assert held.status_code == 409
-    assert held.json()["error"]["code"] == "finalization_not_acquired"
-    assert held.json()["error"]["details"]["reason"] == "owner_unverified"
+    error = assert_error(held, 409, "finalization_not_acquired")
+    assert error["details"]["reason"] == "owner_unverified"
     board = make_board_client(b.company)
     [action] = board.get(f"/api/issues/{b.issue.pk}/recovery-actions").json()["results"]
     assert action["evidence"]["owner"] == prior

@@ -31,9 +31,9 @@ from recovery.selectors.source import (
     recovery_source_owned_lease,
     retired_reusable_lease_predecessors,
 )
+from tests.helpers import assert_error
 from tests.leases.environment.factories import (
     EnvironmentLeaseFactory,
-    RecoveryActionFactory,
     Scenario,
     build_scenario,
     set_meta,
@@ -48,6 +48,7 @@ from tests.paperclip.factories import (
     NativeRunFinalizationFactory,
     NativeRunResultFactory,
 )
+from tests.recovery.factories import RecoveryActionFactory
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -743,7 +744,9 @@ def test_explicit_fresh_isolated_continuation_is_not_a_writer(
         },
     }
     if on_other_issue:
-        RecoveryActionFactory(source_issue=IssueFactory(company=s.company), evidence=evidence)
+        RecoveryActionFactory(
+            workspace_source=True, source_issue=IssueFactory(company=s.company), evidence=evidence
+        )
     else:
         save(s.action, evidence=evidence)
     if blocked:
@@ -1226,9 +1229,8 @@ def test_board_endpoint_failures(
     s = build_scenario(company=company)
     mutate(s)
     response = board_client.get(url(s, s.run.pk))
-    assert response.status_code == status
-    error = response.json()["error"]
-    assert (error["code"], error["details"]) == (code, details)
+    error = assert_error(response, status, code)
+    assert error["details"] == details
     assert error["message"]
 
 
@@ -1249,11 +1251,9 @@ def test_board_endpoint_scoping_and_validation(
         assert response.status_code == 400
         assert "run_id" in response.json()["error"]["details"]["fields"]
     assert board_client.get(url(s, s.run.pk, action_id="nope")).status_code == 404
-    missing = board_client.get(url(s, s.run.pk, action_id=uuid.uuid4())).json()["error"]
-    assert (missing["code"], missing["details"]["reason"]) == (
-        "source_binding_invalid",
-        "recovery_action_missing",
-    )
+    missing = board_client.get(url(s, s.run.pk, action_id=uuid.uuid4()))
+    error = assert_error(missing, 422, "source_binding_invalid")
+    assert error["details"]["reason"] == "recovery_action_missing"
 
 
 @pytest.mark.django_db(transaction=True)

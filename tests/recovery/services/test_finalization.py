@@ -25,6 +25,7 @@ from recovery.adapters.copyback import CopybackReport
 from recovery.errors import FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key
 from recovery.services import Acquired, run_finalize
+from tests.helpers import assert_error
 from tests.recovery.factories import Binding, make_binding
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,9 +165,7 @@ def test_finalize_endpoint_answers_409_when_ownership_is_lost_mid_copy(
 ) -> None:
     b = make_binding(tmp_path=tmp_path)
     res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    assert res.status_code == 409, res.content
-    error = res.json()["error"]
-    assert error["code"] == "finalization_ownership_lost"
+    error = assert_error(res, 409, "finalization_ownership_lost")
     assert error["details"] == {"reason": "lock_connection_lost", "run_id": str(b.run.pk)}
     b.refresh()
     assert (b.coordinator.phase, b.run.status) == ("workspace_finalizing", "running")

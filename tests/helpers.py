@@ -1,0 +1,18 @@
+"""Assertions shared by every test package."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
+    """The response is the one error shape with this status and code; returns the error."""
+    assert response.status_code == status, (response.status_code, response.content)
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert error["code"] == code
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    assert isinstance(error["details"], dict)
+    return error
