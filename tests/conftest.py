@@ -1,4 +1,5 @@
-"""Shared fixtures: API clients authenticated as an agent or a board member."""
+"""Shared fixtures: API clients authenticated as an agent or a board member, and an admin
+client logged in as a superuser."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from paperclip.credentials import agent_key_create, board_token_create
@@ -67,3 +69,11 @@ def agent_client(agent: Agent, make_agent_client: Callable[[Agent], APIClient]) 
 @pytest.fixture
 def board_client(company: Company, make_board_client: Callable[..., APIClient]) -> APIClient:
     return make_board_client(company)
+
+
+@pytest.fixture
+def superuser_client() -> Client:
+    """A Django test client logged in as a superuser (for admin pages)."""
+    client = Client()
+    client.force_login(UserFactory(is_superuser=True))
+    return client

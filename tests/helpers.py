@@ -1,8 +1,12 @@
-"""Assertions shared by every test package."""
+"""Assertions and helpers shared by every test package."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import psycopg
+
+from paperclip.db.advisory import connection_params
 
 
 def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
@@ -16,3 +20,12 @@ def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
     assert error["message"]
     assert isinstance(error["details"], dict)
     return error
+
+
+def raw_connection(*, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A psycopg connection to the test database outside the application (an observer, a
+    lock holder, a second backend)."""
+    params = connection_params()
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    return psycopg.connect(**params, autocommit=autocommit)

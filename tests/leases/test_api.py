@@ -36,11 +36,6 @@ LEASE_KEYS = {
 }
 
 
-@pytest.fixture
-def workspace(company):
-    return ExecutionWorkspaceFactory(company=company)
-
-
 def url(workspace_id, suffix="runtime-lease/claim"):
     return f"/api/execution-workspaces/{workspace_id}/{suffix}"
 

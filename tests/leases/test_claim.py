@@ -33,11 +33,6 @@ from tests.paperclip.factories import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def workspace(company):
-    return ExecutionWorkspaceFactory(company=company)
-
-
 def actions(workspace: ExecutionWorkspace) -> list[str]:
     return list(
         ActivityEvent.objects.filter(entity_id=str(workspace.pk))

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.db import connection
 
@@ -22,10 +21,10 @@ from leases import services
 from leases.errors import RuntimeLeaseConflict, RuntimeLeaseContended
 from leases.models import WorkspaceRuntimeLease
 from leases.services import RuntimeLeaseOwner, workspace_operation_create_fenced
-from paperclip.db.advisory import connection_params
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 from paperclip.testing.processes import database_url
+from tests.helpers import raw_connection
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
 
@@ -167,7 +166,7 @@ def wait_for_lock_waiters(count: int = 1, *, until: Callable[[], bool] | None = 
     `until`, give up (returning False) as soon as it is true: the would-be waiter finished
     without waiting."""
     deadline = time.monotonic() + TIMEOUT
-    with psycopg.connect(**_params(), autocommit=True) as observer:
+    with raw_connection() as observer:
         while time.monotonic() < deadline:
             waiting = observer.execute(
                 "SELECT count(*) FROM pg_stat_activity"
@@ -181,20 +180,13 @@ def wait_for_lock_waiters(count: int = 1, *, until: Callable[[], bool] | None = 
     raise AssertionError("no backend started waiting for the lock")
 
 
-def _params():
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    return params
-
-
 def test_a_release_between_insert_conflict_and_row_lock_is_contended():
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
     claim(workspace, AgentFactory(company=company))
     rival = AgentFactory(company=company)
 
-    with psycopg.connect(**_params()) as holder:
+    with raw_connection(autocommit=False) as holder:
         # The holder locks the row (as a release in progress would), so the rival's insert
         # sees a committed row and conflicts, then waits for the row lock.
         holder.execute(
@@ -236,7 +228,7 @@ def test_a_renew_committed_while_a_reclaim_waits_turns_the_reclaim_into_a_confli
     expire(workspace)
     rival = AgentFactory(company=company)
 
-    with psycopg.connect(**_params()) as renewer:
+    with raw_connection(autocommit=False) as renewer:
         # The holder's renew in flight: the row is locked, the expiry not yet moved.
         renewer.execute(
             "SELECT 1 FROM execution_workspace_runtime_leases"
@@ -276,7 +268,7 @@ def test_a_held_row_lock_turns_into_resource_busy_not_a_hang(monkeypatch):
     agent = AgentFactory(company=company)
     claim(workspace, agent)
 
-    with psycopg.connect(**_params()) as holder:
+    with raw_connection(autocommit=False) as holder:
         holder.execute(
             "SELECT 1 FROM execution_workspace_runtime_leases"
             " WHERE execution_workspace_id = %s FOR UPDATE",

@@ -36,13 +36,6 @@ CORE_MODELS = [m for m in admin.site._registry if m._meta.app_label == "papercli
 
 
 @pytest.fixture
-def superuser_client() -> Client:
-    client = Client()
-    client.force_login(UserFactory(is_superuser=True))
-    return client
-
-
-@pytest.fixture
 def populated() -> None:
     company = CompanyFactory()
     agent = AgentFactory(company=company)

@@ -12,19 +12,14 @@ from paperclip.credentials import agent_key_create, agent_key_revoke, board_toke
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, UserFactory
+from tests.paperclip.helpers import bearer_client
 
 pytestmark = pytest.mark.django_db
 
 
-def _client(secret: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    return client
-
-
 def test_valid_agent_key_authenticates_as_the_agent(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
-    response = _client(issued.secret).get("/api/me")
+    response = bearer_client(issued.secret).get("/api/me")
     assert response.status_code == 200
     assert response.json() == {
         "actor_type": "agent",
@@ -45,7 +40,7 @@ def test_agent_key_is_stored_as_prefix_and_hash_only(agent: Agent) -> None:
 def test_valid_board_token_authenticates_a_member(company) -> None:
     user = UserFactory()
     user.board_memberships.create(company=company)
-    response = _client(board_token_create(user=user).secret).get("/api/me")
+    response = bearer_client(board_token_create(user=user).secret).get("/api/me")
     assert response.status_code == 200
     body = response.json()
     assert body["actor_type"] == "board"
@@ -55,7 +50,7 @@ def test_valid_board_token_authenticates_a_member(company) -> None:
 
 def test_superuser_board_sees_every_company(company, other_company) -> None:
     user = UserFactory(is_superuser=True)
-    response = _client(board_token_create(user=user).secret).get("/api/me")
+    response = bearer_client(board_token_create(user=user).secret).get("/api/me")
     assert set(response.json()["company_ids"]) == {str(company.pk), str(other_company.pk)}
 
 
@@ -74,14 +69,14 @@ def test_non_staff_user_is_forbidden(company) -> None:
     client = APIClient()
     client.force_login(user)
     assert_error(client.get("/api/me"), 403, "permission_denied")
-    token_client = _client(board_token_create(user=user).secret)
+    token_client = bearer_client(board_token_create(user=user).secret)
     assert_error(token_client.get("/api/me"), 403, "permission_denied")
 
 
 def test_inactive_board_user_is_rejected() -> None:
     user = UserFactory(is_active=False)
     assert_error(
-        _client(board_token_create(user=user).secret).get("/api/me"), 401, "not_authenticated"
+        bearer_client(board_token_create(user=user).secret).get("/api/me"), 401, "not_authenticated"
     )
 
 
@@ -93,7 +88,7 @@ def test_no_credentials_is_401_with_challenge() -> None:
 
 def test_revoked_agent_key_is_rejected(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
-    client = _client(issued.secret)
+    client = bearer_client(issued.secret)
     assert client.get("/api/me").status_code == 200
     agent_key_revoke(key_id=issued.id, actor_type="system", actor_id="test")
     assert_error(client.get("/api/me"), 401, "not_authenticated")
@@ -102,7 +97,7 @@ def test_revoked_agent_key_is_rejected(agent: Agent) -> None:
 def test_terminated_agent_is_rejected(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
     Agent.objects.filter(pk=agent.pk).update(status=Agent.Status.TERMINATED)
-    assert_error(_client(issued.secret).get("/api/me"), 401, "not_authenticated")
+    assert_error(bearer_client(issued.secret).get("/api/me"), 401, "not_authenticated")
 
 
 @pytest.mark.parametrize(
@@ -133,34 +128,36 @@ def test_malformed_or_foreign_credentials_are_401(header: str) -> None:
 def test_unknown_prefix_and_wrong_secret_are_401(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
     prefix, secret = issued.secret.removeprefix("pcak_").split(".", 1)
-    assert_error(_client(f"pcak_{'0' * 12}.{secret}").get("/api/me"), 401, "not_authenticated")
-    assert_error(_client(f"pcak_{prefix}.{secret}x").get("/api/me"), 401, "not_authenticated")
+    assert_error(
+        bearer_client(f"pcak_{'0' * 12}.{secret}").get("/api/me"), 401, "not_authenticated"
+    )
+    assert_error(bearer_client(f"pcak_{prefix}.{secret}x").get("/api/me"), 401, "not_authenticated")
 
 
 def test_agent_key_presented_as_board_token_is_rejected(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
     as_board = "pcbt_" + issued.secret.removeprefix("pcak_")
-    assert_error(_client(as_board).get("/api/me"), 401, "not_authenticated")
+    assert_error(bearer_client(as_board).get("/api/me"), 401, "not_authenticated")
 
 
 def test_last_used_at_is_recorded(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
     assert AgentApiKey.objects.get(pk=issued.id).last_used_at is None
-    _client(issued.secret).get("/api/me")
+    bearer_client(issued.secret).get("/api/me")
     first = AgentApiKey.objects.get(pk=issued.id).last_used_at
     assert first is not None
     # Within the resolution window it is not rewritten; after it, it is.
-    _client(issued.secret).get("/api/me")
+    bearer_client(issued.secret).get("/api/me")
     assert AgentApiKey.objects.get(pk=issued.id).last_used_at == first
     AgentApiKey.objects.filter(pk=issued.id).update(last_used_at=first - timedelta(minutes=5))
-    _client(issued.secret).get("/api/me")
+    bearer_client(issued.secret).get("/api/me")
     assert AgentApiKey.objects.get(pk=issued.id).last_used_at > first - timedelta(minutes=5)
 
 
 def test_board_token_last_used_at_is_recorded() -> None:
     user = UserFactory()
     issued = board_token_create(user=user)
-    _client(issued.secret).get("/api/me")
+    bearer_client(issued.secret).get("/api/me")
     used = BoardApiToken.objects.get(pk=issued.id).last_used_at
     assert used is not None
     assert used <= timezone.now() + timedelta(seconds=5)
@@ -175,5 +172,5 @@ def test_agent_calling_a_board_endpoint_is_403(agent_client: APIClient, company)
 
 def test_agent_key_of_one_agent_does_not_act_for_another(company) -> None:
     a, b = AgentFactory(company=company), AgentFactory(company=company)
-    body = _client(agent_key_create(agent_id=a.pk).secret).get("/api/me").json()
+    body = bearer_client(agent_key_create(agent_id=a.pk).secret).get("/api/me").json()
     assert body["agent_id"] == str(a.pk) != str(b.pk)

@@ -9,25 +9,20 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from rest_framework.exceptions import AuthenticationFailed
-from rest_framework.test import APIClient, APIRequestFactory
+from rest_framework.test import APIRequestFactory
 
 from paperclip.api.auth import AgentKeyAuthentication, BoardTokenAuthentication
 from paperclip.credentials import agent_key_create, agent_key_revoke, board_token_create
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 from tests.helpers import assert_error
 from tests.paperclip.factories import UserFactory
+from tests.paperclip.helpers import bearer_client
 
 pytestmark = pytest.mark.django_db
 
 
 def _request(secret: str):
     return APIRequestFactory().get("/api/me", HTTP_AUTHORIZATION=f"Bearer {secret}")
-
-
-def _client(secret: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    return client
 
 
 def _values(instance) -> dict:
@@ -61,7 +56,7 @@ def test_board_token_loads_token_and_user_as_the_orm_would() -> None:
 
 def test_authentication_is_one_statement_plus_the_refresh_when_due(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
-    client = _client(issued.secret)
+    client = bearer_client(issued.secret)
     for expected in (2, 1, 1):  # the first use writes last_used_at; the next ones only read
         with CaptureQueriesContext(connection) as queries:
             assert client.get("/api/me").status_code == 200
@@ -77,13 +72,13 @@ def test_authentication_is_one_statement_plus_the_refresh_when_due(agent: Agent)
 def test_wrong_secret_does_not_touch_last_used_at(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
     prefix = issued.secret.removeprefix("pcak_").split(".", 1)[0]
-    assert_error(_client(f"pcak_{prefix}.wrong").get("/api/me"), 401, "not_authenticated")
+    assert_error(bearer_client(f"pcak_{prefix}.wrong").get("/api/me"), 401, "not_authenticated")
     assert AgentApiKey.objects.get(pk=issued.id).last_used_at is None
 
 
 def test_revoked_key_is_refused_on_the_next_request_and_not_bumped(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
-    client = _client(issued.secret)
+    client = bearer_client(issued.secret)
     assert client.get("/api/me").status_code == 200
     agent_key_revoke(key_id=issued.id, actor_type="system", actor_id="test")
     stale = AgentApiKey.objects.get(pk=issued.id).last_used_at - timedelta(minutes=5)
@@ -94,7 +89,7 @@ def test_revoked_key_is_refused_on_the_next_request_and_not_bumped(agent: Agent)
 
 def test_last_used_at_is_refreshed_only_after_the_resolution(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
-    client = _client(issued.secret)
+    client = bearer_client(issued.secret)
     client.get("/api/me")
     first = AgentApiKey.objects.get(pk=issued.id).last_used_at
     recent = first - timedelta(seconds=50)
@@ -126,7 +121,7 @@ def _prepared_statements() -> list[str]:
 
 def test_the_lookup_is_prepared_once_per_session_and_reused(agent: Agent) -> None:
     issued = agent_key_create(agent_id=agent.pk)
-    client = _client(issued.secret)
+    client = bearer_client(issued.secret)
     for _ in range(3):
         assert client.get("/api/me").status_code == 200
     lookups = [s for s in _prepared_statements() if '"agent_api_keys"' in s]
@@ -139,7 +134,7 @@ def test_the_lookup_is_prepared_once_per_session_and_reused(agent: Agent) -> Non
 def test_the_lookup_survives_a_rolled_back_savepoint(agent: Agent) -> None:
     """psycopg forgets its prepared statements after a rollback; the next lookup re-prepares."""
     issued = agent_key_create(agent_id=agent.pk)
-    client = _client(issued.secret)
+    client = bearer_client(issued.secret)
     assert client.get("/api/me").status_code == 200
     sid = transaction.savepoint_create()
     Agent.objects.filter(pk=agent.pk).update(name="renamed")

@@ -20,6 +20,7 @@ from paperclip.models import (
     NativeRunFinalization,
 )
 from tests.paperclip.factories import AgentFactory, UserFactory
+from tests.paperclip.helpers import bearer_client
 
 pytestmark = pytest.mark.django_db
 
@@ -31,9 +32,7 @@ def _run(*args: str) -> list[str]:
 
 
 def _me(secret: str) -> dict:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-    response = client.get("/api/me")
+    response = bearer_client(secret).get("/api/me")
     assert response.status_code == 200, response.content
     return response.json()
 
@@ -126,9 +125,7 @@ def test_seed_demo_is_idempotent_and_prints_working_credentials() -> None:
     agent_ids = {_me(key)["agent_id"] for key in new_keys}
     assert agent_ids == {str(pk) for pk in Agent.objects.values_list("pk", flat=True)}
     for key in old_keys:  # superseded by the fresh ones
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
-        assert client.get("/api/me").status_code == 401
+        assert bearer_client(key).get("/api/me").status_code == 401
 
     client = APIClient()
     assert client.login(username="demo-board", password=_printed_password(second))

@@ -24,16 +24,11 @@ from leases.services import (
 )
 from paperclip.models import Issue
 from tests.leases.factories import claim
-from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
+from tests.paperclip.factories import AgentFactory, IssueFactory
 
 pytestmark = pytest.mark.django_db
 
 ISSUE = str(uuid.uuid4())
-
-
-@pytest.fixture
-def workspace(company):
-    return ExecutionWorkspaceFactory(company=company)
 
 
 def url(workspace):

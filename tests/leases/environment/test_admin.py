@@ -27,12 +27,6 @@ LEASES = "/admin/leases/environmentlease/"
 ENVIRONMENTS = "/admin/paperclip/environment/"
 
 
-def superuser_client() -> Client:
-    client = Client()
-    client.force_login(UserFactory(is_superuser=True))
-    return client
-
-
 def test_admin_autodiscovery_registers_the_environment_admins() -> None:
     """No test imports leases.environment.admin by hand: a fresh process must find both admins
     through `leases/admin.py` alone."""
@@ -53,10 +47,10 @@ def test_admin_autodiscovery_registers_the_environment_admins() -> None:
 
 
 @pytest.mark.django_db
-def test_environment_lease_admin_is_read_only(company: Company) -> None:
+def test_environment_lease_admin_is_read_only(company: Company, superuser_client: Client) -> None:
     lease = EnvironmentLeaseFactory(company=company, status="pending_cleanup")
     set_meta(lease, nativeWorkspaceExportResume=export_marker(lease, leaseId="elsewhere"))
-    client = superuser_client()
+    client = superuser_client
     listing = client.get(LEASES)
     assert listing.status_code == 200
     assert lease.provider_lease_id.encode() in listing.content
@@ -98,8 +92,10 @@ def test_staff_member_sees_only_their_companies_leases_and_environments(
 
 
 @pytest.mark.django_db
-def test_environment_admin_saves_write_an_audit_row(company: Company) -> None:
-    client = superuser_client()
+def test_environment_admin_saves_write_an_audit_row(
+    company: Company, superuser_client: Client
+) -> None:
+    client = superuser_client
     response = client.post(
         f"{ENVIRONMENTS}add/",
         {
@@ -118,9 +114,9 @@ def test_environment_admin_saves_write_an_audit_row(company: Company) -> None:
 
 
 @pytest.mark.django_db
-def test_recovery_action_admin_page_shows_the_inspection_panel() -> None:
+def test_recovery_action_admin_page_shows_the_inspection_panel(superuser_client: Client) -> None:
     s = build_scenario()
-    client = superuser_client()
+    client = superuser_client
     page = f"/admin/recovery/issuerecoveryaction/{s.action.pk}/change/"
     response = client.get(page)
     assert response.status_code == 200
@@ -137,7 +133,9 @@ def test_recovery_action_admin_page_shows_the_inspection_panel() -> None:
 
 
 @pytest.mark.django_db
-def test_environment_without_company_is_superuser_only(company: Company) -> None:
+def test_environment_without_company_is_superuser_only(
+    company: Company, superuser_client: Client
+) -> None:
     shared = EnvironmentFactory(company=None, name="instance-wide")
     user = UserFactory()
     BoardMembership.objects.create(user=user, company=CompanyFactory())
@@ -145,5 +143,5 @@ def test_environment_without_company_is_superuser_only(company: Company) -> None
     client = Client()
     client.force_login(user)
     assert b"instance-wide" not in client.get(ENVIRONMENTS).content
-    assert b"instance-wide" in superuser_client().get(ENVIRONMENTS).content
+    assert b"instance-wide" in superuser_client.get(ENVIRONMENTS).content
     assert shared.pk

@@ -12,32 +12,23 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import psycopg
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunFinalization, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY
 from recovery.adapters.copyback import CopybackReport
 from recovery.errors import FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key
 from recovery.services import Acquired, run_finalize
-from tests.helpers import assert_error
+from tests.helpers import assert_error, raw_connection
 from tests.recovery.factories import Binding, make_binding
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKENDS = "tests.recovery.services.test_finalization"
-
-
-def _raw() -> psycopg.Connection[Any]:
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    return psycopg.connect(**params, autocommit=True)
 
 
 class TerminatingCopyback:
@@ -46,7 +37,7 @@ class TerminatingCopyback:
     def copy_back(
         self, *, run_id: UUID, source: str, destination: str, check: Callable[[], None]
     ) -> CopybackReport:
-        with _raw() as admin:
+        with raw_connection() as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE application_name = 'paperclip-finalization-lock' "
@@ -78,7 +69,7 @@ def test_reconcile_skips_a_busy_owner_without_spending_a_retry_and_reports_progr
     busy = make_binding()
     ready = make_binding(tmp_path=tmp_path)
     out = StringIO()
-    with _raw() as other:
+    with raw_connection() as other:
         other.execute(
             "SELECT pg_advisory_lock(hashtextextended(%s, 0))",
             [finalization_lock_key(busy.company.pk, busy.run.pk)],

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 import pytest
 
 from paperclip.access import board_actor
-from paperclip.db.advisory import connection_params
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun
 from paperclip.receipts import OWNER_KEY
@@ -22,6 +20,7 @@ from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from tests.helpers import raw_connection
 from tests.paperclip.factories import (
     CompanyFactory,
     HeartbeatRunFactory,
@@ -188,10 +187,7 @@ def test_live_local_controller_is_refused() -> None:
 
 def test_held_lock_is_refused() -> None:
     b, action, receipt, actor = held_binding()
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    with psycopg.connect(**params, autocommit=True) as other:
+    with raw_connection() as other:
         other.execute(
             "SELECT pg_advisory_lock(hashtextextended(%s, 0))",
             [finalization_lock_key(b.company.pk, b.run.pk)],

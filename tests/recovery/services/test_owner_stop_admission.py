@@ -9,12 +9,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult
 from paperclip.receipts import OWNER_KEY
 from recovery.errors import WorkspaceCopybackActive, WorkspaceOwnerRecoveryStale
 from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
+from tests.helpers import raw_connection
 from tests.paperclip.factories import AgentFactory, NativeRunFactory
 from tests.recovery.factories import Binding
 from tests.recovery.services.test_owner_stop import confirm, held_binding
@@ -141,10 +141,7 @@ def test_the_unmutated_binding_is_admitted() -> None:
 
 
 def _hold_lock(b: Binding) -> psycopg.Connection[Any]:
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    other = psycopg.connect(**params, autocommit=True)
+    other = raw_connection()
     other.execute("SET lock_timeout = '5s'")  # fail, never hang, if someone else holds it
     other.execute(
         "SELECT pg_advisory_lock(hashtextextended(%s, 0))",

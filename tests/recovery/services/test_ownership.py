@@ -8,11 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 
-from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
@@ -26,6 +24,7 @@ from recovery.services import (
 )
 from recovery.services import ownership as ownership_module
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from tests.helpers import raw_connection
 from tests.paperclip.factories import HeartbeatRunFactory
 from tests.recovery.factories import make_binding, receipt_for
 
@@ -35,13 +34,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _profile(run: HeartbeatRun) -> dict[str, Any]:
     run.refresh_from_db()
     return dict(run.runner_profile_json or {})
-
-
-def _other_connection() -> psycopg.Connection[Any]:
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    return psycopg.connect(**params, autocommit=True)
 
 
 def test_acquires_runs_the_action_with_our_receipt_and_removes_it_afterwards() -> None:
@@ -286,7 +278,7 @@ def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner
         future = pool.submit(controller)
         assert inside.wait(timeout=10)
         receipt = _profile(b.run)[OWNER_KEY]
-        with _other_connection() as admin:
+        with raw_connection() as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", [backend["pid"]])
         # The lock is gone with its session, but the receipt still fences the run.
         second = with_finalization_ownership(

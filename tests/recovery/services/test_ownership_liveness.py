@@ -20,7 +20,6 @@ from django.db import OperationalError, connection
 from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import override_settings
 
-from paperclip.db.advisory import connection_params
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY
 from recovery.adapters.identity import current_controller_identity
@@ -44,6 +43,7 @@ from recovery.services import (
 )
 from recovery.services import ownership as ownership_module
 from recovery.services.worker_stops import worker_stop_record
+from tests.helpers import raw_connection
 from tests.paperclip.factories import NativeRunFactory
 from tests.recovery.factories import make_binding, receipt_for
 
@@ -60,16 +60,8 @@ ALL_CHANNELS = (
 )
 
 
-def _raw(*, autocommit: bool = True) -> psycopg.Connection[Any]:
-    """A connection outside the application (the test's observer)."""
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    return psycopg.connect(**params, autocommit=autocommit)
-
-
 def _advisory_locks_of(pid: int) -> int:
-    with _raw() as other:
+    with raw_connection() as other:
         row = other.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND granted",
             [pid],
@@ -81,12 +73,12 @@ def _advisory_locks_of(pid: int) -> int:
 def _database_setting(name: str, value: str) -> Iterator[None]:
     """ALTER DATABASE for the test database: every *new* session gets the setting."""
     db = connection.settings_dict["NAME"]
-    with _raw() as admin:
+    with raw_connection() as admin:
         admin.execute(f'ALTER DATABASE "{db}" SET {name} = {value}')
     try:
         yield
     finally:
-        with _raw() as admin:
+        with raw_connection() as admin:
             admin.execute(f'ALTER DATABASE "{db}" RESET {name}')
 
 
@@ -98,7 +90,7 @@ def test_keepalive_holds_the_lock_through_a_2s_action_with_a_500ms_idle_timeout(
     connection.ensure_connection()  # the application's own session predates the setting
     with _database_setting("idle_in_transaction_session_timeout", "500"):
         # Control: the server really ends an idle transaction of a new session after 500 ms.
-        with _raw(autocommit=False) as control:
+        with raw_connection(autocommit=False) as control:
             control.execute("SELECT 1")
             time.sleep(1.0)  # idle in transaction on purpose: the thing under test
             with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
@@ -106,7 +98,7 @@ def test_keepalive_holds_the_lock_through_a_2s_action_with_a_500ms_idle_timeout(
         seen: dict[str, Any] = {}
 
         def slow(own: FinalizationOwnership) -> str:
-            with _raw() as other:
+            with raw_connection() as other:
                 seen["timeout"] = other.execute(
                     "SELECT setting FROM pg_settings "
                     "WHERE name = 'idle_in_transaction_session_timeout'"
@@ -170,7 +162,7 @@ def test_progress_writes_work_while_the_application_connection_budget_is_one(
         op = WorkspaceOperation.objects.create(
             company=b.company, heartbeat_run=b.run, issue=b.issue, phase="progress"
         )
-        with _raw() as observer:  # committed, not parked inside the lock transaction
+        with raw_connection() as observer:  # committed, not parked inside the lock transaction
             row = observer.execute(
                 "SELECT count(*) FROM workspace_operations WHERE id = %s", [op.pk]
             ).fetchone()
@@ -196,7 +188,7 @@ def test_progress_writes_work_while_the_application_connection_budget_is_one(
 
 
 def _listen() -> psycopg.Connection[Any]:
-    listener = _raw()
+    listener = raw_connection()
     for channel in ALL_CHANNELS:
         listener.execute(f"LISTEN {channel}")
     return listener
@@ -259,7 +251,7 @@ def test_failed_cleanup_leaves_join_evidence_only_this_boot_can_use() -> None:
     def kill_my_application_connection(own: FinalizationOwnership) -> None:
         tokens.append(own.token)
         pid = connection.connection.info.backend_pid
-        with _raw() as admin:
+        with raw_connection() as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", [pid])
 
     # The action finished, but the final check and the receipt removal both fail: the
