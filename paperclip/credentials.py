@@ -9,12 +9,13 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
-from paperclip.errors import NotFoundError
-from paperclip.locks import agent_keys_for_update
+from paperclip.errors import NotFoundError, RuleViolationError
+from paperclip.locks import agent_keys_for_update, board_tokens_for_update, users_for_update
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 
 AGENT_KEY_KIND = "pcak"
@@ -111,7 +112,7 @@ def agent_key_revoke(*, key_id: UUID, actor_type: str, actor_id: str) -> Credent
 def board_token_revoke(*, token_id: UUID, actor_type: str, actor_id: str) -> CredentialRevocation:
     """Revoke a board token (idempotent). Locks the token row; NotFoundError if unknown."""
     with transaction.atomic(durable=True):
-        token = BoardApiToken.objects.select_for_update(no_key=True).filter(pk=token_id).first()
+        token = board_tokens_for_update().filter(pk=token_id).first()
         if token is None:
             raise NotFoundError()
         changed = token.revoked_at is None
@@ -153,3 +154,49 @@ def board_token_create(
     return IssuedCredential(
         id=token.pk, prefix=prefix, secret=f"{BOARD_TOKEN_KIND}_{prefix}.{secret}"
     )
+
+
+class BoardUserInactive(RuleViolationError):
+    code = "board_user_inactive"
+    message = "The user is inactive and cannot act as the board."
+
+
+@dataclass(frozen=True, slots=True)
+class BoardUser:
+    user: Any
+    created: bool
+    changes: dict[str, bool]  # the flags that were switched on ({} when nothing changed)
+
+
+def board_user_ensure(*, username: str, superuser: bool) -> BoardUser:
+    """The staff user `username`, created (no usable password: API only) or made staff (and
+    superuser if asked) as needed. Locks the user row; audits a creation or a change;
+    BoardUserInactive for an inactive user (nothing changed)."""
+    user_model = get_user_model()
+    with transaction.atomic(durable=True):
+        user = users_for_update().filter(**{user_model.USERNAME_FIELD: username}).first()
+        created = user is None
+        if user is None:
+            user = user_model(**{user_model.USERNAME_FIELD: username})
+            user.set_unusable_password()
+        if not user.is_active:
+            raise BoardUserInactive(username=username)
+        changes: dict[str, bool] = {}
+        if not user.is_staff:
+            changes["is_staff"] = True
+        if superuser and not user.is_superuser:
+            changes["is_superuser"] = True
+        for field, value in changes.items():
+            setattr(user, field, value)
+        if created or changes:
+            user.save()
+            activity_record(
+                company_id=None,
+                actor_type="system",
+                actor_id="cli",
+                action="board_user.created" if created else "board_user.updated",
+                entity_type="user",
+                entity_id=str(user.pk),
+                details={"username": username, **changes},
+            )
+    return BoardUser(user=user, created=created, changes=changes)

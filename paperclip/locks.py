@@ -20,13 +20,21 @@ workspace operations, results) proceed without waiting.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
 from paperclip.db.locking import require_transaction
 from paperclip.errors import NotFoundError, ResourceBusy
-from paperclip.models import AgentApiKey, HeartbeatRun, Issue, NativeRunFinalization
+from paperclip.models import (
+    AgentApiKey,
+    BoardApiToken,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+)
 
 
 def issues_for_update() -> QuerySet[Issue]:
@@ -43,6 +51,15 @@ def coordinators_for_update() -> QuerySet[NativeRunFinalization]:
 
 def agent_keys_for_update() -> QuerySet[AgentApiKey]:
     return AgentApiKey.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def board_tokens_for_update() -> QuerySet[BoardApiToken]:
+    return BoardApiToken.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+
+
+def users_for_update() -> QuerySet[Any]:
+    """Django users (the board): FOR UPDATE, as `create_board_token` may change the row."""
+    return get_user_model().objects.select_for_update(of=("self",)).order_by("pk")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 
-from paperclip.activity import activity_record
-from paperclip.credentials import board_token_create
+from paperclip.credentials import board_token_create, board_user_ensure
+from paperclip.errors import DomainError
 
 
 class Command(BaseCommand):
@@ -31,37 +29,11 @@ class Command(BaseCommand):
         username = options["user"].strip()
         if not username:
             raise CommandError("--user must not be blank.")
-        user_model = get_user_model()
-        with transaction.atomic(durable=True):
-            user = (
-                user_model.objects.select_for_update()
-                .filter(**{user_model.USERNAME_FIELD: username})
-                .first()
-            )
-            created = user is None
-            if user is None:
-                user = user_model(**{user_model.USERNAME_FIELD: username})
-                user.set_unusable_password()
-            changes = {}
-            if not user.is_staff:
-                changes["is_staff"] = True
-            if options["superuser"] and not user.is_superuser:
-                changes["is_superuser"] = True
-            if not user.is_active:
-                raise CommandError(f"User {username!r} is inactive.")
-            for field, value in changes.items():
-                setattr(user, field, value)
-            if created or changes:
-                user.save()
-                activity_record(
-                    company_id=None,
-                    actor_type="system",
-                    actor_id="cli",
-                    action="board_user.created" if created else "board_user.updated",
-                    entity_type="user",
-                    entity_id=str(user.pk),
-                    details={"username": username, **changes},
-                )
+        try:
+            ensured = board_user_ensure(username=username, superuser=options["superuser"])
+        except DomainError as exc:
+            raise CommandError(exc.text) from exc
+        user, created, changes = ensured.user, ensured.created, ensured.changes
         if created:
             self.stdout.write(f"Created staff user {username!r} (no password; API only).")
         elif changes:
