@@ -18,8 +18,9 @@ Envelope (the `material` jsonb)
 Binding (beyond upstream)
     The associated data binds company, issue, run, part and key id, so a ciphertext copied to
     another row, run, part or company fails authentication. The plaintext also carries the
-    binding (`{companyId, issueId, runId, part, contents}`, UPSTREAM §3.5) and is checked after
-    decryption, as a second, independent line.
+    binding (`{companyId, issueId, runId, part, contents}`,
+    docs/checkpoints.md#associated-data-and-plaintext-binding) and is checked after decryption, as a
+    second, independent line.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Domain errors of the checkpoints app. Codes are frozen once shipped (CONTRACT.md)."""
+"""Domain errors of the checkpoints app. Codes are frozen once shipped (docs/api.md#error-codes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Encrypted runner checkpoint parts (UPSTREAM §1.11): one row per (run, part)."""
+"""Encrypted runner checkpoint parts (docs/data-model.md#checkpoints): one row per (run, part)."""
 
 from __future__ import annotations
 

@@ -43,8 +43,8 @@ from paperclip.models import HeartbeatRun
 CONTROLLER_LEASE_TTL_MIN = 10
 CONTROLLER_LEASE_TTL_MAX = 3600
 CONTROLLER_LEASE_TTL_DEFAULT = 60
-# controller_generation is an int4 that saturates (UPSTREAM §1.9): the lease_owner's random
-# part still fences a saturated generation.
+# controller_generation is an int4 that saturates (docs/checkpoints.md#generation-saturation):
+# the lease_owner's random part still fences a saturated generation.
 GENERATION_MAX = 2**31 - 1
 
 MAX_PART_NAME_CHARS = 200
@@ -400,8 +400,8 @@ def checkpoint_write_validate(
 def _owner_validate(
     locked: locks.LockedCoordinator, owner: CheckpointOwner, binding: Binding, *, new_work: bool
 ) -> bool:
-    """The fence (UPSTREAM §3.5): True for an active owner; False for a tolerated inactive one;
-    CheckpointOwnerLost otherwise. Runs under the coordinator lock."""
+    """The fence (docs/checkpoints.md#owner-fence): True for an active owner; False for a
+    tolerated inactive one; CheckpointOwnerLost otherwise. Runs under the coordinator lock."""
     require_transaction()
     if locked.lease_owner == owner.lease_owner and locked.lease_active:
         return True

@@ -1,4 +1,5 @@
-"""Domain errors of the runtime-lease slice. Codes are frozen once shipped (CONTRACT.md)."""
+"""Domain errors of the runtime-lease slice. Codes are frozen once shipped
+(docs/api.md#error-codes)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from paperclip.errors import ConflictError, NotFoundError, PermissionDenied
 
 
 class RuntimeLeaseConflict(ConflictError):
-    """A live owner holds the lease; details carry the full holder (CONTRACT: lease conflict)."""
+    """A live owner holds the lease; details carry the full holder (docs/leases.md#conflict)."""
 
     code = "workspace_runtime_lease_conflict"
     message = "Another owner holds the exclusive runtime lease for this execution workspace."

@@ -21,8 +21,8 @@ from paperclip.models import (
 
 
 class WorkspaceRuntimeLease(TimestampedModel):
-    """UPSTREAM §1.1. Release deletes the row; reclaim updates it in place. The unique
-    execution workspace is the atomicity anchor across server processes."""
+    """docs/data-model.md#runtime-leases. Release deletes the row; reclaim updates it in place. The
+    unique execution workspace is the atomicity anchor across server processes."""
 
     class Action(models.TextChoices):
         START = "start"
@@ -69,7 +69,7 @@ class WorkspaceRuntimeLease(TimestampedModel):
 
 
 class EnvironmentLease(TimestampedModel):
-    """UPSTREAM §1.5: a provider allocation (sandbox) bound to a run."""
+    """docs/data-model.md#environment-leases: a provider allocation (sandbox) bound to a run."""
 
     class Status(models.TextChoices):
         ACTIVE = "active"

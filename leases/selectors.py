@@ -46,7 +46,7 @@ STALE_REASONS: Final[tuple[StaleReason, ...]] = (
     "owner_run_terminal",
 )
 
-# Issue statuses that keep an issue-owned lease alive (UPSTREAM §1.13, seed set).
+# Issue statuses that keep an issue-owned lease alive (docs/leases.md#stale-reasons).
 ELIGIBLE_ISSUE_STATUSES: Final[tuple[str, ...]] = (
     Issue.Status.BACKLOG,
     Issue.Status.TODO,

@@ -1,4 +1,4 @@
-"""Runtime leases: one exclusive, renewable lane per execution workspace (UPSTREAM §3.1).
+"""Runtime leases: one exclusive, renewable lane per execution workspace (docs/leases.md).
 
 An agent claims the lane before a runtime action (start/stop/restart/repair). The same owner
 renews; anyone else gets `workspace_runtime_lease_conflict` until the holder turns stale
@@ -120,7 +120,7 @@ class RuntimeLeaseOwner:
     @property
     def owner_key(self) -> str | None:
         """`issue:<id>`, else `run:<id>`, else `agent:<id>`: the issue outlives any single run,
-        so it is the most durable identity in scope (UPSTREAM §3.1)."""
+        so it is the most durable identity in scope (docs/leases.md#owner-key)."""
         if self.issue_id is not None:
             return f"issue:{self.issue_id}"
         if self.run_id is not None:
@@ -323,8 +323,8 @@ def _fetch_lease(sql: str, params: list[Any]) -> RuntimeLease | None:
     return None if row is None else RuntimeLease.from_row(row)
 
 
-# Renew touches only the lease row: no workspace lock, no counter, no audit (CONTRACT: renews
-# are not audited). `claimed_at` and `generation` stay; owner columns may change (new run).
+# Renew touches only the lease row: no workspace lock, no counter, no audit (docs/leases.md#audit:
+# renews are not audited). `claimed_at` and `generation` stay; owner columns may change (new run).
 _RENEW_SQL: Final = (
     f"UPDATE {LEASE_TABLE} SET owner_issue_id = %s, owner_run_id = %s, owner_agent_id = %s,"  # noqa: S608
     " last_action = %s, renewed_at = now(), expires_at = now() + make_interval(secs => %s),"

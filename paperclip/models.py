@@ -2,9 +2,9 @@
 execution workspaces, environments, workspace operations, the native run coordinator and
 results, and the activity (audit) log.
 
-Column names follow upstream Paperclip (reference/UPSTREAM.md §1) where they correspond, so
-upstream's maintenance SQL reads the same. State that must change only through services is
-kept read-only in the admin.
+Column names follow upstream Paperclip (docs/data-model.md#naming-conventions) where they
+correspond, so upstream's maintenance SQL reads the same. State that must change only through
+services is kept read-only in the admin.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ class ExecutionWorkspace(TimestampedModel):
 
 
 class ExecutionWorkspaceSnapshot(models.Model):
-    """Minimal: a `committed` snapshot is evidence for a saved remote workspace (UPSTREAM §1.8)."""
+    """Minimal: a `committed` snapshot is evidence for a saved remote workspace
+    (docs/data-model.md#execution-workspaces)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
@@ -353,8 +354,8 @@ class HeartbeatRun(TimestampedModel):
 
 
 class WorkspaceOperation(TimestampedModel):
-    """A workspace operation (UPSTREAM §1.12). A `workspace_finalize` row with status
-    `succeeded` is the durable copy-back barrier."""
+    """A workspace operation (docs/data-model.md#workspace-operations). A `workspace_finalize` row
+    with status `succeeded` is the durable copy-back barrier."""
 
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -415,7 +416,7 @@ class WorkspaceOperation(TimestampedModel):
 
 
 class NativeRunResult(models.Model):
-    """A runner's reported result for a native run (UPSTREAM §1.10)."""
+    """A runner's reported result for a native run (docs/data-model.md#native-run-results)."""
 
     class SchemaStatus(models.TextChoices):
         ACCEPTED = "accepted"
@@ -455,8 +456,8 @@ class NativeRunResult(models.Model):
 
 
 class NativeRunFinalization(TimestampedModel):
-    """The per-run coordinator (UPSTREAM §1.9): finalization phase, the controller lease used
-    by runners (fencing their checkpoints), and the accepted result."""
+    """The per-run coordinator (docs/data-model.md#run-coordinators): finalization phase, the
+    controller lease used by runners (fencing their checkpoints), and the accepted result."""
 
     class Phase(models.TextChoices):
         OBSERVED = "observed"

@@ -3,7 +3,7 @@
 The receipt lives in `heartbeat_runs.runner_profile_json -> 'nativeWorkspaceFinalizationOwner'`
 (written and removed only by finalization ownership, `recovery.services.ownership`); its keys
 stay camelCase because the rows are shared with tools that read the stored JSON. Semantics:
-docs/recovery.md#the-owner-receipt.
+docs/recovery.md#owner-receipt.
 
 - `owner_receipt_fields` reads it field by field, as far as it is readable (a damaged
   receipt is still shown: it still blocks finalization, so operators must see it);

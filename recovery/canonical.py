@@ -1,4 +1,5 @@
-"""Canonical JSON and its SHA-256 (UPSTREAM §2.10): keys sorted at every level, no spaces."""
+"""Canonical JSON and its SHA-256 (docs/recovery.md#canonical-json): keys sorted at every level, no
+spaces."""
 
 from __future__ import annotations
 

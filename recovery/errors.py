@@ -104,7 +104,7 @@ class WorkerStopPlatformDisabled(RuleViolationError):
 
 
 # --- recovery-source inspection failures ------------------------------------------------
-# Failures of recovery-source inspection (UPSTREAM §2.12, `SystemRecoveryFailure`).
+# Failures of recovery-source inspection (docs/recovery.md#recovery-source-failure-codes).
 #
 # `SourceFailure(code, disposition, reason=None, observed_lease_policy=None)` builds the
 # subclass for `code`, so the HTTP status follows the code: 422 for `source_binding_invalid`,

@@ -2,7 +2,7 @@
 
 Lock order (see paperclip/db/advisory.py): advisory keys first, then issue → coordinator →
 run → recovery action rows. Upstream's ownership seed locks the coordinator before the issue;
-we use the owner-stop admission order (UPSTREAM §7.2) everywhere so the two paths can't
+we use the owner-stop admission order (docs/locking.md#lock-order) everywhere so the two paths can't
 deadlock against each other.
 """
 

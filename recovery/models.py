@@ -1,4 +1,5 @@
-"""Issue recovery actions (UPSTREAM §1.4): at most one live action per source issue."""
+"""Issue recovery actions (docs/data-model.md#recovery-actions): at most one live action per source
+issue."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PostgreSQL NOTIFY signals that wake reconcilers (UPSTREAM §2.14).
+"""PostgreSQL NOTIFY signals that wake reconcilers (docs/recovery.md#notify-signals).
 
 NOTIFY is transactional: a signal sent inside a transaction is delivered only at commit, so a
 listener never wakes for work that was rolled back. Payloads are JSON `{companyId, runId?}`.

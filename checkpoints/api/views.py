@@ -1,4 +1,4 @@
-"""HTTP API of runner checkpoints and the controller lease (CONTRACT.md "Runner checkpoints").
+"""HTTP API of runner checkpoints and the controller lease (docs/api.md#checkpoint-endpoints).
 
 Only the run's own agent reads or writes a checkpoint or its lease; a board member of the
 run's company sees part metadata only; another company's run is a plain 404.

@@ -1,4 +1,4 @@
-"""HTTP API of runtime leases (CONTRACT.md "Runtime leases").
+"""HTTP API of runtime leases (docs/api.md#runtime-lease-endpoints).
 
 Authorization, in order: authentication (401), the workspace must be in a company the actor
 may see (404 otherwise, never revealing another company's workspace), then the owner ids:

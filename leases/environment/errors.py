@@ -1,7 +1,7 @@
 """Domain errors of environment leases and the provider cleanup protocol.
 
 Codes are frozen once shipped; `details` per code:
-- `not_found` (404, the CONTRACT's code): none (another company's lease looks the same).
+- `not_found` (404, docs/api.md#company-scoping): none (another company's lease looks the same).
 - `cleanup_not_pending`: `status` (the lease's current status).
 - `cleanup_in_flight`: `expires_at` (ISO timestamp of the live claim's expiry).
 - `cleanup_attempt_stale`: `reason` (see `CleanupAttemptStale`).
@@ -14,7 +14,7 @@ from paperclip.errors import ConflictError, NotFoundError, RuleViolationError
 
 
 class EnvironmentLeaseNotFound(NotFoundError):
-    code = "not_found"  # CONTRACT: every 404 is `not_found`, so nothing reveals what exists
+    code = "not_found"  # every 404 is `not_found`: nothing reveals what exists
     message = "Environment lease not found."
 
 

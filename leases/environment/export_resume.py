@@ -1,4 +1,5 @@
-"""Export-resume retention markers on environment leases (UPSTREAM §3.3, §2.7-§2.9).
+"""Export-resume retention markers on environment leases
+(docs/environment.md#export-resume-markers).
 
 A lease whose run has an accepted result but unexported work carries a stop-only intent
 (`metadata.nativeWorkspaceExportResume`): cleanup may *stop* that exact allocation, never
@@ -61,7 +62,8 @@ _RESOURCE_DISPOSITIONS = frozenset({"keep_running", "stop_and_retain", "destroy"
 
 @dataclass(frozen=True, slots=True)
 class NativeWorkspaceSyncReference:
-    """`runner_profile_json.nativeWorkspaceSync`, validated (UPSTREAM §2.9)."""
+    """`runner_profile_json.nativeWorkspaceSync`, validated
+    (docs/environment.md#native-workspace-sync-reference)."""
 
     state: Literal["prepared", "finalized"]
     descriptor_sha256: str
@@ -213,8 +215,8 @@ def export_resume_read(lease: EnvironmentLease) -> ExportResumeMarker | None:
 
 @dataclass(frozen=True, slots=True)
 class StopOnlyIntent:
-    """A validated stop-only cleanup intent (UPSTREAM §2.8): stop the allocation, never
-    destroy it."""
+    """A validated stop-only cleanup intent (docs/environment.md#stop-only-cleanup-intent): stop the
+    allocation, never destroy it."""
 
     kind: Literal["export_resume", "sandbox_stop_and_retain"]
     request_id: str
@@ -265,7 +267,8 @@ def stop_only_cleanup_read(lease: EnvironmentLease) -> StopOnlyIntent | None:
 def remote_termination_receipt(
     lease: EnvironmentLease, value: object, *, confirmed_at: datetime
 ) -> dict[str, Any] | None:
-    """Bind a provider's stop/destroy reply to this exact lease (UPSTREAM §2.7).
+    """Bind a provider's stop/destroy reply to this exact lease
+    (docs/environment.md#provider-reply-binding).
 
     None unless the lease has a run, a non-local provider and an allocation, the reply names
     that allocation, and its state is `stopped` or `destroyed`.

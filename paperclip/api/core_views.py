@@ -1,4 +1,4 @@
-"""Core API (CONTRACT.md "Core API"): one APIView per operation.
+"""Core API (docs/api.md#core-endpoints): one APIView per operation.
 
 Views translate input, call one service and render its result; services raise DomainErrors,
 which `paperclip.api.errors` renders. A path serving two methods (GET and PATCH on the same

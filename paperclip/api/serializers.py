@@ -152,5 +152,5 @@ def execution_workspace_to_json(workspace: ExecutionWorkspace) -> dict[str, Any]
 
 
 def run_to_json(run: HeartbeatRun) -> dict[str, Any]:
-    """The Run JSON of CONTRACT.md (with `finalization_owner`), for any app's responses."""
+    """The Run JSON (docs/api.md#run-json, with `finalization_owner`), for any app's responses."""
     return dict(RunOutputSerializer(run).data)

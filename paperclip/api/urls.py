@@ -1,4 +1,4 @@
-"""Core API routes (CONTRACT.md "Core API"), mounted under `api/`; no trailing slashes.
+"""Core API routes (docs/api.md#core-endpoints), mounted under `api/`; no trailing slashes.
 
 Path ids use Django's `uuid` converter, so a malformed id never reaches a view: it is a JSON
 404 from `handler404`, like an id of another company.

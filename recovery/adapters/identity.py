@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import psutil
 
 # Differences below one second are the same process: some platforms report start times with
-# whole-second precision (UPSTREAM §2.3).
+# whole-second precision (docs/recovery.md#controller-identity).
 PID_RECYCLE_TOLERANCE_SECONDS = 1.0
 
 

@@ -1,4 +1,4 @@
-"""Worker-platform stop proofs (UPSTREAM §2.4).
+"""Worker-platform stop proofs (docs/recovery.md#worker-platform-stop-proofs).
 
 A receipt may name the deployment worker that ran the controller (`worker`). Before taking
 over such a receipt without an operator, the configured platform (setting

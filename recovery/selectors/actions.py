@@ -35,7 +35,8 @@ def recovery_action_list_for_issue(
 
 
 def run_issue_id(run: HeartbeatRun) -> UUID | None:
-    """coalesce(native_issue_id, issue_id, context_snapshot.issueId) (UPSTREAM §8.4)."""
+    """coalesce(native_issue_id, issue_id, context_snapshot.issueId)
+    (docs/recovery.md#issue-id-resolution)."""
     if run.native_issue_id is not None:
         return run.native_issue_id
     if run.issue_id is not None:

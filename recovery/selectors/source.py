@@ -1,5 +1,5 @@
-"""Recovery-source inspection (UPSTREAM §3.4): resolve only the immutable workspace source a
-failed run recorded, and prove nobody else can still write to it.
+"""Recovery-source inspection (docs/recovery.md#recovery-source-inspection): resolve only the
+immutable workspace source a failed run recorded, and prove nobody else can still write to it.
 
 Never discovers a source by recency, mutable configuration or a provider search: lease ids come
 only from the run's restore record, its own sync reference (export causes) or the action's

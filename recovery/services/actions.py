@@ -1,4 +1,4 @@
-"""The single writer of an issue's live recovery action (UPSTREAM §2.2)."""
+"""The single writer of an issue's live recovery action (docs/recovery.md#recovery-actions)."""
 
 from __future__ import annotations
 

@@ -576,8 +576,9 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
     ):
         raise FinalizationNotReady(run_id=str(run_id))
     if due_only and (coordinator.phase not in WAITING_PHASES or _not_due(run_id)):
-        # Rechecked under ownership (UPSTREAM §4.1): another reconciler may have attempted it
-        # and scheduled a retry since our sweep selected it. Spend nothing.
+        # Rechecked under ownership (docs/recovery.md#reconciliation-of-finalizations): another
+        # reconciler may have attempted it and scheduled a retry since our sweep selected it. Spend
+        # nothing.
         return _outcome(coordinator, run, "not_due")
     issue = Issue.objects.select_related("execution_workspace").get(pk=coordinator.issue_id)
     barrier = WorkspaceOperation.objects.filter(

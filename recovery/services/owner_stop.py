@@ -1,4 +1,4 @@
-"""Board confirmation that a workspace owner stopped (UPSTREAM §4.1, §7.2)."""
+"""Board confirmation that a workspace owner stopped (docs/recovery.md#owner-stop-confirmation)."""
 
 from __future__ import annotations
 

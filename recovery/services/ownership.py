@@ -1,5 +1,6 @@
-"""Finalization ownership (UPSTREAM §3.2): one controller at a time finalizes a run's
-workspace, and a slow or crashed finalization is never copied over by a second controller.
+"""Finalization ownership (docs/recovery.md#finalization-ownership): one controller at a time
+finalizes a run's workspace, and a slow or crashed finalization is never copied over by a second
+controller.
 
 Two fences work together:
 
@@ -102,7 +103,7 @@ class NotAcquired:
     acquired: Literal[False] = False
 
 
-# Process-local memory (UPSTREAM §3.2 steps 5a/5e/7/9), guarded by one mutex:
+# Process-local memory (docs/recovery.md#process-local-owner-memory), guarded by one mutex:
 # tokens whose action is running in this process, the run key each token owns (with the
 # database alias, upstream's "same db"), and tokens whose action finished but whose receipt
 # removal could not be confirmed: positive evidence that lets this same boot take them over.
@@ -292,10 +293,10 @@ def _current_recovery_result_id(
 def _retained_repair_current(
     *, company_id: UUID, run_id: UUID, issue_id: UUID, action_id: UUID, lock: bool = True
 ) -> bool:
-    """UPSTREAM §3.2 step 7, retained repair: the repair action still names this terminal run,
-    no controller lease is live, and no other run holds the issue (except the independent
-    continuation run recorded on the action). With `lock`, rows are locked in the global order
-    (issue → coordinator → run → action)."""
+    """Retained repair (docs/recovery.md#retained-repair): the repair action still names this
+    terminal run, no controller lease is live, and no other run holds the issue (except the
+    independent continuation run recorded on the action). With `lock`, rows are locked in the global
+    order (issue → coordinator → run → action)."""
     issues = issues_for_update() if lock else Issue.objects.all()
     coordinators = coordinators_for_update() if lock else NativeRunFinalization.objects.all()
     runs = runs_for_update() if lock else HeartbeatRun.objects.all()
@@ -400,7 +401,8 @@ def _require_stop_verification(
     retained: bool,
     platform_pending: bool,
 ) -> NotAcquired:
-    """UPSTREAM §3.2 step 6: record (or restore) the board-owned owner-unverified hold."""
+    """docs/recovery.md#owner-unverified-hold: record (or restore) the board-owned owner-unverified
+    hold."""
     if retained:
         return NotAcquired("owner_unverified")
     reason: WaitReason = "platform_stop_pending" if platform_pending else "owner_unverified"
@@ -737,8 +739,8 @@ def _binding_recheck(
     automatic_result_id: UUID | None,
     using: str,
 ) -> Callable[[], bool] | None:
-    """What `assert_held` rechecks after a platform-proof takeover (UPSTREAM §3.2 step 8): the
-    stop receipt proved the old worker exited, not that its task is still current."""
+    """What `assert_held` rechecks after a platform-proof takeover (docs/recovery.md#assert-held):
+    the stop receipt proved the old worker exited, not that its task is still current."""
     if not proof_used:
         return None
     if retained_repair_action_id is not None and issue_id is not None:

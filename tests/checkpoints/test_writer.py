@@ -1,4 +1,4 @@
-"""The fenced checkpoint writer (UPSTREAM §3.5) and the readers."""
+"""The fenced checkpoint writer (docs/checkpoints.md#owner-fence) and the readers."""
 
 from __future__ import annotations
 

@@ -257,7 +257,8 @@ def test_scoping_and_permissions(
         agent_client.post(receipt_url(uuid.uuid4()), receipt("x", lease), format="json"),
         agent_client.post(claim_url("not-a-uuid")),
     ]
-    # Another company's lease, a missing one and a malformed id look exactly alike (CONTRACT).
+    # Another company's lease, a missing one and a malformed id look exactly alike
+    # (docs/api.md#company-scoping).
     for response in hidden:
         assert_error(response, 404, "not_found")
     board = make_board_client(company)

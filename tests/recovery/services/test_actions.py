@@ -1,4 +1,4 @@
-"""recovery_action_upsert_source_scoped / resolve: upstream semantics (UPSTREAM §2.2)."""
+"""recovery_action_upsert_source_scoped / resolve: docs/recovery.md#recovery-actions."""
 
 from __future__ import annotations
 

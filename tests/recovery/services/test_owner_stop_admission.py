@@ -1,5 +1,5 @@
-"""Owner-stop confirmation admission (UPSTREAM §7.2): every check refuses on its own and a
-refusal changes nothing; replays answer the same without writing."""
+"""Owner-stop confirmation admission (docs/recovery.md#owner-stop-admission-checks): every check
+refuses on its own and a refusal changes nothing; replays answer the same without writing."""
 
 from __future__ import annotations
 
