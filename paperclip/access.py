@@ -62,10 +62,7 @@ class Actor:
             return False
         if self.company_ids is None:
             return True
-        try:
-            return UUID(str(company_id)) in self.company_ids
-        except ValueError:
-            return False
+        return parse_uuid(company_id) in self.company_ids
 
 
 def board_actor(user: Any) -> Actor:

@@ -247,19 +247,23 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
                 evidence = hold.evidence if isinstance(hold.evidence, dict) else {}
                 raw = evidence.get("owner")
                 owner: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                run_id = parse_uuid(evidence.get("runId"))
+                if run_id is None:
+                    failed.append(f"{hold.pk}: invalid_request (the hold names no run)")
+                    continue
                 try:
                     recovery_owner_stop_confirm(
                         actor=actor,
                         issue_id=hold.source_issue_id,
                         action_id=hold.pk,
-                        run_id=UUID(str(evidence.get("runId"))),
+                        run_id=run_id,
                         owner_token=str(owner.get("token", "")),
                         stop_evidence=form.cleaned_data["stop_evidence"],
                         controller_and_copyback_stopped=form.cleaned_data["confirmed"],
                     )
                     done += 1
-                except (DomainError, ValueError) as exc:
-                    failed.append(f"{hold.pk}: {getattr(exc, 'code', 'invalid_request')}")
+                except DomainError as exc:
+                    failed.append(f"{hold.pk}: {exc.code}")
             self.message_user(
                 request,
                 f"Confirmed {done}; finalization queued. Failed: {', '.join(failed) or 'none'}",
