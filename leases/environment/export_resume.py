@@ -584,37 +584,68 @@ def export_resume_settle(
         metadata = {k: v for k, v in current_meta.items() if k not in dropped}
         if stopped:
             metadata[REMOTE_TERMINATION_KEY] = bound
-        metadata.update(pendingCleanupInFlight=False, pendingCleanupLeaseExpiresAtMs=0)
-        new_status = status if stopped else EnvironmentLease.Status.PENDING_CLEANUP
-        cleanup = (
-            EnvironmentLease.CleanupStatus.SUCCESS
-            if stopped
-            else EnvironmentLease.CleanupStatus.FAILED
-        )
-        EnvironmentLease.objects.filter(pk=current.pk).update(
-            status=new_status,
-            cleanup_status=cleanup,
-            released_at=Now(),
-            last_used_at=Now(),
-            updated_at=Now(),
+        return cleanup_settle_write_in_tx(
+            current,
             metadata=metadata,
-        )
-        activity_record(
-            company_id=current.company_id,
+            settles=stopped,
+            settled_status=status,
             actor_type=actor_type,
             actor_id=actor_id,
-            action="environment_lease.cleanup_settled",
-            entity_type="environment_lease",
-            entity_id=current.pk,
-            run_id=current.heartbeat_run_id,
-            details={
-                "attemptId": attempt_id,
-                "intent": "export_resume",
-                "requestId": marker.request_id,
-                "receiptState": receipt.get("state") if isinstance(receipt, Mapping) else None,
-                "stopped": stopped,
-                "status": new_status,
-            },
+            attempt_id=attempt_id,
+            intent="export_resume",
+            receipt_state=receipt.get("state") if isinstance(receipt, Mapping) else None,
+            extra={"requestId": marker.request_id},
         )
-        current.refresh_from_db()
-        return current
+
+
+def cleanup_settle_write_in_tx(
+    lease: EnvironmentLease,
+    *,
+    metadata: dict[str, Any],
+    settles: bool,
+    settled_status: str,
+    actor_type: str,
+    actor_id: str,
+    attempt_id: str,
+    intent: str | None,
+    receipt_state: object,
+    extra: dict[str, Any] | None = None,
+) -> EnvironmentLease:
+    """Write a provider reply's outcome onto the locked lease, the one way both settle paths
+    (export-resume and the plain cleanup protocol) do it: `settled_status` with cleanup
+    success when the reply settles, otherwise `pending_cleanup` with cleanup failed; the claim
+    is cleared either way, so the next claim retries. `metadata` is the lease's new metadata.
+    One audit row (`environment_lease.cleanup_settled`); returns the lease re-read."""
+    require_transaction()
+    metadata.update(pendingCleanupInFlight=False, pendingCleanupLeaseExpiresAtMs=0)
+    new_status = settled_status if settles else EnvironmentLease.Status.PENDING_CLEANUP
+    cleanup = (
+        EnvironmentLease.CleanupStatus.SUCCESS if settles else EnvironmentLease.CleanupStatus.FAILED
+    )
+    EnvironmentLease.objects.filter(pk=lease.pk).update(
+        status=new_status,
+        cleanup_status=cleanup,
+        released_at=Now(),
+        last_used_at=Now(),
+        updated_at=Now(),
+        metadata=metadata,
+    )
+    activity_record(
+        company_id=lease.company_id,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        action="environment_lease.cleanup_settled",
+        entity_type="environment_lease",
+        entity_id=lease.pk,
+        run_id=lease.heartbeat_run_id,
+        details={
+            "attemptId": attempt_id,
+            "intent": intent,
+            **(extra or {}),
+            "receiptState": receipt_state,
+            "stopped": settles,
+            "status": new_status,
+        },
+    )
+    lease.refresh_from_db()
+    return lease

@@ -30,6 +30,7 @@ from leases.environment.export_resume import (
     EXPORT_RESUME_KEY,
     REMOTE_TERMINATION_KEY,
     STOP_AND_RETAIN_KEY,
+    cleanup_settle_write_in_tx,
     export_resume_has,
     export_resume_settle,
     remote_termination_receipt,
@@ -213,36 +214,14 @@ def _settle_generic(
         receipt = remote_termination_receipt(lease, reply, confirmed_at=db_now())
         if receipt is not None:
             metadata[REMOTE_TERMINATION_KEY] = receipt
-    metadata.update(pendingCleanupInFlight=False, pendingCleanupLeaseExpiresAtMs=0)
-    new_status = (
-        EnvironmentLease.Status.RELEASED if settles else EnvironmentLease.Status.PENDING_CLEANUP
-    )
-    cleanup = (
-        EnvironmentLease.CleanupStatus.SUCCESS if settles else EnvironmentLease.CleanupStatus.FAILED
-    )
-    EnvironmentLease.objects.filter(pk=lease.pk).update(
-        status=new_status,
-        cleanup_status=cleanup,
-        released_at=Now(),
-        last_used_at=Now(),
-        updated_at=Now(),
+    return cleanup_settle_write_in_tx(
+        lease,
         metadata=metadata,
-    )
-    activity_record(
-        company_id=lease.company_id,
+        settles=settles,
+        settled_status=EnvironmentLease.Status.RELEASED,
         actor_type=actor[0],
         actor_id=actor[1],
-        action="environment_lease.cleanup_settled",
-        entity_type="environment_lease",
-        entity_id=lease.pk,
-        run_id=lease.heartbeat_run_id,
-        details={
-            "attemptId": attempt_id,
-            "intent": "sandbox_stop_and_retain" if stop_only else None,
-            "receiptState": reply["state"],
-            "stopped": settles,
-            "status": new_status,
-        },
+        attempt_id=attempt_id,
+        intent="sandbox_stop_and_retain" if stop_only else None,
+        receipt_state=reply["state"],
     )
-    lease.refresh_from_db()
-    return lease
