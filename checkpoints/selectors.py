@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-from django.db import connection
+from django.db.models import Exists, Func, OuterRef, Q, QuerySet
+from django.db.models.functions import Now
 
 from checkpoints.crypto import Binding, decrypt_part, envelope_key_id, read_keyring
 from checkpoints.errors import CheckpointBindingMismatch, ControllerLeaseRunNotNative
 from checkpoints.models import NativeRunnerCheckpoint
 from paperclip.errors import NotFoundError, PermissionDenied
-from paperclip.models import HeartbeatRun
+from paperclip.models import HeartbeatRun, NativeRunFinalization
 
 HEADER_PART = "header"
 
@@ -40,11 +40,12 @@ def runner_run_get(*, run_id: UUID, agent_id: UUID | None) -> RunnerRun:
     Raises NotFoundError (no such run), PermissionDenied (another agent's run) and
     ControllerLeaseRunNotNative (a legacy run, or one without an issue).
     """
-    row = (
-        HeartbeatRun.objects.filter(pk=run_id)
-        .values_list("company_id", "native_issue_id", "agent_id", "status", "runtime_mode")
-        .first()
+    # At most one row (a primary-key lookup): iterating skips the ORDER BY and slice that
+    # first() would compile on every checkpoint write.
+    rows = HeartbeatRun.objects.filter(pk=run_id).values_list(
+        "company_id", "native_issue_id", "agent_id", "status", "runtime_mode"
     )
+    row = next(iter(rows), None)
     if row is None:
         raise NotFoundError()
     company_id, issue_id, run_agent_id, status, mode = row
@@ -161,45 +162,45 @@ def checkpoint_parts_list(*, binding: Binding) -> list[PartInfo]:
     ]
 
 
+def expired_authorities(*, clock: Func) -> QuerySet[NativeRunFinalization]:
+    """Coordinators whose controller authority has lapsed, by `clock` (`Now()` for a read,
+    `ClockTimestamp()` for a re-check under the row lock), while they hold a checkpoint.
+
+    All of: the run is `running`; its coordinator is `observed` with no result; the lease
+    expiry is null or not after `clock`; at least one checkpoint row exists for the
+    (run, issue, company).
+    """
+    return NativeRunFinalization.objects.filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=clock),
+        Exists(
+            NativeRunnerCheckpoint.objects.filter(
+                run_id=OuterRef("run_id"),
+                issue_id=OuterRef("issue_id"),
+                company_id=OuterRef("company_id"),
+            )
+        ),
+        run__status=HeartbeatRun.Status.RUNNING,
+        phase=NativeRunFinalization.Phase.OBSERVED,
+        result__isnull=True,
+    )
+
+
 def list_expired_authorities(
     *, run_ids: list[UUID] | None = None, after: UUID | None = None, limit: int | None = None
 ) -> list[UUID]:
     """Runs whose controller authority has lapsed while they hold a checkpoint.
 
-    All of: the run is `running`; its coordinator is `observed` with no result; the lease
-    expiry is null or not after the database's now(); at least one checkpoint row exists for
-    the (run, issue, company). Returns every match (ordered by run id), not just the first, so
-    one blocked owner cannot starve the others. `run_ids` restricts the candidates as
-    upstream's caller-supplied inventory does; None means all runs. `after` and `limit` page
-    through the matches by run id.
+    See `expired_authorities`, with the database's now(). Returns every match (ordered by run
+    id), not just the first, so one blocked owner cannot starve the others. `run_ids`
+    restricts the candidates as upstream's caller-supplied inventory does; None means all
+    runs. `after` and `limit` page through the matches by run id.
     """
-    sql = """
-        SELECT f.run_id
-        FROM native_run_finalizations f
-        JOIN heartbeat_runs r ON r.id = f.run_id
-        WHERE r.status = 'running'
-          AND f.phase = 'observed'
-          AND f.result_id IS NULL
-          AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= now())
-          AND EXISTS (
-              SELECT 1 FROM native_runner_checkpoints c
-              WHERE c.run_id = f.run_id AND c.issue_id = f.issue_id
-                AND c.company_id = f.company_id
-          )
-    """
-    params: list[Any] = []
+    found = expired_authorities(clock=Now())
     if run_ids is not None:
         if not run_ids:
             return []
-        sql += " AND f.run_id = ANY(%s)"
-        params.append(run_ids)
+        found = found.filter(pk__in=run_ids)
     if after is not None:
-        sql += " AND f.run_id > %s"
-        params.append(after)
-    sql += " ORDER BY f.run_id"
-    if limit is not None:
-        sql += " LIMIT %s"
-        params.append(limit)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [row[0] for row in cursor.fetchall()]
+        found = found.filter(pk__gt=after)
+    ids = found.order_by("pk").values_list("pk", flat=True)
+    return list(ids if limit is None else ids[:limit])

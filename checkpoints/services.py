@@ -2,7 +2,9 @@
 writer-failure hook, the expired-authority sweep and key rotation.
 
 Clock: every expiry decision uses the database's `clock_timestamp()` sampled after the row lock
-it depends on (see `checkpoints.locks`), never the application server's clock.
+it depends on (see `checkpoints.locks`), never the application server's clock. Raw SQL is kept
+only where it buys such a guarantee (the coordinator locks in `checkpoints.locks`) and for
+NOTIFY, which has no ORM spelling.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce, Now
 
 from checkpoints import locks
 from checkpoints.crypto import (
@@ -34,11 +39,13 @@ from checkpoints.errors import (
     ControllerLeaseHeld,
     ControllerLeaseRunTerminal,
 )
-from checkpoints.selectors import RunnerRun, runner_run_get
+from checkpoints.locks import ClockTimestamp
+from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
+from checkpoints.selectors import RunnerRun, expired_authorities, runner_run_get
 from paperclip.activity import activity_record
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
-from paperclip.models import HeartbeatRun
+from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization
 
 CONTROLLER_LEASE_TTL_MIN = 10
 CONTROLLER_LEASE_TTL_MAX = 3600
@@ -65,6 +72,21 @@ def max_parts_per_write() -> int:
     return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE", 10_000))
 
 
+def _live_run_recovery_notify(*, company_id: UUID, run_id: UUID) -> None:
+    """Wake live-run recovery listeners for the run, at this transaction's commit."""
+    require_transaction()
+    with connection.cursor() as cursor:
+        # Raw: NOTIFY has no ORM spelling. Sent inside the transaction, it is delivered only at
+        # commit, after the row locks are released, so a listener never wakes before the write.
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)",
+            [
+                LIVE_RUN_RECOVERY_CHANNEL,
+                json.dumps({"companyId": str(company_id), "runId": str(run_id)}),
+            ],
+        )
+
+
 # --- Controller lease -----------------------------------------------------------------------
 
 
@@ -77,32 +99,30 @@ class ControllerLease:
     outcome: Literal["acquired", "renewed", "taken_over"]
 
 
-def _returned(row: tuple[Any, ...] | None) -> Any:
-    """The single value an UPDATE ... RETURNING on a row we hold locked must produce."""
-    if row is None:  # pragma: no cover - the row is locked by this transaction
-        raise RuntimeError("UPDATE on a locked coordinator row matched nothing")
-    return row[0]
-
-
 def _coordinator_ensure(run: RunnerRun) -> bool:
     """Create the run's coordinator (phase observed) if it is missing; True if created.
 
     The core API creates it with every native run; this covers runs made before that or by
-    other paths. ON CONFLICT makes two racing first acquirers agree on one row.
+    other paths. The primary key makes two racing first acquirers agree on one row: the loser
+    waits for the winner's insert, then reads the winner's row.
     """
     require_transaction()
-    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO native_run_finalizations
-                (run_id, company_id, issue_id, phase, attempt, controller_generation,
-                 recovery_history, created_at, updated_at)
-            VALUES (%s, %s, %s, 'observed', 0, 0, '[]'::jsonb, now(), now())
-            ON CONFLICT (run_id) DO NOTHING
-            """,
-            [run.run_id, run.company_id, run.issue_id],
+    with busy_on_lock_timeout(resource="native_run_finalization"):
+        _, created = NativeRunFinalization.objects.get_or_create(
+            run_id=run.run_id, defaults={"company_id": run.company_id, "issue_id": run.issue_id}
         )
-        return cursor.rowcount == 1
+    return created
+
+
+def _coordinator_update(run_id: UUID, **values: Any) -> NativeRunFinalization:
+    """One UPDATE of the coordinator row this transaction holds locked; fields set to an
+    expression come back (RETURNING) on the instance returned."""
+    require_transaction()
+    coordinator = NativeRunFinalization(run_id=run_id)
+    for name, value in values.items():
+        setattr(coordinator, name, value)
+    coordinator.save(update_fields=list(values))
+    return coordinator
 
 
 def controller_lease_acquire(
@@ -164,18 +184,14 @@ def controller_lease_acquire(
 
 def _lease_renew(current: locks.LockedCoordinator, ttl_seconds: int) -> ControllerLease:
     require_transaction()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE native_run_finalizations
-            SET lease_expires_at = clock_timestamp() + make_interval(secs => %s),
-                updated_at = now()
-            WHERE run_id = %s
-            RETURNING lease_expires_at
-            """,
-            [ttl_seconds, current.run_id],
-        )
-        expires_at: datetime = _returned(cursor.fetchone())
+    renewed = _coordinator_update(
+        current.run_id,
+        lease_expires_at=ClockTimestamp() + timedelta(seconds=ttl_seconds),
+        updated_at=Now(),
+    )
+    expires_at = renewed.lease_expires_at
+    if expires_at is None:  # pragma: no cover - just set to a timestamp
+        raise RuntimeError(f"coordinator of run {current.run_id} has no lease expiry")
     return ControllerLease(
         lease_owner=str(current.lease_owner),
         controller_boot_id=str(current.controller_boot_id),
@@ -196,23 +212,19 @@ def _lease_mint(
     require_transaction()
     generation = min(current.controller_generation + 1, GENERATION_MAX)
     owner = f"{boot_id}:{generation}:{uuid.uuid4()}"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE native_run_finalizations
-            SET lease_owner = %s,
-                controller_boot_id = %s,
-                controller_generation = %s,
-                controller_pid = NULL,
-                controller_process_started_at = NULL,
-                lease_expires_at = clock_timestamp() + make_interval(secs => %s),
-                updated_at = now()
-            WHERE run_id = %s
-            RETURNING lease_expires_at
-            """,
-            [owner, boot_id, generation, ttl_seconds, current.run_id],
-        )
-        expires_at: datetime = _returned(cursor.fetchone())
+    minted = _coordinator_update(
+        current.run_id,
+        lease_owner=owner,
+        controller_boot_id=boot_id,
+        controller_generation=generation,
+        controller_pid=None,
+        controller_process_started_at=None,
+        lease_expires_at=ClockTimestamp() + timedelta(seconds=ttl_seconds),
+        updated_at=Now(),
+    )
+    expires_at = minted.lease_expires_at
+    if expires_at is None:  # pragma: no cover - just set to a timestamp
+        raise RuntimeError(f"coordinator of run {current.run_id} has no lease expiry")
     # A takeover whenever a controller held this run before, also when a sweep has since
     # cleared its lease_owner (expire_runner_authorities keeps the boot and generation).
     takeover = current.lease_owner is not None or current.controller_boot_id is not None
@@ -255,30 +267,26 @@ def controller_lease_expire_on_failure(
     an accepted result is past the point where its controller lease matters. Returns whether
     the lease was expired.
 
-    Locks: the coordinator row (the UPDATE). Audit: `controller_lease.expired_on_failure`.
+    Locks: the coordinator row (the UPDATE, whose conditions PostgreSQL re-checks on the row
+    once it holds the lock, the clock included). Audit: `controller_lease.expired_on_failure`.
     """
     run = runner_run_get(run_id=run_id, agent_id=agent_id)
     with transaction.atomic(durable=True):
         set_local_lock_timeout()
-        with (
-            busy_on_lock_timeout(resource="native_run_finalization"),
-            connection.cursor() as cursor,
-        ):
-            cursor.execute(
-                """
-                UPDATE native_run_finalizations
-                SET lease_expires_at = clock_timestamp(), updated_at = now()
-                WHERE run_id = %s AND company_id = %s AND issue_id = %s
-                  AND controller_boot_id = %s AND lease_owner = %s
-                  AND result_id IS NULL
-                  AND lease_expires_at > clock_timestamp()
-                RETURNING controller_generation
-                """,
-                [run.run_id, run.company_id, run.issue_id, boot_id, lease_owner],
-            )
-            row = cursor.fetchone()
-        if row is None:
+        coordinator = NativeRunFinalization.objects.filter(pk=run.run_id)
+        with busy_on_lock_timeout(resource="native_run_finalization"):
+            expired = coordinator.filter(
+                company_id=run.company_id,
+                issue_id=run.issue_id,
+                controller_boot_id=boot_id,
+                lease_owner=lease_owner,
+                result__isnull=True,
+                lease_expires_at__gt=ClockTimestamp(),
+            ).update(lease_expires_at=ClockTimestamp(), updated_at=Now())
+        if not expired:
             return False
+        # The row is ours until commit (the UPDATE locked it), so this is the generation ended.
+        generation = coordinator.values_list("controller_generation", flat=True).get()
         activity_record(
             company_id=run.company_id,
             actor_type="agent",
@@ -287,7 +295,7 @@ def controller_lease_expire_on_failure(
             entity_type="native_run_finalization",
             entity_id=run.run_id,
             run_id=run.run_id,
-            details={"bootId": boot_id, "generation": row[0]},
+            details={"bootId": boot_id, "generation": generation},
         )
     return True
 
@@ -409,49 +417,42 @@ def _owner_validate(
         raise CheckpointOwnerLost(reason="lease_not_held")
     if new_work:
         raise CheckpointOwnerLost(reason="new_work_after_lease")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT execution_run_id FROM issues WHERE company_id = %s AND id = %s",
-            [binding.company_id, binding.issue_id],
-        )
-        issue = cursor.fetchone()
-        if issue is None:
-            raise CheckpointOwnerLost(reason="issue_missing")
-        execution_run_id = issue[0]
-        if execution_run_id is None or execution_run_id == binding.run_id:
-            return False
-        # A legitimate successor on the same controller boot: a native coordinator with an
-        # unexpired lease, or a legacy run still preparing under an unexpired controller lease
-        # and without a coordinator. The controller boot is the presenting owner's (this
-        # server has no controller process of its own; see the README, "Runner checkpoints").
-        cursor.execute(
-            """
-            SELECT EXISTS (
-                SELECT 1 FROM native_run_finalizations s
-                WHERE s.run_id = %(succ)s AND s.company_id = %(company)s
-                  AND s.issue_id = %(issue)s AND s.controller_boot_id = %(boot)s
-                  AND s.lease_expires_at > clock_timestamp()
-            ) OR EXISTS (
-                SELECT 1 FROM heartbeat_runs r
-                WHERE r.id = %(succ)s AND r.company_id = %(company)s
-                  AND r.issue_id = %(issue)s AND r.runtime_mode = 'legacy'
-                  AND r.status = 'running' AND r.execution_stage = 'preparing'
-                  AND r.controller_boot_id::text = %(boot)s
-                  AND r.controller_lease_expires_at > clock_timestamp()
-                  AND NOT EXISTS (
-                      SELECT 1 FROM native_run_finalizations n WHERE n.run_id = r.id
-                  )
-            )
-            """,
-            {
-                "succ": execution_run_id,
-                "company": binding.company_id,
-                "issue": binding.issue_id,
-                "boot": owner.boot_id,
-            },
-        )
-        row = cursor.fetchone()
-    if not (row and row[0]):
+    # A legitimate successor on the same controller boot: a native coordinator with an
+    # unexpired lease, or a legacy run still preparing under an unexpired controller lease
+    # and without a coordinator. The controller boot is the presenting owner's (this server
+    # has no controller process of its own; see the README, "Runner checkpoints").
+    native_successor = NativeRunFinalization.objects.filter(
+        run_id=OuterRef("execution_run_id"),
+        company_id=binding.company_id,
+        issue_id=binding.issue_id,
+        controller_boot_id=owner.boot_id,
+        lease_expires_at__gt=ClockTimestamp(),
+    )
+    legacy_successor = HeartbeatRun.objects.alias(
+        boot_text=Cast("controller_boot_id", TextField())
+    ).filter(
+        ~Exists(NativeRunFinalization.objects.filter(run_id=OuterRef("pk"))),
+        pk=OuterRef("execution_run_id"),
+        company_id=binding.company_id,
+        issue_id=binding.issue_id,
+        runtime_mode=HeartbeatRun.RuntimeMode.LEGACY,
+        status=HeartbeatRun.Status.RUNNING,
+        execution_stage="preparing",
+        boot_text=owner.boot_id,
+        controller_lease_expires_at__gt=ClockTimestamp(),
+    )
+    issue = (
+        Issue.objects.filter(company_id=binding.company_id, pk=binding.issue_id)
+        .annotate(successor=Exists(native_successor) | Exists(legacy_successor))
+        .values_list("execution_run_id", "successor")
+        .first()
+    )
+    if issue is None:
+        raise CheckpointOwnerLost(reason="issue_missing")
+    execution_run_id, successor = issue
+    if execution_run_id is None or execution_run_id == binding.run_id:
+        return False
+    if not successor:
         raise CheckpointOwnerLost(reason="issue_rebound")
     return False
 
@@ -499,23 +500,32 @@ def checkpoint_write(
     binding = run.binding
     authority_run_id = owner.authority_run_id or run.run_id
     key = keyring(create=True).primary
-    names = list(changed)
-    materials = [json.dumps(encrypt_part(binding, p, changed[p], key)) for p in names]
-    sizes = [len(changed[p].encode("utf-8")) for p in names]
+    parts = [
+        NativeRunnerCheckpoint(
+            company_id=binding.company_id,
+            issue_id=binding.issue_id,
+            run_id=binding.run_id,
+            part=name,
+            material=encrypt_part(binding, name, contents, key),
+            size_bytes=len(contents.encode("utf-8")),
+        )
+        for name, contents in changed.items()
+    ]
     work_ids = list(dict.fromkeys(work_command_ids))
 
     with transaction.atomic(durable=True):
         set_local_lock_timeout()
-        locked = locks.checkpoint_owner_lock(
+        fence = locks.checkpoint_owner_lock(
             company_id=binding.company_id,
             issue_id=binding.issue_id,
             authority_run_id=authority_run_id,
             boot_id=owner.boot_id,
             generation=owner.generation,
+            run_id=binding.run_id,
         )
-        if locked is None:
+        if fence is None:
             raise CheckpointOwnerLost(reason="generation_or_boot_changed")
-        remembered = locks.checkpoint_work_lock(binding.run_id)
+        locked, remembered = fence.coordinator, fence.remembered
         previous = (
             set(remembered[1]) if remembered and remembered[0] == owner.lease_owner else set()
         )
@@ -523,21 +533,10 @@ def checkpoint_write(
         active = _owner_validate(locked, owner, binding, new_work=new_work)
         if predecessor is not None:
             _predecessor_check(predecessor, binding)
-        removed_count = _parts_apply(binding, reset, removed, names, materials, sizes)
+        removed_count = _parts_apply(binding, reset, removed, parts)
         _work_remember(binding, owner.lease_owner, work_ids)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_notify(%s, %s)",
-                [
-                    LIVE_RUN_RECOVERY_CHANNEL,
-                    json.dumps({"companyId": str(binding.company_id), "runId": str(run.run_id)}),
-                ],
-            )
-            cursor.execute(
-                "SELECT count(*) FROM native_runner_checkpoints WHERE run_id = %s",
-                [binding.run_id],
-            )
-            (count,) = cursor.fetchone() or (0,)
+        _live_run_recovery_notify(company_id=binding.company_id, run_id=run.run_id)
+        count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()
         activity_record(
             company_id=binding.company_id,
             actor_type="agent",
@@ -551,80 +550,56 @@ def checkpoint_write(
                 "generation": owner.generation,
                 "ownerActive": active,
                 "reset": reset,
-                "changed": len(names),
+                "changed": len(parts),
                 "removed": removed_count,
                 "keyId": key.key_id,
             },
         )
     return CheckpointWrite(
-        parts=count, owner_active=active, changed=len(names), removed=removed_count
+        parts=count, owner_active=active, changed=len(parts), removed=removed_count
     )
 
 
 def _parts_apply(
-    binding: Binding,
-    reset: bool,
-    removed: Sequence[str],
-    names: list[str],
-    materials: list[str],
-    sizes: list[int],
+    binding: Binding, reset: bool, removed: Sequence[str], parts: list[NativeRunnerCheckpoint]
 ) -> int:
     require_transaction()
     removed_count = 0
-    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
-        if reset:
-            cursor.execute(
-                "DELETE FROM native_runner_checkpoints "
-                "WHERE company_id = %s AND issue_id = %s AND run_id = %s",
-                [binding.company_id, binding.issue_id, binding.run_id],
+    with busy_on_lock_timeout(resource="native_run_finalization"):
+        if reset or removed:
+            doomed = NativeRunnerCheckpoint.objects.filter(
+                company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
             )
-            removed_count = cursor.rowcount
-        elif removed:
-            cursor.execute(
-                "DELETE FROM native_runner_checkpoints "
-                "WHERE company_id = %s AND issue_id = %s AND run_id = %s AND part = ANY(%s)",
-                [binding.company_id, binding.issue_id, binding.run_id, list(removed)],
-            )
-            removed_count = cursor.rowcount
-        if names:
-            cursor.execute(
-                """
-                INSERT INTO native_runner_checkpoints
-                    (id, company_id, issue_id, run_id, part, material, size_bytes,
-                     created_at, updated_at)
-                SELECT gen_random_uuid(), %s, %s, %s, u.part, u.material::jsonb, u.size,
-                       now(), now()
-                FROM unnest(%s::text[], %s::text[], %s::int[]) AS u(part, material, size)
-                ON CONFLICT (run_id, part) DO UPDATE
-                SET material = EXCLUDED.material,
-                    size_bytes = EXCLUDED.size_bytes,
-                    updated_at = now()
-                """,
-                [binding.company_id, binding.issue_id, binding.run_id, names, materials, sizes],
+            if not reset:
+                doomed = doomed.filter(part__in=removed)
+            removed_count, _ = doomed.delete()
+        if parts:
+            # created_at/updated_at are left to their database default (now).
+            NativeRunnerCheckpoint.objects.bulk_create(
+                parts,
+                update_conflicts=True,
+                unique_fields=["run", "part"],
+                update_fields=["material", "size_bytes", "updated_at"],
             )
     return removed_count
 
 
 def _work_remember(binding: Binding, lease_owner: str, work_ids: list[str]) -> None:
     require_transaction()
-    with busy_on_lock_timeout(resource="native_run_finalization"), connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO native_runner_checkpoint_work
-                (run_id, company_id, issue_id, lease_owner, work_command_ids, updated_at)
-            VALUES (%s, %s, %s, %s, %s::jsonb, now())
-            ON CONFLICT (run_id) DO UPDATE
-            SET lease_owner = EXCLUDED.lease_owner,
-                work_command_ids = EXCLUDED.work_command_ids,
-                updated_at = now()
-            """,
+    with busy_on_lock_timeout(resource="native_run_finalization"):
+        NativeRunnerCheckpointWork.objects.bulk_create(
             [
-                binding.run_id,
-                binding.company_id,
-                binding.issue_id,
-                lease_owner,
-                json.dumps(work_ids),
+                NativeRunnerCheckpointWork(
+                    run_id=binding.run_id,
+                    company_id=binding.company_id,
+                    issue_id=binding.issue_id,
+                    lease_owner=lease_owner,
+                    work_command_ids=work_ids,
+                )
             ],
+            update_conflicts=True,
+            unique_fields=["run"],
+            update_fields=["lease_owner", "work_command_ids", "updated_at"],
         )
 
 
@@ -650,53 +625,39 @@ def controller_leases_expire(*, run_ids: list[UUID]) -> AuthorityExpiry:
         claimed = {c.run_id: c for c in locks.expired_authorities_claim(run_ids)}
         if not claimed:
             return AuthorityExpiry(expired=[], skipped=list(run_ids))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                UPDATE native_run_finalizations f
-                SET lease_owner = NULL,
-                    lease_expires_at = COALESCE(f.lease_expires_at, clock_timestamp()),
-                    updated_at = now()
-                FROM heartbeat_runs r
-                WHERE f.run_id = ANY(%s) AND r.id = f.run_id
-                  AND r.status = 'running' AND f.phase = 'observed' AND f.result_id IS NULL
-                  AND f.lease_owner IS NOT NULL
-                  AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= clock_timestamp())
-                  AND EXISTS (
-                      SELECT 1 FROM native_runner_checkpoints c
-                      WHERE c.run_id = f.run_id AND c.issue_id = f.issue_id
-                        AND c.company_id = f.company_id
-                  )
-                RETURNING f.run_id
-                """,
-                [list(claimed)],
+        # The claimed rows are ours until commit, so the coordinator conditions cannot change
+        # between this re-check (database clock) and the UPDATE.
+        done = list(
+            expired_authorities(clock=ClockTimestamp())
+            .filter(pk__in=list(claimed), lease_owner__isnull=False)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        if done:
+            NativeRunFinalization.objects.filter(pk__in=done).update(
+                lease_owner=None,
+                lease_expires_at=Coalesce("lease_expires_at", ClockTimestamp()),
+                updated_at=Now(),
             )
-            done = sorted(row[0] for row in cursor.fetchall())
-            for run_id in done:
-                prior = claimed[run_id]
-                cursor.execute(
-                    "SELECT pg_notify(%s, %s)",
-                    [
-                        LIVE_RUN_RECOVERY_CHANNEL,
-                        json.dumps({"companyId": str(prior.company_id), "runId": str(run_id)}),
-                    ],
-                )
-                activity_record(
-                    company_id=prior.company_id,
-                    actor_type="system",
-                    actor_id="expire_runner_authorities",
-                    action="controller_lease.expired",
-                    entity_type="native_run_finalization",
-                    entity_id=run_id,
-                    run_id=run_id,
-                    details={
-                        "bootId": prior.controller_boot_id,
-                        "generation": prior.controller_generation,
-                        "leaseExpiresAt": prior.lease_expires_at.isoformat()
-                        if prior.lease_expires_at
-                        else None,
-                    },
-                )
+        for run_id in done:
+            prior = claimed[run_id]
+            _live_run_recovery_notify(company_id=prior.company_id, run_id=run_id)
+            activity_record(
+                company_id=prior.company_id,
+                actor_type="system",
+                actor_id="expire_runner_authorities",
+                action="controller_lease.expired",
+                entity_type="native_run_finalization",
+                entity_id=run_id,
+                run_id=run_id,
+                details={
+                    "bootId": prior.controller_boot_id,
+                    "generation": prior.controller_generation,
+                    "leaseExpiresAt": prior.lease_expires_at.isoformat()
+                    if prior.lease_expires_at
+                    else None,
+                },
+            )
     done_set = set(done)
     return AuthorityExpiry(expired=done, skipped=[r for r in run_ids if r not in done_set])
 
@@ -714,6 +675,15 @@ class RotationBatch:
 
 
 ROTATION_BATCH_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _parts_not_under(
+    key_id: str, parts: QuerySet[NativeRunnerCheckpoint]
+) -> QuerySet[NativeRunnerCheckpoint]:
+    """`parts` whose envelope's keyId IS DISTINCT FROM `key_id` (missing and null included)."""
+    return parts.alias(envelope_key_id=KT("material__keyId")).filter(
+        Q(envelope_key_id__isnull=True) | ~Q(envelope_key_id=key_id)
+    )
 
 
 def checkpoint_key_rotate_batch(
@@ -739,70 +709,41 @@ def checkpoint_key_rotate_batch(
     primary = ring.primary
     with transaction.atomic(durable=True):
         set_local_lock_timeout()
-        with (
-            busy_on_lock_timeout(resource="native_run_finalization"),
-            connection.cursor() as cursor,
-        ):
-            # Choose the batch from sizes alone (no ciphertext loaded), then lock and load it.
-            cursor.execute(
-                """
-                SELECT id, size_bytes
-                FROM native_runner_checkpoints
-                WHERE (material ->> 'keyId') IS DISTINCT FROM %s
-                  AND (%s::uuid IS NULL OR id > %s::uuid)
-                ORDER BY id
-                LIMIT %s
-                """,
-                [primary.key_id, after_id, after_id, batch_size],
+        # Choose the batch from sizes alone (no ciphertext loaded), then lock and load it.
+        pending = _parts_not_under(primary.key_id, NativeRunnerCheckpoint.objects.all())
+        if after_id is not None:
+            pending = pending.filter(pk__gt=after_id)
+        candidates: list[UUID] = []
+        budget = 0
+        for row_id, size in pending.order_by("pk").values_list("pk", "size_bytes")[:batch_size]:
+            budget += int(size)
+            if candidates and budget > max_bytes:
+                break
+            candidates.append(row_id)
+        if not candidates:
+            return RotationBatch(0, 0, [], None, primary.key_id)
+        with busy_on_lock_timeout(resource="native_run_finalization"):
+            rows = list(
+                _parts_not_under(primary.key_id, locks.checkpoint_parts_for_update())
+                .filter(pk__in=candidates)
+                .only("company_id", "issue_id", "run_id", "part", "material")
             )
-            candidates: list[UUID] = []
-            budget = 0
-            for row_id, size in cursor.fetchall():
-                budget += int(size)
-                if candidates and budget > max_bytes:
-                    break
-                candidates.append(row_id)
-            if not candidates:
-                return RotationBatch(0, 0, [], None, primary.key_id)
-            cursor.execute(
-                """
-                SELECT id, company_id, issue_id, run_id, part, material
-                FROM native_runner_checkpoints
-                WHERE id = ANY(%s) AND (material ->> 'keyId') IS DISTINCT FROM %s
-                ORDER BY id
-                FOR NO KEY UPDATE
-                """,
-                [candidates, primary.key_id],
-            )
-            rows: list[tuple[Any, ...]] = cursor.fetchall()
         last_id = candidates[-1]
-        ids: list[UUID] = []
-        materials: list[str] = []
+        reencrypted: list[NativeRunnerCheckpoint] = []
         unreadable: list[tuple[UUID, str, str]] = []
         from_keys: set[str] = set()
-        for row_id, company_id, issue_id, run_id, part, raw_material in rows:
-            # Django's psycopg setup hands raw-cursor jsonb back as text.
-            material = json.loads(raw_material) if isinstance(raw_material, str) else raw_material
-            binding = Binding(company_id=company_id, issue_id=issue_id, run_id=run_id)
+        for row in rows:
+            binding = Binding(company_id=row.company_id, issue_id=row.issue_id, run_id=row.run_id)
             try:
-                contents = decrypt_part(binding, part, material, ring)
+                contents = decrypt_part(binding, row.part, row.material, ring)
             except CheckpointUnreadable as exc:
-                unreadable.append((row_id, part, str(exc.details.get("reason"))))
+                unreadable.append((row.pk, row.part, str(exc.details.get("reason"))))
                 continue
-            from_keys.add(str(material.get("keyId")))
-            ids.append(row_id)
-            materials.append(json.dumps(encrypt_part(binding, part, contents, primary)))
-        if ids:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    """
-                    UPDATE native_runner_checkpoints c
-                    SET material = u.material::jsonb
-                    FROM unnest(%s::uuid[], %s::text[]) AS u(id, material)
-                    WHERE c.id = u.id
-                    """,
-                    [ids, materials],
-                )
+            from_keys.add(str(row.material.get("keyId")))
+            row.material = encrypt_part(binding, row.part, contents, primary)
+            reencrypted.append(row)
+        if reencrypted:
+            NativeRunnerCheckpoint.objects.bulk_update(reencrypted, ["material"])
             activity_record(
                 company_id=None,
                 actor_type="system",
@@ -813,13 +754,13 @@ def checkpoint_key_rotate_batch(
                 details={
                     "toKeyId": primary.key_id,
                     "fromKeyIds": sorted(from_keys),
-                    "reencrypted": len(ids),
+                    "reencrypted": len(reencrypted),
                     "unreadable": len(unreadable),
                     "firstId": str(candidates[0]),
                     "lastId": str(last_id),
                 },
             )
-    return RotationBatch(len(candidates), len(ids), unreadable, last_id, primary.key_id)
+    return RotationBatch(len(candidates), len(reencrypted), unreadable, last_id, primary.key_id)
 
 
 def checkpoint_parts_remaining_under_old_keys() -> int:
@@ -828,11 +769,4 @@ def checkpoint_parts_remaining_under_old_keys() -> int:
         primary = keyring(create=False).primary
     except KeyUnavailable:
         return 0
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM native_runner_checkpoints "
-            "WHERE (material ->> 'keyId') IS DISTINCT FROM %s",
-            [primary.key_id],
-        )
-        (count,) = cursor.fetchone() or (0,)
-    return int(count)
+    return _parts_not_under(primary.key_id, NativeRunnerCheckpoint.objects.all()).count()
