@@ -17,20 +17,11 @@ from uuid import UUID
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from django.db.models import DateTimeField, Field, Func, Model, QuerySet
+from django.db.models import Field, Model, QuerySet
 
 from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction
 from paperclip.models import NativeRunFinalization
-
-
-class ClockTimestamp(Func):
-    """The database's `clock_timestamp()`: the time the expression is evaluated, so in an
-    UPDATE's WHERE it is re-read when PostgreSQL re-checks a row after waiting for its lock
-    (`Now()` is the statement's start)."""
-
-    template = "clock_timestamp()"
-    output_field = DateTimeField()
 
 
 @dataclass(frozen=True, slots=True)

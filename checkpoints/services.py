@@ -39,10 +39,10 @@ from checkpoints.errors import (
     ControllerLeaseHeld,
     ControllerLeaseRunTerminal,
 )
-from checkpoints.locks import ClockTimestamp
 from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from checkpoints.selectors import RunnerRun, expired_authorities, runner_run_get
 from paperclip.activity import activity_record
+from paperclip.db.clock import ClockTimestamp
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import connection
+from django.db.models import DateTimeField, Func
 
 
 def db_now() -> datetime:
@@ -26,3 +27,12 @@ def db_now() -> datetime:
 def db_now_iso() -> str:
     """`db_now()` as ISO-8601, for timestamps stored inside jsonb."""
     return db_now().isoformat()
+
+
+class ClockTimestamp(Func):
+    """The database's `clock_timestamp()`: the time the expression is evaluated, so in an
+    UPDATE's WHERE it is re-read when PostgreSQL re-checks a row after waiting for its lock
+    (`Now()` is the statement's start)."""
+
+    template = "clock_timestamp()"
+    output_field = DateTimeField()
