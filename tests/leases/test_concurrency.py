@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+import leases.services.operations
 import paperclip.db.locking
-from leases import services
 from leases.errors import RuntimeLeaseConflict, RuntimeLeaseContended
 from leases.models import WorkspaceRuntimeLease
 from leases.services import RuntimeLeaseOwner, workspace_operation_create_fenced
@@ -286,7 +286,7 @@ def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next(monke
     expire(workspace)
     owner = RuntimeLeaseOwner.for_agent(holder_agent.pk)
     in_write, finish_write = threading.Event(), threading.Event()
-    real_audit = services._audit
+    real_audit = leases.services.operations.audit
 
     def audit_then_pause(**kwargs):
         real_audit(**kwargs)
@@ -295,7 +295,7 @@ def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next(monke
             in_write.set()
             assert finish_write.wait(TIMEOUT)
 
-    monkeypatch.setattr(services, "_audit", audit_then_pause)
+    monkeypatch.setattr(leases.services.operations, "audit", audit_then_pause)
 
     def write():
         try:

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 
+import leases.services.sweep
 from leases import services
 from leases.models import WorkspaceRuntimeLease
 from leases.selectors import runtime_lease_stale_page
@@ -147,7 +148,7 @@ def test_sweep_racing_a_real_renew_between_listing_and_locking(monkeypatch):
     claim(ws, agent)
     expire(ws)
     listed, renewed = threading.Event(), threading.Event()
-    real_page = services.runtime_lease_stale_page
+    real_page = leases.services.sweep.runtime_lease_stale_page
 
     def page_then_pause(**kwargs):
         page = real_page(**kwargs)
@@ -156,7 +157,7 @@ def test_sweep_racing_a_real_renew_between_listing_and_locking(monkeypatch):
             assert renewed.wait(EVENT_TIMEOUT)
         return page
 
-    monkeypatch.setattr(services, "runtime_lease_stale_page", page_then_pause)
+    monkeypatch.setattr(leases.services.sweep, "runtime_lease_stale_page", page_then_pause)
 
     def run_sweep():
         try:

@@ -1,0 +1,168 @@
+"""Workspace operations fenced by the runtime lease's generation (docs/leases.md).
+
+Every create and reclaim of a lease hands out a new `generation` from the workspace's
+`runtime_lease_generation` counter; it never repeats for a workspace (the counter outlives
+the lease row), so it fences writes: `workspace_operation_create_fenced` accepts an operation
+only from the owner key that holds the lease at the generation it names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+from uuid import UUID, uuid4
+
+from django.db import IntegrityError, connection, transaction
+
+from leases import locks
+from leases.errors import RuntimeLeaseContended, RuntimeLeaseSuperseded
+from leases.services.shared import audit, preconditions, str_or_none
+from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner, WorkspaceOperationRecord
+from paperclip.db.locking import busy_on_lock_timeout
+from paperclip.errors import InvalidRequest
+from paperclip.models import WorkspaceOperation
+
+_OPERATION_INSERT_SQL: Final = (
+    "INSERT INTO workspace_operations (id, company_id, execution_workspace_id, heartbeat_run_id,"
+    " actor_agent_id, actor_run_id, issue_id, phase, command, status, exit_code,"
+    " lease_generation, started_at, finished_at, created_at, updated_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(),"
+    " CASE WHEN %s = 'running' THEN NULL ELSE now() END, now(), now())"
+    " RETURNING started_at, finished_at"
+)
+
+
+def workspace_operation_create_fenced(
+    *,
+    company_id: UUID,
+    execution_workspace_id: UUID,
+    owner: RuntimeLeaseOwner,
+    generation: int,
+    phase: str,
+    status: str,
+    command: str | None = None,
+    exit_code: int | None = None,
+) -> WorkspaceOperationRecord:
+    """Record a workspace operation only while `owner`'s key holds the lease at `generation`.
+
+    An expired lease nobody has reclaimed still counts: expiry only lets others take over.
+    Locks: the lease row FOR SHARE while inserting, so a reclaim waits for this write and a
+    write after the reclaim sees the new generation. A refused write rolls back; its
+    rejection is then audited in a separate small transaction (so the audit survives).
+    Raises RuntimeLeaseSuperseded (409, `current_generation` null when no lease), the
+    claim's 404/403 errors, InvalidRequest, ResourceBusy.
+    """
+    if status not in WorkspaceOperation.Status.values:
+        raise InvalidRequest(
+            fields={"status": [f"Must be one of: {', '.join(WorkspaceOperation.Status.values)}."]}
+        )
+    owner_key = owner.owner_key
+    with busy_on_lock_timeout(BUSY_MESSAGE):
+        try:
+            with transaction.atomic(durable=True):
+                preconditions(
+                    company_id=company_id,
+                    execution_workspace_id=execution_workspace_id,
+                    owner=owner,
+                )
+                current = locks.runtime_lease_for_share(
+                    execution_workspace_id=execution_workspace_id
+                )
+                if (
+                    owner_key is None
+                    or current is None
+                    or current.owner_key != owner_key
+                    or current.generation != generation
+                ):
+                    raise RuntimeLeaseSuperseded(
+                        execution_workspace_id=str(execution_workspace_id),
+                        requested_owner_key=owner_key,
+                        requested_generation=generation,
+                        current_generation=None if current is None else current.generation,
+                        owner_key=None if current is None else current.owner_key,
+                    )
+                operation_id = uuid4()
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        _OPERATION_INSERT_SQL,
+                        [
+                            operation_id,
+                            company_id,
+                            execution_workspace_id,
+                            owner.run_id,
+                            owner.agent_id,
+                            owner.run_id,
+                            owner.issue_id,
+                            phase,
+                            command,
+                            status,
+                            exit_code,
+                            generation,
+                            status,
+                        ],
+                    )
+                    inserted = cursor.fetchone()
+                assert inserted is not None  # noqa: S101 - INSERT ... RETURNING of one row
+                started_at, finished_at = inserted
+                audit(
+                    owner_actor=(owner.actor_type, owner.actor_id),
+                    company_id=company_id,
+                    execution_workspace_id=execution_workspace_id,
+                    action="workspace_operation.recorded",
+                    run_id=owner.run_id,
+                    details={
+                        "operation_id": str(operation_id),
+                        "phase": phase,
+                        "status": status,
+                        "lease_generation": generation,
+                        "owner_key": owner_key,
+                    },
+                )
+        except RuntimeLeaseSuperseded as exc:
+            _record_superseded_write(
+                company_id=company_id,
+                execution_workspace_id=execution_workspace_id,
+                owner=owner,
+                phase=phase,
+                details=exc.details,
+            )
+            raise
+        except IntegrityError as exc:
+            raise RuntimeLeaseContended(
+                execution_workspace_id=str(execution_workspace_id), requested_action=phase
+            ) from exc
+    return WorkspaceOperationRecord(
+        id=operation_id,
+        company_id=company_id,
+        execution_workspace_id=execution_workspace_id,
+        heartbeat_run_id=owner.run_id,
+        issue_id=owner.issue_id,
+        actor_agent_id=owner.agent_id,
+        phase=phase,
+        command=command,
+        status=status,
+        exit_code=exit_code,
+        lease_generation=generation,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def _record_superseded_write(
+    *,
+    company_id: UUID,
+    execution_workspace_id: UUID,
+    owner: RuntimeLeaseOwner,
+    phase: str,
+    details: dict[str, Any],
+) -> None:
+    # The refused request's own transaction rolled back (a failed request changes nothing);
+    # the evidence that a stale owner tried to act is still worth one audit row of its own.
+    with transaction.atomic(durable=True):
+        audit(
+            owner_actor=(owner.actor_type, owner.actor_id),
+            company_id=company_id,
+            execution_workspace_id=execution_workspace_id,
+            action="runtime_lease.superseded_write_rejected",
+            run_id=None,  # the run FK may be the reason the write failed; keep it in details
+            details={**details, "phase": phase, "run_id": str_or_none(owner.run_id)},
+        )

@@ -1,0 +1,119 @@
+"""Sweep stale runtime leases (`sweep_runtime_leases`, docs/leases.md).
+
+Candidates are listed without locks, then each batch is locked with SKIP LOCKED and re-checked
+under the lock, so a lease claimed, renewed or reclaimed meanwhile is left alone. Each deletion
+is audited with actor `system`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from leases import locks
+from leases.models import WorkspaceRuntimeLease
+from leases.selectors import (
+    LEASE_TABLE,
+    STALE,
+    STALE_REASON,
+    runtime_lease_stale_page,
+    with_stale_reason,
+)
+from leases.services.shared import audit
+from leases.services.types import RuntimeLeaseSweepBatch, RuntimeLeaseSweepReport
+from paperclip.errors import InvalidRequest
+
+SWEEP_ACTOR_ID: Final = "sweep_runtime_leases"
+
+
+def runtime_lease_sweep_batch(*, lease_ids: list[UUID]) -> RuntimeLeaseSweepBatch:
+    """Delete those of `lease_ids` whose owner is still stale when re-checked under the row
+    lock. A lease being claimed right now is skipped (SKIP LOCKED); one renewed or reclaimed
+    since it was listed survives the re-check. Audits each deletion (actor `system`).
+    """
+    with transaction.atomic(durable=True):
+        locked = locks.runtime_leases_lock_skip_locked(lease_ids=lease_ids)
+        # A fresh statement after taking the locks: it sees every commit made before them.
+        still_stale = list(
+            with_stale_reason(WorkspaceRuntimeLease.objects.filter(pk__in=locked))
+            .filter(**STALE)
+            .order_by("pk")
+            .values_list(
+                "pk",
+                "company_id",
+                "execution_workspace_id",
+                "owner_key",
+                "generation",
+                STALE_REASON,
+            )
+        )
+        doomed = [row[0] for row in still_stale]
+        if doomed:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {LEASE_TABLE} WHERE id = ANY(%s)",  # noqa: S608
+                    [doomed],
+                )
+        for lease_id, company_id, workspace_id, owner_key, generation, reason in still_stale:
+            audit(
+                owner_actor=("system", SWEEP_ACTOR_ID),
+                company_id=company_id,
+                execution_workspace_id=workspace_id,
+                action="runtime_lease.swept",
+                run_id=None,
+                details={
+                    "lease_id": str(lease_id),
+                    "owner_key": owner_key,
+                    "generation": generation,
+                    "reason": reason,
+                },
+            )
+    return RuntimeLeaseSweepBatch(
+        examined=len(lease_ids),
+        skipped_locked=len(lease_ids) - len(locked),
+        survived=len(locked) - len(doomed),
+        deleted=tuple((row[0], row[5]) for row in still_stale),
+    )
+
+
+def runtime_lease_sweep(
+    *,
+    batch_size: int = 500,
+    dry_run: bool = False,
+    on_batch: Callable[[int, RuntimeLeaseSweepBatch], None] | None = None,
+) -> RuntimeLeaseSweepReport:
+    """Delete every lease whose owner is stale, `batch_size` per transaction.
+
+    Candidates are listed without locks in id order (keyset pagination, so skipped or
+    surviving rows are never revisited and the sweep terminates), then each batch goes
+    through `runtime_lease_sweep_batch`. With `dry_run` nothing is locked or deleted and the
+    batches report what would be deleted. `on_batch(number, batch)` reports progress.
+    """
+    if batch_size < 1:
+        raise InvalidRequest(fields={"batch_size": ["Must be a positive integer."]})
+    report = RuntimeLeaseSweepReport(dry_run=dry_run)
+    after: UUID | None = None
+    while True:
+        page = runtime_lease_stale_page(after_id=after, limit=batch_size)
+        if not page:
+            return report
+        after = page[-1][0]
+        if dry_run:
+            batch = RuntimeLeaseSweepBatch(
+                examined=len(page),
+                skipped_locked=0,
+                survived=0,
+                deleted=tuple((lease_id, reason) for lease_id, reason in page),  # type: ignore[misc]
+            )
+        else:
+            batch = runtime_lease_sweep_batch(lease_ids=[lease_id for lease_id, _ in page])
+        report.batches += 1
+        report.examined += batch.examined
+        report.skipped_locked += batch.skipped_locked
+        report.survived += batch.survived
+        report.by_reason.update(reason for _, reason in batch.deleted)
+        if on_batch is not None:
+            on_batch(report.batches, batch)
