@@ -1,10 +1,4 @@
-"""Writes of the core models: companies, agents and keys, issues, execution workspaces, runs.
-
-Every public service takes keyword-only arguments (the acting `Actor` and plain values), checks
-what it can before opening a transaction, owns one `transaction.atomic(durable=True)`, writes one
-audit row per state change inside it, and returns a frozen dataclass. Access is enforced here,
-not only in the views: another company's objects answer NotFoundError (404), exactly like
-missing ones.
+"""Writes of heartbeat runs: creating them and moving them along their lifecycle.
 
 Run lifecycle (`run_transition`):
 
@@ -25,7 +19,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 from uuid import UUID
 
@@ -35,14 +28,6 @@ from django.db.models.functions import Now
 from paperclip import selectors
 from paperclip.access import Actor
 from paperclip.activity import activity_record
-from paperclip.credentials import (
-    CredentialRevocation,
-    IssuedCredential,
-    agent_key_create,
-)
-from paperclip.credentials import (
-    agent_key_revoke as _credential_agent_key_revoke,
-)
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import (
     AgentNotActive,
@@ -52,19 +37,19 @@ from paperclip.errors import (
     NotFoundError,
     PermissionDenied,
 )
-from paperclip.locks import issues_for_update, run_lock_with_issue
+from paperclip.locks import run_lock_with_issue
 from paperclip.models import (
     Agent,
-    BoardMembership,
-    Company,
     ExecutionWorkspace,
     HeartbeatRun,
     Issue,
     NativeRunFinalization,
     NativeRunResult,
 )
+from paperclip.services.shared import absolute_path_error, audit
 
 RunStatus = HeartbeatRun.Status
+
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.QUEUED: frozenset(
@@ -87,6 +72,7 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     ),
 }
 
+
 # Coordinator phases at or after result acceptance: the run's success belongs to finalization.
 RESULT_ACCEPTED_PHASES = frozenset(
     {
@@ -96,264 +82,6 @@ RESULT_ACCEPTED_PHASES = frozenset(
         NativeRunFinalization.Phase.APPLIED,
     }
 )
-
-
-# --- validation shared with the API serializers ---------------------------------------------
-
-
-def absolute_path_error(value: str) -> str | None:
-    """Why `value` is not an acceptable absolute directory path, or None if it is.
-
-    Paths are POSIX, absolute, without NUL bytes and without `..` segments: the directory is
-    later a copy-back destination, so it must say plainly where it points.
-    """
-    if "\x00" in value:
-        return "Must not contain NUL bytes."
-    if not value.startswith("/"):
-        return "Must be an absolute path."
-    if ".." in PurePosixPath(value).parts:
-        return "Must not contain '..' segments."
-    return None
-
-
-def _require_board(actor: Actor) -> None:
-    if not actor.is_board:
-        raise PermissionDenied("This operation is for board members.")
-
-
-def _audit(
-    actor: Actor,
-    *,
-    company_id: UUID | None,
-    action: str,
-    entity_type: str,
-    entity_id: UUID,
-    run_id: UUID | None = None,
-    details: dict[str, Any] | None = None,
-) -> None:
-    activity_record(
-        company_id=company_id,
-        actor_type=actor.actor_type,
-        actor_id=actor.actor_id,
-        action=action,
-        entity_type=entity_type,
-        entity_id=entity_id,
-        run_id=run_id,
-        details=details,
-    )
-
-
-# --- companies, agents, keys ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CompanyCreated:
-    company: Company
-
-
-def company_create(*, actor: Actor, name: str) -> CompanyCreated:
-    """Create a company and make the creating (superuser) board user a member of it.
-
-    Raises PermissionDenied unless the actor is a superuser board member.
-    """
-    if not actor.is_superuser or actor.user is None:
-        raise PermissionDenied("Only superusers may create companies.")
-    with transaction.atomic(durable=True):
-        company = Company.objects.create(name=name)
-        BoardMembership.objects.create(user_id=actor.user.pk, company=company)
-        _audit(
-            actor,
-            company_id=company.pk,
-            action="company.created",
-            entity_type="company",
-            entity_id=company.pk,
-            details={"name": name, "board_member_user_id": str(actor.user.pk)},
-        )
-    return CompanyCreated(company=company)
-
-
-@dataclass(frozen=True, slots=True)
-class AgentCreated:
-    agent: Agent
-
-
-def agent_create(*, actor: Actor, company_id: UUID | str, name: str) -> AgentCreated:
-    """Create an agent in a company the board actor belongs to.
-
-    Raises PermissionDenied (not a board actor) or NotFoundError (company not visible).
-    """
-    _require_board(actor)
-    company = selectors.company_get(actor=actor, company_id=company_id)
-    with transaction.atomic(durable=True):
-        agent = Agent.objects.create(company=company, name=name)
-        _audit(
-            actor,
-            company_id=company.pk,
-            action="agent.created",
-            entity_type="agent",
-            entity_id=agent.pk,
-            details={"name": name},
-        )
-    return AgentCreated(agent=agent)
-
-
-def agent_key_issue(*, actor: Actor, agent_id: UUID | str, name: str = "") -> IssuedCredential:
-    """Mint an API key for an agent of the board actor's company; the secret is returned once.
-
-    Raises PermissionDenied (not a board actor) or NotFoundError (agent not visible).
-    """
-    _require_board(actor)
-    agent = selectors.agent_get(actor=actor, agent_id=agent_id)
-    return agent_key_create(
-        agent_id=agent.pk, actor_type=actor.actor_type, actor_id=actor.actor_id, name=name
-    )
-
-
-def agent_key_revoke(*, actor: Actor, key_id: UUID | str) -> CredentialRevocation:
-    """Revoke an agent key (idempotent). Locks the key row.
-
-    Raises PermissionDenied (not a board actor) or NotFoundError (key not visible).
-    """
-    _require_board(actor)
-    key = selectors.agent_key_get(actor=actor, key_id=key_id)
-    return _credential_agent_key_revoke(
-        key_id=key.pk, actor_type=actor.actor_type, actor_id=actor.actor_id
-    )
-
-
-# --- issues, execution workspaces --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class IssueCreated:
-    issue: Issue
-
-
-def issue_create(
-    *,
-    actor: Actor,
-    company_id: UUID | str,
-    title: str,
-    status: str = Issue.Status.BACKLOG,
-    assignee_agent_id: UUID | None = None,
-) -> IssueCreated:
-    """Create an issue. The assignee must be an agent of the same company.
-
-    Raises PermissionDenied (not a board actor), InvalidRequest (unknown status) or
-    NotFoundError (company or assignee not visible / not in the company).
-    """
-    _require_board(actor)
-    if status not in Issue.Status.values:
-        raise InvalidRequest(fields={"status": [f'"{status}" is not a valid choice.']})
-    company = selectors.company_get(actor=actor, company_id=company_id)
-    with transaction.atomic(durable=True):
-        if (
-            assignee_agent_id is not None
-            and not Agent.objects.filter(pk=assignee_agent_id, company=company).exists()
-        ):
-            raise NotFoundError("The assignee agent was not found in this company.")
-        issue = Issue.objects.create(
-            company=company, title=title, status=status, assignee_agent_id=assignee_agent_id
-        )
-        _audit(
-            actor,
-            company_id=company.pk,
-            action="issue.created",
-            entity_type="issue",
-            entity_id=issue.pk,
-            details={
-                "title": title,
-                "status": status,
-                "assignee_agent_id": str(assignee_agent_id) if assignee_agent_id else None,
-            },
-        )
-    return IssueCreated(issue=issue)
-
-
-@dataclass(frozen=True, slots=True)
-class IssueUpdate:
-    issue: Issue
-    changed: bool  # False when the request asked for the state the issue already had
-
-
-def issue_update(
-    *,
-    actor: Actor,
-    issue_id: UUID | str,
-    status: str | None = None,
-    hidden: bool | None = None,
-) -> IssueUpdate:
-    """Change an issue's status and/or hide it (hidden_at = database now()) or unhide it.
-
-    Hiding an already hidden issue keeps its original hidden_at. Locks the issue row.
-    Raises PermissionDenied, InvalidRequest (nothing to change / unknown status),
-    NotFoundError, or ResourceBusy when the row stays locked for 5 s.
-    """
-    _require_board(actor)
-    if status is None and hidden is None:
-        raise InvalidRequest(
-            "Nothing to update.", fields={"non_field_errors": ["Give status and/or hidden."]}
-        )
-    if status is not None and status not in Issue.Status.values:
-        raise InvalidRequest(fields={"status": [f'"{status}" is not a valid choice.']})
-    visible = selectors.issue_get(actor=actor, issue_id=issue_id)
-    with busy_on_lock_timeout(issue_id=str(visible.pk)), transaction.atomic(durable=True):
-        set_local_lock_timeout()
-        issue = issues_for_update().filter(pk=visible.pk).first()
-        if issue is None:
-            raise NotFoundError()
-        changes: dict[str, Any] = {}
-        values: dict[str, Any] = {}
-        if status is not None and status != issue.status:
-            changes["status"] = {"from": issue.status, "to": status}
-            values["status"] = status
-        if hidden is not None and hidden != (issue.hidden_at is not None):
-            changes["hidden"] = {"from": not hidden, "to": hidden}
-            values["hidden_at"] = Now() if hidden else None
-        if values:
-            Issue.objects.filter(pk=issue.pk).update(**values, updated_at=Now())
-            _audit(
-                actor,
-                company_id=issue.company_id,
-                action="issue.updated",
-                entity_type="issue",
-                entity_id=issue.pk,
-                details=changes,
-            )
-            issue.refresh_from_db()
-    return IssueUpdate(issue=issue, changed=bool(values))
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionWorkspaceCreated:
-    workspace: ExecutionWorkspace
-
-
-def execution_workspace_create(
-    *, actor: Actor, company_id: UUID | str, name: str, cwd: str | None = None
-) -> ExecutionWorkspaceCreated:
-    """Create an execution workspace; `cwd`, if given, must be an absolute path.
-
-    Raises PermissionDenied, InvalidRequest (bad cwd) or NotFoundError (company not visible).
-    """
-    _require_board(actor)
-    if cwd is not None and (problem := absolute_path_error(cwd)):
-        raise InvalidRequest(fields={"cwd": [problem]})
-    company = selectors.company_get(actor=actor, company_id=company_id)
-    with transaction.atomic(durable=True):
-        workspace = ExecutionWorkspace.objects.create(company=company, name=name, cwd=cwd)
-        _audit(
-            actor,
-            company_id=company.pk,
-            action="execution_workspace.created",
-            entity_type="execution_workspace",
-            entity_id=workspace.pk,
-            details={"name": name, "cwd": cwd},
-        )
-    return ExecutionWorkspaceCreated(workspace=workspace)
-
-
-# --- heartbeat runs ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +173,7 @@ def run_create(
                 issue=issue,
                 phase=NativeRunFinalization.Phase.OBSERVED,
             )
-        _audit(
+        audit(
             actor,
             company_id=agent.company_id,
             action="heartbeat_run.created",
