@@ -65,6 +65,8 @@ def main() -> int:
     try:
         os.environ["DATABASE_URL"] = with_database(server, db_name)
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "paperclip.settings")
+        # A bench is neither manage.py nor pytest: give it a throwaway key.
+        os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
         # A throwaway key: the bench never touches the data directory's key file.
         from checkpoints.crypto import generate_key_text
 

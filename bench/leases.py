@@ -96,6 +96,8 @@ def main() -> int:
 def run(bench_url: str, n: int) -> int:
     os.environ["DATABASE_URL"] = bench_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
+    # A bench is neither manage.py nor pytest: give it (and its gunicorn) a throwaway key.
+    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
     import django
 
     django.setup()
@@ -194,7 +196,6 @@ def run(bench_url: str, n: int) -> int:
         "DATABASE_URL": bench_url,
         "DJANGO_CONN_MAX_AGE": "600",  # persistent DB connections, as in production
         "DJANGO_DEBUG": "false",
-        "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or "bench-only",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
     log(f"starting gunicorn on 127.0.0.1:{port} (1 worker, {worker_class}, keep-alive) ...")

@@ -24,7 +24,7 @@ from paperclip.db.embedded import embedded_server_stop
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 45
 
 # Joins the embedded server through settings.py (as every manage.py process does), runs a
