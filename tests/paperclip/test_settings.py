@@ -67,6 +67,14 @@ def test_a_production_process_without_secret_key_refuses_to_start(
     assert not (tmp_path / "secret_key").exists()  # no key was minted
 
 
+def test_the_message_names_every_missing_value(tmp_path: Path) -> None:
+    env = _env(DJANGO_DEBUG="false", PAPERCLIP_DATA_DIR=str(tmp_path))
+    done = _run([sys.executable, "-c", SETUP], env)
+    assert done.returncode != 0
+    assert "DATABASE_URL and DJANGO_SECRET_KEY are not set" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # neither a key nor a cluster was made
+
+
 def test_manage_py_told_debug_false_refuses_too(tmp_path: Path) -> None:
     env = _env(DJANGO_DEBUG="false", DJANGO_SECRET_KEY="s" * 50, PAPERCLIP_DATA_DIR=str(tmp_path))
     done = _run([sys.executable, "manage.py", "check"], env)
