@@ -73,10 +73,12 @@ def test_every_relative_link_in_the_docs_resolves(doc: Path) -> None:
 
 
 def test_nothing_cites_files_outside_the_repository() -> None:
-    outside = re.compile(r"CONTRACT\.md|UPSTREAM|reference/upstream|\.\./shared")
+    # Spelled in pieces, so that this file does not match its own search.
+    names = ["CONTRA" + r"CT\.md", "UPSTR" + "EAM", "reference/up" + "stream", r"\.\./sha" + "red"]
+    outside = re.compile("|".join(names))
     offenders = [
         str(path.relative_to(ROOT))
         for path in [*_code_files(), ROOT / "README.md", *ROOT.glob("docs/*.md")]
-        if outside.search(path.read_text()) and path.name != "test_docs.py"
+        if outside.search(path.read_text())
     ]
     assert offenders == []
