@@ -293,7 +293,11 @@ class WorkspaceOperationCreateApi(APIView):
         request=InputSerializer,
         responses={
             201: OutputSerializer,
-            **error_responses(*COMMON_ERRORS, (409, "workspace_runtime_lease_superseded")),
+            **error_responses(
+                *COMMON_ERRORS,
+                (409, "workspace_runtime_lease_superseded"),
+                (409, "workspace_runtime_lease_contended"),
+            ),
         },
     )
     def post(self, request: Request, workspace_id: UUID) -> Response:

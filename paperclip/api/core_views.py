@@ -288,9 +288,7 @@ class IssueDetailApi(APIView):
         request=UpdateInputSerializer,
         responses={
             200: IssueOutputSerializer,
-            **error_responses(
-                *AUTH_ERRORS, INVALID, NOT_FOUND, (409, "issue_execution_locked"), BUSY
-            ),
+            **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND, BUSY),
         },
     )
     def patch(self, request: Request, issue_id: UUID) -> Response:

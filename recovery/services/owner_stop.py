@@ -105,7 +105,7 @@ def recovery_owner_stop_confirm(
     reconciler finalizes the saved result. Changes nothing else.
 
     Locks, in one transaction: `pg_try_advisory_xact_lock` on the run's finalization key (held
-    → WorkspaceCopybackActive), then issue → coordinator → run → action FOR UPDATE. Rejects
+    → WorkspaceCopybackActive), then issue → coordinator → run → action FOR NO KEY UPDATE. Rejects
     with WorkspaceOwnerRecoveryStale when the action, run, coordinator, result, issue binding
     or receipt is no longer the recorded one or a newer run exists; WorkspaceControllerAlive
     when the owner is on this host and its process is alive; NotFoundError for an issue the
