@@ -188,8 +188,8 @@ def stale_reason_expression() -> Case:
     """SQL for the live stale reason of a lease row (NULL = its owner is still live).
 
     Needs the `_owner_issue_ref` / `_owner_run_ref` aliases that `with_stale_reason` adds.
-    Order matters and follows upstream: expiry first, then the owner's lifecycle; agent-only
-    (and unparseable) owners recover only by TTL.
+    Order matters (docs/leases.md#stale-reasons): expiry first, then the owner's lifecycle;
+    agent-only (and unparseable) owners recover only by TTL.
     """
     return Case(
         When(expires_at__lte=Now(), then=Value("lease_expired")),

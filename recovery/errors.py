@@ -234,8 +234,8 @@ def binding_failure(reason: str, policy: object = None) -> SourceFailure:
 
 
 class SourceInspectionLimit(RuleViolationError):
-    """More source leases than the caller allows (`maximum_sources`). **beyond** upstream's
-    bare error: details `{"maximum_sources", "recorded"}`."""
+    """More source leases than the caller allows (`maximum_sources`); details
+    `{"maximum_sources", "recorded"}` (docs/recovery.md#recovery-source-failure-codes)."""
 
     code = "source_inspection_limit"
     message = "The failed run recorded more source leases than this inspection allows."

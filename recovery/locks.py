@@ -1,9 +1,8 @@
 """Advisory-lock keys and locking querysets of the recovery app (the only place building them).
 
 Lock order (see paperclip/db/advisory.py): advisory keys first, then issue → coordinator →
-run → recovery action rows. Upstream's ownership seed locks the coordinator before the issue;
-we use the owner-stop admission order (docs/locking.md#lock-order) everywhere so the two paths can't
-deadlock against each other.
+run → recovery action rows. Finalization ownership and the owner-stop admission both take this
+order (docs/locking.md#lock-order), so the two paths can't deadlock against each other.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ renews; anyone else gets `workspace_runtime_lease_conflict` until the holder tur
 (lease expired, owner issue missing/hidden/terminal, owner run missing/terminal), when the
 lane is reclaimed in place. Board actors bypass the lease. Release deletes the row.
 
-Beyond upstream, every create and reclaim hands out a new `generation` from the workspace's
+Every create and reclaim hands out a new `generation` from the workspace's
 `runtime_lease_generation` counter; it never repeats for a workspace (the counter outlives
 the lease row), so it fences writes: `workspace_operation_create_fenced` accepts an operation
 only from the owner key that holds the lease at the generation it names.

@@ -7,7 +7,7 @@ historical-source evidence, and every lease must be bound to that exact run. Che
 seed's order and the first failure wins, so an operator always sees the most fundamental
 problem first.
 
-Decisions where upstream is not available (for operators: README, "Environment leases"):
+Decisions this service makes itself (for operators: README, "Environment leases"):
 - Executing in this process (`adapterExecutionControls`): this service hosts no in-process
   adapters, so nothing registers and a run is never "executing here". The registry below
   (`adapter_execution_control`) exists for any future in-process executor; it is per process.
@@ -344,7 +344,7 @@ def _ambiguous() -> SourceFailure:
     return SourceFailure("allocation_ownership_ambiguous", "service_required")
 
 
-def _inspect(  # one linear list of checks, in the seed's order
+def _inspect(  # one linear list of checks, in the documented order
     company_id: UUID,
     issue_id: UUID,
     run_id: UUID,
@@ -647,7 +647,8 @@ def _writer_active(
         continuation = _as_dict(_as_dict(evidence).get("explicitUserContinuation"))
         readiness = _as_dict(continuation.get("readiness"))
         continuation_run = continuation.get("runId")
-        # Exactly the run's id as text (as the seed compares it), not any spelling of it.
+        # Exactly the run's id as text, not any spelling of it
+        # (docs/recovery.md#issue-id-resolution).
         if (
             readiness.get("mode") == "fresh_isolated_workspace"
             and is_uuid(continuation_run)
@@ -661,7 +662,7 @@ def _writer_active(
         | Q(context_snapshot__executionWorkspaceId=workspace_id)
     )
     if is_uuid(workspace_id):
-        # Beyond the seed: our runs also carry the workspace as a column.
+        # Our runs also carry the workspace as a column: match that too.
         targets |= Q(execution_workspace_id=UUID(workspace_id))
     return (
         HeartbeatRun.objects.filter(company_id=company_id, status__in=HeartbeatRun.LIVE_STATUSES)

@@ -105,8 +105,9 @@ class NotAcquired:
 
 # Process-local memory (docs/recovery.md#process-local-owner-memory), guarded by one mutex:
 # tokens whose action is running in this process, the run key each token owns (with the
-# database alias, upstream's "same db"), and tokens whose action finished but whose receipt
-# removal could not be confirmed: positive evidence that lets this same boot take them over.
+# database alias: a token joins only within the same database), and tokens whose action finished but
+# whose receipt removal could not be confirmed: positive evidence that lets this same boot take them
+# over.
 _state = threading.Lock()
 _active_owner_tokens: set[str] = set()
 _active_run_owners: dict[str, tuple[str, str]] = {}
