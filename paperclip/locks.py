@@ -6,7 +6,7 @@ for the global order): advisory locks first, then
     issue -> coordinator (NativeRunFinalization) -> run -> recovery action
 
 This is the order the recovery app's finalization commit and owner-stop confirmation use too
-(upstream's owner-recovery order); one order everywhere is what keeps a status update racing a
+(docs/locking.md#lock-order); one order everywhere is what keeps a status update racing a
 finalization commit from deadlocking. The issue comes before the run because a run moving to
 `running` must check the issue's current execution holder before it commits to it. Code that
 only needs the issue and the run (status transitions) takes `issue -> run`; nothing here ever
