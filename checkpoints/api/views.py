@@ -20,19 +20,21 @@ from rest_framework.views import APIView
 from checkpoints import selectors, services
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
-from paperclip.api.serializers import UUIDBodyField, error_responses
+from paperclip.api.serializers import (
+    AUTH_ERRORS,
+    INVALID_REQUEST,
+    NOT_FOUND,
+    RESOURCE_BUSY,
+    UUIDBodyField,
+    error_responses,
+)
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun
 
 BOOT_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 
 
-COMMON_ERRORS = (
-    (400, "invalid_request"),
-    (401, "not_authenticated"),
-    (403, "permission_denied"),
-    (404, "not_found"),
-)
+COMMON_ERRORS = (INVALID_REQUEST, *AUTH_ERRORS, NOT_FOUND)
 
 
 def _run_for(request: Request, run_id: UUID, *, runner_only: bool) -> HeartbeatRun:
@@ -90,7 +92,7 @@ class ControllerLeaseAcquireApi(APIView):
                 *COMMON_ERRORS,
                 (409, "controller_lease_held"),
                 (409, "controller_lease_run_terminal"),
-                (409, "resource_busy"),
+                RESOURCE_BUSY,
                 (422, "controller_lease_run_not_native"),
             ),
         },
@@ -132,7 +134,7 @@ class ControllerLeaseExpireApi(APIView):
         responses={
             200: OutputSerializer,
             **error_responses(
-                *COMMON_ERRORS, (409, "resource_busy"), (422, "controller_lease_run_not_native")
+                *COMMON_ERRORS, RESOURCE_BUSY, (422, "controller_lease_run_not_native")
             ),
         },
     )
@@ -240,7 +242,7 @@ class CheckpointApi(APIView):
             **error_responses(
                 *COMMON_ERRORS,
                 (409, "native_runner_checkpoint_owner_lost"),
-                (409, "resource_busy"),
+                RESOURCE_BUSY,
                 (422, "native_runner_checkpoint_binding_mismatch"),
                 (422, "controller_lease_run_not_native"),
             ),

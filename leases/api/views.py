@@ -30,7 +30,14 @@ from leases import services
 from leases.selectors import STALE_REASONS, RuntimeLease
 from paperclip.access import Actor
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
-from paperclip.api.serializers import UUIDBodyField, error_responses
+from paperclip.api.serializers import (
+    AUTH_ERRORS,
+    INVALID_REQUEST,
+    NOT_FOUND,
+    RESOURCE_BUSY,
+    UUIDBodyField,
+    error_responses,
+)
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 
@@ -38,13 +45,7 @@ WORKSPACE_ID = OpenApiParameter(
     "workspace_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="Execution workspace."
 )
 
-COMMON_ERRORS = (
-    (400, "invalid_request"),
-    (401, "not_authenticated"),
-    (403, "permission_denied"),
-    (404, "not_found"),
-    (409, "resource_busy"),
-)
+COMMON_ERRORS = (INVALID_REQUEST, *AUTH_ERRORS, NOT_FOUND, RESOURCE_BUSY)
 
 
 @extend_schema_serializer(component_name="RuntimeLease")
@@ -183,7 +184,7 @@ class RuntimeLeaseDetailApi(APIView):
         parameters=[WORKSPACE_ID],
         operation_id="runtime_lease_get",
         summary="The workspace's runtime lease and its live stale reason",
-        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS[1:4])},
+        responses={200: OutputSerializer, **error_responses(*AUTH_ERRORS, NOT_FOUND)},
     )
     def get(self, request: Request, workspace_id: UUID) -> Response:
         actor = actor_for(request)

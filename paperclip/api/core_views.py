@@ -22,6 +22,9 @@ from paperclip import selectors, services
 from paperclip.api.auth import IsAgentOrBoard, IsBoard, IsSuperuserBoard, actor_for
 from paperclip.api.serializers import (
     AUTH_ERRORS,
+    INVALID_REQUEST,
+    NOT_FOUND,
+    RESOURCE_BUSY,
     AgentOutputSerializer,
     CompanyOutputSerializer,
     ExecutionWorkspaceOutputSerializer,
@@ -35,11 +38,6 @@ from paperclip.models import Company, HeartbeatRun, Issue
 NAME_MAX = 200
 TITLE_MAX = 1000
 PATH_MAX = 4096
-
-
-INVALID = (400, "invalid_request")
-NOT_FOUND = (404, "not_found")
-BUSY = (409, "resource_busy")
 
 
 class StrictInputSerializer(serializers.Serializer[Any]):
@@ -134,7 +132,7 @@ class CompanyCreateApi(APIView):
         operation_id="company_create",
         summary="Create a company (superuser); the caller becomes a board member of it",
         request=InputSerializer,
-        responses={201: CompanyOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID)},
+        responses={201: CompanyOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID_REQUEST)},
     )
     def post(self, request: Request) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -156,7 +154,10 @@ class AgentCreateApi(APIView):
         operation_id="agent_create",
         summary="Create an agent in a company (board)",
         request=InputSerializer,
-        responses={201: AgentOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND)},
+        responses={
+            201: AgentOutputSerializer,
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+        },
     )
     def post(self, request: Request, company_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -187,7 +188,10 @@ class AgentKeyCreateApi(APIView):
         operation_id="agent_key_create",
         summary="Mint an API key for an agent (board); the secret is shown only in this response",
         request=InputSerializer,
-        responses={201: OutputSerializer, **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND)},
+        responses={
+            201: OutputSerializer,
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+        },
     )
     def post(self, request: Request, agent_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -242,7 +246,10 @@ class IssueCreateApi(APIView):
         operation_id="issue_create",
         summary="Create an issue (board); the assignee must be an agent of the company",
         request=InputSerializer,
-        responses={201: IssueOutputSerializer, **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND)},
+        responses={
+            201: IssueOutputSerializer,
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+        },
     )
     def post(self, request: Request, company_id: UUID) -> Response:
         data = self.InputSerializer(data=request.data)
@@ -288,7 +295,7 @@ class IssueDetailApi(APIView):
         request=UpdateInputSerializer,
         responses={
             200: IssueOutputSerializer,
-            **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND, BUSY),
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND, RESOURCE_BUSY),
         },
     )
     def patch(self, request: Request, issue_id: UUID) -> Response:
@@ -317,7 +324,7 @@ class ExecutionWorkspaceCreateApi(APIView):
         request=InputSerializer,
         responses={
             201: ExecutionWorkspaceOutputSerializer,
-            **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND),
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
         },
     )
     def post(self, request: Request, company_id: UUID) -> Response:
@@ -384,7 +391,7 @@ class RunCreateApi(APIView):
         request=InputSerializer,
         responses={
             201: RunOutputSerializer,
-            **error_responses(*AUTH_ERRORS, INVALID, NOT_FOUND, (422, "agent_not_active")),
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND, (422, "agent_not_active")),
         },
     )
     def post(self, request: Request) -> Response:
@@ -427,10 +434,10 @@ class RunDetailApi(APIView):
             200: RunOutputSerializer,
             **error_responses(
                 *AUTH_ERRORS,
-                INVALID,
+                INVALID_REQUEST,
                 NOT_FOUND,
                 (409, "issue_execution_locked"),
-                BUSY,
+                RESOURCE_BUSY,
                 (422, "invalid_run_transition"),
             ),
         },

@@ -47,8 +47,12 @@ class ErrorSerializer(serializers.Serializer[Any]):
     error = ErrorDetailSerializer()
 
 
-# Every authenticated endpoint can answer these two.
+# (HTTP status, error code) pairs for `error_responses`; every authenticated endpoint can
+# answer AUTH_ERRORS.
 AUTH_ERRORS: tuple[tuple[int, str], ...] = ((401, "not_authenticated"), (403, "permission_denied"))
+INVALID_REQUEST: tuple[int, str] = (400, "invalid_request")
+NOT_FOUND: tuple[int, str] = (404, "not_found")
+RESOURCE_BUSY: tuple[int, str] = (409, "resource_busy")
 
 
 def error_responses(*codes: tuple[int, str]) -> dict[int, OpenApiResponse]:

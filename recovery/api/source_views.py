@@ -20,6 +20,8 @@ from paperclip.access import scoped_get
 from paperclip.api.auth import IsBoard, actor_for
 from paperclip.api.serializers import (
     AUTH_ERRORS,
+    INVALID_REQUEST,
+    NOT_FOUND,
     RunOutputSerializer,
     UUIDBodyField,
     error_responses,
@@ -108,8 +110,8 @@ class RecoverySourceInspectApi(APIView):
             200: OutputSerializer,
             **error_responses(
                 *AUTH_ERRORS,
-                (400, "invalid_request"),
-                (404, "not_found"),
+                INVALID_REQUEST,
+                NOT_FOUND,
                 (409, "agent_stop_unconfirmed"),
                 (409, "workspace_writer_active"),
                 (422, "source_binding_invalid"),

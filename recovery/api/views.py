@@ -19,7 +19,14 @@ from rest_framework.views import APIView
 
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for
-from paperclip.api.serializers import AUTH_ERRORS, UUIDBodyField, error_responses
+from paperclip.api.serializers import (
+    AUTH_ERRORS,
+    INVALID_REQUEST,
+    NOT_FOUND,
+    RESOURCE_BUSY,
+    UUIDBodyField,
+    error_responses,
+)
 from paperclip.errors import PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
 from recovery.errors import (
@@ -40,10 +47,6 @@ from recovery.services.owner_stop import (
     nonblank_length,
 )
 from recovery.services.worker_stops import worker_stop_record
-
-INVALID = (400, "invalid_request")
-NOT_FOUND = (404, "not_found")
-BUSY = (409, "resource_busy")
 
 
 class NativeResultOutput(serializers.Serializer[Any]):
@@ -68,9 +71,7 @@ class RunResultAcceptApi(APIView):
         @extend_schema_serializer(component_name="RunResultTerminal")
         class TerminalSerializer(serializers.Serializer[Any]):
             run_terminal_state = serializers.ChoiceField(
-                choices=[
-                    s for s in HeartbeatRun.Status.values if s in HeartbeatRun.TERMINAL_STATUSES
-                ]
+                choices=HeartbeatRun.TERMINAL_STATUS_VALUES
             )
 
         result = serializers.DictField()
@@ -86,7 +87,7 @@ class RunResultAcceptApi(APIView):
             200: NativeResultOutput,
             **error_responses(
                 *AUTH_ERRORS,
-                INVALID,
+                INVALID_REQUEST,
                 NOT_FOUND,
                 (409, "native_result_conflict"),
                 (409, "run_not_finalizable"),
@@ -268,12 +269,12 @@ class OwnerStopConfirmApi(APIView):
             202: OutputSerializer,
             **error_responses(
                 *AUTH_ERRORS,
-                INVALID,
+                INVALID_REQUEST,
                 NOT_FOUND,
                 (409, "workspace_copyback_active"),
                 (409, "workspace_controller_alive"),
                 (409, "workspace_owner_recovery_stale"),
-                BUSY,
+                RESOURCE_BUSY,
             ),
         },
         summary="Confirm a stopped workspace owner and resume finalization",
@@ -334,7 +335,7 @@ class WorkerStopRecordApi(APIView):
             201: OutputSerializer,
             200: OutputSerializer,
             **error_responses(
-                INVALID,
+                INVALID_REQUEST,
                 NOT_FOUND,
                 (422, "worker_stop_signature_invalid"),
                 (422, "worker_stop_platform_disabled"),

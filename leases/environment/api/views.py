@@ -21,7 +21,13 @@ from leases.environment.services import (
 )
 from leases.models import EnvironmentLease
 from paperclip.api.auth import IsAgent, actor_for
-from paperclip.api.serializers import AUTH_ERRORS, error_responses
+from paperclip.api.serializers import (
+    AUTH_ERRORS,
+    INVALID_REQUEST,
+    NOT_FOUND,
+    RESOURCE_BUSY,
+    error_responses,
+)
 
 
 @extend_schema_serializer(component_name="EnvironmentLease")
@@ -86,10 +92,10 @@ class EnvironmentLeaseCleanupClaimApi(APIView):
             200: OutputSerializer,
             **error_responses(
                 *AUTH_ERRORS,
-                (404, "not_found"),
+                NOT_FOUND,
                 (409, "cleanup_not_pending"),
                 (409, "cleanup_in_flight"),
-                (409, "resource_busy"),
+                RESOURCE_BUSY,
                 (422, "cleanup_intent_invalid"),
             ),
         },
@@ -135,10 +141,10 @@ class EnvironmentLeaseCleanupReceiptApi(APIView):
             200: EnvironmentLeaseOutputSerializer,
             **error_responses(
                 *AUTH_ERRORS,
-                (400, "invalid_request"),
-                (404, "not_found"),
+                INVALID_REQUEST,
+                NOT_FOUND,
                 (409, "cleanup_attempt_stale"),
-                (409, "resource_busy"),
+                RESOURCE_BUSY,
             ),
         },
     )
