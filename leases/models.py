@@ -79,6 +79,10 @@ class EnvironmentLease(TimestampedModel):
         RETAINED = "retained"
         PENDING_CLEANUP = "pending_cleanup"
 
+    # Nothing holds the allocation any more / something may still hold it.
+    RETIRED_STATUSES: ClassVar[tuple[str, ...]] = ("released", "expired", "failed")
+    LIVE_ALLOCATION_STATUSES: ClassVar[tuple[str, ...]] = ("active", "retained", "pending_cleanup")
+
     class Policy(models.TextChoices):
         EPHEMERAL = "ephemeral"
         REUSE_BY_ENVIRONMENT = "reuse_by_environment"

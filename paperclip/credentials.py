@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
-from paperclip.errors import NotFoundError, RuleViolationError
+from paperclip.errors import BoardUserInactive, NotFoundError
 from paperclip.locks import agent_keys_for_update, board_tokens_for_update, users_for_update
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 
@@ -154,11 +154,6 @@ def board_token_create(
     return IssuedCredential(
         id=token.pk, prefix=prefix, secret=f"{BOARD_TOKEN_KIND}_{prefix}.{secret}"
     )
-
-
-class BoardUserInactive(RuleViolationError):
-    code = "board_user_inactive"
-    message = "The user is inactive and cannot act as the board."
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,3 +74,8 @@ class IssueExecutionLocked(ConflictError):
 class AgentNotActive(RuleViolationError):
     code = "agent_not_active"
     message = "The agent is paused or terminated and cannot start runs."
+
+
+class BoardUserInactive(RuleViolationError):
+    code = "board_user_inactive"
+    message = "The user is inactive and cannot act as the board."

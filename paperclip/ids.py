@@ -30,4 +30,4 @@ def parse_uuid(value: object) -> UUID | None:
 
 def is_uuid(value: object) -> bool:
     """True for a string in canonical UUID form (see `parse_uuid`)."""
-    return isinstance(value, str) and _CANONICAL.fullmatch(value) is not None
+    return isinstance(value, str) and parse_uuid(value) is not None

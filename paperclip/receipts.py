@@ -87,8 +87,6 @@ def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
 def read_owner(value: Any) -> OwnerReceipt | None:
     """The receipt if it is readable (non-empty token, hostname, positive integer pid,
     parsable start time with a zone); None otherwise."""
-    if not isinstance(value, dict):
-        return None
     fields = owner_receipt_fields(value)
     started = parse_iso(fields.process_started_at)
     if not fields.token or fields.hostname is None or started is None:

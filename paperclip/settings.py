@@ -81,14 +81,7 @@ def _local_secret_key() -> str:
     return key
 
 
-def _secret_key() -> str:
-    key = env.str("DJANGO_SECRET_KEY", default="")
-    if key:
-        return key
-    return _local_secret_key()
-
-
-SECRET_KEY = _secret_key()
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key()
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 

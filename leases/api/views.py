@@ -85,11 +85,12 @@ def _workspace_company(actor: Actor, workspace_id: UUID) -> UUID:
 
     An agent acts only inside its own company, so its lookups stay in that company.
     """
-    pk = workspace_id
     if actor.is_agent and actor.agent is not None:
         return actor.agent.company_id  # the service 404s a workspace outside it
     company_id = (
-        ExecutionWorkspace.objects.filter(pk=pk).values_list("company_id", flat=True).first()
+        ExecutionWorkspace.objects.filter(pk=workspace_id)
+        .values_list("company_id", flat=True)
+        .first()
     )
     if company_id is None or not actor.can_access(company_id):
         raise NotFoundError("Execution workspace not found.")
@@ -233,11 +234,10 @@ class RuntimeLeaseReleaseApi(APIView):
             raise PermissionDenied("Only board members may force-release a runtime lease.")
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        workspace_pk = workspace_id
         if data.validated_data["force"]:
             result = services.runtime_lease_force_release(
                 company_id=company_id,
-                execution_workspace_id=workspace_pk,
+                execution_workspace_id=workspace_id,
                 actor_type="user",
                 actor_id=actor.actor_id,
                 reason=data.validated_data["reason"],
@@ -245,7 +245,7 @@ class RuntimeLeaseReleaseApi(APIView):
         else:
             result = services.runtime_lease_release(
                 company_id=company_id,
-                execution_workspace_id=workspace_pk,
+                execution_workspace_id=workspace_id,
                 owner=_owner(actor, data.validated_data),
             )
         return Response(_renderer(self.OutputSerializer).to_representation(result))

@@ -1,4 +1,5 @@
-"""Admin for environment leases and environments (registered from leases/admin.py).
+"""Admin for environment leases and environments (found by Django's admin autodiscovery:
+`leases.environment` is an installed app).
 
 Environment leases are state-bearing (cleanup claims, stop-only intents): read-only here, so
 no change form can bypass the cleanup protocol's guards. Environments are editable setup

@@ -7,12 +7,12 @@ destroy it, until verified copy-back and commitment release the marker. The read
 strict: any field that does not bind to the row makes the marker unreadable, and an unreadable
 marker never degrades into ordinary (destructive) cleanup.
 
-JSON keys inside `metadata` keep upstream's camelCase names.
+JSON keys inside `metadata` are camelCase (docs/data-model.md#naming-conventions).
 
 Transactions: `export_resume_preserve` runs inside the finalizer's transaction (it must commit
 together with the terminal failure it protects). `export_resume_release_completed` and
 `export_resume_settle` open a plain `atomic()` (a savepoint when nested) rather than a durable
-one, because upstream composes them into a caller's transaction as well as calling them alone.
+one, because they are composed into a caller's transaction as well as called alone.
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ REMOTE_TERMINATION_SCHEMA: Final = "paperclip.remote-termination.v1"
 SYNC_REFERENCE_SCHEMA: Final = "paperclip.native-workspace-sync/v1"
 EXPORT_STOP_PENDING: Final = "workspace_export_stop_pending"
 
-RETIRED_LEASE_STATUSES: Final = ("released", "expired", "failed")
-LIVE_ALLOCATION_STATUSES: Final = ("active", "retained", "pending_cleanup")
 
 SYSTEM_ACTOR_TYPE: Final = "system"
 SYSTEM_ACTOR_ID: Final = "paperclip"
@@ -302,7 +300,7 @@ def remote_termination_has(lease: EnvironmentLease) -> bool:
     if (
         lease.released_at is None
         or lease.cleanup_status != EnvironmentLease.CleanupStatus.SUCCESS
-        or lease.status not in RETIRED_LEASE_STATUSES
+        or lease.status not in EnvironmentLease.RETIRED_STATUSES
         or not isinstance(receipt, dict)
         or receipt.get("schema") != REMOTE_TERMINATION_SCHEMA
         or not isinstance(receipt.get("confirmedAt"), str)
@@ -461,7 +459,7 @@ def export_resume_release_completed(
 
     Locks: the lease row FOR NO KEY UPDATE.
     """
-    with transaction.atomic():  # composable into a caller's transaction, as upstream
+    with transaction.atomic():  # composable into a caller's transaction
         lease = environment_leases_for_update().filter(pk=lease_id).first()
         if lease is None:
             return ExportResumeRelease(False, "lease_missing", None)
@@ -503,7 +501,7 @@ def export_resume_release_completed(
             .filter(
                 provider=lease.provider,
                 provider_lease_id=lease.provider_lease_id,
-                status__in=LIVE_ALLOCATION_STATUSES,
+                status__in=EnvironmentLease.LIVE_ALLOCATION_STATUSES,
             )
             .exists()
         )
@@ -553,7 +551,7 @@ def export_resume_settle(
     marker = export_resume_read(lease)
     if marker is None:
         return None
-    with transaction.atomic():  # composable into a caller's transaction, as upstream
+    with transaction.atomic():  # composable into a caller's transaction
         current = (
             environment_leases_for_update()
             .filter(

@@ -44,7 +44,6 @@ from paperclip.db.clock import db_now
 from paperclip.db.locking import bounded_lock_wait
 
 CLEANUP_CLAIM_TTL_MS: Final = 15 * 60 * 1000
-# How long a claim or receipt waits for the lease's row lock before answering `resource_busy`.
 ReceiptState = Literal["stopped", "destroyed", "failed"]
 
 

@@ -3,9 +3,9 @@ immutable workspace source a failed run recorded, and prove nobody else can stil
 
 Never discovers a source by recency, mutable configuration or a provider search: lease ids come
 only from the run's restore record, its own sync reference (export causes) or the action's
-historical-source evidence, and every lease must be bound to that exact run. Checks run in the
-seed's order and the first failure wins, so an operator always sees the most fundamental
-problem first.
+historical-source evidence, and every lease must be bound to that exact run. Checks run in a
+fixed order (docs/recovery.md#recovery-source-checks-in-order) and the first failure wins, so an
+operator always sees the most fundamental problem first.
 
 Decisions this service makes itself (for operators: README, "Environment leases"):
 - Executing in this process (`adapterExecutionControls`): this service hosts no in-process
@@ -61,7 +61,6 @@ WORKSPACE_EXPORT_CAUSES: Final = (
 )
 RETAINED_POLICIES: Final = ("retain_on_failure", "ephemeral")
 REUSABLE_POLICIES: Final = ("reuse_by_environment", "reuse_by_execution_workspace")
-RETIRED_LEASE_STATUSES: Final = ("released", "expired", "failed")
 SETTLED_COORDINATOR_PHASES: Final = ("committed", "terminal_failure", "applied")
 RESTORE_RECOVERY_SCHEMA: Final = "paperclip.workspace-restore-recovery.v1"
 HISTORICAL_SOURCE_SCHEMA: Final = "paperclip.historical-workspace-source.v1"
@@ -282,7 +281,7 @@ def retired_reusable_lease_predecessors(
             or item.provider_lease_id != lease.provider_lease_id
             or item.lease_policy not in REUSABLE_POLICIES
             or item.heartbeat_run_id is None
-            or item.status not in RETIRED_LEASE_STATUSES
+            or item.status not in EnvironmentLease.RETIRED_STATUSES
             or item.released_at is None
             or item.released_at < item.acquired_at
             or item.acquired_at >= lease.acquired_at

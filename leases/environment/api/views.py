@@ -150,12 +150,11 @@ class EnvironmentLeaseCleanupReceiptApi(APIView):
     )
     def post(self, request: Request, lease_id: UUID) -> Response:
         actor = actor_for(request)
-        lease_pk = lease_id
         body = self.InputSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
         lease = environment_lease_cleanup_settle(
-            lease_id=lease_pk,
+            lease_id=lease_id,
             company_id=_worker_company(request),
             attempt_id=data["attempt_id"],
             provider_lease_id=data["receipt"]["provider_lease_id"],
