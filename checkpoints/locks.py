@@ -15,12 +15,12 @@ from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.db.models import Field, Model, QuerySet
 
 from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction
+from paperclip.db.sql import quoted_column, quoted_table
 from paperclip.models import NativeRunFinalization
 
 
@@ -76,13 +76,7 @@ WORK_FIELDS: Final = ("lease_owner", "work_command_ids")
 
 def _column(model: type[Model], name: str) -> str:
     field: Field[Any, Any] = model._meta.get_field(name)  # type: ignore[assignment]
-    if field.column is None:  # pragma: no cover - every concrete field has a column
-        raise ImproperlyConfigured(f"{field} has no column")
-    return connection.ops.quote_name(field.column)
-
-
-def _table(model: type[Model]) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
+    return quoted_column(field)
 
 
 def _where(model: type[Model], names: tuple[str, ...]) -> str:
@@ -101,7 +95,7 @@ def _coordinator_lock_sql(*where_fields: str) -> str:
     # after LockRows has waited for and granted the lock, so clock_timestamp() there is never
     # older than the lock (sampled inside the locking SELECT, it could precede the wait).
     return (
-        f"WITH locked AS (SELECT {_COORDINATOR_COLUMNS} FROM {_table(NativeRunFinalization)}"  # noqa: S608 - identifiers from _meta, values bound
+        f"WITH locked AS (SELECT {_COORDINATOR_COLUMNS} FROM {quoted_table(NativeRunFinalization)}"  # noqa: S608 - identifiers from _meta, values bound
         f" WHERE {_where(NativeRunFinalization, where_fields)} FOR NO KEY UPDATE)"
         f" SELECT {_COORDINATOR_COLUMNS}, clock_timestamp() FROM locked"
     )
@@ -118,9 +112,9 @@ def _owner_lock_sql() -> str:
     # coordinator then work memory (none if the owner is lost), and clock_timestamp() in the
     # outer row postdates both lock waits.
     return (
-        f"WITH locked AS (SELECT {_COORDINATOR_COLUMNS} FROM {_table(NativeRunFinalization)}"  # noqa: S608 - identifiers from _meta, values bound
+        f"WITH locked AS (SELECT {_COORDINATOR_COLUMNS} FROM {quoted_table(NativeRunFinalization)}"  # noqa: S608 - identifiers from _meta, values bound
         f" WHERE {_where(NativeRunFinalization, where)} FOR NO KEY UPDATE),"
-        f" work AS (SELECT {work_columns} FROM {_table(work)}"
+        f" work AS (SELECT {work_columns} FROM {quoted_table(work)}"
         f" WHERE {_where(work, ('run',))} AND EXISTS (SELECT FROM locked) FOR NO KEY UPDATE)"
         f" SELECT locked.*, clock_timestamp(), work.* FROM locked LEFT JOIN work ON true"
     )

@@ -29,6 +29,7 @@ from rest_framework.request import Request
 
 from paperclip.access import Actor, agent_actor, board_actor
 from paperclip.credentials import AGENT_KEY_KIND, BOARD_TOKEN_KIND, hash_secret
+from paperclip.db.sql import quoted_column, quoted_table
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 
 _PREFIX_RE = re.compile(r"[0-9a-f]{1,32}")
@@ -56,12 +57,6 @@ def parse_bearer(header: str, kind: str) -> tuple[str, str] | None:
 
 
 type _Converter = Callable[[Any, Any, Any], Any]
-
-
-def _quoted(field: Field[Any, Any]) -> str:
-    if field.column is None:  # pragma: no cover - every concrete field has a column
-        raise ImproperlyConfigured(f"{field} has no column")
-    return connection.ops.quote_name(field.column)
 
 
 def _converters(fields: Sequence[Field[Any, Any]]) -> tuple[tuple[int, list[_Converter]], ...]:
@@ -146,8 +141,8 @@ class _CredentialQuery:
         meta = model._meta
         fields = list(meta.concrete_fields)
         principal_fields = list(principal._meta.concrete_fields)
-        key_pk, last_used = _quoted(meta.pk), _quoted(meta.get_field("last_used_at"))
-        table = connection.ops.quote_name(meta.db_table)
+        key_pk, last_used = quoted_column(meta.pk), quoted_column(meta.get_field("last_used_at"))
+        table = quoted_table(model)
 
         def due(column: str) -> str:
             """SQL: the stored last use is missing or older than the resolution (DB clock)."""
@@ -156,17 +151,17 @@ class _CredentialQuery:
                 f" OR {column} < now() - make_interval(secs => {_RESOLUTION_SECONDS}))"
             )
 
-        columns = [f"c.{_quoted(field)}" for field in fields]
-        columns += [f"p.{_quoted(field)}" for field in principal_fields]
+        columns = [f"c.{quoted_column(field)}" for field in fields]
+        columns += [f"p.{quoted_column(field)}" for field in principal_fields]
         select_sql = (
             f"SELECT {', '.join(columns)}, {due(f'c.{last_used}')}"  # noqa: S608 - identifiers from _meta
-            f" FROM {table} c JOIN {connection.ops.quote_name(principal._meta.db_table)} p"
-            f" ON p.{_quoted(principal._meta.pk)} = c.{_quoted(relation)}"
-            f" WHERE c.{_quoted(meta.get_field('prefix'))} = %s"
+            f" FROM {table} c JOIN {quoted_table(principal)} p"
+            f" ON p.{quoted_column(principal._meta.pk)} = c.{quoted_column(relation)}"
+            f" WHERE c.{quoted_column(meta.get_field('prefix'))} = %s"
         )
         touch_sql = (
             f"UPDATE {table} SET {last_used} = now()"  # noqa: S608 - identifiers from _meta
-            f" WHERE {key_pk} = %s AND {_quoted(meta.get_field('revoked_at'))} IS NULL"
+            f" WHERE {key_pk} = %s AND {quoted_column(meta.get_field('revoked_at'))} IS NULL"
             f" AND {due(last_used)} RETURNING {last_used}"
         )
         return cls(
