@@ -25,7 +25,4 @@ def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
 def raw_connection(*, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A psycopg connection to the test database outside the application (an observer, a
     lock holder, a second backend)."""
-    params = connection_params()
-    for key in ("cursor_factory", "context", "server_side_binding"):
-        params.pop(key, None)
-    return psycopg.connect(**params, autocommit=autocommit)
+    return psycopg.connect(**connection_params(), autocommit=autocommit)

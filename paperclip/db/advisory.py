@@ -42,8 +42,12 @@ def try_advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 
 
 def connection_params(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
-    """psycopg connect() keyword arguments for the configured database (test DB included)."""
-    return dict(connections[using].get_connection_params())
+    """psycopg connect() keyword arguments for the configured database (test DB included),
+    without the Django-only ones (its cursor factory, adaptation context, binding mode)."""
+    params = dict(connections[using].get_connection_params())
+    for key in ("cursor_factory", "context", "server_side_binding"):
+        params.pop(key, None)
+    return params
 
 
 @contextmanager
@@ -60,9 +64,6 @@ def dedicated_connection(
     itself is limited to one connection.
     """
     params = connection_params(using)
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("server_side_binding", None)
     params["autocommit"] = autocommit
     params["application_name"] = application_name
     # A lock connection whose peer vanished silently (network partition) must fail in bounded
