@@ -19,6 +19,7 @@ PYTEST_NO_TESTS_OK ?=
 
 help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
+	@echo "                with one worker (Ctrl-C stops both)"
 	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
 	@echo "make lint       ruff, ruff format --check, mypy"
 	@echo "make bench      run bench/leases.py and bench/checkpoints.py (args: BENCH_ARGS=...)"
@@ -39,8 +40,9 @@ $(STAMP): pyproject.toml | $(PY)
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
-	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/; Ctrl-C stops)"
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} $(PY) manage.py runserver $(HOST):$(PORT)
+	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/) with one worker"
+	@echo "(finalizations and maintenance; more: manage.py run_worker). Ctrl-C stops both."
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} $(PY) scripts/run_dev.py $(PY) $(HOST):$(PORT)
 
 # mypy's Django plugin loads settings but never connects; a placeholder DATABASE_URL keeps it
 # from starting the embedded server, which mypy's exit (no atexit) would leave running.

@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "procrastinate.contrib.django",
     "paperclip",
     "leases",
     "leases.environment",
@@ -241,3 +242,37 @@ PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE = env.int(
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int(
     "DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", default=2 * PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES + 2**20
 )
+
+# --- The worker (Procrastinate; docs/worker.md) ----------------------------------------------
+# Tasks live in each app's `tasks.py` (Procrastinate's autodiscovery). Intervals are in seconds
+# and must divide a minute (1..60) or be whole minutes dividing an hour: they become cron
+# schedules, so every worker agrees on the same instants and one job runs per period.
+PAPERCLIP_RECONCILE_INTERVAL_SECONDS = env.int("PAPERCLIP_RECONCILE_INTERVAL_SECONDS", default=15)
+PAPERCLIP_LEASE_SWEEP_INTERVAL_SECONDS = env.int(
+    "PAPERCLIP_LEASE_SWEEP_INTERVAL_SECONDS", default=60
+)
+PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS = env.int(
+    "PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS", default=60
+)
+PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS = env.int(
+    "PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS", default=30
+)
+PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS = env.int(
+    "PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS", default=30
+)
+# Worker heartbeat cadence, and how old a heartbeat may get before the worker counts as gone
+# (its running jobs are then retried by the stalled-job recovery).
+PAPERCLIP_WORKER_HEARTBEAT_SECONDS = env.float("PAPERCLIP_WORKER_HEARTBEAT_SECONDS", default=10.0)
+PAPERCLIP_WORKER_STALLED_AFTER_SECONDS = env.float(
+    "PAPERCLIP_WORKER_STALLED_AFTER_SECONDS", default=30.0
+)
+# /readyz reports `worker: stale` when no worker heartbeat is fresher than this.
+PAPERCLIP_WORKER_READY_SECONDS = env.float("PAPERCLIP_WORKER_READY_SECONDS", default=60.0)
+# Fallback polling when a LISTEN/NOTIFY wake-up is missed (new jobs normally start at once).
+PAPERCLIP_WORKER_POLL_SECONDS = env.float("PAPERCLIP_WORKER_POLL_SECONDS", default=5.0)
+# Environment cleanups that failed are claimable again after this back-off (doubling per
+# attempt, capped), measured on the database clock.
+PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS", default=30)
+PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS", default=900)
+# Finished jobs are kept this long for the admin, then removed by a daily task.
+PAPERCLIP_JOB_RETENTION_HOURS = env.int("PAPERCLIP_JOB_RETENTION_HOURS", default=72)

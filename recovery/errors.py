@@ -33,15 +33,13 @@ class FinalizationNotAcquired(ConflictError):
     )
 
 
-class FinalizationOwnershipLostError(ConflictError):
-    """The HTTP face of FinalizationOwnershipLost: the finalization stopped mid-way."""
-
-    code = "finalization_ownership_lost"
-    message = (
-        "Finalization ownership was lost mid-way (lock connection or owner receipt gone); "
-        "nothing further was published."
+class FinalizationFailed(ConflictError):
+    code = "finalization_failed"
+    message = "The finalization attempt failed and the retry budget is spent."
+    remediation = (
+        "details.last_error says why (copy-back); fix the cause, then POST .../finalize again "
+        "(each explicit request makes one more attempt)."
     )
-    remediation = "Inspect the run's recovery actions; the reconciler retries if it can."
 
 
 class FinalizationNotReady(ConflictError):

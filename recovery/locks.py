@@ -16,6 +16,11 @@ from paperclip.locks import coordinators_for_update, issues_for_update, runs_for
 from recovery.models import IssueRecoveryAction
 
 
+def finalization_queueing_lock(run_id: UUID | str) -> str:
+    """The Procrastinate queueing lock of a run's finalization jobs: at most one waiting."""
+    return f"finalize-run:{run_id}"
+
+
 def finalization_lock_key(company_id: UUID | str, run_id: UUID | str) -> str:
     """The per-run finalization ownership key shared by controllers, reconcilers and the
     owner-stop confirmation."""
@@ -34,6 +39,7 @@ def recovery_actions_for_update() -> QuerySet[IssueRecoveryAction]:
 __all__ = [
     "coordinators_for_update",
     "finalization_lock_key",
+    "finalization_queueing_lock",
     "issues_for_update",
     "recovery_actions_for_update",
     "recovery_source_key",

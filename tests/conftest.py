@@ -1,18 +1,40 @@
-"""Shared fixtures: API clients authenticated as an agent or a board member, and an admin
-client logged in as a superuser."""
+"""Shared fixtures: API clients authenticated as an agent or a board member, an admin client
+logged in as a superuser, and the emptying of Procrastinate's tables after transactional tests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
 from paperclip.credentials import agent_key_create, board_token_create
 from paperclip.models import Agent, BoardMembership, Company
 from tests.paperclip.factories import AgentFactory, CompanyFactory, UserFactory
+
+PROCRASTINATE_TABLES = (
+    "procrastinate_events",
+    "procrastinate_periodic_defers",
+    "procrastinate_jobs",
+    "procrastinate_workers",
+)
+
+
+@pytest.fixture(autouse=True)
+def _procrastinate_tables_emptied(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Procrastinate's tables are unmanaged, so Django's flush after a transactional test
+    leaves their rows behind; empty them so that no job outlives its test."""
+    yield
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or (
+        marker is not None and bool(marker.kwargs.get("transaction"))
+    )
+    if transactional:
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {', '.join(PROCRASTINATE_TABLES)} RESTART IDENTITY CASCADE")
 
 
 @pytest.fixture

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import psycopg
+from django.core.management import call_command
 
 from paperclip.db.advisory import connection_params
 
@@ -26,3 +28,15 @@ def raw_connection(*, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A psycopg connection to the test database outside the application (an observer, a
     lock holder, a second backend)."""
     return psycopg.connect(**connection_params(), autocommit=autocommit)
+
+
+def run_jobs(*queues: str) -> str:
+    """Run the jobs that are due now with a real in-process Procrastinate worker
+    (`manage.py run_worker --once`), by default the finalization queue only; returns its
+    output. Needs committed data: use it in transactional tests."""
+    args = ["run_worker", "--once"]
+    for queue in queues or ("finalization",):
+        args += ["--queue", queue]
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()

@@ -17,7 +17,8 @@ What lives where:
   `CheckpointWrite`) and the write limits (`max_part_bytes`, `max_write_bytes`,
   `max_parts_per_write`, `MAX_PART_NAME_CHARS`, `MAX_WORK_COMMAND_ID_CHARS`,
   `MAX_WORK_COMMAND_IDS`);
-- `sweep`: `controller_leases_expire` (expired controller authorities), `AuthorityExpiry`;
+- `sweep`: `controller_leases_expire` (expired controller authorities, one batch),
+  `expired_authorities_sweep` (all of them, batch by batch), `AuthorityExpiry`, `AuthoritySweep`;
 - `rotation`: `checkpoint_key_rotate_batch`, `checkpoint_parts_remaining_under_old_keys`,
   `RotationBatch`, `ROTATION_BATCH_MAX_BYTES`;
 - `shared`: what the writer and the sweep both use, the live-run-recovery NOTIFY
@@ -45,7 +46,12 @@ from checkpoints.services.rotation import (
     checkpoint_parts_remaining_under_old_keys,
 )
 from checkpoints.services.shared import LIVE_RUN_RECOVERY_CHANNEL
-from checkpoints.services.sweep import AuthorityExpiry, controller_leases_expire
+from checkpoints.services.sweep import (
+    AuthorityExpiry,
+    AuthoritySweep,
+    controller_leases_expire,
+    expired_authorities_sweep,
+)
 from checkpoints.services.writer import (
     MAX_PART_NAME_CHARS,
     MAX_WORK_COMMAND_ID_CHARS,
@@ -71,6 +77,7 @@ __all__ = [
     "MAX_WORK_COMMAND_ID_CHARS",
     "ROTATION_BATCH_MAX_BYTES",
     "AuthorityExpiry",
+    "AuthoritySweep",
     "CheckpointOwner",
     "CheckpointWrite",
     "ControllerLease",
@@ -83,6 +90,7 @@ __all__ = [
     "controller_lease_acquire",
     "controller_lease_expire_on_failure",
     "controller_leases_expire",
+    "expired_authorities_sweep",
     "max_part_bytes",
     "max_parts_per_write",
     "max_write_bytes",

@@ -1,9 +1,11 @@
-"""The expired-authority sweep: `controller_leases_expire`, which the
-`expire_runner_authorities` command calls once per batch.
+"""The expired-authority sweep: `controller_leases_expire` for one batch, and
+`expired_authorities_sweep`, the batch loop that `manage.py expire_runner_authorities` and the
+worker's periodic task both run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -11,7 +13,7 @@ from django.db import transaction
 from django.db.models.functions import Coalesce, Now
 
 from checkpoints import locks
-from checkpoints.selectors import expired_authorities
+from checkpoints.selectors import expired_authorities, list_expired_authorities
 from checkpoints.services.shared import live_run_recovery_notify
 from paperclip.activity import activity_record
 from paperclip.db.clock import ClockTimestamp
@@ -72,3 +74,36 @@ def controller_leases_expire(*, run_ids: list[UUID]) -> AuthorityExpiry:
             )
     done_set = set(done)
     return AuthorityExpiry(expired=done, skipped=[r for r in run_ids if r not in done_set])
+
+
+@dataclass(frozen=True, slots=True)
+class AuthoritySweep:
+    found: int
+    expired: int
+    skipped: int
+    batches: int
+
+
+def expired_authorities_sweep(
+    *,
+    batch_size: int = 200,
+    on_batch: Callable[[int, list[UUID], AuthorityExpiry], None] | None = None,
+) -> AuthoritySweep:
+    """Expire every expired authority (`list_expired_authorities`), `batch_size` per
+    transaction; what `manage.py expire_runner_authorities` and the worker's periodic task run.
+    `on_batch(number, found_ids, expiry)` reports each batch."""
+    after: UUID | None = None
+    batches = found = expired = skipped = 0
+    while True:
+        run_ids = list_expired_authorities(after=after, limit=batch_size)
+        if not run_ids:
+            break
+        batches += 1
+        found += len(run_ids)
+        after = run_ids[-1]
+        result = controller_leases_expire(run_ids=run_ids)
+        expired += len(result.expired)
+        skipped += len(result.skipped)
+        if on_batch is not None:
+            on_batch(batches, run_ids, result)
+    return AuthoritySweep(found, expired, skipped, batches)

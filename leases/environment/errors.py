@@ -24,6 +24,12 @@ class CleanupNotPending(ConflictError):
     remediation = "Only leases in status pending_cleanup can be claimed; refresh your work list."
 
 
+class CleanupRetryNotDue(ConflictError):
+    code = "cleanup_retry_not_due"
+    message = "The last cleanup attempt failed; the next one may start after its back-off."
+    remediation = "Do not touch the allocation yet; claim again after details.retry_at."
+
+
 class CleanupInFlight(ConflictError):
     code = "cleanup_in_flight"
     message = "Another worker holds a live claim on this cleanup."

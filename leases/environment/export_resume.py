@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 from uuid import UUID
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models.functions import Now
 
@@ -596,6 +597,15 @@ def export_resume_settle(
         )
 
 
+def cleanup_retry_after_ms(attempts: int) -> int:
+    """When a cleanup that failed `attempts` times may be claimed again (epoch ms, database
+    clock): PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS doubling per attempt, capped at
+    PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS."""
+    base = settings.PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS
+    delay = min(base * 2 ** max(attempts - 1, 0), settings.PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS)
+    return int(db_now().timestamp() * 1000) + int(delay * 1000)
+
+
 def cleanup_settle_write_in_tx(
     lease: EnvironmentLease,
     *,
@@ -616,6 +626,17 @@ def cleanup_settle_write_in_tx(
     One audit row (`environment_lease.cleanup_settled`); returns the lease re-read."""
     require_transaction()
     metadata.update(pendingCleanupInFlight=False, pendingCleanupLeaseExpiresAtMs=0)
+    retry: dict[str, int] = {}
+    if not settles:
+        # A reply that does not settle is a failed attempt: the next claim waits out a
+        # back-off on the database clock (docs/environment.md#cleanup-retries).
+        attempts = metadata.get("pendingCleanupRetryAttempts")
+        attempts = (attempts if isinstance(attempts, int) and attempts >= 0 else 0) + 1
+        retry_after_ms = cleanup_retry_after_ms(attempts)
+        metadata.update(
+            pendingCleanupRetryAttempts=attempts, pendingCleanupRetryAfterMs=retry_after_ms
+        )
+        retry = {"retryAttempts": attempts, "retryAfterMs": retry_after_ms}
     new_status = settled_status if settles else EnvironmentLease.Status.PENDING_CLEANUP
     cleanup = (
         EnvironmentLease.CleanupStatus.SUCCESS if settles else EnvironmentLease.CleanupStatus.FAILED
@@ -640,6 +661,7 @@ def cleanup_settle_write_in_tx(
             "attemptId": attempt_id,
             "intent": intent,
             **(extra or {}),
+            **retry,
             "receiptState": receipt_state,
             "stopped": settles,
             "status": new_status,

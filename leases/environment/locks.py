@@ -12,6 +12,9 @@ from django.db.models import QuerySet
 from leases.models import EnvironmentLease
 
 
-def environment_leases_for_update() -> QuerySet[EnvironmentLease]:
-    """Lease rows locked FOR NO KEY UPDATE (the key never changes, rows are never deleted)."""
-    return EnvironmentLease.objects.select_for_update(no_key=True, of=("self",)).order_by("pk")
+def environment_leases_for_update(*, skip_locked: bool = False) -> QuerySet[EnvironmentLease]:
+    """Lease rows locked FOR NO KEY UPDATE (the key never changes, rows are never deleted);
+    `skip_locked` for sweeps, which leave rows another transaction holds to a later pass."""
+    return EnvironmentLease.objects.select_for_update(
+        no_key=True, of=("self",), skip_locked=skip_locked
+    ).order_by("pk")

@@ -24,6 +24,7 @@ from leases.environment.errors import (
     CleanupInFlight,
     CleanupIntentInvalid,
     CleanupNotPending,
+    CleanupRetryNotDue,
     EnvironmentLeaseNotFound,
 )
 from leases.environment.export_resume import (
@@ -85,16 +86,17 @@ def environment_lease_cleanup_claim(
 ) -> CleanupClaim:
     """Claim the lease's pending cleanup for 15 minutes with a fresh attempt id.
 
-    Claimable: status `pending_cleanup`, and no live claim (not in flight, or the in-flight
-    claim's `pendingCleanupLeaseExpiresAtMs` has passed on the database clock). A lease with a
+    Claimable: status `pending_cleanup`, no live claim (not in flight, or the in-flight
+    claim's `pendingCleanupLeaseExpiresAtMs` has passed on the database clock), and the back-off
+    after a failed attempt over (`pendingCleanupRetryAfterMs`, database clock). A lease with a
     stop-only intent that does not bind to it is never claimable. `attempt_id` lets an
     in-process owner (the finalization ownership token) claim under its own token; workers
     over HTTP always get a fresh uuid. Writes one audit row.
 
     Locks: the lease row FOR NO KEY UPDATE with a 5 s lock timeout (two racing workers: the
     second waits, then sees the first claim). Raises EnvironmentLeaseNotFound (also for
-    another company's lease), CleanupNotPending, CleanupInFlight, CleanupIntentInvalid,
-    ResourceBusy.
+    another company's lease), CleanupNotPending, CleanupInFlight, CleanupRetryNotDue,
+    CleanupIntentInvalid, ResourceBusy.
     """
     with transaction.atomic(durable=True):
         lease = _locked_lease(lease_id=lease_id, company_id=company_id)
@@ -110,6 +112,16 @@ def environment_lease_cleanup_claim(
         if in_flight and previous_expiry > now_ms:
             raise CleanupInFlight(
                 expires_at=datetime.fromtimestamp(previous_expiry / 1000, tz=UTC).isoformat()
+            )
+        retry_after = metadata.get("pendingCleanupRetryAfterMs")
+        if (
+            isinstance(retry_after, int)
+            and not isinstance(retry_after, bool)
+            and (retry_after > now_ms)
+        ):
+            raise CleanupRetryNotDue(
+                retry_at=datetime.fromtimestamp(retry_after / 1000, tz=UTC).isoformat(),
+                attempts=metadata.get("pendingCleanupRetryAttempts"),
             )
         attempt = attempt_id or str(uuid.uuid4())
         expires_ms = now_ms + CLEANUP_CLAIM_TTL_MS
@@ -224,3 +236,56 @@ def _settle_generic(
         intent="sandbox_stop_and_retain" if stop_only else None,
         receipt_state=reply["state"],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupRetrySweep:
+    examined: int
+    reopened: list[UUID]
+
+
+def environment_cleanups_retry_due(*, batch_size: int = 200) -> CleanupRetrySweep:
+    """Reopen the failed cleanups whose back-off is over (the worker's periodic task): a
+    `pending_cleanup` lease with cleanup `failed`, no live claim and
+    `pendingCleanupRetryAfterMs` reached on the database clock goes back to cleanup `pending`
+    with the back-off cleared and its attempt count kept, so providers listing pending work see
+    it again. One audit row per lease (`environment_lease.cleanup_retry_due`). Rows another
+    transaction holds are skipped (SKIP LOCKED) and picked up next time; before its time a lease
+    is left alone, and claims keep being refused (`cleanup_retry_not_due`).
+    """
+    with transaction.atomic(durable=True):
+        now_ms = _ms(db_now())
+        candidates = list(
+            environment_leases_for_update(skip_locked=True).filter(
+                status=EnvironmentLease.Status.PENDING_CLEANUP,
+                cleanup_status=EnvironmentLease.CleanupStatus.FAILED,
+                metadata__pendingCleanupRetryAfterMs__gt=0,
+                metadata__pendingCleanupRetryAfterMs__lte=now_ms,
+            )[:batch_size]
+        )
+        reopened: list[UUID] = []
+        for lease in candidates:
+            metadata = dict(lease.metadata) if isinstance(lease.metadata, dict) else {}
+            if (
+                metadata.get("pendingCleanupInFlight") is True
+                and _claim_expiry_ms(metadata) > now_ms
+            ):
+                continue
+            metadata.update(pendingCleanupRetryAfterMs=0, pendingCleanupInFlight=False)
+            EnvironmentLease.objects.filter(pk=lease.pk).update(
+                cleanup_status=EnvironmentLease.CleanupStatus.PENDING,
+                metadata=metadata,
+                updated_at=Now(),
+            )
+            activity_record(
+                company_id=lease.company_id,
+                actor_type="system",
+                actor_id="retry_environment_cleanups",
+                action="environment_lease.cleanup_retry_due",
+                entity_type="environment_lease",
+                entity_id=lease.pk,
+                run_id=lease.heartbeat_run_id,
+                details={"retryAttempts": metadata.get("pendingCleanupRetryAttempts")},
+            )
+            reopened.append(lease.pk)
+    return CleanupRetrySweep(examined=len(candidates), reopened=reopened)

@@ -15,6 +15,7 @@ from rest_framework import serializers
 from paperclip.ids import parse_uuid
 from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
 from paperclip.receipts import owner_receipt_json
+from recovery.selectors.finalization import finalization_state
 
 
 class UUIDBodyField(serializers.UUIDField):
@@ -118,6 +119,26 @@ class FinalizationOwnerSerializer(serializers.Serializer[Any]):
     )
 
 
+@extend_schema_serializer(component_name="RunFinalization")
+class FinalizationStateSerializer(serializers.Serializer[Any]):
+    state = serializers.ChoiceField(
+        choices=[
+            "none",
+            "waiting",
+            "queued",
+            "running",
+            "retry_scheduled",
+            "held",
+            "failed",
+            "committed",
+        ]
+    )
+    reason = serializers.CharField(allow_null=True, help_text="The NotAcquired reason while held.")
+    attempts = serializers.IntegerField()
+    next_attempt_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField(allow_null=True)
+
+
 class RunOutputSerializer(serializers.Serializer[HeartbeatRun]):
     id = serializers.UUIDField()
     company_id = serializers.UUIDField()
@@ -132,11 +153,17 @@ class RunOutputSerializer(serializers.Serializer[HeartbeatRun]):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     finalization_owner = serializers.SerializerMethodField()
+    finalization = serializers.SerializerMethodField()
 
     @staticmethod
     @extend_schema_field(FinalizationOwnerSerializer(allow_null=True))
     def get_finalization_owner(run: HeartbeatRun) -> dict[str, Any] | None:
         return owner_receipt_json(run.runner_profile_json)
+
+    @staticmethod
+    @extend_schema_field(FinalizationStateSerializer)
+    def get_finalization(run: HeartbeatRun) -> dict[str, Any]:
+        return dict(FinalizationStateSerializer(finalization_state(run).as_json()).data)
 
 
 def company_to_json(company: Company) -> dict[str, Any]:

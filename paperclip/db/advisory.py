@@ -41,6 +41,22 @@ def try_advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     return bool(row and row[0])
 
 
+def advisory_lock_held(key: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether any session holds the advisory lock for `key` in this database, read from
+    `pg_locks` without taking it (a 64-bit key shows as classid = high, objid = low 32 bits)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks l, (SELECT hashtextextended(%s, 0) AS k) h "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.classid::bigint = ((h.k >> 32) & 4294967295) "
+            "AND l.objid::bigint = (h.k & 4294967295))",
+            [key],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def connection_params(using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """psycopg connect() keyword arguments for the configured database (test DB included),
     without the Django-only ones (its cursor factory, adaptation context, binding mode)."""

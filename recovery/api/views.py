@@ -3,10 +3,12 @@ board owner-stop confirmation, and the worker platform's signed stop receipts.""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from uuid import UUID
 
 from drf_spectacular.utils import (
+    OpenApiParameter,
     extend_schema,
     extend_schema_serializer,
     inline_serializer,
@@ -24,23 +26,21 @@ from paperclip.api.serializers import (
     INVALID_REQUEST,
     NOT_FOUND,
     RESOURCE_BUSY,
+    FinalizationStateSerializer,
     UUIDBodyField,
     error_responses,
 )
-from paperclip.errors import PermissionDenied
+from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
-from recovery.errors import (
-    FinalizationNotAcquired,
-    FinalizationOwnershipLost,
-    FinalizationOwnershipLostError,
-)
+from recovery.errors import FinalizationFailed, FinalizationNotAcquired
 from recovery.selectors.actions import recovery_action_list_for_issue
-from recovery.services import (
-    NotAcquired,
-    recovery_owner_stop_confirm,
-    result_accept,
-    run_finalize,
+from recovery.selectors.finalization import (
+    FinalizationState,
+    finalization_await,
+    finalization_state,
 )
+from recovery.services import recovery_owner_stop_confirm, result_accept
+from recovery.services.finalization_jobs import finalization_request
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
     MIN_STOP_EVIDENCE_CHARS,
@@ -117,78 +117,94 @@ class RunResultAcceptApi(APIView):
         )
 
 
+MAX_FINALIZE_WAIT_SECONDS = 30
+
+
+def _wait_seconds(request: Request) -> int:
+    raw = request.query_params.get("wait")
+    if raw is None:
+        return 0
+    if re.fullmatch(r"[0-9]{1,2}", raw) is None or int(raw) > MAX_FINALIZE_WAIT_SECONDS:
+        raise InvalidRequest(
+            fields={"wait": [f"Whole seconds from 0 to {MAX_FINALIZE_WAIT_SECONDS}."]}
+        )
+    return int(raw)
+
+
 class RunFinalizeApi(APIView):
-    """Finalize the run's workspace now (the run's own agent, or a board member)."""
+    """Wake the run's finalization in the worker now (the run's own agent, or a board member);
+    with `?wait=`, answer once the attempt ends (docs/worker.md#finalization-in-the-worker)."""
 
     permission_classes = (IsAgentOrBoard,)
 
     @extend_schema_serializer(component_name="RunFinalizeOutput")
     class OutputSerializer(serializers.Serializer[Any]):
-        @extend_schema_serializer(component_name="RunFinalizeResult")
-        class ResultSerializer(serializers.Serializer[Any]):
-            run_id = serializers.UUIDField()
-            status = serializers.CharField()
-            phase = serializers.CharField()
-            result_id = serializers.UUIDField(allow_null=True)
-            run_status = serializers.CharField()
-            operation_id = serializers.UUIDField(allow_null=True)
-            failure_code = serializers.CharField(allow_null=True)
-            copied = serializers.DictField(allow_null=True)
-
-        acquired = serializers.BooleanField()
-        result = ResultSerializer()
+        run_id = serializers.UUIDField()
+        status = serializers.ChoiceField(
+            choices=["queued", "running", "retry_scheduled", "committed"]
+        )
+        finalization = FinalizationStateSerializer()
 
     @extend_schema(
         request=None,
+        parameters=[
+            OpenApiParameter(
+                "wait",
+                int,
+                description=(
+                    "Seconds (0..30) to wait for the attempt's outcome; 0 or absent answers at "
+                    "once."
+                ),
+            )
+        ],
         responses={
             200: OutputSerializer,
+            202: OutputSerializer,
             **error_responses(
                 *AUTH_ERRORS,
+                INVALID_REQUEST,
                 NOT_FOUND,
-                (409, "finalization_not_acquired"),
-                (409, "finalization_ownership_lost"),
                 (409, "finalization_not_ready"),
-                (422, "finalization_binding_missing"),
+                (409, "finalization_not_acquired"),
+                (409, "finalization_failed"),
             ),
         },
-        summary="Finalize a native run's workspace under finalization ownership",
+        summary="Queue a native run's workspace finalization (optionally wait for it)",
     )
     def post(self, request: Request, run_id: UUID) -> Response:
         actor = actor_for(request)
         run = scoped_get(HeartbeatRun.objects.all(), actor, run_id)
         if actor.is_agent and run.agent_id != actor.agent_id:
             raise PermissionDenied("Only the run's own agent or a board member may finalize it.")
-        try:
-            outcome = run_finalize(company_id=run.company_id, run_id=run.pk)
-        except FinalizationOwnershipLost as exc:
-            # Not a DomainError on purpose (the services treat it as a control-flow signal).
-            raise FinalizationOwnershipLostError(reason=exc.reason, run_id=str(run.pk)) from exc
-        if isinstance(outcome, NotAcquired):
-            raise FinalizationNotAcquired(reason=outcome.reason, run_id=str(run.pk))
-        value = outcome.value
-        copied = value.copied
-        body = {
-            "acquired": True,
-            "result": {
-                "run_id": value.run_id,
-                "status": value.status,
-                "phase": value.phase,
-                "result_id": value.result_id,
-                "run_status": value.run_status,
-                "operation_id": value.operation_id,
-                "failure_code": value.failure_code,
-                "copied": None
-                if copied is None
-                else {
-                    "files": copied.files,
-                    "directories": copied.directories,
-                    "bytes": copied.bytes,
-                    "symlinks": copied.symlinks,
-                    "skipped": list(copied.skipped),
-                },
-            },
-        }
-        return Response(self.OutputSerializer(body).data)
+        wait = _wait_seconds(request)
+        queued = finalization_request(
+            company_id=run.company_id,
+            run_id=run.pk,
+            actor_type=actor.actor_type,
+            actor_id=actor.actor_id,
+        )
+        if queued.status == "committed":
+            return self._answer(run.pk, "committed", finalization_state(run))
+        if wait == 0:
+            return self._answer(run.pk, "queued", finalization_state(run))
+        current = finalization_await(
+            company_id=run.company_id, run_id=run.pk, job_id=queued.job_id, timeout=wait
+        )
+        if current.state == "committed":
+            return self._answer(run.pk, "committed", current)
+        if current.state == "held":
+            raise FinalizationNotAcquired(reason=current.reason, run_id=str(run.pk))
+        if current.state == "failed":
+            raise FinalizationFailed(
+                run_id=str(run.pk), attempts=current.attempts, last_error=current.last_error
+            )
+        answer = current.state if current.state in ("running", "retry_scheduled") else "queued"
+        return self._answer(run.pk, answer, current)
+
+    def _answer(self, run_id: UUID, answer: str, current: FinalizationState) -> Response:
+        body = {"run_id": run_id, "status": answer, "finalization": current.as_json()}
+        code = status.HTTP_200_OK if answer == "committed" else status.HTTP_202_ACCEPTED
+        return Response(self.OutputSerializer(body).data, status=code)
 
 
 class RecoveryActionOutput(serializers.Serializer[Any]):

@@ -4,7 +4,8 @@ modules, the reads in `recovery.selectors`):
 - recovery actions: `recovery_action_get_live`, `recovery_action_upsert_source_scoped`,
   `recovery_action_resolve`;
 - finalization ownership: `with_finalization_ownership` → `Acquired` / `NotAcquired`;
-- finalization: `result_accept`, `run_finalize`, `finalizations_reconcile`;
+- finalization: `result_accept`, `run_finalize`, `finalizations_reconcile`; its jobs:
+  `finalization_request` (wake it now), `finalization_defer_in_tx`;
 - owner-stop recovery: `recovery_owner_stop_confirm`;
 - recovery-source inspection: `recovery_source_inspect`, `recovery_source_owned_lease`
   (`recovery.selectors.source`).
@@ -31,6 +32,11 @@ from recovery.services.finalization import (
     result_accept,
     run_finalize,
 )
+from recovery.services.finalization_jobs import (
+    FinalizationRequest,
+    finalization_defer_in_tx,
+    finalization_request,
+)
 from recovery.services.owner_stop import OwnerStopConfirmation, recovery_owner_stop_confirm
 from recovery.services.ownership import (
     Acquired,
@@ -42,6 +48,7 @@ from recovery.services.ownership import (
 __all__ = [
     "Acquired",
     "FinalizationOwnership",
+    "FinalizationRequest",
     "FinalizeOutcome",
     "NotAcquired",
     "OwnerStopConfirmation",
@@ -49,6 +56,8 @@ __all__ = [
     "RecoveryActionInput",
     "RecoveryUpsert",
     "ResultAcceptance",
+    "finalization_defer_in_tx",
+    "finalization_request",
     "finalizations_reconcile",
     "recovery_action_get_live",
     "recovery_action_resolve",

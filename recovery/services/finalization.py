@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID, uuid4
@@ -14,8 +15,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
+from paperclip.db.advisory import advisory_lock_held
 from paperclip.db.locking import require_transaction
-from paperclip.errors import DomainError
 from paperclip.models import (
     HeartbeatRun,
     Issue,
@@ -36,19 +37,21 @@ from recovery.errors import (
 )
 from recovery.locks import (
     coordinators_for_update,
+    finalization_lock_key,
     issues_for_update,
     recovery_actions_for_update,
     runs_for_update,
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.notify import notify_finalization_wake
 from recovery.selectors.actions import (
     OWNER_UNVERIFIED_CAUSE,
     WAITING_PHASES,
     finalizations_waiting,
     run_issue_id,
 )
+from recovery.selectors.finalization import owner_hold_live
 from recovery.services.actions import resolve_in_tx
+from recovery.services.finalization_jobs import finalization_defer_in_tx
 from recovery.services.ownership import (
     Acquired,
     FinalizationOwnership,
@@ -87,11 +90,10 @@ class FinalizeOutcome:
 @dataclass(frozen=True, slots=True)
 class ReconcileSummary:
     examined: int = 0
-    committed: int = 0
-    already_committed: int = 0
-    failed: int = 0
-    not_acquired: dict[str, int] = field(default_factory=dict)
-    errors: int = 0
+    deferred: int = 0
+    already_queued: int = 0
+    skipped_busy: int = 0
+    skipped_held: int = 0
 
 
 def _max_attempts() -> int:
@@ -141,7 +143,8 @@ def result_accept(
     mirrors the phase on the run. Idempotent on `caller_result_id` (and on identical content).
     Locks issue → coordinator → run. Raises FinalizationBindingMissing, RunNotFinalizable
     (run terminal or already committed), NativeResultConflict (another result was accepted,
-    or the same caller id was used for different content). Audited; NOTIFY on commit.
+    or the same caller id was used for different content). Audited; the finalization job is
+    deferred in the same transaction (docs/worker.md#finalization-in-the-worker).
     """
     if run_terminal_state not in HeartbeatRun.TERMINAL_STATUSES:
         raise ValueError(f"unknown run terminal state {run_terminal_state!r}")
@@ -221,6 +224,7 @@ def result_accept(
                 "updated_at",
             ]
         )
+        job_id = finalization_defer_in_tx(company_id=company_id, run_id=run_id)
         activity_record(
             company_id=company_id,
             actor_type="agent",
@@ -233,9 +237,9 @@ def result_accept(
                 "resultId": str(accepted.pk),
                 "callerResultId": caller_result_id,
                 "runTerminalState": run_terminal_state,
+                "finalizationJobId": job_id,
             },
         )
-        notify_finalization_wake(company_id=company_id, run_id=run_id)
     accepted.refresh_from_db()
     return ResultAcceptance(accepted, created=True)
 
@@ -678,13 +682,19 @@ def run_finalize(
 def finalizations_reconcile(
     *,
     batch_size: int = 50,
-    progress: Any = None,
+    progress: Callable[[UUID | None, str], None] | None = None,
 ) -> ReconcileSummary:
-    """Finalize every run whose coordinator waits (result_accepted / workspace_finalizing, no
-    future retry time), one run at a time. Busy or held owners are skipped without spending a
-    retry. `progress(run_id, text)` and `progress(None, batch_text)` report as it goes."""
-    examined = committed = already = failed = errors = 0
-    not_acquired: dict[str, int] = {}
+    """Defer a finalization job for every run whose coordinator waits for one (result_accepted /
+    workspace_finalizing, no future retry time), in batches of `batch_size`.
+
+    Skipped without deferring anything: a run whose finalization lock is held (a live owner is
+    at work; it defers its own follow-up as it lets go), and a run held for the board whose
+    prior owner has no worker platform to ask (only the board's confirmation, which defers its
+    own job, can move it). A held run whose platform may still report the stop is deferred, so
+    the stop proof is looked for again. Nothing counts against the retry budget here.
+    `progress(run_id, text)` and `progress(None, batch_text)` report as it goes.
+    """
+    examined = deferred = already = busy = held = 0
     after: UUID | None = None
     batch_no = 0
     while True:
@@ -695,34 +705,31 @@ def finalizations_reconcile(
         for company_id, run_id in batch:
             after = run_id
             examined += 1
-            try:
-                outcome = run_finalize(company_id=company_id, run_id=run_id, due_only=True)
-            except (DomainError, FinalizationOwnershipLost) as exc:
-                errors += 1
-                text = f"error {getattr(exc, 'code', None) or exc}"
-            except Exception as exc:
-                # One broken run must not stop the sweep; it is retried next time.
-                logger.exception("finalization of run %s failed", run_id)
-                errors += 1
-                text = f"error {type(exc).__name__}"
+            if advisory_lock_held(finalization_lock_key(company_id, run_id)):
+                busy += 1
+                text = "skipped (busy: an owner is finalizing it)"
+            elif owner_hold_live(company_id=company_id, run_id=run_id) and not _platform_pending(
+                run_id
+            ):
+                held += 1
+                text = "skipped (held for the board)"
             else:
-                if isinstance(outcome, NotAcquired):
-                    not_acquired[outcome.reason] = not_acquired.get(outcome.reason, 0) + 1
-                    text = f"skipped ({outcome.reason})"
-                elif outcome.value.status == "not_due":
-                    not_acquired["not_due"] = not_acquired.get("not_due", 0) + 1
-                    text = "skipped (not due)"
-                elif outcome.value.status == "committed":
-                    committed += 1
-                    text = "committed"
-                elif outcome.value.status == "already_committed":
+                with transaction.atomic():
+                    job_id = finalization_defer_in_tx(company_id=company_id, run_id=run_id)
+                if job_id is None:
                     already += 1
-                    text = "already committed"
+                    text = "already queued"
                 else:
-                    failed += 1
-                    text = f"{outcome.value.status} ({outcome.value.failure_code})"
+                    deferred += 1
+                    text = f"deferred job {job_id}"
             if progress is not None:
                 progress(run_id, text)
         if progress is not None:
             progress(None, f"batch {batch_no}: {len(batch)} run(s)")
-    return ReconcileSummary(examined, committed, already, failed, not_acquired, errors)
+    return ReconcileSummary(examined, deferred, already, busy, held)
+
+
+def _platform_pending(run_id: UUID) -> bool:
+    profile = HeartbeatRun.objects.filter(pk=run_id).values_list("runner_profile_json", flat=True)
+    receipt = raw_owner(profile.first())
+    return isinstance(receipt, dict) and receipt.get("worker") is not None

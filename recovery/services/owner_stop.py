@@ -36,8 +36,8 @@ from recovery.locks import (
     runs_for_update,
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.notify import notify_finalization_wake
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
+from recovery.services.finalization_jobs import finalization_defer_in_tx
 
 MIN_STOP_EVIDENCE_CHARS = 20
 MAX_STOP_EVIDENCE_CHARS = 12000
@@ -272,6 +272,9 @@ def _confirm_in_tx(
     action.save(
         update_fields=["evidence", "next_action", "wake_policy", "monitor_policy", "updated_at"]
     )
+    # The board's confirmation is an explicit request: attempt it now, whatever retry time
+    # or spent budget the coordinator shows.
+    job_id = finalization_defer_in_tx(company_id=company_id, run_id=run.pk, explicit=True)
     activity_record(
         company_id=company_id,
         actor_type=actor.actor_type,
@@ -285,9 +288,9 @@ def _confirm_in_tx(
             "resultId": str(coordinator.result_id),
             "owner": raw,
             "stopEvidence": stop_evidence,
+            "finalizationJobId": job_id,
         },
     )
-    notify_finalization_wake(company_id=company_id, run_id=run.pk)
     return OwnerStopConfirmation(run_id=run.pk, result_id=coordinator.result_id)
 
 

@@ -65,9 +65,9 @@ from recovery.locks import (
     runs_for_update,
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.notify import notify_owner_released
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
+from recovery.services.finalization_jobs import finalization_follow_up_in_tx
 
 logger = logging.getLogger(__name__)
 
@@ -813,7 +813,6 @@ def _release_receipt(*, company_id: UUID, run_id: UUID, token: str, run_key: str
         _joined_owner_tokens.add(token)
     try:
         with transaction.atomic(durable=True):
-            notify_owner_released(company_id=company_id, run_id=run_id)
             with transaction.get_connection().cursor() as cursor:
                 cursor.execute(
                     "UPDATE heartbeat_runs SET runner_profile_json = "
@@ -834,6 +833,7 @@ def _release_receipt(*, company_id: UUID, run_id: UUID, token: str, run_key: str
                     run_id=run_id,
                     details={"token": token},
                 )
+                finalization_follow_up_in_tx(company_id=company_id, run_id=run_id)
     except Exception:
         logger.exception("could not remove finalization owner receipt %s of run %s", token, run_id)
         return

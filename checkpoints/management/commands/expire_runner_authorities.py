@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from checkpoints.selectors import list_expired_authorities
-from checkpoints.services import controller_leases_expire
+from checkpoints.services import AuthorityExpiry, expired_authorities_sweep
 
 
 class Command(BaseCommand):
@@ -28,30 +29,28 @@ class Command(BaseCommand):
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1")
         dry_run: bool = options["dry_run"]
-        after = None
-        batch = found = expired = skipped = 0
-        while True:
-            run_ids = list_expired_authorities(after=after, limit=batch_size)
-            if not run_ids:
-                break
-            batch += 1
-            found += len(run_ids)
-            after = run_ids[-1]
-            if dry_run:
+        if dry_run:
+            after = None
+            found = batch = 0
+            while run_ids := list_expired_authorities(after=after, limit=batch_size):
+                batch += 1
+                found += len(run_ids)
+                after = run_ids[-1]
                 for run_id in run_ids:
                     self.stdout.write(f"  would expire {run_id}")
                 self.stdout.write(f"batch {batch}: {len(run_ids)} expired authorities (dry run)")
-                continue
-            result = controller_leases_expire(run_ids=run_ids)
-            expired += len(result.expired)
-            skipped += len(result.skipped)
+            self.stdout.write(f"done (dry run): {found} expired authorities, nothing changed")
+            return
+
+        def progress(number: int, run_ids: list[UUID], result: AuthorityExpiry) -> None:
             for run_id in result.expired:
                 self.stdout.write(f"  expired {run_id}")
             self.stdout.write(
-                f"batch {batch}: {len(run_ids)} found, {len(result.expired)} expired, "
+                f"batch {number}: {len(run_ids)} found, {len(result.expired)} expired, "
                 f"{len(result.skipped)} skipped (busy or already clear)"
             )
-        if dry_run:
-            self.stdout.write(f"done (dry run): {found} expired authorities, nothing changed")
-        else:
-            self.stdout.write(f"done: {found} found, {expired} expired, {skipped} skipped")
+
+        sweep = expired_authorities_sweep(batch_size=batch_size, on_batch=progress)
+        self.stdout.write(
+            f"done: {sweep.found} found, {sweep.expired} expired, {sweep.skipped} skipped"
+        )

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 import paperclip.db.locking
@@ -173,7 +174,8 @@ def test_a_late_receipt_is_accepted_while_nobody_has_reclaimed(
     assert late.json()["status"] == "released"
 
 
-def test_failed_receipt_keeps_the_lease_pending_and_claimable(
+@override_settings(PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS=60, PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS=90)
+def test_failed_receipt_keeps_the_lease_pending_and_claimable_after_its_back_off(
     company: Company, agent_client: APIClient
 ) -> None:
     lease = pending_lease(company)
@@ -188,7 +190,22 @@ def test_failed_receipt_keeps_the_lease_pending_and_claimable(
     assert export_resume_has(EnvironmentLease.objects.get(pk=lease.pk))
     unclaimed = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
     assert unclaimed.json()["error"]["details"]["reason"] == "not_claimed"
+    # The failed attempt counts, and the next one waits out the back-off (database clock).
+    now_ms = int(db_now().timestamp() * 1000)
+    assert data["metadata"]["pendingCleanupRetryAttempts"] == 1
+    assert 59_000 <= data["metadata"]["pendingCleanupRetryAfterMs"] - now_ms <= 60_000
+    early = assert_error(agent_client.post(claim_url(lease.pk)), 409, "cleanup_retry_not_due")
+    assert early["details"]["attempts"] == 1
+    assert EnvironmentLease.objects.get(pk=lease.pk).metadata["pendingCleanupInFlight"] is False
+    set_meta(EnvironmentLease.objects.get(pk=lease.pk), pendingCleanupRetryAfterMs=now_ms - 1)
     assert agent_client.post(claim_url(lease.pk)).status_code == 200
+    # A second failure doubles the back-off (capped by the setting).
+    attempt = EnvironmentLease.objects.get(pk=lease.pk).metadata["pendingCleanupAttemptId"]
+    again = agent_client.post(
+        receipt_url(lease.pk), receipt(attempt, lease, "failed"), format="json"
+    ).json()
+    assert again["metadata"]["pendingCleanupRetryAttempts"] == 2
+    assert 89_000 <= again["metadata"]["pendingCleanupRetryAfterMs"] - now_ms <= 91_000
 
 
 @pytest.mark.parametrize(

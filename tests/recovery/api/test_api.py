@@ -12,10 +12,12 @@ from django.test import override_settings
 
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
+from paperclip.worker.jobs import pending_jobs
 from recovery.adapters.platform import worker_stop_signature
+from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
 from recovery.services import Acquired, with_finalization_ownership
-from tests.helpers import assert_error
+from tests.helpers import assert_error, run_jobs
 from tests.recovery.factories import make_binding, receipt_for
 
 RESULT = {"result": {"summary": "done"}, "terminal": {"run_terminal_state": "succeeded"}}
@@ -140,9 +142,12 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
     b = make_binding(tmp_path=tmp_path, receipt=prior)
     agent = make_agent_client(b.agent)
 
-    held = agent.post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    error = assert_error(held, 409, "finalization_not_acquired")
-    assert error["details"]["reason"] == "owner_unverified"
+    queued = agent.post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
+    assert queued.status_code == 202, queued.json()
+    assert queued.json()["status"] == "queued"
+    run_jobs()
+    held = agent.get(f"/api/heartbeat-runs/{b.run.pk}").json()["finalization"]
+    assert (held["state"], held["reason"]) == ("held", "owner_unverified")
     board = make_board_client(b.company)
     [action] = board.get(f"/api/issues/{b.issue.pk}/recovery-actions").json()["results"]
     assert action["evidence"]["owner"] == prior
@@ -165,9 +170,8 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
         "status": "queued",
     }
 
-    out = StringIO()
-    call_command("reconcile_finalizations", "--batch-size", "10", stdout=out)
-    assert "committed 1" in out.getvalue()
+    # The confirmation deferred the job itself: the worker commits with no other call.
+    run_jobs()
     assert (b.dest_dir / "README.md").read_text() == "hello\n"
     assert (b.dest_dir / "src" / "main.py").read_text() == "print('hi')\n"
     b.refresh()
@@ -182,8 +186,13 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
     assert op.finished_at is not None
     resolved = IssueRecoveryAction.objects.get(pk=action["id"])
     assert (resolved.status, resolved.outcome) == ("resolved", "restored")
-    again = make_board_client(b.company).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    assert again.json()["result"]["status"] == "already_committed"
+    board = make_board_client(b.company)
+    audit_rows = ActivityEvent.objects.count()
+    again = board.post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
+    assert again.status_code == 200
+    assert again.json()["status"] == "committed"
+    assert again.json()["finalization"]["state"] == "committed"
+    assert ActivityEvent.objects.count() == audit_rows  # a repeat on a committed run writes nothing
 
 
 @pytest.mark.django_db(transaction=True)
@@ -194,12 +203,13 @@ def test_finalize_endpoint_copies_and_commits(tmp_path: Path, make_agent_client:
     (b.source_dir / "escape").symlink_to("/etc/passwd")
     (b.source_dir / "inner").symlink_to("README.md")
     res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    assert res.status_code == 200, res.json()
-    body = res.json()
-    assert body["acquired"] is True
-    assert body["result"]["status"] == "committed"
-    assert body["result"]["copied"]["files"] == 2
-    assert body["result"]["copied"]["skipped"] == ["escape"]
+    assert res.status_code == 202, res.json()
+    run_jobs()
+    state = make_agent_client(b.agent).get(f"/api/heartbeat-runs/{b.run.pk}").json()
+    assert state["finalization"]["state"] == "committed"
+    op = WorkspaceOperation.objects.get(heartbeat_run=b.run, phase="workspace_finalize")
+    assert op.metadata["copied"]["files"] == 2
+    assert op.metadata["copied"]["skipped"] == ["escape"]
     assert not (b.dest_dir / "stale.txt").exists()
     assert not (b.dest_dir / "escape").exists()
     assert (b.dest_dir / "inner").is_symlink()
@@ -215,13 +225,20 @@ def test_copyback_failure_keeps_the_result_and_schedules_a_retry(
 
     shutil.rmtree(b.source_dir)
     res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    assert res.status_code == 200
-    assert res.json()["result"]["status"] == "retry_scheduled"
+    assert res.status_code == 202
+    run_jobs()
+    state = make_agent_client(b.agent).get(f"/api/heartbeat-runs/{b.run.pk}").json()
+    assert state["finalization"]["state"] == "retry_scheduled"
+    assert state["finalization"]["attempts"] == 1
+    assert state["finalization"]["last_error"].startswith("workspace_copyback_failed")
     b.refresh()
     assert b.coordinator.phase == "workspace_finalizing"
     assert b.coordinator.next_attempt_at is not None
     assert b.run.status == "running"
     assert WorkspaceOperation.objects.get(heartbeat_run=b.run).status == "failed"
+    # The owner deferred the retry as it let go, at the back-off time (database clock).
+    [retry] = pending_jobs(finalization_queueing_lock(b.run.pk))
+    assert retry.scheduled_at == b.coordinator.next_attempt_at
     out = StringIO()
     call_command("reconcile_finalizations", stdout=out)  # not due yet: nothing examined
     assert "examined 0" in out.getvalue()
@@ -289,7 +306,8 @@ def test_commit_ends_the_run_through_the_core_lifecycle(
     b.refresh()
     assert b.issue.execution_run_id == b.run.pk  # the run holds its issue
     res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
-    assert res.status_code == 200, res.json()
+    assert res.status_code == 202, res.json()
+    run_jobs()
     b.refresh()
     assert (b.run.status, b.issue.execution_run_id, b.issue.checkout_run_id) == (
         "succeeded",

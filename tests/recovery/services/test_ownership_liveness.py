@@ -1,12 +1,12 @@
 """Ownership on real connections: the keepalive against idle_in_transaction_session_timeout,
-progress writes with an application connection budget of one, NOTIFY signals, same-boot join
+progress writes with an application connection budget of one, the follow-up job an owner
+defers as it lets go, same-boot join
 evidence after a real cleanup failure, and what assert_held rechecks after a platform-proof
 takeover (ordinary and retained-repair)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -20,20 +20,15 @@ from django.db import OperationalError, connection
 from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import override_settings
 
+from paperclip.db.clock import db_now
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY
+from paperclip.worker.jobs import pending_jobs
 from recovery.adapters.identity import current_controller_identity
 from recovery.adapters.platform import worker_stop_signature
 from recovery.errors import FinalizationOwnershipLost
+from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
-from recovery.notify import (
-    DEFERRED_EXECUTION_CHANNEL,
-    FINALIZATION_CHANNEL,
-    FINALIZATION_RELEASED_CHANNEL,
-    RESULT_COMMIT_CHANNEL,
-    RUN_DISPATCH_CHANNEL,
-    STATUS_REASSESSMENT_CHANNEL,
-)
 from recovery.services import (
     Acquired,
     FinalizationOwnership,
@@ -42,6 +37,7 @@ from recovery.services import (
     with_finalization_ownership,
 )
 from recovery.services import ownership as ownership_module
+from recovery.services.finalization_jobs import FOLLOW_UP_DELAY
 from recovery.services.worker_stops import worker_stop_record
 from tests.helpers import raw_connection
 from tests.paperclip.factories import NativeRunFactory
@@ -50,14 +46,6 @@ from tests.recovery.factories import make_binding, receipt_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SECRET = "stop-secret-for-tests"
-ALL_CHANNELS = (
-    RESULT_COMMIT_CHANNEL,
-    FINALIZATION_CHANNEL,
-    STATUS_REASSESSMENT_CHANNEL,
-    RUN_DISPATCH_CHANNEL,
-    DEFERRED_EXECUTION_CHANNEL,
-    FINALIZATION_RELEASED_CHANNEL,
-)
 
 
 def _advisory_locks_of(pid: int) -> int:
@@ -184,61 +172,57 @@ def test_progress_writes_work_while_the_application_connection_budget_is_one(
     assert (b.dest_dir / "README.md").read_text() == "hello\n"
 
 
-# --- NOTIFY ---------------------------------------------------------------------------------------
+# --- the follow-up job an owner defers as it lets go ------------------------------------------
 
 
-def _listen() -> psycopg.Connection[Any]:
-    listener = raw_connection()
-    for channel in ALL_CHANNELS:
-        listener.execute(f"LISTEN {channel}")
-    return listener
+def _finalize_jobs(run_id: Any) -> list[Any]:
+    return pending_jobs(finalization_queueing_lock(run_id))
 
 
-def _drain(listener: psycopg.Connection[Any], expected: int) -> list[tuple[str, dict[str, str]]]:
-    got = [
-        (n.channel, json.loads(n.payload))
-        for n in listener.notifies(timeout=5, stop_after=expected)
-    ]
-    # Anything beyond `expected` would show up within a short extra wait.
-    got += [(n.channel, json.loads(n.payload)) for n in listener.notifies(timeout=0.2)]
-    return got
-
-
-def test_releasing_ownership_signals_reconcilers_at_commit() -> None:
+def test_an_owner_leaving_work_behind_defers_its_follow_up_at_commit() -> None:
     b = make_binding()
-    run_payload = {"companyId": str(b.company.pk), "runId": str(b.run.pk)}
-    company_payload = {"companyId": str(b.company.pk)}
-    with _listen() as listener:
-        seen_inside: list[Any] = []
+    seen_inside: list[Any] = []
 
-        def action(own: FinalizationOwnership) -> None:
-            # Nothing is signalled while the owner is still working.
-            seen_inside.extend(listener.notifies(timeout=0.2))
+    def action(own: FinalizationOwnership) -> None:
+        # Nothing is deferred while the owner is still working (and nothing committed here).
+        with raw_connection() as other:
+            seen_inside.extend(
+                other.execute(
+                    "SELECT id FROM procrastinate_jobs WHERE queueing_lock = %s",
+                    [finalization_queueing_lock(b.run.pk)],
+                ).fetchall()
+            )
 
-        with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
-        got = _drain(listener, 6)
+    before = db_now()
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
+    jobs = _finalize_jobs(b.run.pk)
     assert seen_inside == []
-    assert sorted(got) == sorted(
-        [
-            (RESULT_COMMIT_CHANNEL, run_payload),
-            (FINALIZATION_CHANNEL, run_payload),
-            (STATUS_REASSESSMENT_CHANNEL, run_payload),
-            (RUN_DISPATCH_CHANNEL, company_payload),
-            (DEFERRED_EXECUTION_CHANNEL, company_payload),
-            (FINALIZATION_RELEASED_CHANNEL, run_payload),
-        ]
-    )
+    assert [job.status for job in jobs] == ["todo"]
+    assert jobs[0].args == {
+        "company_id": str(b.company.pk),
+        "run_id": str(b.run.pk),
+        "explicit": False,
+    }
+    # Not before the lock transaction has surely ended.
+    assert jobs[0].scheduled_at is not None
+    assert jobs[0].scheduled_at >= before + FOLLOW_UP_DELAY
 
 
-def test_a_refused_owner_signals_nothing() -> None:
+def test_a_committed_run_leaves_no_follow_up(tmp_path: Path) -> None:
+    b = make_binding(tmp_path=tmp_path)
+    outcome = run_finalize(company_id=b.company.pk, run_id=b.run.pk)
+    assert isinstance(outcome, Acquired)
+    assert outcome.value.status == "committed"
+    assert _finalize_jobs(b.run.pk) == []
+
+
+def test_a_refused_owner_defers_nothing() -> None:
     b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
-    with _listen() as listener:
-        outcome = with_finalization_ownership(
-            company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
-        )
-        got = _drain(listener, 1)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
     assert outcome == NotAcquired("owner_unverified")
-    assert got == []
+    assert _finalize_jobs(b.run.pk) == []
 
 
 # --- same-boot join evidence after a real cleanup failure -------------------------------------

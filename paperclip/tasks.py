@@ -1,0 +1,73 @@
+"""The worker's own upkeep (docs/worker.md#stalled-jobs): jobs of vanished workers are retried,
+and old finished jobs are removed."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db.models.functions import Now
+from procrastinate import JobContext
+from procrastinate import exceptions as procrastinate_exceptions
+from procrastinate import jobs as procrastinate_jobs
+from procrastinate.contrib.django import app
+
+from paperclip.models import JobError, WorkerProcess
+from paperclip.worker.schedule import cron_every
+
+logger = logging.getLogger(__name__)
+
+
+@app.periodic(
+    cron=cron_every(
+        settings.PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS,
+        setting="PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS",
+    ),
+    periodic_id="recover_stalled_jobs",
+)
+@app.task(
+    name="recover_stalled_jobs",
+    queue="maintenance",
+    queueing_lock="recover_stalled_jobs",
+    pass_context=True,
+)
+async def recover_stalled_jobs(context: JobContext, timestamp: int) -> str:
+    """Retry the running jobs of workers whose heartbeat is older than
+    PAPERCLIP_WORKER_STALLED_AFTER_SECONDS (killed, frozen, cut off). A retried finalization is
+    safe: it meets the finalization lock (`busy`, when the frozen worker still holds it) or the
+    dead owner's receipt (a board hold), never a second copy-back. A job whose queueing lock is
+    already taken by a waiting job (the reconciler deferred the same work) is closed as failed
+    instead: the waiting job does that work."""
+    manager = context.app.job_manager
+    stalled = list(
+        await manager.get_stalled_jobs(
+            seconds_since_heartbeat=settings.PAPERCLIP_WORKER_STALLED_AFTER_SECONDS
+        )
+    )
+    retried = closed = 0
+    for job in stalled:
+        try:
+            await manager.retry_job(job)
+            retried += 1
+        except procrastinate_exceptions.UniqueViolation:
+            await manager.finish_job(job, status=procrastinate_jobs.Status.FAILED, delete_job=False)
+            closed += 1
+        logger.warning("stalled job %s (%s) of a vanished worker recovered", job.id, job.task_name)
+    return f"stalled {len(stalled)}: retried {retried}, closed {closed} (work already queued)"
+
+
+@app.periodic(cron="17 3 * * *", periodic_id="remove_old_jobs")
+@app.task(
+    name="remove_old_jobs", queue="maintenance", queueing_lock="remove_old_jobs", pass_context=True
+)
+async def remove_old_jobs(context: JobContext, timestamp: int) -> str:
+    """Daily: finished jobs older than PAPERCLIP_JOB_RETENTION_HOURS go (failed ones too, with
+    their recorded errors), and so do registrations of workers stopped that long ago."""
+    hours = settings.PAPERCLIP_JOB_RETENTION_HOURS
+    await context.app.job_manager.delete_old_jobs(nb_hours=hours, include_failed=True)
+    cutoff = Now() - timedelta(hours=hours)
+    errors, _ = await sync_to_async(JobError.objects.filter(occurred_at__lt=cutoff).delete)()
+    workers, _ = await sync_to_async(WorkerProcess.objects.filter(stopped_at__lt=cutoff).delete)()
+    return f"removed jobs older than {hours} h, {errors} job error(s), {workers} worker record(s)"

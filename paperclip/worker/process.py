@@ -1,0 +1,154 @@
+"""Running a worker process (docs/worker.md#running-workers).
+
+The worker is Procrastinate's own: it polls and LISTENs on a connection pool of its own, runs
+sync tasks in threads (Django connections cleaned around each), heartbeats every
+PAPERCLIP_WORKER_HEARTBEAT_SECONDS and stops gracefully on SIGINT / SIGTERM, waiting for its
+running jobs. Around it this module adds what the admin shows: where the worker runs (host, pid,
+started), and the exception each failed job ended with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psutil
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models.functions import Now
+from procrastinate import JobContext
+from procrastinate import worker as procrastinate_worker
+from procrastinate.contrib.django import app
+
+from paperclip.models import JobError, WorkerProcess
+
+logger = logging.getLogger(__name__)
+
+
+def _record_error(
+    context: JobContext, worker: procrastinate_worker.Worker, exc: BaseException
+) -> None:
+    try:
+        JobError.objects.create(
+            job_id=context.job.id or 0,
+            task_name=context.job.task_name,
+            attempt=context.job.attempts,
+            error=f"{type(exc).__name__}: {exc}"[:4000],
+            traceback="".join(traceback.format_exception(exc))[-20000:],
+            worker_id=worker.worker_id,
+        )
+    except Exception:  # the job's own failure is what matters; never mask it
+        logger.exception("could not record the error of job %s", context.job.id)
+    finally:
+        close_old_connections()
+
+
+def record_errors(
+    call_next: Callable[[], Any], context: JobContext, worker: procrastinate_worker.Worker
+) -> Any:
+    """Sync task middleware: keep the exception a sync job ends with, then let it fail."""
+    try:
+        return call_next()
+    except Exception as exc:
+        _record_error(context, worker, exc)
+        raise
+
+
+async def record_errors_async(
+    call_next: Callable[[], Awaitable[Any]],
+    context: JobContext,
+    worker: procrastinate_worker.Worker,
+) -> Any:
+    """Async task middleware: the same for async jobs."""
+    try:
+        return await call_next()
+    except Exception as exc:
+        await sync_to_async(_record_error, thread_sensitive=False)(context, worker, exc)
+        raise
+
+
+def _register(worker_id: int, *, concurrency: int, queues: Sequence[str]) -> None:
+    process = psutil.Process(os.getpid())
+    WorkerProcess.objects.update_or_create(
+        worker_id=worker_id,
+        defaults={
+            "hostname": socket.gethostname(),
+            "pid": process.pid,
+            "process_started_at": datetime.fromtimestamp(process.create_time(), tz=UTC),
+            "concurrency": concurrency,
+            "queues": list(queues),
+            "stopped_at": None,
+        },
+    )
+    close_old_connections()
+
+
+def _unregister(worker_id: int) -> None:
+    WorkerProcess.objects.filter(worker_id=worker_id).update(stopped_at=Now())
+    close_old_connections()
+
+
+async def _serve(
+    worker: procrastinate_worker.Worker,
+    *,
+    concurrency: int,
+    queues: Sequence[str],
+    on_started: Callable[[int], None] | None,
+) -> None:
+    run = asyncio.create_task(worker.run(), name="procrastinate worker")  # type: ignore[no-untyped-call]
+    while worker.worker_id is None and not run.done():
+        await asyncio.sleep(0.02)
+    worker_id = worker.worker_id
+    if worker_id is not None:
+        await sync_to_async(_register, thread_sensitive=False)(
+            worker_id, concurrency=concurrency, queues=queues
+        )
+        if on_started is not None:
+            on_started(worker_id)
+    try:
+        await run
+    finally:
+        if worker_id is not None:
+            await sync_to_async(_unregister, thread_sensitive=False)(worker_id)
+
+
+def worker_run(
+    *,
+    concurrency: int = 1,
+    queues: Sequence[str] = (),
+    name: str | None = None,
+    wait: bool = True,
+    on_started: Callable[[int], None] | None = None,
+) -> None:
+    """Run one worker in the foreground until SIGINT / SIGTERM (or, with `wait=False`, until no
+    job is left). `queues` empty: every queue."""
+    worker_app = app.with_connector(app.connector.get_worker_connector())  # type: ignore[attr-defined]
+    middleware = [
+        *app.worker_defaults.get("task_middleware", []),
+        record_errors,
+        record_errors_async,
+    ]
+
+    async def main() -> None:
+        async with worker_app.open_async():
+            worker = procrastinate_worker.Worker(
+                app=worker_app,
+                queues=list(queues) or None,
+                name=name or f"{socket.gethostname()}:{os.getpid()}",
+                concurrency=concurrency,
+                wait=wait,
+                fetch_job_polling_interval=settings.PAPERCLIP_WORKER_POLL_SECONDS,
+                update_heartbeat_interval=settings.PAPERCLIP_WORKER_HEARTBEAT_SECONDS,
+                stalled_worker_timeout=settings.PAPERCLIP_WORKER_STALLED_AFTER_SECONDS,
+                task_middleware=middleware,
+            )
+            await _serve(worker, concurrency=concurrency, queues=queues, on_started=on_started)
+
+    asyncio.run(main())

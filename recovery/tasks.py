@@ -1,0 +1,65 @@
+"""The recovery app's worker tasks (docs/worker.md#tasks): finalizing one run, and the periodic
+reconciler that defers finalization jobs for waiting runs."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.conf import settings
+from procrastinate.contrib.django import app
+
+from paperclip.worker.schedule import cron_every
+from recovery.errors import (
+    FinalizationBindingMissing,
+    FinalizationNotReady,
+    FinalizationOwnershipLost,
+)
+from recovery.services import NotAcquired, finalizations_reconcile, run_finalize
+from recovery.services.finalization_jobs import FINALIZE_TASK
+
+
+@app.task(name=FINALIZE_TASK, queue="finalization")
+def finalize_run(company_id: str, run_id: str, explicit: bool = False) -> str:
+    """Finalize one run under finalization ownership; returns what happened.
+
+    Outcomes that are part of the protocol end the job normally: `busy` (another owner is at
+    work and defers its own follow-up as it lets go), a board hold, `not_due` (another attempt
+    scheduled a retry meanwhile), a copy-back failure (the retry is deferred by the owner's
+    release, at its back-off time). An unexpected exception fails the job (its error is kept
+    for the admin) and the reconciler defers a new one within its interval.
+    """
+    try:
+        outcome = run_finalize(
+            company_id=UUID(company_id), run_id=UUID(run_id), due_only=not explicit
+        )
+    except (FinalizationBindingMissing, FinalizationNotReady) as exc:
+        return f"not finalizable: {exc.code}"
+    except FinalizationOwnershipLost as exc:
+        return f"ownership lost mid-way ({exc.reason}); nothing was committed"
+    if isinstance(outcome, NotAcquired):
+        return f"not acquired: {outcome.reason}"
+    value = outcome.value
+    if value.failure_code:
+        return f"{value.status}: {value.failure_code}"
+    return value.status
+
+
+@app.periodic(
+    cron=cron_every(
+        settings.PAPERCLIP_RECONCILE_INTERVAL_SECONDS,
+        setting="PAPERCLIP_RECONCILE_INTERVAL_SECONDS",
+    ),
+    periodic_id="reconcile_finalizations",
+)
+@app.task(
+    name="reconcile_finalizations",
+    queue="maintenance",
+    queueing_lock="reconcile_finalizations",
+)
+def reconcile_finalizations(timestamp: int) -> str:
+    """`manage.py reconcile_finalizations`, every PAPERCLIP_RECONCILE_INTERVAL_SECONDS."""
+    summary = finalizations_reconcile()
+    return (
+        f"examined {summary.examined}, deferred {summary.deferred}, already queued "
+        f"{summary.already_queued}, busy {summary.skipped_busy}, held {summary.skipped_held}"
+    )
