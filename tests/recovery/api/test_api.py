@@ -196,6 +196,48 @@ def test_held_finalization_confirmed_by_the_board_then_reconciled(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_finalize_on_a_large_workspace_is_answered_without_copying_anything(
+    tmp_path: Path, make_agent_client: Any
+) -> None:
+    """The request only queues the work: with 20,000 files and no worker running, it answers
+    202 with nothing copied and no copy-back started (its latency is in bench/finalize.py)."""
+    b = make_binding(tmp_path=tmp_path)
+    for index in range(20_000):
+        (b.source_dir / f"f{index % 100}").mkdir(exist_ok=True)
+        (b.source_dir / f"f{index % 100}" / f"{index}.txt").write_text("x")
+    res = make_agent_client(b.agent).post(f"/api/heartbeat-runs/{b.run.pk}/finalize")
+    assert res.status_code == 202, res.json()
+    assert res.json()["status"] == "queued"
+    assert res.json()["finalization"]["state"] == "queued"
+    assert not WorkspaceOperation.objects.filter(heartbeat_run=b.run).exists()
+    assert not b.dest_dir.exists()
+    [job] = pending_jobs(finalization_queueing_lock(b.run.pk))
+    assert job.args["explicit"] is True
+    # A repeat finds that job waiting: the same answer, nothing written.
+    again = make_agent_client(b.agent)
+    audit_rows = ActivityEvent.objects.count()
+    assert again.post(f"/api/heartbeat-runs/{b.run.pk}/finalize").status_code == 202
+    assert ActivityEvent.objects.count() == audit_rows
+    assert [j.id for j in pending_jobs(finalization_queueing_lock(b.run.pk))] == [job.id]
+
+
+@pytest.mark.django_db
+def test_finalize_rejects_a_bad_wait_and_a_run_without_result(make_agent_client: Any) -> None:
+    b = make_binding(with_result=False)
+    client = make_agent_client(b.agent)
+    for bad in ("31", "-1", "1.5", "x", "1e1"):
+        error = assert_error(
+            client.post(f"/api/heartbeat-runs/{b.run.pk}/finalize?wait={bad}"),
+            400,
+            "invalid_request",
+        )
+        assert "wait" in error["details"]["fields"]
+    assert_error(
+        client.post(f"/api/heartbeat-runs/{b.run.pk}/finalize"), 409, "finalization_not_ready"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
 def test_finalize_endpoint_copies_and_commits(tmp_path: Path, make_agent_client: Any) -> None:
     b = make_binding(tmp_path=tmp_path)
     b.dest_dir.mkdir(parents=True)
