@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end smoke of the no-configuration path: `make run` with no DATABASE_URL, on a fresh
 # embedded PostgreSQL in a temporary PAPERCLIP_DATA_DIR.
-#   1. `make run` serves /healthz, /admin/login/ and /api/docs/ with 200;
+#   1. `make run` serves /healthz, /admin/login/ and /api/docs/ with 200, its worker says it is
+#      running, and /readyz answers 200 (database, migrations and a fresh worker heartbeat);
 #   2. after `kill -9` of every process `make run` started, `make run` works again;
-#   3. Ctrl-C (SIGINT) stops runserver, and the embedded server stops with it.
+#   3. Ctrl-C (SIGINT) stops the web server and the worker, and the embedded server with them.
 # Usage: scripts/smoke-embedded.sh [port]   (run from the repository root; needs .venv)
 set -euo pipefail
 
@@ -64,7 +65,7 @@ wait_for_pages() {
     $PY - "$PORT" "$BOOT_TIMEOUT" "$PGID" <<'EOF'
 import os, sys, time, urllib.error, urllib.request
 port, timeout, pgid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-pending = ["/healthz", "/admin/login/", "/api/docs/"]
+pending = ["/healthz", "/admin/login/", "/api/docs/", "/readyz"]
 deadline = time.monotonic() + timeout
 while pending:
     try:
@@ -83,6 +84,8 @@ while pending:
         print(f"  GET {path} -> 200")
         pending.pop(0)
         continue
+    if status == 503 and path == "/readyz":  # the worker may still be starting
+        status = None
     if status is not None:
         sys.exit(f"GET {path} -> {status}")
     if time.monotonic() > deadline:
@@ -90,6 +93,7 @@ while pending:
     time.sleep(0.5)
 EOF
     echo "  served after $((SECONDS - started))s"
+    grep -q "worker [0-9]* running on" "$LOG" || { echo "smoke: FAILED, no worker said it runs" >&2; exit 1; }
 }
 
 echo "smoke: make run on a fresh embedded PostgreSQL in $DATA_DIR (port $PORT)"
@@ -101,7 +105,7 @@ stop_group KILL
 start_make_run
 wait_for_pages
 
-echo "smoke: Ctrl-C stops runserver and the embedded server"
+echo "smoke: Ctrl-C stops the web server, the worker and the embedded server"
 stop_group INT
 for _ in $(seq 1 150); do
     postmaster_alive || break
