@@ -27,9 +27,10 @@ class FinalizationNotAcquired(ConflictError):
     code = "finalization_not_acquired"
     message = "Workspace finalization ownership was not acquired."
     remediation = (
-        "busy/owner_active: another controller is finalizing; retry later. owner_unverified: a "
-        "board member must confirm the previous owner stopped. platform_stop_pending: wait for "
-        "the worker platform's stop receipt. binding_changed: retry."
+        "owner_unverified: a board member must confirm that the previous owner stopped (admin, "
+        "or POST /api/issues/{issue_id}/recovery-actions/resume-workspace-finalization); the "
+        "worker then finalizes the saved result. platform_stop_pending: wait for the worker "
+        "platform's stop receipt; the reconciler looks for it again every period."
     )
 
 

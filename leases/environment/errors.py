@@ -4,6 +4,8 @@ Codes are frozen once shipped; `details` per code:
 - `not_found` (404, docs/api.md#company-scoping): none (another company's lease looks the same).
 - `cleanup_not_pending`: `status` (the lease's current status).
 - `cleanup_in_flight`: `expires_at` (ISO timestamp of the live claim's expiry).
+- `cleanup_retry_not_due`: `retry_at` (ISO timestamp the back-off ends), `attempts` (failed
+  attempts so far; docs/environment.md#cleanup-retries).
 - `cleanup_attempt_stale`: `reason` (see `CleanupAttemptStale`).
 - `cleanup_intent_invalid`: `intent` (`nativeWorkspaceExportResume` or `sandboxStopAndRetain`).
 """

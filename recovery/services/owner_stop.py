@@ -111,7 +111,8 @@ def recovery_owner_stop_confirm(
     when the owner is on this host and its process is alive; NotFoundError for an issue the
     actor can't see; InvalidRequest without the checkbox or with short evidence. A repeat is
     idempotent (same answer, nothing written, even while the lock is held). Audited
-    (`issue.workspace_owner_stop_confirmed`); NOTIFY wakes the reconcilers on commit.
+    (`issue.workspace_owner_stop_confirmed`); the finalization job is deferred in the same
+    transaction, explicit (docs/worker.md#finalization-in-the-worker).
     """
     fields: dict[str, list[str]] = {}
     if controller_and_copyback_stopped is not True:

@@ -95,6 +95,7 @@ class EnvironmentLeaseCleanupClaimApi(APIView):
                 NOT_FOUND,
                 (409, "cleanup_not_pending"),
                 (409, "cleanup_in_flight"),
+                (409, "cleanup_retry_not_due"),
                 RESOURCE_BUSY,
                 (422, "cleanup_intent_invalid"),
             ),

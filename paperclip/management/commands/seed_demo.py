@@ -1,24 +1,35 @@
 """`manage.py seed_demo`: a demo company to click around in, safe to run any number of times.
 
-It makes (once) a company, two agents, two execution workspaces, issues in several statuses and
+It makes (once) a company, two agents, three execution workspaces, issues in several statuses and
 a few runs (one native run running and holding its issue), all through the services, so the audit
-log tells the story. Every run prints an admin login and two working agent keys: the password is
-reset and each agent's previous `seed_demo` key is revoked before a fresh one is minted (secrets
-are stored hashed, so the old ones cannot be printed again). Each step is its own durable
-service call, so an interrupted seed is consistent and the next run completes it.
+log tells the story. One native run has posted its result, but its finalization controller died
+in the middle of a copy-back (simulated: its owner receipt names a process of this host that has
+exited): the worker holds that run for the board, and confirming the owner stop in the admin lets
+the worker commit it a moment later. Every run prints an admin login and two working agent keys:
+the password is reset and each agent's previous `seed_demo` key is revoked before a fresh one is
+minted (secrets are stored hashed, so the old ones cannot be printed again). Each step is its own
+durable service call, so an interrupted seed is consistent and the next run completes it.
 """
 
 from __future__ import annotations
 
 import secrets
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
 
 from paperclip import services
 from paperclip.access import board_actor
+from paperclip.activity import activity_record
 from paperclip.credentials import agent_key_create, agent_key_revoke
+from paperclip.db.clock import db_now_iso
 from paperclip.models import (
     Agent,
     AgentApiKey,
@@ -28,6 +39,8 @@ from paperclip.models import (
     HeartbeatRun,
     Issue,
 )
+from paperclip.receipts import OWNER_KEY
+from recovery.services import result_accept
 
 COMPANY_NAME = "Demo Company"
 USERNAME = "demo-board"
@@ -36,7 +49,10 @@ AGENTS = ("demo-agent-alpha", "demo-agent-beta")
 WORKSPACES = (
     ("demo-workspace-main", "/tmp/paperclip-demo/main"),  # noqa: S108 - demo paths only
     ("demo-workspace-review", "/tmp/paperclip-demo/review"),  # noqa: S108
+    ("demo-workspace-export", "/tmp/paperclip-demo/export"),  # noqa: S108
 )
+HELD_TITLE = "Publish the nightly export"
+HELD_WORKDIR = Path("/tmp/paperclip-demo/export-run")  # noqa: S108 - the runner's directory
 # (title, status, assignee index or None)
 ISSUES = (
     ("Set up the CI pipeline", Issue.Status.BACKLOG, None),
@@ -46,6 +62,7 @@ ISSUES = (
     ("Upgrade the PostgreSQL driver", Issue.Status.BLOCKED, 1),
     ("Ship runtime leases", Issue.Status.DONE, 0),
     ("Drop the legacy runner", Issue.Status.CANCELLED, None),
+    (HELD_TITLE, Issue.Status.IN_PROGRESS, 1),
 )
 
 
@@ -146,7 +163,7 @@ class Command(BaseCommand):
         issues: dict[str, Issue],
     ) -> None:
         alpha, beta = agents
-        main, review = workspaces
+        main, review, export = workspaces
         plan: list[tuple[Agent, str, str, ExecutionWorkspace | None, list[str]]] = [
             (alpha, "legacy", "Ship runtime leases", None, ["running", "succeeded"]),
             (alpha, "native", "Encrypt runner checkpoints", main, ["running"]),
@@ -165,6 +182,66 @@ class Command(BaseCommand):
             for step in steps:
                 run = services.run_transition(actor=actor, run_id=run.pk, to_status=step).run
             self.stdout.write(f"Created {mode} run {run.pk} for {title!r} [{run.status}]")
+        self._held_run(actor, beta, export, issues[HELD_TITLE])
+
+    def _held_run(
+        self, actor: Any, agent: Agent, workspace: ExecutionWorkspace, issue: Issue
+    ) -> None:
+        """A native run whose result is accepted while the receipt of a controller that died
+        mid copy-back is still recorded: the worker will hold it for the board."""
+        (HELD_WORKDIR / "out").mkdir(parents=True, exist_ok=True)
+        (HELD_WORKDIR / "out" / "export.csv").write_text("id,total\n1,42\n")
+        (HELD_WORKDIR / "README.md").write_text("Nightly export produced by demo-agent-beta.\n")
+        run = services.run_create(
+            actor=actor,
+            agent_id=agent.pk,
+            runtime_mode="native",
+            issue_id=issue.pk,
+            execution_workspace_id=workspace.pk,
+            workspace_dir=str(HELD_WORKDIR),
+        ).run
+        run = services.run_transition(actor=actor, run_id=run.pk, to_status="running").run
+        # A real process of this host that has exited: its receipt can't be proven stopped
+        # mid copy-back (no barrier), which is exactly what the board must confirm.
+        gone = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        receipt = {
+            "token": str(uuid.uuid4()),
+            "controllerBootId": str(uuid.uuid4()),
+            "hostname": socket.gethostname(),
+            "pid": int(gone.stdout),
+            "processStartedAt": db_now_iso(),
+        }
+        with transaction.atomic():
+            HeartbeatRun.objects.filter(pk=run.pk).update(
+                runner_profile_json={**(run.runner_profile_json or {}), OWNER_KEY: receipt}
+            )
+            activity_record(
+                company_id=run.company_id,
+                actor_type="system",
+                actor_id="seed_demo",
+                action="run.finalization_owner_claimed",
+                entity_type="heartbeat_run",
+                entity_id=run.pk,
+                run_id=run.pk,
+                details={"owner": receipt, "simulated": "a controller that died mid copy-back"},
+            )
+        result_accept(
+            company_id=run.company_id,
+            run_id=run.pk,
+            agent_id=agent.pk,
+            result={"summary": "exported 1 row"},
+            run_terminal_state="succeeded",
+            caller_result_id="seed-demo-export",
+        )
+        self.stdout.write(
+            f"Created native run {run.pk} for {issue.title!r}: result accepted, its controller "
+            "gone mid copy-back; the worker holds it for the board (admin: Issue recovery actions)"
+        )
 
     def _fresh_key(self, agent: Agent, user_id: Any) -> str:
         stale = AgentApiKey.objects.filter(agent=agent, name=KEY_NAME, revoked_at__isnull=True)
