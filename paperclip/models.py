@@ -575,6 +575,7 @@ class WorkerProcess(models.Model):
     class Meta:
         db_table = "worker_processes"
         ordering: ClassVar[list[str]] = ["-registered_at"]
+        verbose_name_plural = "worker processes"
 
     def __str__(self) -> str:
         return f"worker {self.worker_id} on {self.hostname} (pid {self.pid})"

@@ -266,7 +266,8 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
                     failed.append(f"{hold.pk}: {exc.code}")
             self.message_user(
                 request,
-                f"Confirmed {done}; finalization queued. Failed: {', '.join(failed) or 'none'}",
+                f"Confirmed {done}; finalization queued for the worker. Failed: "
+                f"{', '.join(failed) or 'none'}",
                 messages.SUCCESS if not failed else messages.WARNING,
             )
             return None

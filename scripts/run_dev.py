@@ -1,9 +1,10 @@
 """`make run`'s last step: the web server and one worker, started and stopped together.
 
-Ctrl-C (SIGINT to the terminal's process group) or SIGTERM stops both: each gets SIGINT, the
-worker finishes its running job first, and this script waits for both (killing what is still
-there after 60 s). When either exits by itself, the other is stopped the same way and the exit
-code is the first one's. Usage: run_dev.py <python> <host:port>
+Ctrl-C in the terminal reaches every process of the group: both children stop by themselves
+(the worker lets its running job finish first). A SIGTERM to this script alone is passed on as
+SIGINT. Either way this script waits for both, passing SIGINT on after 5 s to a child that still
+runs, and killing what is left after 60 s. When either child exits by itself, the other one is
+stopped the same way, and the exit code is the first one's. Usage: run_dev.py <python> <host:port>
 """
 
 from __future__ import annotations
@@ -13,19 +14,35 @@ import subprocess
 import sys
 import time
 
+received: list[int] = []
+
 
 def _interrupt(signum: int, frame: object) -> None:
+    received.append(signum)
     raise KeyboardInterrupt
+
+
+def _wait(procs: dict[str, subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+        time.sleep(0.1)
 
 
 def main() -> int:
     python, address = sys.argv[1], sys.argv[2]
+    # Handle Ctrl-C and SIGTERM even when started with SIGINT ignored (a background job of a
+    # script), and give the children the default SIGINT so that they stop when told to.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    # Our own interpreter and manage.py, with arguments from the Makefile: no untrusted input.
-    procs = {
-        "worker": subprocess.Popen([python, "manage.py", "run_worker"]),  # noqa: S603
-        "web": subprocess.Popen([python, "manage.py", "runserver", address]),  # noqa: S603
-    }
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        # Our own interpreter and manage.py, arguments from the Makefile: no untrusted input.
+        return subprocess.Popen(  # noqa: S603
+            [python, "manage.py", *args],
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+
+    procs = {"worker": start("run_worker"), "web": start("runserver", address)}
     code = 0
     try:
         while True:
@@ -37,18 +54,19 @@ def main() -> int:
             time.sleep(0.2)
     except KeyboardInterrupt:
         code = 130
+    # Ignore further signals while we stop the children in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if received[:1] == [signal.SIGINT]:
+        _wait(procs, 5)  # a terminal's Ctrl-C reached the children too
     for proc in procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 60
+    _wait(procs, 60)
     for proc in procs.values():
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
-            proc.wait()
-        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
-            proc.kill()
+        proc.wait()
     return code
 
 

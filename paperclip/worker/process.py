@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -119,6 +120,10 @@ async def _serve(
             await sync_to_async(_unregister, thread_sensitive=False)(worker_id)
 
 
+def _already_stopping(signum: int, frame: object) -> None:
+    logger.warning("the worker is already stopping: waiting for its running jobs to finish")
+
+
 def worker_run(
     *,
     concurrency: int = 1,
@@ -135,6 +140,13 @@ def worker_run(
         record_errors,
         record_errors_async,
     ]
+
+    # Procrastinate stops gracefully on the first SIGINT / SIGTERM and then restores the
+    # handlers it found: make those "ignore, the worker is already stopping" so that a second
+    # Ctrl-C (or the one a supervisor passes on) cannot cancel the running job half-way.
+    # SIGKILL still stops the process at once.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _already_stopping)
 
     async def main() -> None:
         async with worker_app.open_async():
