@@ -46,11 +46,18 @@ def main() -> int:
     code = 0
     try:
         while True:
-            ended = [(name, p.returncode) for name, p in procs.items() if p.poll() is not None]
-            if ended:
-                name, code = ended[0]
-                print(f"run: the {name} process exited ({code}); stopping the rest", flush=True)
+            if procs["web"].poll() is not None:
+                code = procs["web"].returncode
+                print(f"run: the web server exited ({code}); stopping the worker", flush=True)
                 break
+            if procs["worker"].poll() is not None:
+                # As a process supervisor would (systemd's Restart=always in production).
+                print(
+                    f"run: the worker exited ({procs['worker'].returncode}); restarting it in 2 s",
+                    flush=True,
+                )
+                time.sleep(2)
+                procs["worker"] = start("run_worker")
             time.sleep(0.2)
     except KeyboardInterrupt:
         code = 130

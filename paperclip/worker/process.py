@@ -134,33 +134,42 @@ def worker_run(
 ) -> None:
     """Run one worker in the foreground until SIGINT / SIGTERM (or, with `wait=False`, until no
     job is left). `queues` empty: every queue."""
-    worker_app = app.with_connector(app.connector.get_worker_connector())  # type: ignore[attr-defined]
     middleware = [
         *app.worker_defaults.get("task_middleware", []),
         record_errors,
         record_errors_async,
     ]
-
+    # Procrastinate's Django connector is for deferring inside Django's transactions (and stays
+    # so for our services: paperclip/worker/jobs.py defers through its own Django-bound job
+    # manager); the worker polls, listens, heartbeats and defers periodic jobs on a psycopg
+    # pool instead, which replaces connections that died (a failover, a terminated session).
+    worker_connector = app.connector.get_worker_connector()  # type: ignore[attr-defined]
     # Procrastinate stops gracefully on the first SIGINT / SIGTERM and then restores the
     # handlers it found: make those "ignore, the worker is already stopping" so that a second
     # Ctrl-C (or the one a supervisor passes on) cannot cancel the running job half-way.
     # SIGKILL still stops the process at once.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _already_stopping)
+    previous = {
+        sig: signal.signal(sig, _already_stopping) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
 
     async def main() -> None:
-        async with worker_app.open_async():
-            worker = procrastinate_worker.Worker(
-                app=worker_app,
-                queues=list(queues) or None,
-                name=name or f"{socket.gethostname()}:{os.getpid()}",
-                concurrency=concurrency,
-                wait=wait,
-                fetch_job_polling_interval=settings.PAPERCLIP_WORKER_POLL_SECONDS,
-                update_heartbeat_interval=settings.PAPERCLIP_WORKER_HEARTBEAT_SECONDS,
-                stalled_worker_timeout=settings.PAPERCLIP_WORKER_STALLED_AFTER_SECONDS,
-                task_middleware=middleware,
-            )
-            await _serve(worker, concurrency=concurrency, queues=queues, on_started=on_started)
+        with app.replace_connector(worker_connector) as worker_app:
+            async with worker_app.open_async():
+                worker = procrastinate_worker.Worker(
+                    app=worker_app,
+                    queues=list(queues) or None,
+                    name=name or f"{socket.gethostname()}:{os.getpid()}",
+                    concurrency=concurrency,
+                    wait=wait,
+                    fetch_job_polling_interval=settings.PAPERCLIP_WORKER_POLL_SECONDS,
+                    update_heartbeat_interval=settings.PAPERCLIP_WORKER_HEARTBEAT_SECONDS,
+                    stalled_worker_timeout=settings.PAPERCLIP_WORKER_STALLED_AFTER_SECONDS,
+                    task_middleware=middleware,
+                )
+                await _serve(worker, concurrency=concurrency, queues=queues, on_started=on_started)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

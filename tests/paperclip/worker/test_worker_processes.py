@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from leases.models import WorkspaceRuntimeLease
@@ -321,3 +321,45 @@ def test_finalize_with_wait_on_a_held_run_says_why(tmp_path: Path, make_agent_cl
     error = assert_error(response, 409, "finalization_not_acquired")
     assert error["details"]["reason"] == "owner_unverified"
     assert not b.dest_dir.exists()
+
+
+def test_a_worker_whose_sessions_all_end_mid_copyback_resumes_its_own_finalization(
+    tmp_path: Path,
+) -> None:
+    """What a failover does to a worker, as far as one database server can show it: every
+    session ends at once (pg_terminate_backend), so the advisory lock vanishes mid copy-back.
+    The attempt stops before publishing anything; the worker survives, reconnects and removes
+    its own receipt (it knows that attempt ended), and the next attempt commits. Had the
+    receipt removal failed too, only this same process could take it over (same-boot
+    evidence); any other worker would hold the run for the board."""
+    b = make_binding(tmp_path=tmp_path)
+    base = b.source_dir.parent
+    (base / "hold").touch()
+    with workers({"PAPERCLIP_COPYBACK_BACKEND": GATED}) as [worker]:
+        wait_for(lambda: copy_started(base), "copy-back to start", worker)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        (base / "hold").unlink()
+        wait_for(lambda: state(b.run) == "committed", "the worker to finish it", worker)
+        assert worker.proc.poll() is None  # it lived through losing every session
+    operations = dict(
+        WorkspaceOperation.objects.filter(heartbeat_run=b.run).values_list("status", "metadata")
+    )
+    assert set(operations) == {"failed", "succeeded"}  # the lost attempt published nothing
+    assert operations["failed"]["error"] in ("ownership_lost", "abandoned_by_previous_owner")
+    actions = list(
+        ActivityEvent.objects.filter(action__startswith="run.finalization_")
+        .order_by("created_at")
+        .values_list("action", flat=True)
+    )
+    # The first owner let go of its receipt before anyone else claimed one; one commit.
+    assert actions == [
+        "run.finalization_owner_claimed",
+        "run.finalization_owner_released",
+        "run.finalization_owner_claimed",
+        "run.finalization_committed",
+        "run.finalization_owner_released",
+    ]
