@@ -3,8 +3,9 @@
 Ctrl-C in the terminal reaches every process of the group: both children stop by themselves
 (the worker lets its running job finish first). A SIGTERM to this script alone is passed on as
 SIGINT. Either way this script waits for both, passing SIGINT on after 5 s to a child that still
-runs, and killing what is left after 60 s. When either child exits by itself, the other one is
-stopped the same way, and the exit code is the first one's. Usage: run_dev.py <python> <host:port>
+runs, and killing what is left after 60 s. A worker that exits by itself is restarted after 2 s
+(as systemd's Restart=always would); when the web server exits, the worker is stopped the same
+way and the exit code is the web server's. Usage: run_dev.py <python> <host:port>
 """
 
 from __future__ import annotations
