@@ -65,7 +65,7 @@ test: $(STAMP)
 	[ "$$lint" = 0 ] && [ "$$tests" = 0 ]
 
 bench: $(STAMP)
-	@for f in bench/leases.py bench/checkpoints.py; do \
+	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py; do \
 		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done
