@@ -7,10 +7,12 @@ scripts against the code moving under them, as settings and layout changes did.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -31,8 +33,38 @@ ROOT = Path(settings.BASE_DIR)
 )
 def test_bench_script_runs_to_the_end(script: str, db_env: str, args: list[str]) -> None:
     name = f"paperclip_bench_smoke_{os.getpid()}"
+    done = run_bench(script, args, {db_env: name})
+    assert "ratio" in done.stdout  # it got to its report
+    assert_dropped(name)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_finalize_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
+    """bench/finalize.py also starts gunicorn and two workers and writes workspace trees:
+    they are gone afterwards, and so is its temporary directory."""
+    name = f"paperclip_bench_smoke_{os.getpid()}"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = run_bench(
+        "bench/finalize.py",
+        ["--quick"],
+        {"PAPERCLIP_BENCH_FINALIZE_DB": name, "TMPDIR": str(scratch)},
+    )
+    assert "ratio" in done.stdout  # it got to its report
+    assert "result committed -> job started" in done.stdout
+    assert_dropped(name)
+    assert list(scratch.iterdir()) == []
+    pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\) stopped", done.stdout)]
+    assert len(pids) == 3  # gunicorn, the worker, the polling-only worker
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+def run_bench(
+    script: str, args: list[str], extra_env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"}
-    env |= {"DATABASE_URL": database_url(), db_env: name}
+    env |= {"DATABASE_URL": database_url(), **extra_env}
     done = subprocess.run(
         [sys.executable, script, *args],
         cwd=ROOT,
@@ -44,7 +76,10 @@ def test_bench_script_runs_to_the_end(script: str, db_env: str, args: list[str])
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    assert "ratio" in done.stdout  # it got to its report
-    with connection.cursor() as cursor:  # and dropped its throwaway database
+    return done
+
+
+def assert_dropped(name: str) -> None:
+    with connection.cursor() as cursor:  # the bench dropped its throwaway database
         cursor.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [name])
         assert cursor.fetchone() == (0,)
