@@ -28,8 +28,9 @@ gunicorn (as bench/leases.py); jobs run in real worker subprocesses. In one run:
    Median and p95 per size, and the ratio large / small (target <= 1.2: independent of size).
 
 Options: --iterations N (requests per path and size, default 200), --files N (large tree,
-default 100,000), --results N (wake-up samples per worker, default 20), --quick (1,000 files,
-10 requests, 3 samples: a smoke run of seconds), --keep-db.
+default 100,000), --results N (wake-up samples of run_worker, default 20), --baseline-results N
+(of the polling-only worker, default 10: each costs about one polling interval), --quick
+(1,000 files, 10 requests, 3 + 2 samples: a smoke run of under a minute), --keep-db.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -108,14 +110,18 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--files", type=int, default=None)
     parser.add_argument("--results", type=int, default=None)
+    parser.add_argument("--baseline-results", type=int, default=None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the children and clean up.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     quick = args.quick
     config = Config(
         iterations=args.iterations or (10 if quick else 200),
         files=args.files or (1_000 if quick else 100_000),
         results=args.results or (3 if quick else 20),
+        baseline_results=args.baseline_results or (2 if quick else 10),
         warmup=2 if quick else WARMUP,
     )
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER
@@ -134,6 +140,7 @@ class Config:
     iterations: int
     files: int
     results: int
+    baseline_results: int
     warmup: int
 
 
@@ -219,13 +226,12 @@ def run(bench_url: str, config: Config, scratch: Path) -> int:
         stack.callback(client.conn.close)
 
         # --- 1. wake-up delay, one idle worker each ---------------------------------------
-        offsets = pause_schedule(config.results, poll_seconds)
         log(f"starting a worker (manage.py run_worker; fallback poll {poll_seconds:g}s) ...")
         with subprocess_running(
             "worker", [sys.executable, "manage.py", "run_worker"], env, quiet=True
         ) as worker:
             wait_for_worker(worker)
-            notify = wakeups(client, fixtures, small_tree, config, offsets, "notify")
+            notify = wakeups(client, fixtures, small_tree, config.results, poll_seconds, "notify")
             log(f"finalizing one run with the {config.files:,}-file tree ...")
             large_copy = wakeup(client, fixtures.running(large_tree, 1)[0], timeout=900)
         log("starting a polling-only worker (the same worker, LISTEN/NOTIFY off) ...")
@@ -236,7 +242,9 @@ def run(bench_url: str, config: Config, scratch: Path) -> int:
             quiet=True,
         ) as worker:
             wait_for_worker(worker)
-            polling = wakeups(client, fixtures, small_tree, config, offsets, "polling")
+            polling = wakeups(
+                client, fixtures, small_tree, config.baseline_results, poll_seconds, "polling"
+            )
 
         # --- 2. request latency, no worker running ----------------------------------------
         latency = request_latency(client, fixtures, small_tree, large_tree, config)
@@ -489,22 +497,20 @@ def pause_schedule(n: int, poll_seconds: float) -> list[float]:
 
 
 def wakeups(
-    client: Client,
-    fixtures: Fixtures,
-    tree: Path,
-    config: Config,
-    offsets: list[float],
-    label: str,
+    client: Client, fixtures: Fixtures, tree: Path, n: int, poll_seconds: float, label: str
 ) -> list[Wakeup]:
-    runs = fixtures.running(tree, config.results + 1)
+    """n results, one at a time, each after the previous job ended and a pause from
+    pause_schedule (the same schedule for every worker measured)."""
+    runs = fixtures.running(tree, n + 1)
     wakeup(client, runs[0])  # warm-up: the worker's first job (imports, connections)
     samples = []
+    offsets = pause_schedule(n, poll_seconds)
     for number, (run_id, pause) in enumerate(zip(runs[1:], offsets, strict=True), 1):
         time.sleep(pause)
         sample = wakeup(client, run_id)
         samples.append(sample)
         log(
-            f"  {label} {number}/{config.results}: paused {pause:.2f}s, job started after "
+            f"  {label} {number}/{n}: paused {pause:.2f}s, job started after "
             f"{sample.to_started * 1000:.1f} ms"
         )
     return samples
@@ -682,22 +688,26 @@ def report(
     po_med, po_max = seconds(polling, "to_operation")
     log("")
     log(
-        f"result committed -> finalization started, one idle worker, {config.results} results "
-        f"each (database timestamps)"
+        "result committed -> finalization started, one idle worker, results one at a time "
+        "(database timestamps)"
+    )
+    log(
+        "(from the result transaction's now(); job started = its procrastinate_events "
+        "'started' row, operation row = its workspace_finalize row)"
     )
     header = (
-        f"{'worker':<36} | {'job started: median s':>21} | {'max s':>6} | "
+        f"{'worker':<36} | {'n':>3} | {'job started: median s':>21} | {'max s':>6} | "
         f"{'operation row: median s':>23} | {'max s':>6}"
     )
     log(header)
     log("-" * len(header))
     log(
-        f"{'run_worker (LISTEN/NOTIFY + polling)':<36} | {n_med:21.3f} | {n_max:6.3f} | "
-        f"{no_med:23.3f} | {no_max:6.3f}"
+        f"{'run_worker (LISTEN/NOTIFY + polling)':<36} | {len(notify):>3} | {n_med:21.3f} | "
+        f"{n_max:6.3f} | {no_med:23.3f} | {no_max:6.3f}"
     )
     log(
-        f"{'polling only (baseline)':<36} | {p_med:21.3f} | {p_max:6.3f} | "
-        f"{po_med:23.3f} | {po_max:6.3f}"
+        f"{'polling only (baseline)':<36} | {len(polling):>3} | {p_med:21.3f} | "
+        f"{p_max:6.3f} | {po_med:23.3f} | {po_max:6.3f}"
     )
     log(f"poll interval PAPERCLIP_WORKER_POLL_SECONDS = {poll_seconds:g}s")
     log(f"ratio median delay / poll interval: {n_med / poll_seconds:.4f}")
