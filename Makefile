@@ -22,7 +22,7 @@ help:
 	@echo "                with one worker (Ctrl-C stops both)"
 	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
 	@echo "make lint       ruff, ruff format --check, mypy"
-	@echo "make bench      run bench/leases.py and bench/checkpoints.py (args: BENCH_ARGS=...)"
+	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py (BENCH_ARGS=...)"
 	@echo "make clean      remove .venv and tool caches (keeps .data, the local database)"
 	@echo "make clean-data stop the embedded PostgreSQL and delete .data"
 
