@@ -19,6 +19,9 @@ from paperclip.models import (
     Issue,
     NativeRunFinalization,
 )
+from paperclip.receipts import raw_owner
+from paperclip.worker.jobs import pending_jobs
+from recovery.locks import finalization_queueing_lock
 from tests.paperclip.factories import AgentFactory, UserFactory
 from tests.paperclip.helpers import bearer_client
 
@@ -108,14 +111,21 @@ def test_seed_demo_is_idempotent_and_prints_working_credentials() -> None:
     assert counts["companies"] == 1
     assert counts["agents"] == 2
     assert counts["issues"] >= 5
-    assert counts["workspaces"] == 2
+    assert counts["workspaces"] == 3
     assert counts["runs"] >= 3
     assert counts["coordinators"] >= 1
     assert counts["active_keys"] == 2
     statuses = set(Issue.objects.values_list("status", flat=True))
     assert {"backlog", "in_progress", "done"} <= statuses
-    running = HeartbeatRun.objects.get(status="running")
-    assert Issue.objects.get(execution_run=running).status == "in_progress"
+    for running in HeartbeatRun.objects.filter(status="running"):
+        assert Issue.objects.get(execution_run=running).status == "in_progress"
+    # The run whose controller "died" mid copy-back: its result waits, with a job deferred.
+    held = HeartbeatRun.objects.get(native_issue__title="Publish the nightly export")
+    assert held.native_phase == "result_accepted"
+    assert raw_owner(held.runner_profile_json) is not None
+    assert [job.args["run_id"] for job in pending_jobs(finalization_queueing_lock(held.pk))] == [
+        str(held.pk)
+    ]
 
     second = _run("seed_demo")
     assert _counts() == counts

@@ -76,6 +76,8 @@ def test_reconcile_skips_a_busy_owner_without_spending_a_retry_and_reports_progr
         )
         call_command("reconcile_finalizations", "--batch-size", "1", stdout=out)
         run_jobs()
+        # Released here, not by the connection's close: that ends on the server a moment later.
+        other.execute("SELECT pg_advisory_unlock_all()")
     text = out.getvalue()
     assert f"  run {busy.run.pk}: skipped (busy: an owner is finalizing it)" in text
     assert re.search(rf"^  run {ready.run.pk}: deferred job \d+$", text, re.M)
