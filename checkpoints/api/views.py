@@ -25,6 +25,7 @@ from paperclip.api.serializers import (
     INVALID_REQUEST,
     NOT_FOUND,
     RESOURCE_BUSY,
+    StrictInputSerializer,
     UUIDBodyField,
     error_responses,
 )
@@ -57,7 +58,7 @@ def _agent_id(request: Request) -> UUID:
 class ControllerLeaseAcquireApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
-    class InputSerializer(serializers.Serializer[Any]):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "ControllerLeaseAcquireInput"
 
@@ -114,7 +115,7 @@ class ControllerLeaseAcquireApi(APIView):
 class ControllerLeaseExpireApi(APIView):
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
-    class InputSerializer(serializers.Serializer[Any]):
+    class InputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "ControllerLeaseExpireInput"
 
@@ -194,11 +195,11 @@ class CheckpointApi(APIView):
 
     permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
 
-    class WriteInputSerializer(serializers.Serializer[Any]):
+    class WriteInputSerializer(StrictInputSerializer):
         class Meta:
             ref_name = "CheckpointWriteInput"
 
-        class OwnerSerializer(serializers.Serializer[Any]):
+        class OwnerSerializer(StrictInputSerializer):
             class Meta:
                 ref_name = "CheckpointOwner"
 
@@ -207,7 +208,7 @@ class CheckpointApi(APIView):
             generation = serializers.IntegerField(min_value=0, max_value=services.GENERATION_MAX)
             authority_run_id = UUIDBodyField(required=False, allow_null=True)
 
-        class PredecessorSerializer(serializers.Serializer[Any]):
+        class PredecessorSerializer(StrictInputSerializer):
             class Meta:
                 ref_name = "CheckpointPredecessor"
 

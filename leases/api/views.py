@@ -35,6 +35,7 @@ from paperclip.api.serializers import (
     INVALID_REQUEST,
     NOT_FOUND,
     RESOURCE_BUSY,
+    StrictInputSerializer,
     UUIDBodyField,
     error_responses,
 )
@@ -67,7 +68,7 @@ class LeaseSerializer(serializers.Serializer[RuntimeLease]):
     )
 
 
-class OwnerInputSerializer(serializers.Serializer[Any]):
+class OwnerInputSerializer(StrictInputSerializer):
     issue_id = UUIDBodyField(required=False, allow_null=True)
     run_id = UUIDBodyField(required=False, allow_null=True)
 

@@ -30,6 +30,7 @@ from paperclip.api.serializers import (
     ExecutionWorkspaceOutputSerializer,
     IssueOutputSerializer,
     RunOutputSerializer,
+    StrictInputSerializer,
     UUIDBodyField,
     error_responses,
 )
@@ -38,26 +39,6 @@ from paperclip.models import Company, HeartbeatRun, Issue
 NAME_MAX = 200
 TITLE_MAX = 1000
 PATH_MAX = 4096
-
-
-class StrictInputSerializer(serializers.Serializer[Any]):
-    """An input serializer that rejects unknown keys instead of silently ignoring them."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
-
-
-class StrictBooleanField(serializers.BooleanField):
-    """A JSON boolean only: "yes", 1 or "true" are malformed, not true."""
-
-    def to_internal_value(self, data: Any) -> bool:
-        if not isinstance(data, bool):
-            self.fail("invalid", input=data)
-        return data
 
 
 class AbsolutePathField(serializers.CharField):
@@ -271,7 +252,7 @@ class IssueDetailApi(APIView):
     @extend_schema_serializer(component_name="IssueUpdateInput")
     class UpdateInputSerializer(StrictInputSerializer):
         status = serializers.ChoiceField(choices=Issue.Status.choices, required=False)
-        hidden = StrictBooleanField(
+        hidden = serializers.BooleanField(
             required=False, help_text="true sets hidden_at to now(); false clears it."
         )
 

@@ -18,6 +18,53 @@ from paperclip.receipts import owner_receipt_json
 from recovery.selectors.finalization import finalization_state
 
 
+def _json_type_error(field: serializers.Field[Any, Any, Any, Any], value: Any) -> str | None:
+    """What is wrong with `value`'s JSON type for `field`, or None: the one strictness rule of
+    every input body (docs/api.md#strict-bodies). A number is never text and text never a
+    number, a float is never an integer, only `true` / `false` are booleans."""
+    if value is None:
+        return None  # `allow_null` decides
+    if isinstance(field, serializers.BooleanField):
+        return None if isinstance(value, bool) else "Must be true or false."
+    if isinstance(field, serializers.IntegerField):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else "Must be a whole number."
+    if isinstance(field, serializers.FloatField | serializers.DecimalField):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok else "Must be a number."
+    if isinstance(
+        field,
+        serializers.CharField
+        | serializers.ChoiceField
+        | serializers.UUIDField
+        | serializers.DateTimeField,
+    ):
+        return None if isinstance(value, str) else "Must be a string."
+    if isinstance(field, serializers.DictField | serializers.Serializer):
+        return None if isinstance(value, dict) else "Must be an object."
+    if isinstance(field, serializers.ListField | serializers.ListSerializer):
+        return None if isinstance(value, list) else "Must be an array."
+    return None  # JSONField and friends take any JSON value
+
+
+class StrictInputSerializer(serializers.Serializer[Any]):
+    """The base of every request body (nested objects included): an unknown key or a value of
+    the wrong JSON type is a 400 naming the field, instead of being ignored or coerced."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            errors: dict[str, list[str]] = {
+                str(name): ["Unknown field."] for name in sorted(set(data) - set(self.fields))
+            }
+            for name, field in self.fields.items():
+                problem = _json_type_error(field, data[name]) if name in data else None
+                if problem is not None:
+                    errors[name] = [problem]
+            if errors:
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+
 class UUIDBodyField(serializers.UUIDField):
     """An id in a request body or query string: a JSON string in canonical UUID form
     (`paperclip.ids.parse_uuid`). DRF's own field would also take the integer 12, a braced or

@@ -27,6 +27,7 @@ from paperclip.api.serializers import (
     NOT_FOUND,
     RESOURCE_BUSY,
     FinalizationStateSerializer,
+    StrictInputSerializer,
     UUIDBodyField,
     error_responses,
 )
@@ -67,9 +68,9 @@ class RunResultAcceptApi(APIView):
     permission_classes = (IsAgent,)
 
     @extend_schema_serializer(component_name="RunResultAcceptInput")
-    class InputSerializer(serializers.Serializer[Any]):
+    class InputSerializer(StrictInputSerializer):
         @extend_schema_serializer(component_name="RunResultTerminal")
-        class TerminalSerializer(serializers.Serializer[Any]):
+        class TerminalSerializer(StrictInputSerializer):
             run_terminal_state = serializers.ChoiceField(
                 choices=HeartbeatRun.TERMINAL_STATUS_VALUES
             )
@@ -252,7 +253,7 @@ class OwnerStopConfirmApi(APIView):
     permission_classes = (IsBoard,)
 
     @extend_schema_serializer(component_name="OwnerStopConfirmInput")
-    class InputSerializer(serializers.Serializer[Any]):
+    class InputSerializer(StrictInputSerializer):
         action_id = UUIDBodyField()
         run_id = UUIDBodyField()
         owner_token = serializers.CharField(max_length=200)
@@ -329,7 +330,7 @@ class WorkerStopRecordApi(APIView):
     permission_classes = (AllowAny,)
 
     @extend_schema_serializer(component_name="WorkerStopRecordInput")
-    class InputSerializer(serializers.Serializer[Any]):
+    class InputSerializer(StrictInputSerializer):
         run_id = UUIDBodyField()
         owner_token = serializers.CharField(max_length=200)
         worker_id = serializers.CharField(max_length=500)

@@ -77,11 +77,14 @@ def test_runner_round_trip(runner: APIClient, fin: NativeRunFinalization) -> Non
     assert "HEAD-ER" not in json.dumps(listing)
 
 
-def test_contents_may_hold_any_json_string_even_nul(
+def test_contents_hold_any_text_but_a_nul_like_every_body(
     runner: APIClient, fin: NativeRunFinalization
 ) -> None:
     grant = acquire(runner, fin).json()
-    contents = "log\x00line\n\u00e9\U0001f600"
+    nul = put(runner, fin, grant, changed={"bin": "log\x00line"})
+    error = assert_error(nul, 400, "invalid_request")
+    assert error["details"]["fields"] == {"changed.bin": ["NUL characters are not allowed."]}
+    contents = "log line\n\u00e9\U0001f600\t\u0001"
     res = put(runner, fin, grant, changed={"bin": contents})
     assert res.status_code == 200, res.json()
     assert runner.get(url(fin)).json() == {"parts": {"bin": contents}}

@@ -191,7 +191,8 @@ def test_foreign_and_missing_workspaces_are_404(agent_client, board_client, othe
                 ("runtime-lease/release", "post"),
             ):
                 if method == "post":
-                    response = post(client, workspace_id, {"action": "start"}, suffix)
+                    body = {"action": "start"} if suffix.endswith("claim") else {}
+                    response = post(client, workspace_id, body, suffix)
                 else:
                     response = client.get(url(workspace_id, suffix))
                 assert response.status_code == 404, (suffix, workspace_id)
@@ -215,7 +216,8 @@ def test_foreign_issue_and_run_are_404_and_another_agents_run_is_403(
     ]
     for extra, http_status, code in cases:
         for suffix in ("runtime-lease/claim", "runtime-lease/release"):
-            response = post(agent_client, workspace.pk, {"action": "start", **extra}, suffix)
+            action = {"action": "start"} if suffix.endswith("claim") else {}
+            response = post(agent_client, workspace.pk, {**action, **extra}, suffix)
             assert response.status_code == http_status, (extra, suffix, response.json())
             assert_error(response, http_status, code)
     assert WorkspaceRuntimeLease.objects.count() == 0

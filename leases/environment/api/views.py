@@ -26,6 +26,7 @@ from paperclip.api.serializers import (
     INVALID_REQUEST,
     NOT_FOUND,
     RESOURCE_BUSY,
+    StrictInputSerializer,
     error_responses,
 )
 
@@ -125,9 +126,9 @@ class EnvironmentLeaseCleanupReceiptApi(APIView):
     permission_classes = (IsAgent,)
 
     @extend_schema_serializer(component_name="EnvironmentLeaseCleanupReceipt")
-    class InputSerializer(serializers.Serializer[Any]):
+    class InputSerializer(StrictInputSerializer):
         @extend_schema_serializer(component_name="EnvironmentLeaseCleanupReceiptState")
-        class ReceiptSerializer(serializers.Serializer[Any]):
+        class ReceiptSerializer(StrictInputSerializer):
             provider_lease_id = serializers.CharField(max_length=500)
             state = serializers.ChoiceField(choices=("stopped", "destroyed", "failed"))
 

@@ -1,0 +1,123 @@
+"""The one JSON body parser of the API (docs/api.md#strict-bodies).
+
+Every endpoint reads its body through `StrictJSONParser`, so one rule holds everywhere: a body
+is UTF-8 JSON (a `charset` other than UTF-8 is refused, not guessed), nested at most
+`MAX_DEPTH` levels, with no NUL character, no lone surrogate and no non-finite number anywhere
+(PostgreSQL's jsonb stores none of them, and an error message could not echo them back). A
+violation is a 400 `invalid_request` whose `details.fields` names where it is (`result.a[2]`),
+raised before any view code runs, so nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework.parsers import JSONParser
+
+from paperclip.errors import InvalidRequest
+
+MAX_DEPTH = 64
+_BODY = "body"
+
+
+def _bad(path: str, message: str) -> InvalidRequest:
+    return InvalidRequest(fields={path or _BODY: [message]})
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("non-finite number")
+    return value
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "NUL characters are not allowed."
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "Lone surrogates (invalid Unicode) are not allowed."
+    return None
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def check_json_value(value: Any, path: str = "") -> None:
+    """Raise InvalidRequest naming the first place in `value` (parsed JSON) that breaks the
+    rules: deeper than MAX_DEPTH, a string or key with NUL or a lone surrogate, a non-finite
+    float. Iterative, so no input can exhaust the stack."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 1)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, str):
+            if (problem := _text_problem(item)) is not None:
+                raise _bad(where, problem)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise _bad(where, "Non-finite numbers are not allowed.")
+        elif isinstance(item, Mapping | list):
+            if depth > MAX_DEPTH:
+                raise _bad(where, f"Nested deeper than {MAX_DEPTH} levels.")
+            if isinstance(item, list):
+                stack.extend((v, _join(where, i), depth + 1) for i, v in enumerate(item))
+            else:
+                for key, v in item.items():
+                    key_text = str(key)
+                    if (problem := _text_problem(key_text)) is not None:
+                        raise _bad(where or _BODY, f"A key: {problem}")
+                    stack.append((v, _join(where, key_text), depth + 1))
+
+
+class StrictJSONParser(JSONParser):
+    def parse(
+        self,
+        stream: Any,
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        charset = _charset(media_type)
+        if charset is not None and charset not in ("utf-8", "utf8"):
+            raise InvalidRequest(
+                fields={_BODY: [f"Send UTF-8 JSON; charset {charset!r} is not accepted."]}
+            )
+        raw = stream.read() if stream is not None else b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _bad("", "The body is not valid UTF-8.") from exc
+        try:
+            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        except RecursionError as exc:
+            raise _bad("", f"Nested deeper than {MAX_DEPTH} levels.") from exc
+        except ValueError as exc:
+            raise _bad("", f"The body is not valid JSON ({_short(exc)}).") from exc
+        check_json_value(data)
+        return data
+
+
+def _charset(media_type: str | None) -> str | None:
+    if not media_type:
+        return None
+    for part in media_type.split(";")[1:]:
+        name, _, value = part.strip().partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
+def _short(exc: ValueError) -> str:
+    message = str(exc)
+    return message.encode("ascii", "backslashreplace").decode("ascii")[:200]
