@@ -198,6 +198,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "paperclip.api.schema.add_database_unavailable",
+    ],
     # Several models have a `status` field with different choices; name their enums.
     "ENUM_NAME_OVERRIDES": {
         "AgentStatusEnum": "paperclip.models.Agent.Status",

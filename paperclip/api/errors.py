@@ -5,8 +5,12 @@ Every error response is `{"error": {"code", "message", "details", "remediation"?
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
+import psycopg
+from django import db
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
@@ -17,6 +21,13 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
 from paperclip.errors import DomainError
+
+logger = logging.getLogger(__name__)
+
+
+def _view_name(context: dict[str, Any]) -> str:
+    view = context.get("view")
+    return type(view).__name__ if view is not None else "a view"
 
 
 def error_body(
@@ -61,17 +72,53 @@ _DRF_CODES: dict[type[exceptions.APIException], tuple[str, str]] = {
 }
 
 
+DATABASE_RETRY_AFTER_SECONDS = 2
+
+
+def _database_lost(exc: Exception) -> bool:
+    """The connection to PostgreSQL failed or was lost mid-request (a restart, a failover, a
+    terminated backend): Django's OperationalError / InterfaceError, or psycopg's own when it
+    escaped Django's wrapper. Lock timeouts never get here (they become `resource_busy`)."""
+    lost = (db.OperationalError, db.InterfaceError, psycopg.OperationalError)
+    return isinstance(exc, (*lost, psycopg.InterfaceError))
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         set_rollback()
         return domain_error_response(exc)
+    if _database_lost(exc):
+        # The request's transaction is gone with its connection; drop the connection so the
+        # next request opens a fresh one, and tell the client to retry.
+        logger.warning("database unavailable during %s: %s", _view_name(context), exc)
+        with contextlib.suppress(Exception):
+            db.connection.close()
+        response = Response(
+            error_body(
+                "database_unavailable",
+                "The database became unavailable during the request. Each write commits whole "
+                "or not at all: retry it.",
+                remediation="Retry after the number of seconds in the Retry-After header.",
+            ),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+        )
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
-    response = drf_exception_handler(exc, context)
-    if response is None:
-        return None  # unknown: a 500 that leaks nothing (DEBUG is off in production)
+    handled = drf_exception_handler(exc, context)
+    if handled is None:
+        # Unknown: logged with its traceback, answered with the one error body (also with
+        # DEBUG on, so that `make run` shows what production shows), leaking nothing.
+        logger.error("unhandled error in %s", _view_name(context), exc_info=exc)
+        set_rollback()
+        return Response(
+            error_body("internal_error", "The server failed to handle the request."),
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+    response = handled
     if isinstance(exc, exceptions.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         response.data = error_body(

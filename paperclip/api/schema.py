@@ -34,3 +34,23 @@ class BoardTokenAuthenticationScheme(OpenApiAuthenticationExtension):  # type: i
             "bearerFormat": "pcbt_<prefix>.<secret>",
             "description": "Board token from `manage.py create_board_token --user <name>`.",
         }
+
+
+def add_database_unavailable(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Postprocessing hook: every operation can answer `503 database_unavailable` (the
+    database connection was lost mid-request), so the schema says so once for all."""
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            if isinstance(operation, dict) and "responses" in operation:
+                operation["responses"].setdefault(
+                    "503",
+                    {
+                        "description": "database_unavailable (retry after Retry-After seconds)",
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/ErrorResponse"}
+                            }
+                        },
+                    },
+                )
+    return result

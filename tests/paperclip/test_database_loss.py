@@ -1,0 +1,89 @@
+"""A request whose database connection dies mid-way answers 503 `database_unavailable` with
+Retry-After (never a 500), changes nothing, and the next request works; an unexpected error is
+the JSON 500 body even with DEBUG on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from leases.models import WorkspaceRuntimeLease
+from paperclip.models import ActivityEvent
+from tests.helpers import assert_error, raw_connection
+from tests.leases.factories import claim
+from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _terminate_the_waiter(stop: threading.Event, done: list[int]) -> None:
+    with raw_connection() as admin:
+        while not stop.is_set():
+            row = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() LIMIT 1"
+            ).fetchone()
+            if row:
+                admin.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+                done.append(row[0])
+                return
+            time.sleep(0.02)
+
+
+def test_a_request_whose_backend_is_terminated_answers_503_and_the_next_one_works(
+    make_agent_client: Any,
+) -> None:
+    agent = AgentFactory()
+    workspace = ExecutionWorkspaceFactory(company=agent.company)
+    issue = IssueFactory(company=agent.company)
+    claim(workspace, agent, issue_id=issue.pk)
+    client = make_agent_client(agent)
+    url = f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim"
+    body = {"action": "start", "issue_id": str(issue.pk)}
+    before = (ActivityEvent.objects.count(), WorkspaceRuntimeLease.objects.get().renewed_at)
+    stop, terminated = threading.Event(), []
+    with raw_connection(autocommit=False) as holder:
+        # Hold the lease row so that the renew waits on its lock, then end its session.
+        holder.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases WHERE id = %s FOR UPDATE",
+            [WorkspaceRuntimeLease.objects.get().pk],
+        )
+        killer = threading.Thread(target=_terminate_the_waiter, args=(stop, terminated))
+        killer.start()
+        try:
+            response = client.post(url, body, format="json")
+        finally:
+            stop.set()
+            killer.join()
+        holder.rollback()
+    assert terminated, "the renew never waited on the lock"
+    error = assert_error(response, 503, "database_unavailable")
+    assert response["Retry-After"] == "2"
+    assert error["remediation"]
+    connection.close()  # the test's own handle shared that backend
+    assert (ActivityEvent.objects.count(), WorkspaceRuntimeLease.objects.get().renewed_at) == before
+    again = client.post(url, body, format="json")
+    assert again.status_code == 200, again.json()
+    assert again.json()["outcome"] == "renewed"
+
+
+@override_settings(DEBUG=True)
+def test_an_unexpected_error_is_the_json_500_body_even_with_debug_on(
+    monkeypatch: pytest.MonkeyPatch, make_agent_client: Any
+) -> None:
+    from paperclip.api import core_views
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(core_views.MeApi, "get", explode)
+    response = make_agent_client(AgentFactory()).get("/api/me")
+    assert_error(response, 500, "internal_error")
+    assert "ZeroDivisionError" not in response.content.decode()
+    assert APIClient().get("/healthz").status_code == 200
