@@ -37,3 +37,13 @@ def test_schema_validates_without_warnings(tmp_path: Path) -> None:
 @pytest.mark.parametrize("url", ["/api/schema/", "/api/docs/"])
 def test_schema_and_docs_are_served(client, url: str) -> None:  # type: ignore[no-untyped-def]
     assert client.get(url).status_code == 200
+
+
+def test_the_docs_page_loads_swagger_ui_from_the_package_not_a_cdn(client) -> None:  # type: ignore[no-untyped-def]
+    from django.contrib.staticfiles import finders
+
+    page = client.get("/api/docs/").content.decode()
+    assert "cdn." not in page
+    assert "unpkg" not in page
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
+    assert finders.find("drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
