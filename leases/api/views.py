@@ -40,7 +40,7 @@ from paperclip.api.serializers import (
     error_responses,
 )
 from paperclip.errors import NotFoundError, PermissionDenied
-from paperclip.models import ExecutionWorkspace, WorkspaceOperation
+from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue, WorkspaceOperation
 
 WORKSPACE_ID = OpenApiParameter(
     "workspace_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="Execution workspace."
@@ -98,11 +98,17 @@ def _workspace_company(actor: Actor, workspace_id: UUID) -> UUID:
     return company_id
 
 
-def _owner(actor: Actor, data: dict[str, Any]) -> services.RuntimeLeaseOwner:
+def _owner(actor: Actor, company_id: UUID, data: dict[str, Any]) -> services.RuntimeLeaseOwner:
     if actor.is_agent and actor.agent_id is not None:
         return services.RuntimeLeaseOwner.for_agent(
             actor.agent_id, run_id=data.get("run_id"), issue_id=data.get("issue_id")
         )
+    # A board member bypasses the lease, but the ids it names must still be objects of the
+    # workspace's company (another company's, or no one's, look the same: 404).
+    for field, model in (("issue_id", Issue), ("run_id", HeartbeatRun)):
+        value = data.get(field)
+        if value is not None and not model.objects.filter(pk=value, company_id=company_id).exists():
+            raise NotFoundError(f"{field.removesuffix('_id').capitalize()} not found.")
     return services.RuntimeLeaseOwner.for_board(actor.actor_id)
 
 
@@ -168,7 +174,7 @@ class RuntimeLeaseClaimApi(APIView):
             company_id=company_id,
             execution_workspace_id=workspace_id,
             action=values["action"],
-            owner=_owner(actor, values),
+            owner=_owner(actor, company_id, values),
             ttl_seconds=values.get("ttl_seconds"),
         )
         return Response(_renderer(self.OutputSerializer).to_representation(result))
@@ -230,7 +236,8 @@ class RuntimeLeaseReleaseApi(APIView):
         actor = actor_for(request)
         company_id = _workspace_company(actor, workspace_id)
         body = request.data if isinstance(request.data, dict) else {}
-        if actor.is_agent and body.get("force") not in (None, False):
+        force = body.get("force")
+        if actor.is_agent and force is not None and force is not False:
             # Checked before validation: an agent asking to force is refused, whatever else.
             raise PermissionDenied("Only board members may force-release a runtime lease.")
         data = self.InputSerializer(data=request.data)
@@ -247,7 +254,7 @@ class RuntimeLeaseReleaseApi(APIView):
             result = services.runtime_lease_release(
                 company_id=company_id,
                 execution_workspace_id=workspace_id,
-                owner=_owner(actor, data.validated_data),
+                owner=_owner(actor, company_id, data.validated_data),
             )
         return Response(_renderer(self.OutputSerializer).to_representation(result))
 
@@ -311,7 +318,7 @@ class WorkspaceOperationCreateApi(APIView):
         record = services.workspace_operation_create_fenced(
             company_id=company_id,
             execution_workspace_id=workspace_id,
-            owner=_owner(actor, values),
+            owner=_owner(actor, company_id, values),
             generation=values["generation"],
             phase=values["phase"],
             status=values["status"],

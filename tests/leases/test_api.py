@@ -463,3 +463,29 @@ def test_schema_documents_the_lease_endpoints(board_client):
     for path in ("runtime-lease/claim", "runtime-lease/release", "/operations"):
         assert path in text
     assert "workspace_runtime_lease_conflict" in text
+
+
+def test_a_board_claim_names_only_ids_of_the_workspace_company(
+    board_client, workspace, other_company
+):
+    own_issue = IssueFactory(company=workspace.company)
+    for extra in (
+        {"issue_id": str(uuid.uuid4())},
+        {"issue_id": str(IssueFactory(company=other_company).pk)},
+        {"run_id": str(uuid.uuid4())},
+        {"run_id": str(HeartbeatRunFactory(company=other_company).pk)},
+    ):
+        before = ActivityEvent.objects.count()
+        for suffix in ("runtime-lease/claim", "runtime-lease/release"):
+            action = {"action": "start"} if suffix.endswith("claim") else {}
+            response = post(board_client, workspace.pk, {**action, **extra}, suffix)
+            assert_error(response, 404, "not_found")
+        assert ActivityEvent.objects.count() == before  # nothing audited for a bad id
+    ok = post(board_client, workspace.pk, {"action": "start", "issue_id": str(own_issue.pk)})
+    assert ok.json()["outcome"] == "bypassed"
+
+
+@pytest.mark.parametrize("force", [True, 1, 0, "yes", []])
+def test_an_agent_sending_force_in_any_form_is_refused(agent_client, workspace, force):
+    response = post(agent_client, workspace.pk, {"force": force}, "runtime-lease/release")
+    assert_error(response, 403, "permission_denied")
