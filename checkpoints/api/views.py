@@ -336,7 +336,10 @@ class CheckpointHeaderApi(APIView):
     @extend_schema(
         operation_id="checkpoint_header_read",
         summary="Read the checkpoint's header part (null when missing or unreadable)",
-        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
+        responses={
+            200: OutputSerializer,
+            **error_responses(*COMMON_ERRORS, (422, "controller_lease_run_not_native")),
+        },
     )
     def get(self, request: Request, run_id: UUID) -> Response:
         run = _run_for(request, run_id, runner_only=True)
@@ -367,7 +370,10 @@ class CheckpointPartsListApi(APIView):
     @extend_schema(
         operation_id="checkpoint_parts_list",
         summary="List the checkpoint's parts: names, sizes, key ids, times (never contents)",
-        responses={200: OutputSerializer, **error_responses(*COMMON_ERRORS)},
+        responses={
+            200: OutputSerializer,
+            **error_responses(*COMMON_ERRORS, (422, "controller_lease_run_not_native")),
+        },
     )
     def get(self, request: Request, run_id: UUID) -> Response:
         actor = actor_for(request)

@@ -74,6 +74,12 @@ class LocalDirectoryCopyback:
             raise CopybackError("copyback_source_missing", f"{src} is not a directory.")
         if dest == src or str(dest).startswith(str(src) + os.sep):
             raise CopybackError("copyback_destination_inside_source", "Refusing to nest.")
+        if str(src).startswith(str(dest) + os.sep):
+            # Swapping the destination out would take the source with it, then delete it.
+            raise CopybackError(
+                "copyback_source_inside_destination",
+                f"{src} lies inside {dest}: refusing to replace the directory holding it.",
+            )
         if dest.is_symlink():
             raise CopybackError("copyback_destination_symlink", f"{dest} is a symlink.")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +91,9 @@ class LocalDirectoryCopyback:
         if backup.exists() and dest.exists():
             shutil.rmtree(backup)
         report = self._copy_tree(src, staging, check)
+        # The staging directory was made private (0700) while it filled; the published
+        # directory gets the source's own mode and times, as `cp -a` would give it.
+        shutil.copystat(src, staging, follow_symlinks=False)
         check()
         if dest.exists():
             dest.rename(backup)
