@@ -15,7 +15,7 @@ BENCH_ARGS ?=
 # Set to 1 to accept pytest's exit code 5 ("no tests ran") as success.
 PYTEST_NO_TESTS_OK ?=
 
-.PHONY: help run test lint bench clean clean-data
+.PHONY: help run test lint bench fuzz clean clean-data
 
 help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
@@ -23,6 +23,7 @@ help:
 	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
 	@echo "make lint       ruff, ruff format --check, mypy"
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py (BENCH_ARGS=...)"
+	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	@echo "make clean      remove .venv and tool caches (keeps .data, the local database)"
 	@echo "make clean-data stop the embedded PostgreSQL and delete .data"
 
@@ -63,6 +64,11 @@ test: $(STAMP)
 	echo "make test: lint $$([ $$lint = 0 ] && echo ok || echo FAILED)," \
 	     "pytest $$([ $$tests = 0 ] && echo ok || echo "FAILED (exit $$tests)")"; \
 	[ "$$lint" = 0 ] && [ "$$tests" = 0 ]
+
+# The same tests `make test` runs, with many more generated cases per operation.
+FUZZ_EXAMPLES ?= 150
+fuzz: $(STAMP)
+	PAPERCLIP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:logging tests/fuzz $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py; do \

@@ -206,6 +206,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "paperclip.api.schema.add_database_unavailable",
+        "paperclip.api.schema.close_request_objects",
     ],
     # Several models have a `status` field with different choices; name their enums.
     "ENUM_NAME_OVERRIDES": {

@@ -54,3 +54,13 @@ def add_database_unavailable(result: dict[str, Any], **kwargs: Any) -> dict[str,
                     },
                 )
     return result
+
+
+def close_request_objects(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Postprocessing hook: request bodies refuse unknown keys (every input serializer is a
+    StrictInputSerializer, tests/paperclip/test_strict_bodies.py), so their schemas say
+    `additionalProperties: false`; free-form JSON fields inside them stay open."""
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request") and component.get("type") == "object":
+            component.setdefault("additionalProperties", False)
+    return result

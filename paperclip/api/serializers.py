@@ -49,7 +49,15 @@ def _json_type_error(field: serializers.Field[Any, Any, Any, Any], value: Any) -
 
 class StrictInputSerializer(serializers.Serializer[Any]):
     """The base of every request body (nested objects included): an unknown key or a value of
-    the wrong JSON type is a 400 naming the field, instead of being ignored or coerced."""
+    the wrong JSON type is a 400 naming the field, instead of being ignored or coerced. Text is
+    taken as sent (never trimmed), so what the schema allows is exactly what is accepted."""
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        for field in fields.values():
+            if isinstance(field, serializers.CharField):
+                field.trim_whitespace = False
+        return fields
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
