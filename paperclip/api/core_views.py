@@ -29,6 +29,7 @@ from paperclip.api.serializers import (
     CompanyOutputSerializer,
     ExecutionWorkspaceOutputSerializer,
     IssueOutputSerializer,
+    NonBlankTextField,
     RunOutputSerializer,
     StrictInputSerializer,
     UUIDBodyField,
@@ -107,7 +108,7 @@ class CompanyCreateApi(APIView):
 
     @extend_schema_serializer(component_name="CompanyCreateInput")
     class InputSerializer(StrictInputSerializer):
-        name = serializers.CharField(max_length=NAME_MAX)
+        name = NonBlankTextField(max_length=NAME_MAX)
 
     @extend_schema(
         operation_id="company_create",
@@ -129,7 +130,7 @@ class AgentCreateApi(APIView):
 
     @extend_schema_serializer(component_name="AgentCreateInput")
     class InputSerializer(StrictInputSerializer):
-        name = serializers.CharField(max_length=NAME_MAX)
+        name = NonBlankTextField(max_length=NAME_MAX)
 
     @extend_schema(
         operation_id="agent_create",
@@ -217,7 +218,7 @@ class IssueCreateApi(APIView):
 
     @extend_schema_serializer(component_name="IssueCreateInput")
     class InputSerializer(StrictInputSerializer):
-        title = serializers.CharField(max_length=TITLE_MAX)
+        title = NonBlankTextField(max_length=TITLE_MAX)
         status = serializers.ChoiceField(
             choices=Issue.Status.choices, required=False, default=Issue.Status.BACKLOG
         )
@@ -296,7 +297,7 @@ class ExecutionWorkspaceCreateApi(APIView):
 
     @extend_schema_serializer(component_name="ExecutionWorkspaceCreateInput")
     class InputSerializer(StrictInputSerializer):
-        name = serializers.CharField(max_length=NAME_MAX)
+        name = NonBlankTextField(max_length=NAME_MAX)
         cwd = AbsolutePathField(required=False, allow_null=True, default=None)
 
     @extend_schema(

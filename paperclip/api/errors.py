@@ -104,6 +104,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
         response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
         return response
+    if isinstance(exc, RequestDataTooBig):
+        return Response(_too_large_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -145,6 +147,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+def _too_large_body() -> dict[str, Any]:
+    return error_body(
+        "request_too_large",
+        "The request body is larger than the server accepts.",
+        {"max_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE},
+    )
+
+
 def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """handler404: a JSON body for the API (a malformed UUID in a path lands here)."""
     return JsonResponse(error_body("not_found", "Not found."), status=404)
@@ -153,14 +163,7 @@ def json_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     """handler400: Django-level rejections (an oversized body, a suspicious header) as JSON."""
     if isinstance(exception, RequestDataTooBig):
-        return JsonResponse(
-            error_body(
-                "request_too_large",
-                "The request body is larger than the server accepts.",
-                {"max_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE},
-            ),
-            status=413,
-        )
+        return JsonResponse(_too_large_body(), status=413)
     return JsonResponse(
         error_body("invalid_request", "The request was rejected.", {"fields": {}}), status=400
     )

@@ -73,6 +73,16 @@ class StrictInputSerializer(serializers.Serializer[Any]):
         return super().to_internal_value(data)
 
 
+class NonBlankTextField(serializers.CharField):
+    """Human text (a name, a title, a reason): taken as sent, but not whitespace only."""
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if not value.strip():
+            raise serializers.ValidationError("Must contain a non-whitespace character.")
+        return value
+
+
 class UUIDBodyField(serializers.UUIDField):
     """An id in a request body or query string: a JSON string in canonical UUID form
     (`paperclip.ids.parse_uuid`). DRF's own field would also take the integer 12, a braced or
