@@ -23,3 +23,17 @@ class GatedCopyback(LocalDirectoryCopyback):
             check()
             time.sleep(0.05)
         return super().copy_back(run_id=run_id, source=source, destination=destination, check=check)
+
+
+class SlowCopyback(LocalDirectoryCopyback):
+    """Copies like the default backend after a pause of PAPERCLIP_TEST_COPY_SECONDS (default
+    1.5 s), checking ownership every 50 ms meanwhile: a window for faults mid copy-back."""
+
+    def copy_back(
+        self, *, run_id: UUID, source: str, destination: str, check: Callable[[], None]
+    ) -> CopybackReport:
+        deadline = time.monotonic() + float(os.environ.get("PAPERCLIP_TEST_COPY_SECONDS", "1.5"))
+        while time.monotonic() < deadline:
+            check()
+            time.sleep(0.05)
+        return super().copy_back(run_id=run_id, source=source, destination=destination, check=check)
