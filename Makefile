@@ -12,10 +12,13 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+# make chaos: seconds of load, and extra arguments for tests/chaos/run.py (--agents N ...).
+DURATION ?= 600
+CHAOS_ARGS ?=
 # Set to 1 to accept pytest's exit code 5 ("no tests ran") as success.
 PYTEST_NO_TESTS_OK ?=
 
-.PHONY: help run test lint bench fuzz clean clean-data
+.PHONY: help run test lint bench fuzz chaos clean clean-data
 
 help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
@@ -24,6 +27,8 @@ help:
 	@echo "make lint       ruff, ruff format --check, mypy"
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py (BENCH_ARGS=...)"
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
+	@echo "make chaos      runtime-lease chaos test, DURATION=600 seconds (CHAOS_ARGS=...), in a"
+	@echo "                throwaway database on DATABASE_URL's server; prints the checker's figures"
 	@echo "make clean      remove .venv and tool caches (keeps .data, the local database)"
 	@echo "make clean-data stop the embedded PostgreSQL and delete .data"
 
@@ -75,6 +80,9 @@ bench: $(STAMP)
 		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done
+
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.run --duration $(DURATION) $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
