@@ -75,6 +75,7 @@ class Agent:
         self.seq = 0
         self.pid = os.getpid()
         self.stopping = False
+        self.reconnect = False
         self.fault: str | None = "restart" if restarted else None
         self.held_before: dict[str, int] = {}  # workspace -> a generation this agent held there
 
@@ -83,9 +84,11 @@ class Agent:
         self.stopping = True
 
     def on_sigcont(self, signum: int, frame: Any) -> None:
-        # The kept-alive connection may have been closed by the server while we were stopped.
+        # The kept-alive connection may have been closed by the server while we were stopped:
+        # the next request opens a new one. (Only flags here: the handler may run between a
+        # request and its response.)
         self.fault = "sigcont"
-        self.drop_connection()
+        self.reconnect = True
 
     # --- HTTP ------------------------------------------------------------------------------
     def drop_connection(self) -> None:
@@ -127,6 +130,9 @@ class Agent:
         error: str | None = None
         record["t0"], record["w0"] = time.monotonic(), time.time()
         try:
+            if self.reconnect:
+                self.reconnect = False
+                self.drop_connection()
             if self.conn is None:
                 self.conn = NoDelayConnection(self.host, self.port, timeout=REQUEST_TIMEOUT)
             self.conn.request(method, path, body=payload, headers=headers)

@@ -429,6 +429,17 @@ def _covered(windows: list[tuple[float, float]], start: float, end: float) -> fl
     return total
 
 
+def _sent_after_fault(record: dict[str, Any], faults: list[dict[str, Any]]) -> bool:
+    """The request was sent after the last server-side fault before its answer had completed
+    (a 5xx of a request that was not in flight when the fault struck)."""
+    before = [
+        float(f.get("t_end") or f["t"])
+        for f in faults
+        if f.get("kind") in SERVER_FAULTS and float(f["t"]) <= float(record["t1"])
+    ]
+    return not before or float(record["t0"]) > max(before)
+
+
 def figures(
     histories: list[dict[str, Any]],
     faults: list[dict[str, Any]],
@@ -467,6 +478,9 @@ def figures(
         "no_answer_outside_windows": sum(1 for r in no_answer if not in_window(r, windows)),
         "server_errors": len(server_errors),
         "server_errors_in_windows": sum(1 for r in server_errors if in_window(r, windows)),
+        "server_errors_sent_after_fault": sum(
+            1 for r in server_errors if _sent_after_fault(r, faults)
+        ),
         "window_share": round(_covered(windows, *span) / (span[1] - span[0]), 3)
         if span[1] > span[0]
         else 0.0,

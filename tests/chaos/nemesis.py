@@ -103,7 +103,7 @@ class Nemesis(threading.Thread):
         self.issue_owner = issue_owner
         self.log = log
         self.interval = interval
-        self.weights = dict(weights or DEFAULT_WEIGHTS)
+        self.weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         if sweep is None:
             self.weights.pop("sweep", None)
         self.sweep_fn = sweep
@@ -130,7 +130,7 @@ class Nemesis(threading.Thread):
         kinds = list(self.weights)
         weights = [self.weights[k] for k in kinds]
         try:
-            while not self.stop_event.wait(self.rng.uniform(*self.interval)):
+            while kinds and not self.stop_event.wait(self.rng.uniform(*self.interval)):
                 kind = self.rng.choices(kinds, weights)[0]
                 try:
                     getattr(self, kind)()

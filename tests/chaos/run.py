@@ -577,7 +577,9 @@ def render(figures: dict[str, Any], report: Report) -> str:
     lines.append(
         f"no answer: {figures['no_answer']} ({figures['no_answer_outside_windows']} outside"
         f" server-fault windows); 5xx: {figures['server_errors']}"
-        f" ({figures['server_errors_in_windows']} inside windows); the windows cover"
+        f" ({figures['server_errors_in_windows']} inside windows,"
+        f" {figures['server_errors_sent_after_fault']} sent after the fault had struck);"
+        " the windows cover"
         f" {figures['window_share']:.0%} of the run"
     )
     lines.append(
@@ -639,6 +641,16 @@ def throwaway_database(server_url: str, name: str, *, keep: bool) -> Iterator[st
             say(f"dropped database {name}")
 
 
+def _weights(text: str) -> dict[str, float]:
+    weights = {}
+    for part in filter(None, text.split(",")):
+        kind, _, weight = part.partition("=")
+        if kind not in DEFAULT_WEIGHTS:
+            raise argparse.ArgumentTypeError(f"unknown fault kind {kind!r}")
+        weights[kind] = float(weight or 1)
+    return {k: w for k, w in weights.items() if w > 0}
+
+
 def _terminate(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one unwinding; cleanup is not interrupted
     raise SystemExit(128 + signum)  # unwinds through every finally: processes, database, dir
@@ -652,6 +664,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=2, help="threads per gunicorn worker")
+    parser.add_argument(
+        "--faults",
+        type=_weights,
+        default=dict(DEFAULT_WEIGHTS),
+        help="kind=weight,... (default: "
+        + ",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items())
+        + "); weight 0 or a kind left out: never",
+    )
     parser.add_argument("--out", type=Path, help="keep histories, faults and summary here")
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args(argv)
@@ -663,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         gunicorn_workers=args.workers,
         gunicorn_threads=args.threads,
+        weights=args.faults,
     )
     server_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres"
     name = os.environ.get("PAPERCLIP_CHAOS_DB", "paperclip_chaos")

@@ -175,6 +175,7 @@ def test_a_clean_history_passes() -> None:
     assert report.ok, [v.render() for v in report.violations]
     assert report.figures["requests"] == len(histories)
     assert report.figures["server_errors_in_windows"] == 1
+    assert report.figures["server_errors_sent_after_fault"] == 1
     assert report.figures["faults"] == {"kill_agent": 1, "pg_terminate": 1, "sigstop_holder": 1}
     assert report.figures["reclaim_reasons"] == {"lease_expired": 1}
 
