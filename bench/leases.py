@@ -9,7 +9,8 @@ and drops it at the end, also on failure. Single client, sequential requests, in
 - raw psycopg: `INSERT ... ON CONFLICT ... DO UPDATE` in its own transaction on an equivalent
   table (the floor: one statement, no framework);
 - straightforward ORM: `select_for_update()` + `update_or_create()` in `atomic()`;
-- `leases.services.runtime_lease_claim`, created and renewed paths;
+- `leases.services.runtime_lease_claim`, created and renewed paths (agent owner), and a
+  renew by an issue owner naming its run too (the fast path judges both);
 - HTTP `POST /api/execution-workspaces/{id}/runtime-lease/claim` on a live gunicorn
   (gthread, keep-alive, persistent DB connections), created and renewed paths.
 
@@ -108,14 +109,14 @@ def run(bench_url: str, n: int) -> int:
     from leases.models import WorkspaceRuntimeLease
     from leases.services import RuntimeLeaseOwner, runtime_lease_claim
     from paperclip.credentials import agent_key_create
-    from paperclip.models import Agent, Company, ExecutionWorkspace
+    from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
 
     log("migrating ...")
     call_command("migrate", verbosity=0)
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")
     total = WARMUP + n
-    log(f"creating {4 * total + 4} workspaces ...")
+    log(f"creating {4 * total + 5} workspaces ...")
     fresh = {
         key: iter(
             ExecutionWorkspace.objects.bulk_create(
@@ -129,6 +130,12 @@ def run(bench_url: str, n: int) -> int:
         for key in ("orm", "svc", "http", "raw")
     }
     owner = RuntimeLeaseOwner.for_agent(agent.pk)
+    issue_ws = ExecutionWorkspace.objects.create(company=company, name="svc-issue-renew")
+    issue_owner = RuntimeLeaseOwner.for_agent(
+        agent.pk,
+        issue_id=Issue.objects.create(company=company, title="bench", status="in_progress").pk,
+        run_id=HeartbeatRun.objects.create(company=company, agent=agent, status="running").pk,
+    )
     agent_key = f"agent:{agent.pk}"
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # fresh tables: plan as production would, with statistics
@@ -178,12 +185,14 @@ def run(bench_url: str, n: int) -> int:
             )
 
     # --- the service ----------------------------------------------------------------------
-    def svc(workspace: ExecutionWorkspace, expect: str) -> None:
+    def svc(
+        workspace: ExecutionWorkspace, expect: str, claimant: RuntimeLeaseOwner = owner
+    ) -> None:
         outcome = runtime_lease_claim(
             company_id=company.pk,
             execution_workspace_id=workspace.pk,
             action="start",
-            owner=owner,
+            owner=claimant,
         ).outcome
         assert outcome == expect, outcome
 
@@ -243,6 +252,7 @@ def run(bench_url: str, n: int) -> int:
             assert response.status == 200, response.status
 
         svc(renew_ws["svc"], "created")
+        svc(issue_ws, "created", issue_owner)
         http_claim(renew_ws["http"], "created")
         paths: list[tuple[str, str, Callable[[], Any]]] = [
             ("raw_created", "raw upsert, insert", lambda: raw_op(next(fresh["raw"]))),
@@ -251,6 +261,11 @@ def run(bench_url: str, n: int) -> int:
             ("orm_renewed", "ORM, update", lambda: orm_op(renew_ws["orm"])),
             ("svc_created", "service, created", lambda: svc(next(fresh["svc"]), "created")),
             ("svc_renewed", "service, renewed", lambda: svc(renew_ws["svc"], "renewed")),
+            (
+                "svc_issue_renewed",
+                "service, renewed (issue+run)",
+                lambda: svc(issue_ws, "renewed", issue_owner),
+            ),
             (
                 "http_created",
                 "HTTP claim, created",
@@ -348,6 +363,7 @@ def report(results: dict[str, float]) -> int:
         ("ORM update", "orm_renewed"),
         ("service created", "svc_created"),
         ("service renewed", "svc_renewed"),
+        ("service renewed, issue", "svc_issue_renewed"),
         ("HTTP created", "http_created"),
         ("HTTP renewed", "http_renewed"),
     ]
