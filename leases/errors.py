@@ -37,6 +37,24 @@ class RuntimeLeaseSuperseded(ConflictError):
     )
 
 
+class RuntimeLeaseOwnerIneligible(ConflictError):
+    """The caller's own owner is stale: its issue is missing, hidden or not in an eligible
+    status, or its run is missing or terminal (the stale verdict's owner part). Such an owner
+    neither claims, renews nor writes under the lease (docs/leases.md#owner-eligibility)."""
+
+    code = "workspace_runtime_lease_owner_ineligible"
+    message = (
+        "Your own issue or run no longer allows you to hold the runtime lease for this "
+        "execution workspace."
+    )
+    remediation = (
+        "Stop acting on this workspace for this issue or run: it is finished, hidden or gone "
+        "(see reason), and a lease it still holds may be reclaimed by another owner at once. "
+        "Do not retry with the same issue or run; claim again only for an issue or run that "
+        "is still open."
+    )
+
+
 class ExecutionWorkspaceNotFound(NotFoundError):
     message = "Execution workspace not found."
 

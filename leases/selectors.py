@@ -9,6 +9,7 @@ only clock.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, cast
@@ -182,6 +183,43 @@ def _run_verdict() -> Subquery:
         .values("verdict")[:1]
     )
     return Subquery(verdict, output_field=TextField())
+
+
+def _sql_literals(values: tuple[str, ...]) -> str:
+    """`'a', 'b'`: status values as SQL literals (plain snake_case words, checked)."""
+    if not all(re.fullmatch(r"[a-z_]+", value) for value in values):
+        raise ValueError(f"not a plain status value: {values!r}")
+    return ", ".join(f"'{value}'" for value in values)
+
+
+def owner_stale_reason_sql(*, issue: str, run: str, company: str) -> str:
+    """SQL text for the stale reason a lease held by a claimant's owner would have right now,
+    leaving expiry aside; NULL when that owner is live (docs/leases.md#owner-eligibility).
+
+    `issue`, `run` and `company` are SQL expressions of type uuid (placeholders with a cast);
+    `issue`/`run` are NULL when the claimant does not name one. The owner is the one the owner
+    key names (`RuntimeLeaseOwner.owner_key`): the issue if named, else the run, else only the
+    agent (never stale). The verdict is `stale_reason_expression`'s owner part, built from the
+    same ELIGIBLE_ISSUE_STATUSES / TERMINAL_RUN_STATUSES and checked in the same order, so a
+    claimant is refused exactly when the lease it would hold would be reclaimable at once.
+    Raw SQL because it runs inside the claim's raw statements (the renew fast path among
+    them); a test pins it to the ORM verdict for every status.
+    """
+    # '' is "live" inside, so that COALESCE can tell a live owner from a missing row.
+    return (
+        f"NULLIF(CASE WHEN {issue} IS NOT NULL THEN COALESCE((SELECT CASE"  # noqa: S608
+        " WHEN i.hidden_at IS NOT NULL THEN 'owner_issue_hidden'"
+        f" WHEN i.status IN ({_sql_literals(ELIGIBLE_ISSUE_STATUSES)}) THEN ''"
+        " ELSE 'owner_issue_terminal' END"
+        f" FROM issues i WHERE i.id = {issue} AND i.company_id = {company}),"
+        " 'owner_issue_missing')"
+        f" WHEN {run} IS NOT NULL THEN COALESCE((SELECT CASE"
+        f" WHEN r.status IN ({_sql_literals(TERMINAL_RUN_STATUSES)}) THEN 'owner_run_terminal'"
+        " ELSE '' END"
+        f" FROM heartbeat_runs r WHERE r.id = {run} AND r.company_id = {company}),"
+        " 'owner_run_missing')"
+        " END, '')"
+    )
 
 
 def stale_reason_expression() -> Case:

@@ -3,7 +3,9 @@
 An agent claims the lane before a runtime action (start/stop/restart/repair). The same owner
 renews; anyone else gets `workspace_runtime_lease_conflict` until the holder turns stale
 (lease expired, owner issue missing/hidden/terminal, owner run missing/terminal), when the
-lane is reclaimed in place. Board actors bypass the lease.
+lane is reclaimed in place. An agent whose own owner is stale by that same verdict gets
+`workspace_runtime_lease_owner_ineligible` and neither creates, renews nor reclaims. Board
+actors bypass the lease.
 
 Every create and reclaim hands out a new `generation` from the workspace's
 `runtime_lease_generation` counter; it never repeats for a workspace (the counter outlives
@@ -23,8 +25,19 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from leases import locks
-from leases.errors import ExecutionWorkspaceNotFound, RuntimeLeaseConflict, RuntimeLeaseContended
-from leases.selectors import LEASE_COLUMNS, LEASE_TABLE, RuntimeLease, runtime_lease_evaluate_stale
+from leases.errors import (
+    ExecutionWorkspaceNotFound,
+    RuntimeLeaseConflict,
+    RuntimeLeaseContended,
+    RuntimeLeaseOwnerIneligible,
+)
+from leases.selectors import (
+    LEASE_COLUMNS,
+    LEASE_TABLE,
+    RuntimeLease,
+    owner_stale_reason_sql,
+    runtime_lease_evaluate_stale,
+)
 from leases.services.shared import (
     audit,
     fetch_lease,
@@ -103,14 +116,19 @@ _RENEW_SQL: Final = (
 
 
 # The hot path in one statement, its own implicit transaction: renew if the caller already
-# holds the lease and its issue/run are (still) valid for it. A miss changes nothing and
-# falls through to the slow path, which names the failed precondition or creates, reclaims
-# or refuses. `set_config` sits in the WHERE clause because the quals are evaluated before
-# the UPDATE waits for the row lock, so the lock timeout applies to that wait. (A lease row
-# exists only for a workspace of its company, so the workspace needs no separate check.)
+# holds the lease, its issue/run are (still) valid for it and its own owner is still eligible
+# (docs/leases.md#owner-eligibility). A miss changes nothing and falls through to the slow
+# path, which names the failed precondition or the ineligible owner, or creates, reclaims or
+# refuses. `set_config` sits in the WHERE clause because the quals are evaluated before the
+# UPDATE waits for the row lock, so the lock timeout applies to that wait. (A lease row
+# exists only for a workspace of its company, so the workspace needs no separate check; an
+# eligible issue owner's issue is the company's, so the issue needs none either.)
 # Only the unique workspace key is indexable (IS NOT DISTINCT FROM is not): with stale
 # statistics the planner would otherwise pick the (company_id, owner_key) index and walk
 # every lease of an agent that holds many (measured: 3x slower renews at 3,000 leases).
+_OWNER_STALE_REASON: Final = owner_stale_reason_sql(
+    issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
+)
 _FAST_RENEW_SQL: Final = (
     f"UPDATE {LEASE_TABLE} SET owner_issue_id = %(issue)s, owner_run_id = %(run)s,"  # noqa: S608
     " owner_agent_id = %(agent)s, last_action = %(action)s, renewed_at = now(),"
@@ -118,8 +136,7 @@ _FAST_RENEW_SQL: Final = (
     " WHERE execution_workspace_id = %(workspace)s"
     " AND (company_id, owner_key) IS NOT DISTINCT FROM (%(company)s::uuid, %(owner_key)s::text)"
     " AND set_config('lock_timeout', %(timeout)s, true) IS NOT NULL"
-    " AND (%(issue)s::uuid IS NULL OR EXISTS (SELECT 1 FROM issues"
-    "  WHERE id = %(issue)s AND company_id = %(company)s))"
+    f" AND {_OWNER_STALE_REASON} IS NULL"
     " AND (%(run)s::uuid IS NULL OR EXISTS (SELECT 1 FROM heartbeat_runs"
     "  WHERE id = %(run)s AND company_id = %(company)s AND agent_id = %(agent)s))"
     f" RETURNING {LEASE_COLUMNS}"
@@ -170,11 +187,16 @@ def runtime_lease_claim(
     in place with the next generation and `{reclaimedFromOwnerKey, reclaimReason,
     reclaimedAt}` metadata; a live holder is refused and left untouched.
 
+    An agent whose own owner is stale (the issue its key names missing, hidden or not in an
+    eligible status; the run missing or terminal) is refused before any of that and changes
+    nothing: a lease it holds stays as it is, reclaimable by others at once.
+
     Locks: the renew fast path locks only the lease row (one UPDATE). Otherwise the
     workspace row (FOR NO KEY UPDATE), then the lease row (FOR UPDATE); `lock_timeout` 5s.
     Raises InvalidRequest (action, ttl), ExecutionWorkspaceNotFound / OwnerIssueNotFound /
-    OwnerRunNotFound (404), OwnerRunForeign (403), RuntimeLeaseConflict,
-    RuntimeLeaseContended, ResourceBusy (409). Audits created, reclaimed and bypassed claims.
+    OwnerRunNotFound (404), OwnerRunForeign (403), RuntimeLeaseOwnerIneligible,
+    RuntimeLeaseConflict, RuntimeLeaseContended, ResourceBusy (409). Audits created,
+    reclaimed and bypassed claims.
     """
     action = _require_action(action)
     ttl = _ttl_seconds(ttl_seconds)
@@ -199,11 +221,20 @@ def runtime_lease_claim(
             if renewed is not None:
                 return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
             with transaction.atomic(durable=True):
-                preconditions(
+                ineligible = preconditions(
                     company_id=company_id,
                     execution_workspace_id=execution_workspace_id,
                     owner=owner,
+                    judge_owner=True,
                 )
+                if ineligible is not None:
+                    # Before any lock or write: a stale owner neither creates, renews nor
+                    # reclaims, whoever holds the lease (docs/leases.md#owner-eligibility).
+                    raise RuntimeLeaseOwnerIneligible(
+                        execution_workspace_id=str(execution_workspace_id),
+                        owner_key=owner_key,
+                        reason=ineligible,
+                    )
                 return _claim_in_tx(
                     company_id=company_id,
                     execution_workspace_id=execution_workspace_id,

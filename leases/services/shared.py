@@ -2,16 +2,17 @@
 
 `preconditions` opens the transaction of every claim, release and fenced write: it bounds lock
 waits for the rest of the transaction and checks, in one round trip, that the workspace, issue
-and run are the company's. `audit` writes the one activity row per audited lease change (claim,
-release, fenced write, sweep). `fetch_lease` runs a raw lease statement and maps its row;
-`lease_details` is the lease part of an audit row; `iso` and `str_or_none` are the text forms
-audit rows and errors use.
+and run are the company's (for a claim it also judges whether the owner itself is still
+eligible). `audit` writes the one activity row per audited lease change (claim, release, fenced
+write, sweep). `fetch_lease` runs a raw lease statement and maps its row; `lease_details` is
+the lease part of an audit row; `iso` and `str_or_none` are the text forms audit rows and
+errors use.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 from uuid import UUID
 
 from django.db import connection
@@ -22,7 +23,7 @@ from leases.errors import (
     OwnerRunForeign,
     OwnerRunNotFound,
 )
-from leases.selectors import RuntimeLease
+from leases.selectors import RuntimeLease, StaleReason, owner_stale_reason_sql
 from leases.services.types import RuntimeLeaseOwner
 from paperclip.activity import activity_record
 from paperclip.db import locking
@@ -40,35 +41,52 @@ def str_or_none(value: UUID | None) -> str | None:
     return None if value is None else str(value)
 
 
+_PRECONDITIONS_SQL: Final = (
+    "SELECT set_config('lock_timeout', %(timeout)s, true),"
+    " EXISTS (SELECT 1 FROM execution_workspaces WHERE id = %(workspace)s"
+    "  AND company_id = %(company)s),"
+    " EXISTS (SELECT 1 FROM issues WHERE id = %(issue)s AND company_id = %(company)s),"
+    " (SELECT agent_id FROM heartbeat_runs WHERE id = %(run)s AND company_id = %(company)s)"
+)
+_PRECONDITIONS_JUDGING_OWNER_SQL: Final = (
+    _PRECONDITIONS_SQL
+    + ", "
+    + owner_stale_reason_sql(
+        issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
+    )
+)
+
+
 def preconditions(
-    *, company_id: UUID, execution_workspace_id: UUID, owner: RuntimeLeaseOwner
-) -> None:
+    *,
+    company_id: UUID,
+    execution_workspace_id: UUID,
+    owner: RuntimeLeaseOwner,
+    judge_owner: bool = False,
+) -> StaleReason | None:
     """Bound lock waits for the rest of the transaction and check, in one round trip, that
     the workspace, issue and run are the company's and the run is the owner agent's.
 
     Another company's (or no) workspace, issue or run is a 404; a run of another agent of
-    the same company is a 403.
+    the same company is a 403. With `judge_owner`, the same statement also judges the owner
+    itself and returns the stale reason a lease it held would have (None: eligible,
+    docs/leases.md#owner-eligibility); without, it returns None.
     """
     require_transaction()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true),"
-            " EXISTS (SELECT 1 FROM execution_workspaces WHERE id = %s AND company_id = %s),"
-            " EXISTS (SELECT 1 FROM issues WHERE id = %s AND company_id = %s),"
-            " (SELECT agent_id FROM heartbeat_runs WHERE id = %s AND company_id = %s)",
-            [
-                locking.HOT_PATH_LOCK_TIMEOUT,  # read per call: tests shorten it
-                execution_workspace_id,
-                company_id,
-                owner.issue_id,
-                company_id,
-                owner.run_id,
-                company_id,
-            ],
+            _PRECONDITIONS_JUDGING_OWNER_SQL if judge_owner else _PRECONDITIONS_SQL,
+            {
+                "timeout": locking.HOT_PATH_LOCK_TIMEOUT,  # read per call: tests shorten it
+                "workspace": execution_workspace_id,
+                "company": company_id,
+                "issue": owner.issue_id,
+                "run": owner.run_id,
+            },
         )
         row = cursor.fetchone()
     assert row is not None  # noqa: S101 - a SELECT without FROM returns exactly one row
-    _, workspace_found, issue_found, run_agent_id = row
+    _, workspace_found, issue_found, run_agent_id = row[:4]
     if not workspace_found:
         raise ExecutionWorkspaceNotFound(execution_workspace_id=str(execution_workspace_id))
     if owner.issue_id is not None and not issue_found:
@@ -78,6 +96,7 @@ def preconditions(
             raise OwnerRunNotFound(run_id=str(owner.run_id))
         if owner.agent_id is not None and run_agent_id != owner.agent_id:
             raise OwnerRunForeign(run_id=str(owner.run_id))
+    return cast("StaleReason | None", row[4]) if judge_owner else None
 
 
 def audit(

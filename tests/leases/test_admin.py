@@ -14,7 +14,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.models import ActivityEvent, BoardMembership, ExecutionWorkspace, Issue
+from paperclip.models import (
+    ActivityEvent,
+    BoardMembership,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+)
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
     AgentFactory,
@@ -38,17 +44,21 @@ def operator(client):
 
 
 def make_leases(company, count):
-    """`count` leases, a mix of live and stale owners."""
+    """`count` leases, a mix of live and stale owners (claimed while live: a stale owner may
+    not claim, so the issue or run ends afterwards)."""
     agent = AgentFactory(company=company)
     made = []
     for i in range(count):
         workspace = ExecutionWorkspaceFactory(company=company, name=f"ws-{i:02d}")
         if i % 3 == 0:
-            issue = IssueFactory(company=company, status="done" if i % 2 else "todo")
+            issue = IssueFactory(company=company, status="todo")
             made.append(claim(workspace, agent, issue_id=issue.pk).lease)
+            if i % 2:
+                Issue.objects.filter(pk=issue.pk).update(status="done")
         elif i % 3 == 1:
-            run = HeartbeatRunFactory(company=company, agent=agent, status="failed")
+            run = HeartbeatRunFactory(company=company, agent=agent, status="running")
             made.append(claim(workspace, agent, run_id=run.pk).lease)
+            HeartbeatRun.objects.filter(pk=run.pk).update(status="failed")
         else:
             made.append(claim(workspace, agent).lease)
             expire(workspace)
