@@ -16,11 +16,18 @@ Every helper here runs inside the caller's transaction; the callers set
 
 from __future__ import annotations
 
+from typing import Final, cast
 from uuid import UUID
 
 from django.db import connection
 
-from leases.selectors import LEASE_COLUMNS, LEASE_TABLE, RuntimeLease
+from leases.selectors import (
+    LEASE_COLUMNS,
+    LEASE_TABLE,
+    RuntimeLease,
+    StaleReason,
+    owner_stale_reason_sql,
+)
 from paperclip.db.locking import require_transaction
 
 
@@ -54,19 +61,44 @@ def runtime_lease_for_update(*, execution_workspace_id: UUID) -> RuntimeLease | 
     return None if row is None else RuntimeLease.from_row(row)
 
 
-def runtime_lease_for_share(*, execution_workspace_id: UUID) -> RuntimeLease | None:
+_FOR_SHARE_SQL: Final = (
+    f"SELECT {LEASE_COLUMNS}, "  # noqa: S608 - constant identifiers and SQL
+    + owner_stale_reason_sql(
+        issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
+    )
+    + f" FROM {LEASE_TABLE} WHERE execution_workspace_id = %(workspace)s FOR SHARE"
+)
+
+
+def runtime_lease_for_share(
+    *,
+    execution_workspace_id: UUID,
+    company_id: UUID,
+    owner_issue_id: UUID | None,
+    owner_run_id: UUID | None,
+) -> tuple[RuntimeLease, StaleReason | None] | None:
     """Share-lock the lease row for a fenced write: a concurrent reclaim, renew-by-update or
     release waits until the write commits, so "checked the generation" and "wrote under it"
-    cannot interleave with a change of owner."""
+    cannot interleave with a change of owner.
+
+    The same statement judges the writer's own owner (the issue/run it names; only the lease
+    row is locked): the lease and the stale reason a lease held by that owner would have
+    (None: eligible, docs/leases.md#owner-eligibility). None when there is no lease row."""
     require_transaction()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT {LEASE_COLUMNS} FROM {LEASE_TABLE}"  # noqa: S608 - constant identifiers
-            " WHERE execution_workspace_id = %s FOR SHARE",
-            [execution_workspace_id],
+            _FOR_SHARE_SQL,
+            {
+                "workspace": execution_workspace_id,
+                "company": company_id,
+                "issue": owner_issue_id,
+                "run": owner_run_id,
+            },
         )
         row = cursor.fetchone()
-    return None if row is None else RuntimeLease.from_row(row)
+    if row is None:
+        return None
+    return RuntimeLease.from_row(row[:-1]), cast("StaleReason | None", row[-1])
 
 
 def runtime_leases_lock_skip_locked(*, lease_ids: list[UUID]) -> list[UUID]:

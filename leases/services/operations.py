@@ -3,7 +3,8 @@
 Every create and reclaim of a lease hands out a new `generation` from the workspace's
 `runtime_lease_generation` counter; it never repeats for a workspace (the counter outlives
 the lease row), so it fences writes: `workspace_operation_create_fenced` accepts an operation
-only from the owner key that holds the lease at the generation it names.
+only from the owner key that holds the lease at the generation it names, and only while that
+owner is still eligible (the same verdict that refuses its claims).
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from uuid import UUID, uuid4
 from django.db import IntegrityError, connection, transaction
 
 from leases import locks
-from leases.errors import RuntimeLeaseContended, RuntimeLeaseSuperseded
+from leases.errors import (
+    RuntimeLeaseContended,
+    RuntimeLeaseOwnerIneligible,
+    RuntimeLeaseSuperseded,
+)
 from leases.services.shared import audit, preconditions, str_or_none
 from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner, WorkspaceOperationRecord
 from paperclip.db.locking import busy_on_lock_timeout
-from paperclip.errors import InvalidRequest
+from paperclip.errors import DomainError, InvalidRequest
 from paperclip.models import WorkspaceOperation
 
 _OPERATION_INSERT_SQL: Final = (
@@ -42,14 +47,16 @@ def workspace_operation_create_fenced(
     command: str | None = None,
     exit_code: int | None = None,
 ) -> WorkspaceOperationRecord:
-    """Record a workspace operation only while `owner`'s key holds the lease at `generation`.
+    """Record a workspace operation only while `owner`'s key holds the lease at `generation`
+    and that owner is still eligible (its issue/run not stale, docs/leases.md#owner-eligibility).
 
     An expired lease nobody has reclaimed still counts: expiry only lets others take over.
     Locks: the lease row FOR SHARE while inserting, so a reclaim waits for this write and a
-    write after the reclaim sees the new generation. A refused write rolls back; its
-    rejection is then audited in a separate small transaction (so the audit survives).
-    Raises RuntimeLeaseSuperseded (409, `current_generation` null when no lease), the
-    claim's 404/403 errors, InvalidRequest, ResourceBusy.
+    write after the reclaim sees the new generation; the owner is judged in that same
+    statement. A refused write rolls back; its rejection is then audited in a separate small
+    transaction (so the audit survives). Raises RuntimeLeaseSuperseded (409,
+    `current_generation` null when no lease), RuntimeLeaseOwnerIneligible (409, the holder's
+    own issue/run is stale), the claim's 404/403 errors, InvalidRequest, ResourceBusy.
     """
     if status not in WorkspaceOperation.Status.values:
         raise InvalidRequest(
@@ -64,9 +71,13 @@ def workspace_operation_create_fenced(
                     execution_workspace_id=execution_workspace_id,
                     owner=owner,
                 )
-                current = locks.runtime_lease_for_share(
-                    execution_workspace_id=execution_workspace_id
+                locked = locks.runtime_lease_for_share(
+                    execution_workspace_id=execution_workspace_id,
+                    company_id=company_id,
+                    owner_issue_id=owner.issue_id,
+                    owner_run_id=owner.run_id,
                 )
+                current, ineligible = (None, None) if locked is None else locked
                 if (
                     owner_key is None
                     or current is None
@@ -79,6 +90,13 @@ def workspace_operation_create_fenced(
                         requested_generation=generation,
                         current_generation=None if current is None else current.generation,
                         owner_key=None if current is None else current.owner_key,
+                    )
+                if ineligible is not None:
+                    # Holds the lease, but its own issue/run says it may no longer act.
+                    raise RuntimeLeaseOwnerIneligible(
+                        execution_workspace_id=str(execution_workspace_id),
+                        owner_key=owner_key,
+                        reason=ineligible,
                     )
                 operation_id = uuid4()
                 with connection.cursor() as cursor:
@@ -117,12 +135,13 @@ def workspace_operation_create_fenced(
                         "owner_key": owner_key,
                     },
                 )
-        except RuntimeLeaseSuperseded as exc:
-            _record_superseded_write(
+        except (RuntimeLeaseSuperseded, RuntimeLeaseOwnerIneligible) as exc:
+            _record_rejected_write(
                 company_id=company_id,
                 execution_workspace_id=execution_workspace_id,
                 owner=owner,
                 phase=phase,
+                action=_REJECTED_WRITE_ACTIONS[type(exc)],
                 details=exc.details,
             )
             raise
@@ -147,12 +166,19 @@ def workspace_operation_create_fenced(
     )
 
 
-def _record_superseded_write(
+_REJECTED_WRITE_ACTIONS: Final[dict[type[DomainError], str]] = {
+    RuntimeLeaseSuperseded: "runtime_lease.superseded_write_rejected",
+    RuntimeLeaseOwnerIneligible: "runtime_lease.ineligible_write_rejected",
+}
+
+
+def _record_rejected_write(
     *,
     company_id: UUID,
     execution_workspace_id: UUID,
     owner: RuntimeLeaseOwner,
     phase: str,
+    action: str,
     details: dict[str, Any],
 ) -> None:
     # The refused request's own transaction rolled back (a failed request changes nothing);
@@ -162,7 +188,7 @@ def _record_superseded_write(
             owner_actor=(owner.actor_type, owner.actor_id),
             company_id=company_id,
             execution_workspace_id=execution_workspace_id,
-            action="runtime_lease.superseded_write_rejected",
+            action=action,
             run_id=None,  # the run FK may be the reason the write failed; keep it in details
             details={**details, "phase": phase, "run_id": str_or_none(owner.run_id)},
         )

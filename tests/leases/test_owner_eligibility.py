@@ -13,12 +13,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from leases.errors import RuntimeLeaseOwnerIneligible
+from leases.errors import RuntimeLeaseOwnerIneligible, RuntimeLeaseSuperseded
 from leases.models import WorkspaceRuntimeLease
 from leases.services import (
     RuntimeLeaseOwner,
     runtime_lease_get,
     runtime_lease_release,
+    workspace_operation_create_fenced,
 )
 from leases.services.claim import _claim_fast_renew
 from paperclip.models import (
@@ -87,6 +88,16 @@ class Owner:
 
     def claim(self, **kwargs: Any) -> Any:
         return claim(self.workspace, self.agent, **self.ids, **kwargs)
+
+    def write(self, generation: int) -> Any:
+        return workspace_operation_create_fenced(
+            company_id=self.workspace.company_id,
+            execution_workspace_id=self.workspace.pk,
+            owner=self.service_owner,
+            generation=generation,
+            phase="runtime_restart",
+            status="running",
+        )
 
 
 def backdate(workspace: ExecutionWorkspace) -> None:
@@ -276,6 +287,48 @@ def test_an_agent_owner_has_no_lifecycle_and_is_never_ineligible(workspace, agen
     assert claim(workspace, agent).outcome == "renewed"
 
 
+# --- fenced writes --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "stale", "reason"), CASES)
+def test_a_fenced_write_by_a_stale_holder_is_refused(workspace, kind, stale, reason):
+    owner = Owner(workspace, kind)
+    generation = owner.claim().lease.generation
+    assert owner.write(generation).lease_generation == generation  # eligible: accepted
+    stale(owner.issue, owner.run)
+    row, counter, events, operations = snapshot(workspace)
+
+    with pytest.raises(RuntimeLeaseOwnerIneligible) as caught:
+        owner.write(generation)
+
+    assert_ineligible(caught, owner, reason)
+    assert (lease_row(workspace), WorkspaceOperation.objects.count()) == (row, operations)
+    workspace.refresh_from_db()
+    assert workspace.runtime_lease_generation == counter
+    # Like a superseded write, the refusal is evidence worth keeping: one audit row, written
+    # after the refused write rolled back.
+    rejected = ActivityEvent.objects.exclude(id__in=events).get()
+    assert rejected.action == "runtime_lease.ineligible_write_rejected"
+    assert rejected.details == {
+        **caught.value.details,
+        "phase": "runtime_restart",
+        "run_id": str(owner.run.pk),
+    }
+
+
+def test_a_stale_owner_that_no_longer_holds_the_lease_is_superseded(workspace):
+    owner = Owner(workspace, "issue")
+    owner.claim()
+    Issue.objects.filter(pk=owner.issue.pk).update(status="done")
+    claim(workspace, AgentFactory(company=workspace.company))  # reclaimed: generation 2
+
+    with pytest.raises(RuntimeLeaseSuperseded) as caught:
+        owner.write(1)
+
+    assert caught.value.details["current_generation"] == 2
+    assert not WorkspaceOperation.objects.exists()
+
+
 # --- the verdict is the stale verdict's owner part ----------------------------------------
 
 
@@ -349,6 +402,33 @@ def test_http_claim_by_a_stale_owner_is_409_with_details(make_agent_client, work
     }
     assert error["remediation"] == RuntimeLeaseOwnerIneligible.remediation
     assert snapshot(workspace) == before
+
+
+def test_http_fenced_write_by_a_stale_holder_is_409(make_agent_client, workspace):
+    owner = Owner(workspace, "run")
+    client = make_agent_client(owner.agent)
+    generation = owner.claim().lease.generation
+    HeartbeatRun.objects.filter(pk=owner.run.pk).update(status="timed_out")
+
+    response = client.post(
+        f"/api/execution-workspaces/{workspace.pk}/operations",
+        {
+            "generation": generation,
+            "run_id": str(owner.run.pk),
+            "phase": "runtime_stop",
+            "status": "running",
+        },
+        format="json",
+    )
+
+    error = assert_error(response, 409, "workspace_runtime_lease_owner_ineligible")
+    assert error["details"] == {
+        "execution_workspace_id": str(workspace.pk),
+        "owner_key": owner.key,
+        "reason": "owner_run_terminal",
+    }
+    assert error["remediation"]
+    assert not WorkspaceOperation.objects.exists()
 
 
 def claim_url(workspace: ExecutionWorkspace) -> str:
