@@ -19,13 +19,23 @@ import leases.services.operations
 import paperclip.db.locking
 from leases.errors import RuntimeLeaseConflict, RuntimeLeaseContended
 from leases.models import WorkspaceRuntimeLease
-from leases.services import RuntimeLeaseOwner, workspace_operation_create_fenced
+from leases.services import (
+    RuntimeLeaseOwner,
+    runtime_lease_get,
+    workspace_operation_create_fenced,
+)
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 from paperclip.testing.processes import child_env
 from tests.helpers import raw_connection
 from tests.leases.factories import claim, expire
-from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    ExecutionWorkspaceFactory,
+    HeartbeatRunFactory,
+    IssueFactory,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -401,6 +411,96 @@ def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation
         )
     assert late.value.code == "workspace_runtime_lease_superseded"
     assert ExecutionWorkspace.objects.get(pk=workspace.pk).runtime_lease_generation == 2
+
+
+def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accepted():
+    """The holder renews and writes from several connections while another connection moves
+    its issue to done. Attempts that overlap the change may land either side of it; every
+    attempt started after the change committed is refused as owner-ineligible, and the lease
+    it still holds is reclaimable at once."""
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    agent = AgentFactory(company=company)
+    issue = IssueFactory(company=company, status="in_progress")
+    run = HeartbeatRunFactory(company=company, agent=agent, status="running")
+    ids = {"issue_id": issue.pk, "run_id": run.pk}
+    generation = claim(workspace, agent, **ids).lease.generation
+    owner = RuntimeLeaseOwner.for_agent(agent.pk, **ids)
+    holders = THREADS - 1
+    barrier = threading.Barrier(THREADS)
+    first_done = threading.Semaphore(0)
+    committed = threading.Event()
+    post_commit_attempts = 3
+
+    def renew():
+        return claim(workspace, agent, **ids).outcome
+
+    def write():
+        workspace_operation_create_fenced(
+            company_id=company.pk,
+            execution_workspace_id=workspace.pk,
+            owner=owner,
+            generation=generation,
+            phase="runtime_repair",
+            status="succeeded",
+        )
+        return "accepted"
+
+    def holder(i):
+        act = renew if i % 2 == 0 else write
+        attempts = []
+        try:
+            barrier.wait(timeout=TIMEOUT)
+            deadline = time.monotonic() + TIMEOUT
+            while sum(after for after, _ in attempts) < post_commit_attempts:
+                assert time.monotonic() < deadline, attempts
+                after = committed.is_set()  # read before the attempt starts
+                try:
+                    outcome = act()
+                except DomainError as exc:
+                    outcome = exc.code
+                attempts.append((after, outcome))
+                if len(attempts) == 1:
+                    first_done.release()
+        finally:
+            connection.close()
+        return act.__name__, attempts
+
+    def finish_issue():
+        barrier.wait(timeout=TIMEOUT)
+        for _ in range(holders):  # every holder is renewing or writing by now
+            assert first_done.acquire(timeout=TIMEOUT)
+        with raw_connection() as other:  # autocommit: committed when execute returns
+            other.execute(
+                "UPDATE issues SET status = 'done', updated_at = now() WHERE id = %s", [issue.pk]
+            )
+        committed.set()
+
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        results = [pool.submit(holder, i) for i in range(holders)]
+        finished = pool.submit(finish_issue)
+        finished.result(timeout=TIMEOUT * 2)
+        results = [r.result(timeout=TIMEOUT * 2) for r in results]
+
+    accepted_writes = 0
+    for kind, attempts in results:
+        ok = "renewed" if kind == "renew" else "accepted"
+        # Each holder's first attempt ended before the change: the owner was still eligible.
+        assert attempts[0] == (False, ok), (kind, attempts)
+        for after, outcome in attempts:
+            if after:
+                assert outcome == "workspace_runtime_lease_owner_ineligible", (kind, attempts)
+            else:
+                assert outcome in (ok, "workspace_runtime_lease_owner_ineligible"), attempts
+        accepted_writes += sum(outcome == "accepted" for _, outcome in attempts)
+    assert WorkspaceOperation.objects.count() == accepted_writes
+    lease = WorkspaceRuntimeLease.objects.get()
+    assert (lease.owner_key, lease.generation) == (f"issue:{issue.pk}", generation)
+    assert runtime_lease_get(execution_workspace_id=workspace.pk).stale_reason == (
+        "owner_issue_terminal"
+    )
+    reclaimed = claim(workspace, AgentFactory(company=company))
+    assert (reclaimed.outcome, reclaimed.lease.generation) == ("reclaimed", generation + 1)
 
 
 def test_conflict_is_raised_not_swallowed_under_contention():
