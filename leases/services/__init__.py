@@ -3,12 +3,15 @@
 An agent claims the lane before a runtime action (start/stop/restart/repair). The same owner
 renews; anyone else gets `workspace_runtime_lease_conflict` until the holder turns stale
 (lease expired, owner issue missing/hidden/terminal, owner run missing/terminal), when the
-lane is reclaimed in place. Board actors bypass the lease. Release deletes the row.
+lane is reclaimed in place. An agent whose own owner is stale by that same verdict is refused
+(`workspace_runtime_lease_owner_ineligible`): it neither claims nor writes under the lease.
+Board actors bypass the lease. Release deletes the row.
 
 Every create and reclaim hands out a new `generation` from the workspace's
 `runtime_lease_generation` counter; it never repeats for a workspace (the counter outlives
 the lease row), so it fences writes: `workspace_operation_create_fenced` accepts an operation
-only from the owner key that holds the lease at the generation it names.
+only from the owner key that holds the lease at the generation it names, while that owner is
+still eligible.
 
 Cross-process exclusivity comes from PostgreSQL alone: the unique lease row per workspace,
 row locks in a fixed order (see `leases.locks`), and database time (`now()`) for every TTL.
