@@ -64,7 +64,7 @@ def runtime_lease_for_update(*, execution_workspace_id: UUID) -> RuntimeLease | 
 _FOR_SHARE_SQL: Final = (
     f"SELECT {LEASE_COLUMNS}, "  # noqa: S608 - constant identifiers and SQL
     + owner_stale_reason_sql(
-        issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
+        company="%(company)s::uuid", issue="%(issue)s::uuid", run="%(run)s::uuid"
     )
     + f" FROM {LEASE_TABLE} WHERE execution_workspace_id = %(workspace)s FOR SHARE"
 )

@@ -192,34 +192,55 @@ def _sql_literals(values: tuple[str, ...]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 
-def owner_stale_reason_sql(*, issue: str, run: str, company: str) -> str:
+def owner_stale_reason_sql(
+    *, company: str, issue: str | None, run: str | None, run_agent: str | None = None
+) -> str:
     """SQL text for the stale reason a lease held by a claimant's owner would have right now,
     leaving expiry aside; NULL when that owner is live (docs/leases.md#owner-eligibility).
 
-    `issue`, `run` and `company` are SQL expressions of type uuid (placeholders with a cast);
-    `issue`/`run` are NULL when the claimant does not name one. The owner is the one the owner
-    key names (`RuntimeLeaseOwner.owner_key`): the issue if named, else the run, else only the
-    agent (never stale). The verdict is `stale_reason_expression`'s owner part, built from the
-    same ELIGIBLE_ISSUE_STATUSES / TERMINAL_RUN_STATUSES and checked in the same order, so a
+    `company`, `issue` and `run` are SQL expressions of type uuid (placeholders with a cast).
+    The owner is the one the owner key names (`RuntimeLeaseOwner.owner_key`): the issue if
+    named, else the run, else only the agent (never stale). With both `issue` and `run` the
+    text picks at run time (either value may be NULL); a statement built for one shape of
+    claimant passes only what it judges (`issue` alone: the issue must be named; `run` alone:
+    the run is named and no issue), so the hot path carries no dead branch. `run_agent`
+    restricts the run lookup to that agent's runs (another agent's run then reads as missing):
+    only for a statement where any miss means "take the slow path and find out why".
+
+    The verdict is `stale_reason_expression`'s owner part, built from the same
+    ELIGIBLE_ISSUE_STATUSES / TERMINAL_RUN_STATUSES and checked in the same order, so a
     claimant is refused exactly when the lease it would hold would be reclaimable at once.
     Raw SQL because it runs inside the claim's raw statements (the renew fast path among
     them); a test pins it to the ORM verdict for every status.
     """
     # '' is "live" inside, so that COALESCE can tell a live owner from a missing row.
-    return (
-        f"NULLIF(CASE WHEN {issue} IS NOT NULL THEN COALESCE((SELECT CASE"  # noqa: S608
-        " WHEN i.hidden_at IS NOT NULL THEN 'owner_issue_hidden'"
+    issue_verdict = (
+        "COALESCE((SELECT CASE WHEN i.hidden_at IS NOT NULL THEN 'owner_issue_hidden'"  # noqa: S608
         f" WHEN i.status IN ({_sql_literals(ELIGIBLE_ISSUE_STATUSES)}) THEN ''"
         " ELSE 'owner_issue_terminal' END"
         f" FROM issues i WHERE i.id = {issue} AND i.company_id = {company}),"
         " 'owner_issue_missing')"
-        f" WHEN {run} IS NOT NULL THEN COALESCE((SELECT CASE"
+    )
+    run_verdict = (
+        "COALESCE((SELECT CASE"  # noqa: S608
         f" WHEN r.status IN ({_sql_literals(TERMINAL_RUN_STATUSES)}) THEN 'owner_run_terminal'"
         " ELSE '' END"
-        f" FROM heartbeat_runs r WHERE r.id = {run} AND r.company_id = {company}),"
+        f" FROM heartbeat_runs r WHERE r.id = {run} AND r.company_id = {company}"
+        f"{'' if run_agent is None else f' AND r.agent_id = {run_agent}'}),"
         " 'owner_run_missing')"
-        " END, '')"
     )
+    if issue is not None and run is not None:
+        verdict = (
+            f"CASE WHEN {issue} IS NOT NULL THEN {issue_verdict}"
+            f" WHEN {run} IS NOT NULL THEN {run_verdict} END"
+        )
+    elif issue is not None:
+        verdict = issue_verdict
+    elif run is not None:
+        verdict = run_verdict
+    else:
+        return "NULL::text"
+    return f"NULLIF({verdict}, '')"
 
 
 def stale_reason_expression() -> Case:

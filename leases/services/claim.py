@@ -126,21 +126,43 @@ _RENEW_SQL: Final = (
 # Only the unique workspace key is indexable (IS NOT DISTINCT FROM is not): with stale
 # statistics the planner would otherwise pick the (company_id, owner_key) index and walk
 # every lease of an agent that holds many (measured: 3x slower renews at 3,000 leases).
-_OWNER_STALE_REASON: Final = owner_stale_reason_sql(
-    issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
-)
-_FAST_RENEW_SQL: Final = (
-    f"UPDATE {LEASE_TABLE} SET owner_issue_id = %(issue)s, owner_run_id = %(run)s,"  # noqa: S608
-    " owner_agent_id = %(agent)s, last_action = %(action)s, renewed_at = now(),"
-    " expires_at = now() + make_interval(secs => %(ttl)s), updated_at = now()"
-    " WHERE execution_workspace_id = %(workspace)s"
-    " AND (company_id, owner_key) IS NOT DISTINCT FROM (%(company)s::uuid, %(owner_key)s::text)"
-    " AND set_config('lock_timeout', %(timeout)s, true) IS NOT NULL"
-    f" AND {_OWNER_STALE_REASON} IS NULL"
-    " AND (%(run)s::uuid IS NULL OR EXISTS (SELECT 1 FROM heartbeat_runs"
-    "  WHERE id = %(run)s AND company_id = %(company)s AND agent_id = %(agent)s))"
-    f" RETURNING {LEASE_COLUMNS}"
-)
+# One text per claimant shape (issue named?, run named?): each carries only the lookups its
+# owner needs, since every renew is parsed and planned afresh (bench/leases.py).
+def _fast_renew_sql(*, issue: bool, run: bool) -> str:
+    conditions = [
+        "execution_workspace_id = %(workspace)s",
+        "(company_id, owner_key) IS NOT DISTINCT FROM (%(company)s::uuid, %(owner_key)s::text)",
+        "set_config('lock_timeout', %(timeout)s, true) IS NOT NULL",
+    ]
+    if issue:
+        owner_reason = owner_stale_reason_sql(
+            company="%(company)s::uuid", issue="%(issue)s::uuid", run=None
+        )
+        conditions.append(f"{owner_reason} IS NULL")
+        if run:  # named beside the issue: must be the agent's, its status is not judged
+            conditions.append(
+                "EXISTS (SELECT 1 FROM heartbeat_runs"
+                " WHERE id = %(run)s AND company_id = %(company)s AND agent_id = %(agent)s)"
+            )
+    elif run:  # the run is the owner: one lookup judges it and checks it is the agent's
+        owner_reason = owner_stale_reason_sql(
+            company="%(company)s::uuid", issue=None, run="%(run)s::uuid", run_agent="%(agent)s"
+        )
+        conditions.append(f"{owner_reason} IS NULL")
+    return (
+        f"UPDATE {LEASE_TABLE} SET owner_issue_id = %(issue)s, owner_run_id = %(run)s,"  # noqa: S608
+        " owner_agent_id = %(agent)s, last_action = %(action)s, renewed_at = now(),"
+        " expires_at = now() + make_interval(secs => %(ttl)s), updated_at = now()"
+        f" WHERE {' AND '.join(conditions)}"
+        f" RETURNING {LEASE_COLUMNS}"
+    )
+
+
+_FAST_RENEW_SQL: Final = {
+    (issue, run): _fast_renew_sql(issue=issue, run=run)
+    for issue in (False, True)
+    for run in (False, True)
+}
 
 
 # Insert and counter bump in one statement, under the workspace row lock already held.
@@ -273,7 +295,7 @@ def _claim_fast_renew(
         raise RuntimeError("runtime_lease_claim() must not run inside another transaction")
     with connection.cursor() as cursor:
         cursor.execute(
-            _FAST_RENEW_SQL,
+            _FAST_RENEW_SQL[owner.issue_id is not None, owner.run_id is not None],
             {
                 "timeout": locking.HOT_PATH_LOCK_TIMEOUT,
                 "workspace": execution_workspace_id,

@@ -52,7 +52,7 @@ _PRECONDITIONS_JUDGING_OWNER_SQL: Final = (
     _PRECONDITIONS_SQL
     + ", "
     + owner_stale_reason_sql(
-        issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
+        company="%(company)s::uuid", issue="%(issue)s::uuid", run="%(run)s::uuid"
     )
 )
 

@@ -22,6 +22,7 @@ from leases.services import (
     workspace_operation_create_fenced,
 )
 from leases.services.claim import _claim_fast_renew
+from paperclip.errors import DomainError
 from paperclip.models import (
     ActivityEvent,
     ExecutionWorkspace,
@@ -214,6 +215,21 @@ def test_an_eligible_owner_still_renews_in_one_statement(workspace, kind):
     assert len(queries) == 1, [q["sql"] for q in queries]
 
 
+def test_the_fast_renew_still_refuses_another_agents_run(workspace):
+    # The run-owner renew checks "the run is the agent's" in the same lookup that judges it.
+    owner = Owner(workspace, "run")
+    owner.claim()
+    backdate(workspace)
+    before = snapshot(workspace)
+    other = AgentFactory(company=workspace.company)
+
+    with pytest.raises(DomainError) as caught:
+        claim(workspace, other, run_id=owner.run.pk)
+
+    assert caught.value.code == "permission_denied"
+    assert snapshot(workspace) == before
+
+
 @pytest.mark.parametrize(
     "status", [s for s in Issue.Status.values if s not in ("done", "cancelled")]
 )
@@ -338,21 +354,28 @@ def test_the_owner_verdict_agrees_with_the_stale_verdict_for_every_status(worksp
     lease = claim(workspace, agent).lease
 
     def both(kind: str, ref: uuid.UUID) -> tuple[str | None, str | None]:
+        """The raw verdict (every text shape that applies, which must agree) and the ORM's."""
         WorkspaceRuntimeLease.objects.filter(pk=lease.id).update(owner_key=f"{kind}:{ref}")
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT "
-                + owner_stale_reason_sql(
-                    issue="%(issue)s::uuid", run="%(run)s::uuid", company="%(company)s::uuid"
-                ),
-                {
-                    "issue": ref if kind == "issue" else None,
-                    "run": ref if kind == "run" else None,
-                    "company": workspace.company_id,
-                },
-            )
-            (raw,) = cursor.fetchone()
-        return raw, runtime_lease_evaluate_stale(lease_id=lease.id)
+        shapes = [  # the general text, and the one-owner text the renew fast path uses
+            {"issue": "%(issue)s::uuid", "run": "%(run)s::uuid"},
+            {"issue": "%(issue)s::uuid", "run": None}
+            if kind == "issue"
+            else {"issue": None, "run": "%(run)s::uuid"},
+        ]
+        raws = set()
+        for shape in shapes:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT " + owner_stale_reason_sql(company="%(company)s::uuid", **shape),
+                    {
+                        "issue": ref if kind == "issue" else None,
+                        "run": ref if kind == "run" else None,
+                        "company": workspace.company_id,
+                    },
+                )
+                raws.add(cursor.fetchone()[0])
+        assert len(raws) == 1, raws
+        return raws.pop(), runtime_lease_evaluate_stale(lease_id=lease.id)
 
     seen = set()
     for status in Issue.Status.values:
