@@ -154,6 +154,7 @@ class RuntimeLeaseClaimApi(APIView):
                 *COMMON_ERRORS,
                 (409, "workspace_runtime_lease_conflict"),
                 (409, "workspace_runtime_lease_contended"),
+                (409, "workspace_runtime_lease_owner_ineligible"),
             ),
         },
         examples=[
@@ -296,8 +297,10 @@ class WorkspaceOperationCreateApi(APIView):
         summary="Record a workspace operation fenced by the runtime lease generation",
         description=(
             "Accepted only while the caller's owner key holds the lease at `generation` (an "
-            "expired lease nobody reclaimed still counts). Otherwise 409 "
-            "`workspace_runtime_lease_superseded` with `current_generation` (null: no lease)."
+            "expired lease nobody reclaimed still counts) and that owner is still eligible. "
+            "Otherwise 409 `workspace_runtime_lease_superseded` with `current_generation` "
+            "(null: no lease), or 409 `workspace_runtime_lease_owner_ineligible` (its issue "
+            "ended or is hidden, or its run is terminal)."
         ),
         request=InputSerializer,
         responses={
@@ -305,6 +308,7 @@ class WorkspaceOperationCreateApi(APIView):
             **error_responses(
                 *COMMON_ERRORS,
                 (409, "workspace_runtime_lease_superseded"),
+                (409, "workspace_runtime_lease_owner_ineligible"),
                 (409, "workspace_runtime_lease_contended"),
             ),
         },
