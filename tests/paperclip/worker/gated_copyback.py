@@ -26,12 +26,14 @@ class GatedCopyback(LocalDirectoryCopyback):
 
 
 class SlowCopyback(LocalDirectoryCopyback):
-    """Copies like the default backend after a pause of PAPERCLIP_TEST_COPY_SECONDS (default
-    1.5 s), checking ownership every 50 ms meanwhile: a window for faults mid copy-back."""
+    """Announces the copy like GatedCopyback, then copies like the default backend after a
+    pause of PAPERCLIP_TEST_COPY_SECONDS (default 1.5 s), checking ownership every 50 ms
+    meanwhile: a window for faults mid copy-back."""
 
     def copy_back(
         self, *, run_id: UUID, source: str, destination: str, check: Callable[[], None]
     ) -> CopybackReport:
+        (Path(source).parent / f"copy-started-{os.getpid()}").write_text(str(os.getpid()))
         deadline = time.monotonic() + float(os.environ.get("PAPERCLIP_TEST_COPY_SECONDS", "1.5"))
         while time.monotonic() < deadline:
             check()
