@@ -36,14 +36,12 @@ default 100,000), --results N (wake-up samples of run_worker, default 20), --bas
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import math
 import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,10 +54,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID, uuid4
 
-import psycopg
+from paperclip.testing.servers import (
+    NoDelayHTTPConnection,
+    free_port,
+    throwaway_database,
+    wait_for_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -72,35 +74,6 @@ POLL_ONLY_FLAG = "--poll-only-worker"
 
 def log(message: str = "") -> None:
     print(message, flush=True)
-
-
-def with_db_name(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-@contextmanager
-def throwaway_database(server_url: str, name: str, *, keep: bool) -> Iterator[str]:
-    admin_url = with_db_name(server_url, "postgres")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    log(f"created database {name}")
-    try:
-        yield with_db_name(server_url, name)
-    finally:
-        if keep:
-            log(f"kept database {name}")
-        else:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            log(f"dropped database {name}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> int:
@@ -128,7 +101,7 @@ def main() -> int:
     name = os.environ.get("PAPERCLIP_BENCH_FINALIZE_DB", "paperclip_bench_finalize")
     scratch = Path(tempfile.mkdtemp(prefix="paperclip-bench-finalize-"))
     try:
-        with throwaway_database(server_url, name, keep=args.keep_db) as bench_url:
+        with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
             return run(bench_url, config, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -222,7 +195,7 @@ def run(bench_url: str, config: Config, scratch: Path) -> int:
                 env,
             )
         )
-        client = Client(wait_for_server(port, server), secret)
+        client = Client(wait_for_server(port, server, request_timeout=30), secret)
         stack.callback(client.conn.close)
 
         # --- 1. wake-up delay, one idle worker each ---------------------------------------
@@ -309,34 +282,6 @@ def poll_only_worker() -> int:
 
 
 # --- HTTP ---------------------------------------------------------------------------------
-
-
-class NoDelayHTTPConnection(http.client.HTTPConnection):
-    """http.client writes the request head and body in two send() calls; without
-    TCP_NODELAY, Nagle's algorithm holds the body back until the head is ACKed, and the
-    server's delayed ACK turns every POST into a multi-millisecond stall."""
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def wait_for_server(port: int, server: subprocess.Popen[bytes]) -> NoDelayHTTPConnection:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.returncode}")
-        try:
-            conn = NoDelayHTTPConnection("127.0.0.1", port, timeout=30)
-            conn.request("GET", "/healthz")
-            response = conn.getresponse()
-            response.read()
-            if response.status == 200:
-                return conn
-        except OSError:
-            pass
-        time.sleep(0.1)  # polling a starting server; not synchronisation between workers
-    raise RuntimeError("gunicorn did not become healthy within 30s")
 
 
 class Client:

@@ -25,22 +25,24 @@ BENCH_GUNICORN_WORKER_CLASS (default gthread).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+from paperclip.testing.servers import (
+    free_port,
+    throwaway_database,
+    wait_for_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,35 +55,6 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def with_db_name(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-@contextmanager
-def throwaway_database(server_url: str, name: str, *, keep: bool) -> Iterator[str]:
-    admin_url = with_db_name(server_url, "postgres")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    log(f"created database {name}")
-    try:
-        yield with_db_name(server_url, name)
-    finally:
-        if keep:
-            log(f"kept database {name}")
-        else:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            log(f"dropped database {name}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
@@ -90,7 +63,7 @@ def main() -> int:
     n = args.iterations
     server_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres"
     name = os.environ.get("PAPERCLIP_BENCH_DB", "paperclip_bench")
-    with throwaway_database(server_url, name, keep=args.keep_db) as bench_url:
+    with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
         return run(bench_url, n)
 
 
@@ -321,34 +294,6 @@ def measure_interleaved(
         results[key] = done[key] / elapsed[key]
         log(f"  {label:<32} {done[key]:>6} ops in {elapsed[key]:6.2f}s = {results[key]:8.0f} ops/s")
     return results
-
-
-class NoDelayHTTPConnection(http.client.HTTPConnection):
-    """http.client writes the request head and body in two send() calls; without
-    TCP_NODELAY, Nagle's algorithm holds the body back until the head is ACKed, and the
-    server's delayed ACK turns every POST into a multi-millisecond stall."""
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def wait_for_server(port: int, server: subprocess.Popen[bytes]) -> NoDelayHTTPConnection:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.returncode}")
-        try:
-            conn = NoDelayHTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("GET", "/healthz")
-            response = conn.getresponse()
-            response.read()
-            if response.status == 200:
-                return conn
-        except OSError:
-            pass
-        time.sleep(0.1)  # polling a starting server; not synchronisation between workers
-    raise RuntimeError("gunicorn did not become healthy within 30s")
 
 
 def report(results: dict[str, float]) -> int:

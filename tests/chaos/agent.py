@@ -27,25 +27,18 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from typing import Any
 from urllib.parse import urlsplit
+
+from paperclip.testing.servers import NoDelayHTTPConnection
 
 OPEN_ISSUE_STATUSES = frozenset({"backlog", "todo", "in_progress", "in_review", "blocked"})
 PHASES = ("runtime_start", "runtime_probe", "runtime_restart", "runtime_repair", "runtime_stop")
 ACTIONS = ("start", "restart", "repair", "stop")
 RETRYABLE_409 = frozenset({"workspace_runtime_lease_contended", "resource_busy"})
 REQUEST_TIMEOUT = 20.0
-
-
-class NoDelayConnection(http.client.HTTPConnection):
-    """TCP_NODELAY: http.client sends the head and the body in two writes (see bench/leases.py)."""
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class History:
@@ -70,7 +63,7 @@ class Agent:
         self.rng = random.Random(seed)
         url = urlsplit(config["base_url"])
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
-        self.conn: NoDelayConnection | None = None
+        self.conn: NoDelayHTTPConnection | None = None
         self.history = History(config["history"])
         self.seq = 0
         self.pid = os.getpid()
@@ -134,7 +127,7 @@ class Agent:
                 self.reconnect = False
                 self.drop_connection()
             if self.conn is None:
-                self.conn = NoDelayConnection(self.host, self.port, timeout=REQUEST_TIMEOUT)
+                self.conn = NoDelayHTTPConnection(self.host, self.port, timeout=REQUEST_TIMEOUT)
             self.conn.request(method, path, body=payload, headers=headers)
             response = self.conn.getresponse()
             raw = response.read()

@@ -34,7 +34,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,16 +43,16 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import psycopg
 
+from paperclip.testing.servers import free_port, throwaway_database
 from tests.chaos.checker import Report, check, read_jsonl
 from tests.chaos.nemesis import DEFAULT_WEIGHTS, SERVER_APPLICATION_NAME, FaultLog, Nemesis
 
@@ -145,12 +144,6 @@ def create_world(config: Config) -> World:
     ]
     token = board_token_create(user=user, name="chaos").secret
     return World(str(company.pk), token, agents, workspaces)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_status(url: str, timeout: float = 5.0) -> int | None:
@@ -619,28 +612,6 @@ def render(figures: dict[str, Any], report: Report) -> str:
 # --- standalone ----------------------------------------------------------------------------------
 
 
-def with_db_name(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
-@contextmanager
-def throwaway_database(server_url: str, name: str, *, keep: bool) -> Iterator[str]:
-    admin_url = with_db_name(server_url, "postgres")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    say(f"created database {name}")
-    try:
-        yield with_db_name(server_url, name)
-    finally:
-        if keep:
-            say(f"kept database {name}")
-        else:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            say(f"dropped database {name}")
-
-
 def _weights(text: str) -> dict[str, float]:
     weights = {}
     for part in filter(None, text.split(",")):
@@ -693,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         workdir = Path(tempfile.mkdtemp(prefix="paperclip-chaos-"))
     try:
-        with throwaway_database(server_url, name, keep=args.keep_db) as url:
+        with throwaway_database(server_url, name, keep=args.keep_db, log=say) as url:
             os.environ["DATABASE_URL"] = url
             os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
             # Neither manage.py nor pytest: give the run (and its gunicorn) a throwaway key.

@@ -1,0 +1,79 @@
+"""Throwaway databases and live servers for the benches and the chaos test (no Django import:
+they run before Django is set up, or in plain child processes)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+
+def with_db_name(url: str, name: str) -> str:
+    """`url` with its database name replaced."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+@contextmanager
+def throwaway_database(
+    server_url: str, name: str, *, keep: bool, log: Callable[[str], None] = print
+) -> Iterator[str]:
+    """Create database `name` afresh on `server_url`'s server, yield its URL, drop it after
+    (unless `keep`), reporting each step through `log`."""
+    admin_url = with_db_name(server_url, "postgres")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    log(f"created database {name}")
+    try:
+        yield with_db_name(server_url, name)
+    finally:
+        if keep:
+            log(f"kept database {name}")
+        else:
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            log(f"dropped database {name}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class NoDelayHTTPConnection(http.client.HTTPConnection):
+    """http.client writes the request head and body in two send() calls; without
+    TCP_NODELAY, Nagle's algorithm holds the body back until the head is ACKed, and the
+    server's delayed ACK turns every POST into a multi-millisecond stall."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def wait_for_server(
+    port: int, server: subprocess.Popen[bytes], *, request_timeout: float = 10
+) -> NoDelayHTTPConnection:
+    """A connection to the server on `port` once its /healthz answers 200 (within 30 s);
+    RuntimeError if the server process exits first or never answers."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {server.returncode}")
+        try:
+            conn = NoDelayHTTPConnection("127.0.0.1", port, timeout=request_timeout)
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                return conn
+        except OSError:
+            pass
+        time.sleep(0.1)  # polling a starting server; not synchronisation between workers
+    raise RuntimeError("gunicorn did not become healthy within 30s")
