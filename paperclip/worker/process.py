@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 from django.db.models.functions import Now
-from procrastinate import JobContext
+from procrastinate import JobContext, exceptions
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import app
 
@@ -73,6 +74,67 @@ async def record_errors_async(
     except Exception as exc:
         await sync_to_async(_record_error, thread_sensitive=False)(context, worker, exc)
         raise
+
+
+class ResilientWorker(procrastinate_worker.Worker):
+    """Procrastinate's worker, riding out a lost database session.
+
+    Procrastinate stops a worker when one of its side tasks raises: right for a bug, wrong for
+    a heartbeat or a periodic defer whose query was in flight when its session ended (a
+    failover, `pg_terminate_backend`): the pool replaces the connection at the next checkout.
+    Here a database error in the heartbeat, the periodic deferrer or the job fetch is logged
+    and the loop goes on after a pause, for as long as the last successful heartbeat is younger
+    than the stalled-worker timeout. Past that, other workers treat this one as stalled and
+    retry its jobs, so it stops as Procrastinate would (and its supervisor restarts it).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._heartbeat_ok_at = time.monotonic()
+
+    async def _update_heartbeat(self) -> None:  # a private hook of Procrastinate ~=3.10
+        while True:
+            await asyncio.sleep(self.update_heartbeat_interval)
+            if self.worker_id is None:  # set by run() before the side tasks start
+                continue
+            try:
+                await self.app.job_manager.update_heartbeat(self.worker_id)
+            except exceptions.ConnectorException as exc:
+                self._ride_out("the heartbeat", exc)
+            else:
+                self._heartbeat_ok_at = time.monotonic()
+
+    async def _periodic_deferrer(self) -> None:  # a private hook of Procrastinate ~=3.10
+        while True:
+            try:
+                return await super()._periodic_deferrer()  # type: ignore[no-untyped-call]
+            except exceptions.ConnectorException as exc:
+                self._ride_out("the periodic deferrer", exc)
+            await asyncio.sleep(1.0)
+
+    async def _fetch_and_process_jobs(self) -> None:  # a private hook of Procrastinate ~=3.10
+        try:
+            await super()._fetch_and_process_jobs()  # type: ignore[no-untyped-call]
+        except exceptions.ConnectorException as exc:
+            # The worker loop waits for a notification or the next poll, then fetches again.
+            self._ride_out("fetching jobs", exc)
+
+    def _ride_out(self, what: str, exc: exceptions.ConnectorException) -> None:
+        silent = time.monotonic() - self._heartbeat_ok_at
+        if silent > self.stalled_worker_timeout:
+            logger.error(
+                "worker %s: no heartbeat for %.0f s (stalled-worker timeout %g s); stopping",
+                self.worker_id,
+                silent,
+                self.stalled_worker_timeout,
+            )
+            raise exc
+        logger.warning(
+            "worker %s: database error in %s (%s); retrying",
+            self.worker_id,
+            what,
+            " ".join(str(exc.__cause__ or exc).split()),
+        )
 
 
 def _register(worker_id: int, *, concurrency: int, queues: Sequence[str]) -> None:
@@ -155,7 +217,7 @@ def worker_run(
     async def main() -> None:
         with app.replace_connector(worker_connector) as worker_app:
             async with worker_app.open_async():
-                worker = procrastinate_worker.Worker(
+                worker = ResilientWorker(
                     app=worker_app,
                     queues=list(queues) or None,
                     name=name or f"{socket.gethostname()}:{os.getpid()}",

@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.test import Client
 from procrastinate import exceptions as procrastinate_exceptions
+from procrastinate.contrib.django import app as procrastinate_app
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from leases.environment.services import environment_cleanups_retry_due
@@ -19,6 +20,7 @@ from leases.models import EnvironmentLease
 from paperclip.db.clock import db_now
 from paperclip.models import ActivityEvent, JobError, WorkerProcess
 from paperclip.worker.jobs import job_defer_in_tx, pending_jobs
+from paperclip.worker.process import ResilientWorker
 from paperclip.worker.schedule import cron_every
 from recovery.locks import finalization_queueing_lock
 from recovery.services import finalization_request
@@ -198,3 +200,16 @@ def test_the_worker_admin_pages_show_workers_jobs_errors_and_periodic_runs(
     staff.force_login(UserFactory(is_staff=True))
     for url in pages:
         assert staff.get(url).status_code in (302, 403), url
+
+
+def test_a_worker_rides_out_database_errors_only_within_the_stalled_worker_timeout() -> None:
+    """A lost session is ridden out while the last heartbeat is recent; once it is older than
+    the stalled-worker timeout (others now retry this worker's jobs) the error stops it."""
+    worker = ResilientWorker(app=procrastinate_app, stalled_worker_timeout=30)
+    error = procrastinate_exceptions.ConnectorException()
+    worker._ride_out("the heartbeat", error)  # a fresh worker: logged, not raised
+    worker._heartbeat_ok_at -= 29
+    worker._ride_out("the heartbeat", error)
+    worker._heartbeat_ok_at -= 2
+    with pytest.raises(procrastinate_exceptions.ConnectorException):
+        worker._ride_out("the heartbeat", error)

@@ -355,11 +355,62 @@ def test_a_worker_whose_sessions_all_end_mid_copyback_resumes_its_own_finalizati
         .order_by("created_at")
         .values_list("action", flat=True)
     )
-    # The first owner let go of its receipt before anyone else claimed one; one commit.
-    assert actions == [
+    # Either the first owner let go of its receipt before the next attempt claimed one, or
+    # (the receipt removal's own session was terminated too) this same process took its own
+    # receipt over on same-boot evidence; never anyone else, and one commit either way.
+    released = [
         "run.finalization_owner_claimed",
         "run.finalization_owner_released",
         "run.finalization_owner_claimed",
         "run.finalization_committed",
         "run.finalization_owner_released",
     ]
+    taken_over = [
+        "run.finalization_owner_claimed",
+        "run.finalization_owner_takeover",
+        "run.finalization_committed",
+        "run.finalization_owner_released",
+    ]
+    assert actions in (released, taken_over), actions
+    takeovers = ActivityEvent.objects.filter(action="run.finalization_owner_takeover")
+    assert [event.details["takeoverBasis"] for event in takeovers] in ([], ["same_boot_joined"])
+
+
+def test_a_worker_whose_heartbeat_was_in_flight_when_its_session_ended_keeps_running() -> None:
+    """Procrastinate stops a worker whose heartbeat raised; a query that was in flight when its
+    session was terminated is not a reason to (the pool replaces the connection). The worker's
+    row is locked so that its heartbeat UPDATE is waiting on the server when every session
+    ends. Without ResilientWorker the worker logs "Side task update_heartbeats failed" and
+    stops within the second."""
+    with workers({}) as [worker]:
+
+        def heartbeat_waiting() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+                return cursor.fetchone()[0] > 0
+
+        with transaction.atomic(), connection.cursor() as cursor:
+            # NO KEY UPDATE: the heartbeat's UPDATE waits, a job fetch's foreign-key check
+            # (KEY SHARE) does not, so the one query in flight is the heartbeat.
+            cursor.execute("SELECT id FROM procrastinate_workers FOR NO KEY UPDATE")
+            wait_for(heartbeat_waiting, "the heartbeat to wait on the locked row", worker)
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            cursor.execute("SELECT now()")
+            ended_at = cursor.fetchone()[0]
+
+        def heartbeat_after_the_loss() -> bool:
+            assert worker.proc.poll() is None, f"the worker stopped\n{worker.output()}"
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT max(last_heartbeat) FROM procrastinate_workers")
+                latest = cursor.fetchone()[0]
+                return latest is not None and latest > ended_at
+
+        wait_for(heartbeat_after_the_loss, "a heartbeat after the sessions ended", worker)
+        assert worker.proc.poll() is None, worker.output()
+        assert any("database error in the heartbeat" in line for line in worker.lines)
