@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -11,10 +12,15 @@ from django.db.models import Exists, Func, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
 from checkpoints.crypto import Binding, decrypt_part, envelope_key_id, read_keyring
-from checkpoints.errors import CheckpointBindingMismatch, ControllerLeaseRunNotNative
+from checkpoints.errors import (
+    CheckpointBindingMismatch,
+    CheckpointUnreadable,
+    ControllerLeaseRunNotNative,
+)
 from checkpoints.models import NativeRunnerCheckpoint
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import HeartbeatRun, NativeRunFinalization
+from paperclip.observability import metrics
 
 HEADER_PART = "header"
 
@@ -78,11 +84,19 @@ def checkpoint_load(*, binding: Binding) -> dict[str, str]:
     Raises CheckpointUnreadable naming the first part (in name order) that fails to decrypt or
     is bound to another row; nothing is returned partially.
     """
+    started = time.perf_counter()
     rows = _scoped_parts(binding)
     if not rows:
         return {}
     ring = read_keyring()
-    return {part: decrypt_part(binding, part, material, ring) for part, material in rows}
+    try:
+        parts = {part: decrypt_part(binding, part, material, ring) for part, material in rows}
+    except CheckpointUnreadable:
+        metrics.CHECKPOINT_UNREADABLE_PARTS.inc()
+        raise
+    nbytes = sum(len(value.encode()) for value in parts.values())
+    metrics.checkpoint_observed("read", parts=len(parts), nbytes=nbytes, started=started)
+    return parts
 
 
 def checkpoint_header_load(*, binding: Binding) -> str | None:
@@ -99,11 +113,15 @@ def checkpoint_header_load(*, binding: Binding) -> str | None:
     )
     if material is None:
         return None
+    started = time.perf_counter()
     try:
-        return decrypt_part(binding, HEADER_PART, material, read_keyring())
+        header = decrypt_part(binding, HEADER_PART, material, read_keyring())
     except Exception:
-        # Upstream contract: a header that cannot be read is "no header", never an error.
+        # A header that cannot be read is "no header", never an error (but it is counted).
+        metrics.CHECKPOINT_UNREADABLE_PARTS.inc()
         return None
+    metrics.checkpoint_observed("header", parts=1, nbytes=len(header.encode()), started=started)
+    return header
 
 
 def checkpoint_restore(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 from uuid import UUID
 
+from django.db import transaction
+
 from paperclip.db.locking import require_transaction
 from paperclip.models import ActivityEvent
+from paperclip.observability.events import audit_committed
 
 
 def activity_record(
@@ -22,7 +26,7 @@ def activity_record(
 ) -> ActivityEvent:
     """Write one audit row. Must be called inside the transaction that makes the change."""
     require_transaction()
-    return ActivityEvent.objects.create(
+    event = ActivityEvent.objects.create(
         company_id=company_id,
         actor_type=actor_type,
         actor_id=str(actor_id),
@@ -32,3 +36,5 @@ def activity_record(
         run_id=run_id,
         details=details or {},
     )
+    transaction.on_commit(partial(audit_committed, event))
+    return event

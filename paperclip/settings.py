@@ -104,6 +104,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "paperclip.observability.middleware.RequestObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -219,12 +220,46 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# --- Logs and metrics (docs/operations.md) ---------------------------------------------------
+# console: for people (the default, also under `make run`); json: one object per line. Request,
+# job and audit lines are INFO on their own loggers; everything else keeps DJANGO_LOG_LEVEL.
+PAPERCLIP_LOG_FORMAT = env.str("PAPERCLIP_LOG_FORMAT", default="console")
+if PAPERCLIP_LOG_FORMAT not in ("console", "json"):
+    raise ImproperlyConfigured("PAPERCLIP_LOG_FORMAT must be `console` or `json`")
+_EVENT_LOG_LEVEL = env.str("PAPERCLIP_EVENT_LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"context": {"()": "paperclip.observability.logs.ContextFilter"}},
+    "formatters": {
+        "console": {"()": "paperclip.observability.logs.ConsoleFormatter"},
+        "json": {"()": "paperclip.observability.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": PAPERCLIP_LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="WARNING")},
+    "loggers": {
+        name: {"level": _EVENT_LOG_LEVEL}
+        for name in ("paperclip.request", "paperclip.audit", "paperclip.jobs")
+    },
 }
+# GET /metrics: off unless enabled; with a token set, only `Authorization: Bearer <token>`.
+PAPERCLIP_METRICS_ENABLED = env.bool("PAPERCLIP_METRICS_ENABLED", default=False)
+PAPERCLIP_METRICS_TOKEN = env.str("PAPERCLIP_METRICS_TOKEN", default="")
+# Where this host's processes (web and workers) keep their counters for each other: one
+# directory per host, emptied when the host's services start (prometheus_client's multiprocess
+# mode reads PROMETHEUS_MULTIPROC_DIR when it is first imported, hence here).
+PAPERCLIP_METRICS_DIR = Path(
+    env.str("PAPERCLIP_METRICS_DIR", default=str(DATA_DIR / "metrics"))
+).resolve()
+if PAPERCLIP_METRICS_ENABLED:
+    PAPERCLIP_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(PAPERCLIP_METRICS_DIR))
 
 # --- Paperclip settings (PAPERCLIP_ prefix) -------------------------------------------------
 PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = env.int("PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS", default=1800)

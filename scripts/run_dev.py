@@ -5,15 +5,18 @@ Ctrl-C in the terminal reaches every process of the group: both children stop by
 SIGINT. Either way this script waits for both, passing SIGINT on after 5 s to a child that still
 runs, and killing what is left after 60 s. A worker that exits by itself is restarted after 2 s
 (as systemd's Restart=always would); when the web server exits, the worker is stopped the same
-way and the exit code is the web server's. Usage: run_dev.py <python> <host:port>
+way and the exit code is the web server's. The metrics directory is emptied first. Usage:
+run_dev.py <python> <host:port>
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 received: list[int] = []
 
@@ -29,8 +32,17 @@ def _wait(procs: dict[str, subprocess.Popen[bytes]], seconds: float) -> None:
         time.sleep(0.1)
 
 
+def _empty_metrics_dir() -> None:
+    """The counters of an earlier `make run` are not this one's (docs/operations.md#metrics)."""
+    data = Path(os.environ.get("PAPERCLIP_DATA_DIR", ".data"))
+    directory = Path(os.environ.get("PAPERCLIP_METRICS_DIR", data / "metrics"))
+    for stale in directory.glob("*.db"):
+        stale.unlink(missing_ok=True)
+
+
 def main() -> int:
     python, address = sys.argv[1], sys.argv[2]
+    _empty_metrics_dir()
     # Handle Ctrl-C and SIGTERM even when started with SIGINT ignored (a background job of a
     # script), and give the children the default SIGINT so that they stop when told to.
     signal.signal(signal.SIGINT, _interrupt)

@@ -5,6 +5,7 @@ work-command-memory writes.
 
 from __future__ import annotations
 
+import time
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from paperclip.db.clock import ClockTimestamp
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization
+from paperclip.observability import metrics
 
 MAX_PART_NAME_CHARS = 200
 MAX_WORK_COMMAND_ID_CHARS = 200
@@ -236,6 +238,7 @@ def checkpoint_write(
     Raises: InvalidRequest (names, sizes), NotFoundError, PermissionDenied,
     ControllerLeaseRunNotNative, CheckpointOwnerLost, CheckpointBindingMismatch, ResourceBusy.
     """
+    started = time.perf_counter()
     checkpoint_write_validate(changed=changed, removed=removed, work_command_ids=work_command_ids)
     run = runner_run_get(run_id=run_id, agent_id=agent_id)
     binding = run.binding
@@ -296,6 +299,8 @@ def checkpoint_write(
                 "keyId": key.key_id,
             },
         )
+    nbytes = sum(len(value.encode()) for value in changed.values())
+    metrics.checkpoint_observed("write", parts=len(parts), nbytes=nbytes, started=started)
     return CheckpointWrite(
         parts=count, owner_active=active, changed=len(parts), removed=removed_count
     )

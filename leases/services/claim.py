@@ -58,6 +58,7 @@ from leases.services.types import (
 from paperclip.db import locking
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction
 from paperclip.errors import InvalidRequest
+from paperclip.observability import metrics
 
 
 def _require_action(action: str) -> str:
@@ -241,6 +242,7 @@ def runtime_lease_claim(
                 ttl=ttl,
             )
             if renewed is not None:
+                metrics.RUNTIME_LEASE_CLAIMS.labels("renewed").inc()  # committed: no audit row
                 return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
             with transaction.atomic(durable=True):
                 ineligible = preconditions(
@@ -396,6 +398,7 @@ def _claim_in_tx(
                 owner_key,
             ],
         )
+        transaction.on_commit(metrics.RUNTIME_LEASE_CLAIMS.labels("renewed").inc)
         return RuntimeLeaseClaim(outcome="renewed", owner_key=owner_key, lease=renewed)
 
     reason = runtime_lease_evaluate_stale(lease_id=current.id)

@@ -21,6 +21,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
 from paperclip.errors import DomainError
+from paperclip.observability.context import context_update
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ def error_body(
     code: str, message: str, details: dict[str, Any] | None = None, remediation: str | None = None
 ) -> dict[str, Any]:
     error: dict[str, Any] = {"code": code, "message": message, "details": details or {}}
+    context_update(error=code)  # the request's log line and paperclip_api_errors_total
     if remediation:
         error["remediation"] = remediation
     return {"error": error}

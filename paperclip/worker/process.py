@@ -30,8 +30,11 @@ from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import app
 
 from paperclip.models import JobError, WorkerProcess
+from paperclip.observability import metrics
+from paperclip.observability.context import log_context
 
 logger = logging.getLogger(__name__)
+job_logger = logging.getLogger("paperclip.jobs")
 
 
 def _record_error(
@@ -52,15 +55,45 @@ def _record_error(
         close_old_connections()
 
 
+class _JobObservation:
+    """A job's log context, and after it its counters and its one `paperclip.jobs` line."""
+
+    def __init__(self, context: JobContext) -> None:
+        self.task = context.job.task_name
+        self.fields = {"job_id": context.job.id, "task": self.task, "attempt": context.job.attempts}
+        self.token = log_context.set(dict(self.fields))
+        self.started = time.perf_counter()
+
+    def finish(self, outcome: str, result: object = None) -> None:
+        elapsed = time.perf_counter() - self.started
+        metrics.JOBS.labels(self.task, outcome).inc()
+        metrics.JOB_DURATION.labels(self.task).observe(elapsed)
+        job_logger.info(
+            "job %s %s %s in %.3f s%s",
+            self.fields["job_id"],
+            self.task,
+            outcome,
+            elapsed,
+            f": {result}" if isinstance(result, str) else "",
+            extra={"job": {**self.fields, "outcome": outcome, "duration_ms": elapsed * 1000}},
+        )
+        log_context.reset(self.token)
+
+
 def record_errors(
     call_next: Callable[[], Any], context: JobContext, worker: procrastinate_worker.Worker
 ) -> Any:
-    """Sync task middleware: keep the exception a sync job ends with, then let it fail."""
+    """Sync task middleware: the job's log context and metrics; keep the exception a sync job
+    ends with, then let it fail."""
+    observation = _JobObservation(context)
     try:
-        return call_next()
+        result = call_next()
     except Exception as exc:
         _record_error(context, worker, exc)
+        observation.finish("failed")
         raise
+    observation.finish("succeeded", result)
+    return result
 
 
 async def record_errors_async(
@@ -69,11 +102,15 @@ async def record_errors_async(
     worker: procrastinate_worker.Worker,
 ) -> Any:
     """Async task middleware: the same for async jobs."""
+    observation = _JobObservation(context)
     try:
-        return await call_next()
+        result = await call_next()
     except Exception as exc:
         await sync_to_async(_record_error, thread_sensitive=False)(context, worker, exc)
+        observation.finish("failed")
         raise
+    observation.finish("succeeded", result)
+    return result
 
 
 class ResilientWorker(procrastinate_worker.Worker):

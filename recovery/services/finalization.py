@@ -24,6 +24,7 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
+from paperclip.observability import metrics
 from paperclip.receipts import raw_owner
 from paperclip.services import issue_slots_release_in_tx, run_finish_in_tx
 from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
@@ -615,9 +616,14 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
                     "copyback_destination_missing",
                     "The run has a workspace directory but its execution workspace has no cwd.",
                 )
-            report = copyback_backend().copy_back(
-                run_id=run_id, source=source, destination=destination, check=ownership.assert_held
-            )
+            with metrics.COPYBACK_DURATION.time():
+                report = copyback_backend().copy_back(
+                    run_id=run_id,
+                    source=source,
+                    destination=destination,
+                    check=ownership.assert_held,
+                )
+            metrics.COPYBACK_BYTES.inc(report.bytes)
         ownership.assert_held()
     except FinalizationOwnershipLost:
         _finish_operation(
@@ -676,7 +682,10 @@ def run_finalize(
     def action(ownership: FinalizationOwnership) -> FinalizeOutcome:
         return _finalize_owned(ownership, due_only=due_only)
 
-    return with_finalization_ownership(company_id=company_id, run_id=run_id, action=action)
+    outcome = with_finalization_ownership(company_id=company_id, run_id=run_id, action=action)
+    if isinstance(outcome, NotAcquired):
+        metrics.FINALIZATIONS_NOT_ACQUIRED.labels(outcome.reason).inc()
+    return outcome
 
 
 def finalizations_reconcile(

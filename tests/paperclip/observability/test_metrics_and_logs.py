@@ -1,0 +1,189 @@
+"""Metrics and logs in one process: the request id, the counters each kind of event moves (by
+exactly one, and only once its transaction commits), /metrics' guard, the log formats, and that
+no secret or checkpoint content reaches a log line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.test import Client
+from prometheus_client import REGISTRY
+
+from paperclip.activity import activity_record
+from paperclip.observability.logs import ContextFilter, JsonFormatter
+from tests.helpers import assert_error
+from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def claim_url(workspace: Any) -> str:
+    return f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim"
+
+
+@pytest.fixture
+def workspace(company: Any) -> Any:
+    return ExecutionWorkspaceFactory(company=company)
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every record of the project's loggers, formatted as the JSON format writes it."""
+    lines: list[str] = []
+    formatter = JsonFormatter()
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(formatter.format(record))
+
+    handler = Keep()
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()  # every logger propagates here
+    root.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(handler)
+
+
+def test_every_response_carries_a_request_id_and_keeps_a_safe_incoming_one(
+    client: Client,
+) -> None:
+    fresh = client.get("/healthz")
+    kept = client.get("/healthz", HTTP_X_REQUEST_ID="edge-proxy:4f2a.9")
+    too_long = client.get("/healthz", HTTP_X_REQUEST_ID="a" * 129)
+    unsafe = client.get("/healthz", HTTP_X_REQUEST_ID="x\ny")
+    not_found = client.get("/no/such/page", HTTP_X_REQUEST_ID="abc")
+
+    assert len(fresh["X-Request-ID"]) == 32
+    assert kept["X-Request-ID"] == "edge-proxy:4f2a.9"
+    assert client.get("/healthz", HTTP_X_REQUEST_ID="a" * 128)["X-Request-ID"] == "a" * 128
+    assert too_long["X-Request-ID"] not in ("a" * 129, "")
+    assert len(too_long["X-Request-ID"]) == 32
+    assert unsafe["X-Request-ID"] != "x\ny"
+    assert not_found.status_code == 404
+    assert not_found["X-Request-ID"] == "abc"
+
+
+def test_claims_count_by_outcome_and_conflicts_by_error_code(
+    agent_client: Any, make_agent_client: Any, workspace: Any
+) -> None:
+    before = {
+        outcome: sample("paperclip_runtime_lease_claims_total", outcome=outcome)
+        for outcome in ("created", "renewed")
+    }
+    conflicts = sample(
+        "paperclip_api_errors_total", code="workspace_runtime_lease_conflict", status="409"
+    )
+    route = "runtime-lease-claim"
+    requests = sample("paperclip_http_requests_total", route=route, method="POST", status="200")
+
+    for _ in range(3):
+        response = agent_client.post(claim_url(workspace), {"action": "start"}, format="json")
+        assert response.status_code == 200
+    rival = make_agent_client(AgentFactory(company=workspace.company))
+    refused = rival.post(claim_url(workspace), {"action": "stop"}, format="json")
+
+    assert_error(refused, 409, "workspace_runtime_lease_conflict")
+    assert sample("paperclip_runtime_lease_claims_total", outcome="created") == (
+        before["created"] + 1
+    )
+    assert sample("paperclip_runtime_lease_claims_total", outcome="renewed") == (
+        before["renewed"] + 2
+    )
+    assert sample(
+        "paperclip_api_errors_total", code="workspace_runtime_lease_conflict", status="409"
+    ) == (conflicts + 1)
+    assert sample("paperclip_http_requests_total", route=route, method="POST", status="200") == (
+        requests + 3
+    )
+    assert sample("paperclip_http_request_duration_seconds_count", route=route, method="POST") > 0
+
+
+def test_an_audit_row_moves_its_counters_only_when_it_commits(company: Any) -> None:
+    def count() -> float:
+        return sample("paperclip_runtime_lease_releases_total", kind="force_released")
+
+    def record() -> None:
+        activity_record(
+            company_id=company.pk,
+            actor_type="user",
+            actor_id="board",
+            action="runtime_lease.force_released",
+            entity_type="execution_workspace",
+            entity_id=company.pk,
+        )
+
+    before = count()
+    with contextlib.suppress(RuntimeError), transaction.atomic():
+        record()
+        raise RuntimeError("rolled back")
+    assert count() == before
+    with transaction.atomic():
+        record()
+        assert count() == before  # not yet: the commit moves it
+    assert count() == before + 1
+    assert sample("paperclip_audit_events_total", action="runtime_lease.force_released") >= 1
+
+
+def test_metrics_are_off_by_default_then_guarded_by_the_token(
+    client: Client, settings: Any
+) -> None:
+    assert_error(client.get("/metrics"), 404, "not_found")
+
+    settings.PAPERCLIP_METRICS_ENABLED = True
+    settings.PAPERCLIP_METRICS_TOKEN = "s3cret-scrape-token"
+    assert_error(client.get("/metrics"), 401, "not_authenticated")
+    wrong = client.get("/metrics", HTTP_AUTHORIZATION="Bearer not-the-token")
+    assert_error(wrong, 401, "not_authenticated")
+    assert wrong["WWW-Authenticate"].startswith("Bearer")
+    scraped = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+    assert scraped.status_code == 200
+    assert scraped["Content-Type"].startswith("text/plain")
+    text = scraped.content.decode()
+    assert "# TYPE paperclip_http_requests_total counter" in text
+    assert "paperclip_jobs" in text
+
+    settings.PAPERCLIP_METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 200  # enabled without a token: open
+
+
+def test_a_request_logs_one_json_line_with_its_context_and_no_secret(
+    make_agent_client: Any, agent: Any, workspace: Any, log_lines: list[str]
+) -> None:
+    api = make_agent_client(agent)
+    key = api._credentials["HTTP_AUTHORIZATION"].split()[1]
+    response = api.post(
+        claim_url(workspace), {"action": "start"}, format="json", HTTP_X_REQUEST_ID="req-77"
+    )
+    assert response.status_code == 200
+
+    requests = [json.loads(line) for line in log_lines if '"paperclip.request"' in line]
+    assert len(requests) == 1
+    line = requests[0]
+    assert line["request_id"] == "req-77"
+    assert line["http"]["route"] == "runtime-lease-claim"
+    assert line["http"]["status"] == 200
+    assert line["http"]["workspace_id"] == str(workspace.pk)
+    assert line["actor_type"] == "agent"
+    assert line["actor_id"] == str(agent.pk)
+    assert line["company_id"] == str(agent.company_id)
+    audits = [json.loads(line) for line in log_lines if '"paperclip.audit"' in line]
+    assert [audit["event"]["action"] for audit in audits] == [
+        "agent_key.created",  # minting the key, before the request: no request id
+        "runtime_lease.created",
+    ]
+    assert [audit.get("request_id") for audit in audits] == [None, "req-77"]
+    everything = "\n".join(log_lines)
+    assert key not in everything
+    assert key.split(".")[1] not in everything
