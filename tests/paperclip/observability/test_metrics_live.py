@@ -1,0 +1,190 @@
+"""/metrics of a live multi-process server: a 2-worker gunicorn and a job worker sharing one
+metrics directory, scraped before and after driving each kind of event over HTTP. Each counter
+moved by exactly what was done, whichever process did it; the job worker's counters
+(finalization, copy-back, jobs) reach the web's /metrics; every log line of every process is
+one JSON object and none holds a key or a result's contents."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from paperclip.credentials import agent_key_create
+from paperclip.testing.processes import child_env
+from paperclip.testing.servers import free_port, wait_for_server
+from recovery.selectors.finalization import finalization_state
+from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
+from tests.paperclip.worker.test_worker_processes import Worker, fresh_binding, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+TOKEN = "scrape-token-7c1e"
+SECRET_RESULT = "result-contents-that-must-never-be-logged"
+
+
+class Web:
+    """gunicorn, 2 sync-thread workers, its output (JSON log lines) in a file."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("gunicorn")),
+                    "paperclip.wsgi:application",
+                    f"--bind=127.0.0.1:{self.port}",
+                    "--workers=2",
+                    "--worker-class=gthread",
+                    "--threads=2",
+                    "--log-level=warning",
+                ],
+                cwd=settings.BASE_DIR,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for_server(self.port, self.proc).close()
+
+    def request(
+        self, method: str, path: str, body: Any = None, key: str | None = None
+    ) -> tuple[int, bytes]:
+        # A new connection each time: gunicorn's two workers both take requests.
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        conn.request(method, path, json.dumps(body) if body is not None else None, headers)
+        response = conn.getresponse()
+        data = response.read()
+        conn.close()
+        return response.status, data
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def scrape(web: Web) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    response = conn.getresponse()
+    assert response.status == 200
+    text = response.read().decode()
+    conn.close()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Web, Worker, Path]]:
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env = {
+        "PAPERCLIP_METRICS_ENABLED": "true",
+        "PAPERCLIP_METRICS_TOKEN": TOKEN,
+        "PAPERCLIP_METRICS_DIR": str(metrics_dir),
+        "PAPERCLIP_LOG_FORMAT": "json",
+    }
+    web = Web(child_env(**env), tmp_path / "web.log")
+    worker = Worker(**env)
+    try:
+        yield web, worker, tmp_path
+    finally:
+        worker.stop()
+        web.stop()
+
+
+def test_counters_of_every_process_reach_metrics_exactly(
+    stack: tuple[Web, Worker, Path], tmp_path: Path
+) -> None:
+    web, worker, _ = stack
+    workspace = ExecutionWorkspaceFactory()
+    holder = AgentFactory(company=workspace.company)
+    rival = AgentFactory(company=workspace.company)
+    holder_key = agent_key_create(agent_id=holder.pk).secret
+    rival_key = agent_key_create(agent_id=rival.pk).secret
+    claim = f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim"
+    release = f"/api/execution-workspaces/{workspace.pk}/runtime-lease/release"
+    b = fresh_binding(tmp_path / "binding")
+    run_key = agent_key_create(agent_id=b.run.agent_id).secret
+
+    before = scrape(web)
+    assert web.request("POST", claim, {"action": "start"}, holder_key)[0] == 200
+    for _ in range(4):
+        assert web.request("POST", claim, {"action": "start"}, holder_key)[0] == 200
+    assert web.request("POST", claim, {"action": "stop"}, rival_key)[0] == 409
+    assert web.request("POST", release, {}, holder_key)[0] == 200
+    status, _ = web.request(
+        "POST",
+        f"/api/heartbeat-runs/{b.run.pk}/results",
+        {"result": {"summary": SECRET_RESULT}, "terminal": {"run_terminal_state": "succeeded"}},
+        run_key,
+    )
+    assert status in (200, 201)
+
+    def committed() -> bool:
+        b.run.refresh_from_db()
+        return finalization_state(b.run).state == "committed"
+
+    wait_for(committed, "the worker to commit the run", worker)
+    deadline = time.monotonic() + 20
+    while True:  # the job's own counters move as it returns, just after its commit
+        after = scrape(web)
+        moved = value(after, "paperclip_jobs_total", task="finalize_run", outcome="succeeded")
+        if moved >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("paperclip_runtime_lease_claims_total", outcome="created") == 1
+    assert delta("paperclip_runtime_lease_claims_total", outcome="renewed") == 4
+    assert (
+        delta("paperclip_api_errors_total", code="workspace_runtime_lease_conflict", status="409")
+        == 1
+    )
+    assert delta("paperclip_runtime_lease_releases_total", kind="released") == 1
+    assert (
+        delta(
+            "paperclip_http_requests_total",
+            route="runtime-lease-claim",
+            method="POST",
+            status="200",
+        )
+        == 5
+    )
+    assert delta("paperclip_finalizations_total", outcome="started") == 1
+    assert delta("paperclip_finalizations_total", outcome="committed") == 1
+    assert delta("paperclip_copyback_duration_seconds_count") == 1
+    assert delta("paperclip_copyback_bytes_total") > 0
+    assert delta("paperclip_jobs_total", task="finalize_run", outcome="succeeded") == 1
+    assert value(after, "paperclip_worker_heartbeat_age_seconds") < 30
+
+    lines = (tmp_path / "web.log").read_text().splitlines() + worker.lines
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    loggers = {record["logger"] for record in records}
+    assert {"paperclip.request", "paperclip.audit"} <= loggers
+    assert any(r["logger"] == "paperclip.jobs" for r in records)
+    text = "\n".join(lines)
+    for secret in (holder_key, rival_key, run_key, TOKEN, SECRET_RESULT):
+        assert secret not in text
