@@ -68,10 +68,14 @@ def test_ciphertext_moved_to_another_row_fails_authentication(moved_to: tuple[An
 
 
 def test_key_id_is_bound_too() -> None:
-    other = CheckpointKey.from_secret(parse_key(OLD_KEY))
+    """The key id is authenticated, not only used to pick the key: the same secret filed
+    under a second id decrypts nothing relabelled to that id. (Relabelling to another key's
+    id proves nothing here: that key fails to decrypt whatever the bound data holds.)"""
+    alias = CheckpointKey(key_id="alias-of-the-same-secret", secret=KEY.secret, aead=KEY.aead)
     material = encrypt_part(B1, "p", "x", KEY)
-    relabelled = {**material, "keyId": other.key_id}
-    ring = type(keyring())(keys=(KEY, other), source="settings")
+    relabelled = {**material, "keyId": alias.key_id}
+    ring = type(keyring())(keys=(KEY, alias), source="settings")
+    assert decrypt_part(B1, "p", material, ring) == "x"
     with pytest.raises(CheckpointUnreadable) as exc:
         decrypt_part(B1, "p", relabelled, ring)
     assert exc.value.details["reason"] == "authentication_failed"

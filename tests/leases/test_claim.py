@@ -407,3 +407,33 @@ def test_claim_refuses_to_join_a_callers_transaction(workspace, agent):
     with pytest.raises(RuntimeError), transaction.atomic():
         claim(workspace, agent)
     assert WorkspaceRuntimeLease.objects.count() == 0
+
+
+def test_a_lease_is_stale_from_the_very_instant_it_expires(workspace, agent, monkeypatch):
+    """The boundary of the expiry rule, on the database clock. Django's Now() is the
+    statement's time; here it is the transaction's (CURRENT_TIMESTAMP), and the whole test is
+    one transaction, so the clock stands still and `expires_at = now()` is exactly the
+    boundary."""
+    from django.db.models.functions import Now
+
+    from leases.selectors import runtime_lease_evaluate_stale
+
+    monkeypatch.setattr(
+        Now,
+        "as_postgresql",
+        lambda self, compiler, conn, **extra: self.as_sql(
+            compiler, conn, template="CURRENT_TIMESTAMP", **extra
+        ),
+    )
+    issue = IssueFactory(company=workspace.company)
+    claim(workspace, agent, issue_id=issue.pk)
+    lease = WorkspaceRuntimeLease.objects.get()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE execution_workspace_runtime_leases"
+            " SET expires_at = now() + interval '1 microsecond' WHERE id = %s",
+            [lease.pk],
+        )
+    assert runtime_lease_evaluate_stale(lease_id=lease.pk) is None  # live until that instant
+    expire(workspace, seconds_ago=0)  # expires_at = now(), the transaction's time
+    assert runtime_lease_evaluate_stale(lease_id=lease.pk) == "lease_expired"

@@ -353,8 +353,10 @@ def test_a_reclaim_waits_for_an_in_flight_fenced_write_and_fences_the_next(monke
 
 
 def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation():
-    """Writers with generation 1 and a reclaim start together: whatever the interleaving,
-    each write is either accepted under generation 1 or refused as superseded (never an
+    """Writers with generation 1 and a reclaim, forced to contend: a separate connection holds
+    the lease row, all of them are seen waiting for it at once (the writers on their FOR SHARE
+    fence, the reclaim on its FOR UPDATE), then it lets go. Whatever order the lock manager
+    picks, each write is either accepted under generation 1 or refused as superseded (never an
     error), and once the reclaim has committed generation 1 can write nothing more. (The
     ordering itself is pinned by the deterministic test above.)"""
     company = CompanyFactory()
@@ -363,11 +365,9 @@ def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation
     claim(workspace, holder_agent)
     expire(workspace)
     owner = RuntimeLeaseOwner.for_agent(holder_agent.pk)
-    barrier = threading.Barrier(THREADS)
 
     def write(i):
         try:
-            barrier.wait(timeout=TIMEOUT)
             workspace_operation_create_fenced(
                 company_id=company.pk,
                 execution_workspace_id=workspace.pk,
@@ -384,16 +384,27 @@ def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation
 
     def reclaim():
         try:
-            barrier.wait(timeout=TIMEOUT)
             return claim(workspace, rival).outcome
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(max_workers=THREADS) as pool:
-        writes = [pool.submit(write, i) for i in range(THREADS - 1)]
-        reclaimed = pool.submit(reclaim)
-        results = [w.result(timeout=TIMEOUT) for w in writes]
-        assert reclaimed.result(timeout=TIMEOUT) == "reclaimed"
+    with raw_connection(autocommit=False) as gate:
+        gate.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases"
+            " WHERE execution_workspace_id = %s FOR UPDATE",
+            [workspace.pk],
+        )
+        with ThreadPoolExecutor(max_workers=THREADS) as pool:
+            writes = [pool.submit(write, i) for i in range(THREADS - 1)]
+            reclaimed = pool.submit(reclaim)
+            # Evidence of the overlap: every contender is waiting for the row at once.
+            all_waiting = wait_for_lock_waiters(
+                THREADS, until=lambda: any(f.done() for f in [*writes, reclaimed])
+            )
+            gate.rollback()
+            results = [w.result(timeout=TIMEOUT) for w in writes]
+            assert reclaimed.result(timeout=TIMEOUT) == "reclaimed"
+    assert all_waiting, f"a contender went past the held lease row without waiting: {results}"
 
     assert set(results) <= {"accepted", "workspace_runtime_lease_superseded"}
     lease = WorkspaceRuntimeLease.objects.get()
