@@ -38,9 +38,10 @@ $(PY):
 	echo "Creating $(VENV) with $$py"; \
 	"$$py" -m venv $(VENV)
 
-# Reinstall only when pyproject.toml changed since the last install.
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+# Reinstall only when a pyproject.toml changed since the last install. The agent client
+# (clients/python) is its own distribution; installing it provides .venv/bin/paperclip-agent.
+$(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]' -e clients/python
 	@touch $@
 
 run: $(STAMP)

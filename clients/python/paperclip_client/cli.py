@@ -1,0 +1,430 @@
+"""`paperclip-agent run`: run one command under the workspace's runtime lease, checkpoint it
+and finalize it.
+
+Steps: create the native run (its `workspace_dir` is where the command runs), claim the
+workspace's runtime lease as `run:<id>` (waiting out a live holder until it turns stale),
+move the run to `running` (a predecessor run of the same agent and workspace whose lease was
+taken over is marked `interrupted`), take the run's controller lease, restore `--resume`'s
+checkpoint, record the fenced `start` operation, run the command in its own process group,
+checkpoint `--session-dir` every `--checkpoint-every` seconds and at exit, record the fenced
+`exit` operation, post the result and wait until the run is committed.
+
+Exit status: the command's own; 75 when a lease was lost (the command is stopped and nothing
+more is written); 2 for bad usage; 69 when the server cannot be reached; 70 when the run did
+not commit; 1 when the server refused a step before the command ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from paperclip_client.client import Client
+from paperclip_client.errors import (
+    ApiError,
+    IssueExecutionLocked,
+    OutcomeUnknown,
+    PaperclipError,
+    ServerUnreachable,
+    WorkspaceRuntimeLeaseConflict,
+)
+from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
+from paperclip_client.session import CheckpointError, SessionCheckpointer, restore
+
+EXIT_LOST = 75
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 69
+EXIT_NOT_COMMITTED = 70
+EXIT_REFUSED = 1
+TTL_MIN, TTL_MAX = 60, 86400
+CONTROLLER_TTL_MAX = 3600
+STOP_GRACE_SECONDS = 10.0
+TAIL_BYTES = 4000
+PROG = "paperclip-agent"
+
+
+class Usage(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise Usage(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = Parser(prog=PROG, description="Run commands under a Paperclip runtime lease.")
+    sub = top.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    run = sub.add_parser(
+        "run",
+        help="run COMMAND as a fenced native run",
+        usage=f"{PROG} run --workspace WS --issue ISSUE [options] -- COMMAND ...",
+    )
+    run.add_argument("--workspace", required=True, help="execution workspace id")
+    run.add_argument("--issue", required=True, help="issue id")
+    run.add_argument("--session-dir", help="directory to checkpoint (and restore into)")
+    run.add_argument(
+        "--checkpoint-every", type=float, default=60.0, metavar="S", help="seconds (default 60)"
+    )
+    run.add_argument(
+        "--lease-ttl", type=int, default=300, metavar="S", help="60..86400 (default 300)"
+    )
+    run.add_argument("--resume", metavar="RUN", help="restore this run's checkpoint first")
+    run.add_argument("--workdir", help="where COMMAND runs (default: the current directory)")
+    run.add_argument("--url", default=os.environ.get("PAPERCLIP_URL"), help="$PAPERCLIP_URL")
+    run.add_argument(
+        "--key", default=os.environ.get("PAPERCLIP_AGENT_KEY"), help="$PAPERCLIP_AGENT_KEY"
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    return top
+
+
+def say(line: str) -> None:
+    print(f"{PROG}: {line}", flush=True)
+
+
+def fail(line: str) -> None:
+    print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            raise Usage("no COMMAND given (put it after --)")
+        if not TTL_MIN <= args.lease_ttl <= TTL_MAX:
+            raise Usage(f"--lease-ttl must be from {TTL_MIN} to {TTL_MAX} seconds")
+        if args.checkpoint_every <= 0:
+            raise Usage("--checkpoint-every must be positive")
+        if not args.url:
+            raise Usage("no server URL: give --url or set PAPERCLIP_URL")
+        if not args.key:
+            raise Usage("no agent key: give --key or set PAPERCLIP_AGENT_KEY")
+        if not args.url.startswith(("http://", "https://")):
+            raise Usage(f"--url must start with http:// or https:// (got {args.url!r})")
+    except Usage as exc:
+        fail(f"{exc} (see {PROG} run --help)")
+        return EXIT_USAGE
+    try:
+        with Client(args.url, args.key) as client:
+            return Runner(client, args, command).run()
+    except ServerUnreachable as exc:
+        fail(f"cannot reach the server at {args.url}: {exc.reason}")
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        fail("interrupted")
+        return 130
+
+
+class Runner:
+    def __init__(self, client: Client, args: argparse.Namespace, command: list[str]) -> None:
+        self.client = client
+        self.args = args
+        self.command = command
+        self.lost = threading.Event()
+        self.lost_reason = ""
+        self.child: subprocess.Popen[bytes] | None = None
+        self.tail: collections.deque[bytes] = collections.deque()
+        self.tail_size = 0
+        self.keepers: list[RuntimeLeaseKeeper | ControllerLeaseKeeper] = []
+
+    def on_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+    def run(self) -> int:
+        try:
+            me = self.client.me()
+        except ApiError as exc:
+            fail(f"the server refused the key: {exc}")
+            return EXIT_REFUSED
+        workdir = Path(self.args.workdir or os.getcwd()).resolve()
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            return self._run(me.agent_id, workdir)
+        except LeaseLost as exc:
+            return self._lost(str(exc))
+        except (ApiError, OutcomeUnknown, CheckpointError, OSError) as exc:
+            if self.lost.is_set():
+                return self._lost(self.lost_reason)
+            self._stop_child()
+            fail(str(exc))
+            return EXIT_REFUSED
+
+    def _lost(self, reason: str) -> int:
+        for keeper in self.keepers:
+            keeper.abandon()
+        self._stop_child()
+        fail(f"lost the lease: {self.lost_reason or reason}; the command was stopped")
+        return EXIT_LOST
+
+    def _run(self, agent_id: str | None, workdir: Path) -> int:
+        args = self.args
+        run = self.client.run_create(
+            issue_id=args.issue,
+            execution_workspace_id=args.workspace,
+            workspace_dir=str(workdir),
+        )
+        print(f"run: {run.id}", flush=True)
+
+        def waiting(conflict: WorkspaceRuntimeLeaseConflict) -> None:
+            d = conflict.details
+            say(
+                f"waiting: workspace lease held by {d.get('owner_key')} (generation"
+                f" {d.get('generation')}) until {d.get('expires_at')}"
+            )
+
+        runtime = RuntimeLeaseKeeper(
+            self.client,
+            args.workspace,
+            run_id=run.id,
+            ttl_seconds=args.lease_ttl,
+            on_lost=self.on_lost,
+            wait=True,
+            on_wait=waiting,
+        )
+        self.keepers.append(runtime)
+        with runtime:
+            claim = runtime.claim
+            if claim is None:
+                raise LeaseLost("not claimed")
+            origin = ""
+            if claim.reclaimed_from is not None:
+                origin = (
+                    f", reclaimed from {claim.reclaimed_from.owner_key}"
+                    f" ({claim.reclaimed_from.reason})"
+                )
+            say(f"lease: runtime lease {claim.outcome}, generation {runtime.generation}{origin}")
+            self._start_run(run.id, agent_id)
+            controller = ControllerLeaseKeeper(
+                self.client,
+                run.id,
+                boot_id=str(uuid.uuid4()),
+                ttl_seconds=min(args.lease_ttl, CONTROLLER_TTL_MAX),
+                on_lost=self.on_lost,
+            )
+            self.keepers.append(controller)
+            with controller:
+                return self._supervise(run.id, runtime, controller, workdir)
+
+    def _start_run(self, run_id: str, agent_id: str | None) -> None:
+        """Move the run to running. A live run of this agent in this workspace that still
+        holds the issue lost the workspace's lease to us: it is fenced out, so mark it
+        interrupted (its later writes are refused) and take the issue."""
+        for _ in range(3):
+            try:
+                self.client.run_update(run_id, status="running")
+                return
+            except IssueExecutionLocked as exc:
+                holder_id = str(exc.details.get("holder_run_id") or "")
+                holder = self.client.run_get(holder_id) if holder_id else None
+                if (
+                    holder is None
+                    or holder.agent_id != agent_id
+                    or holder.execution_workspace_id != self.args.workspace
+                ):
+                    raise
+                self.client.run_update(holder_id, status="interrupted")
+                say(f"predecessor: run {holder_id} lost the workspace lease; marked interrupted")
+        self.client.run_update(run_id, status="running")
+
+    def _supervise(
+        self,
+        run_id: str,
+        runtime: RuntimeLeaseKeeper,
+        controller: ControllerLeaseKeeper,
+        workdir: Path,
+    ) -> int:
+        args = self.args
+
+        def resumed(_signum: int, _frame: object) -> None:
+            # After a pause (SIGSTOP, a suspended VM) ask the server at once whether the
+            # leases are still ours rather than at the next scheduled renew.
+            runtime.wake()
+            controller.wake()
+
+        signal.signal(signal.SIGCONT, resumed)
+        checkpointer: SessionCheckpointer | None = None
+        if args.session_dir:
+            session_dir = Path(args.session_dir).resolve()
+            session_id = None
+            if args.resume:
+                header = restore(self.client, args.resume, session_dir)
+                session_id = header.get("recoveryEvidence", {}).get("normalizedSessionId")
+                say(
+                    f"resume: restored {len(header.get('files', {}))} file(s) of run"
+                    f" {args.resume} into {session_dir}"
+                )
+            session_dir.mkdir(parents=True, exist_ok=True)
+            checkpointer = SessionCheckpointer(
+                self.client, run_id, session_dir, owner=controller.owner, session_id=session_id
+            )
+        elif args.resume:
+            raise CheckpointError("--resume needs --session-dir (where to restore)")
+
+        command_text = shlex.join(self.command)
+        runtime.operation(phase="start", status="running", command=command_text[:20000])
+        child = self._spawn(workdir)
+        say(f"started: pid {child.pid} in {workdir}: {command_text}")
+        forward = self._forward_signals()
+        try:
+            code = self._wait_child(runtime, controller, checkpointer)
+        finally:
+            for sig, previous in forward.items():
+                signal.signal(sig, previous)
+        if code is None:
+            return self._lost(self.lost_reason)
+        say(f"exit: {code}")
+        if checkpointer is not None:
+            self._checkpoint(runtime, controller, checkpointer)
+        runtime.operation(
+            phase="exit",
+            status="succeeded" if code == 0 else "failed",
+            command=command_text[:20000],
+            exit_code=code,
+        )
+        runtime.ensure_held()
+        state = "succeeded" if code == 0 else "failed"
+        summary = b"".join(self.tail).decode("utf-8", "replace")
+        self.client.result_post(
+            run_id,
+            result={"summary": summary, "exit_code": code, "command": command_text[:20000]},
+            run_terminal_state=state,
+            caller_result_id=f"{PROG}:{run_id}",
+        )
+        say(f"result: accepted ({state}); waiting for finalization")
+        runtime.stop()
+        controller.stop()
+        try:
+            self.client.wait_committed(
+                run_id,
+                timeout=600,
+                progress=lambda f: say(
+                    f"finalization: {f.status}"
+                    + (f" (attempt {f.finalization.attempts})" if f.finalization else "")
+                ),
+            )
+        except (ApiError, TimeoutError) as exc:
+            fail(f"run {run_id} did not commit: {exc}")
+            return EXIT_NOT_COMMITTED
+        say(f"finalization: committed; {workdir} copied back to the workspace")
+        return code
+
+    def _checkpoint(
+        self,
+        runtime: RuntimeLeaseKeeper,
+        controller: ControllerLeaseKeeper,
+        checkpointer: SessionCheckpointer,
+    ) -> None:
+        runtime.ensure_held()
+        controller.ensure_held()
+        try:
+            stats = checkpointer.save()
+        except ApiError as exc:
+            if exc.code == "native_runner_checkpoint_owner_lost":
+                controller.mark_lost(f"checkpoint refused: {exc.code}")
+                raise LeaseLost(exc.code) from exc
+            raise
+        say(
+            f"checkpoint: {stats.changed_files} changed, {stats.removed_files} removed file(s);"
+            f" {stats.parts_stored} part(s) stored"
+        )
+
+    def _spawn(self, workdir: Path) -> subprocess.Popen[bytes]:
+        child = self.child = subprocess.Popen(  # noqa: S603 - running the user's command is the point
+            self.command,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped as a whole
+        )
+        threading.Thread(target=self._pump, args=(child.stdout,), daemon=True).start()
+        return child
+
+    def _pump(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        out = sys.stdout.buffer
+        for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+            out.write(chunk)
+            out.flush()
+            self.tail.append(chunk)
+            self.tail_size += len(chunk)
+            while self.tail_size - len(self.tail[0]) >= TAIL_BYTES and len(self.tail) > 1:
+                self.tail_size -= len(self.tail.popleft())
+
+    def _forward_signals(self) -> dict[signal.Signals, Any]:
+        def forward(signum: int, _frame: object) -> None:
+            if self.child is not None and self.child.poll() is None:
+                say(f"signal {signal.Signals(signum).name}: passing it to the command")
+                os.killpg(self.child.pid, signal.SIGTERM)
+
+        previous: dict[signal.Signals, Any] = {}
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, forward)
+        return previous
+
+    def _wait_child(
+        self,
+        runtime: RuntimeLeaseKeeper,
+        controller: ControllerLeaseKeeper,
+        checkpointer: SessionCheckpointer | None,
+    ) -> int | None:
+        """The command's exit status, or None when a lease was lost first."""
+        if self.child is None:
+            return None
+        every = self.args.checkpoint_every
+        next_checkpoint = time.monotonic() + every
+        while True:
+            if self.lost.is_set():
+                return None
+            code = self.child.poll()
+            if code is not None:
+                return code if code >= 0 else 128 - code
+            if checkpointer is not None and time.monotonic() >= next_checkpoint:
+                try:
+                    self._checkpoint(runtime, controller, checkpointer)
+                except LeaseLost:
+                    return None
+                next_checkpoint = time.monotonic() + every
+            self.lost.wait(timeout=0.1)
+
+    def _stop_child(self) -> None:
+        """SIGTERM the command's process group, SIGKILL it after the grace period."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        except ProcessLookupError:
+            pass
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    try:
+        sys.exit(main())
+    except PaperclipError as exc:  # anything unforeseen from the library: one line, no trace
+        fail(str(exc))
+        sys.exit(EXIT_REFUSED)

@@ -1,0 +1,487 @@
+"""`Client`: one method per agent-facing operation of the Paperclip API.
+
+Transport rules (why each call may or may not be repeated):
+
+- every call has a timeout (`timeout`, and `wait + timeout` for `finalize(wait=...)`);
+- a request that never reached the server (connection refused, connect timeout) is retried
+  with back-off, whatever it is: nothing can have happened;
+- `503 database_unavailable`, `409 resource_busy` and `409 workspace_runtime_lease_contended`
+  are retried too: the API guarantees a failed request changes nothing;
+- a request sent without an answer (read timeout, dropped connection) is retried only when
+  repeating it is harmless: reads, a runtime-lease claim or controller-lease renew by the same
+  owner, a release, a result posted with a `caller_result_id`, a finalize wake-up. A fenced
+  write or a checkpoint write raises `OutcomeUnknown` instead: the caller must re-read.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import httpx
+
+from paperclip_client import models
+from paperclip_client.errors import (
+    ApiError,
+    DatabaseUnavailable,
+    OutcomeUnknown,
+    ResourceBusy,
+    ServerUnreachable,
+    WorkspaceRuntimeLeaseContended,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+RETRYABLE_ERRORS = (DatabaseUnavailable, ResourceBusy, WorkspaceRuntimeLeaseContended)
+USER_AGENT = "paperclip-client/0.1"
+
+
+def operation(operation_id: str) -> Callable[[F], F]:
+    """Tag a method with the OpenAPI operation it calls (the schema-coverage test reads it)."""
+
+    def mark(func: F) -> F:
+        func.operation_id = operation_id  # type: ignore[attr-defined]
+        return func
+
+    return mark
+
+
+def operations() -> dict[str, str]:
+    """operationId -> method name, for every method of `Client`."""
+    found: dict[str, str] = {}
+    for name in dir(Client):
+        op = getattr(getattr(Client, name), "operation_id", None)
+        if isinstance(op, str):
+            found[op] = name
+    return found
+
+
+def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+class Client:
+    """An agent's connection to the API: `Client("http://127.0.0.1:8000", "pcak_...")`.
+
+    `retries` is how many times a retry-safe failure is repeated (back-off from `backoff`
+    seconds, doubling, with jitter, capped at `backoff_cap`; a `Retry-After` is honoured up to
+    that cap). `transport` is for tests (e.g. `httpx.WSGITransport`).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        retries: int = 4,
+        backoff: float = 0.25,
+        backoff_cap: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {key}", "User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- transport ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotent: bool,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send one API call and return its decoded JSON body; raise the error class of its
+        code. `idempotent`: whether a request sent without an answer may be repeated."""
+        attempt = 0
+        while True:
+            delay: float | None = None
+            try:
+                response = self._http.request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    timeout=None
+                    if timeout is None
+                    else httpx.Timeout(timeout, connect=self.connect_timeout),
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                if attempt >= self.retries:
+                    raise ServerUnreachable(self.base_url, _reason(exc)) from exc
+            except httpx.TransportError as exc:  # sent, no (complete) answer
+                if not idempotent:
+                    raise OutcomeUnknown(method, path, _reason(exc)) from exc
+                if attempt >= self.retries:
+                    raise ServerUnreachable(self.base_url, _reason(exc)) from exc
+            else:
+                body = _decode(response)
+                if response.status_code < 400:
+                    return body
+                error = ApiError.from_body(
+                    response.status_code, body, request_id=response.headers.get("X-Request-ID")
+                )
+                if not isinstance(error, RETRYABLE_ERRORS) or attempt >= self.retries:
+                    raise error
+                delay = _retry_after(response)
+            attempt += 1
+            pause = min(self.backoff_cap, self.backoff * 2 ** (attempt - 1))
+            pause = pause * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
+            time.sleep(min(self.backoff_cap, max(pause, delay or 0.0)))
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self.request("GET", path, params=params, idempotent=True)
+
+    # --- identity ----------------------------------------------------------------------------
+
+    @operation("me")
+    def me(self) -> models.Me:
+        """Who the key belongs to (`actor_type`, `agent_id`, `company_ids`)."""
+        return models.build(models.Me, self._get("/api/me"))
+
+    @operation("issue_get")
+    def issue_get(self, issue_id: str) -> models.Issue:
+        return models.build(models.Issue, self._get(f"/api/issues/{issue_id}"))
+
+    @operation("execution_workspace_get")
+    def execution_workspace_get(self, workspace_id: str) -> models.ExecutionWorkspace:
+        return models.build(
+            models.ExecutionWorkspace, self._get(f"/api/execution-workspaces/{workspace_id}")
+        )
+
+    # --- runs --------------------------------------------------------------------------------
+
+    @operation("heartbeat_run_create")
+    def run_create(
+        self,
+        *,
+        runtime_mode: str = "native",
+        issue_id: str | None = None,
+        execution_workspace_id: str | None = None,
+        workspace_dir: str | None = None,
+    ) -> models.Run:
+        """Queue a run for the calling agent. Not repeated without an answer (a repeat would
+        create a second run)."""
+        body = _drop_none(
+            {
+                "runtime_mode": runtime_mode,
+                "issue_id": issue_id,
+                "execution_workspace_id": execution_workspace_id,
+                "workspace_dir": workspace_dir,
+            }
+        )
+        return models.build(
+            models.Run, self.request("POST", "/api/heartbeat-runs", json=body, idempotent=False)
+        )
+
+    @operation("heartbeat_run_get")
+    def run_get(self, run_id: str) -> models.Run:
+        return models.build(models.Run, self._get(f"/api/heartbeat-runs/{run_id}"))
+
+    @operation("heartbeat_run_update")
+    def run_update(self, run_id: str, *, status: str) -> models.Run:
+        """Move the run to `status` (the same status again is an idempotent 200)."""
+        data = self.request(
+            "PATCH", f"/api/heartbeat-runs/{run_id}", json={"status": status}, idempotent=True
+        )
+        return models.build(models.Run, data)
+
+    # --- runtime leases ----------------------------------------------------------------------
+
+    @operation("runtime_lease_claim")
+    def runtime_lease_claim(
+        self,
+        workspace_id: str,
+        *,
+        action: str = "start",
+        issue_id: str | None = None,
+        run_id: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> models.LeaseClaim:
+        """Claim, renew (same owner: generation unchanged) or reclaim the workspace's lease.
+        Repeatable: a repeat by the same owner is a renew."""
+        body = _drop_none(
+            {"action": action, "issue_id": issue_id, "run_id": run_id, "ttl_seconds": ttl_seconds}
+        )
+        data = self.request(
+            "POST",
+            f"/api/execution-workspaces/{workspace_id}/runtime-lease/claim",
+            json=body,
+            idempotent=True,
+        )
+        return models.build(models.LeaseClaim, data)
+
+    @operation("runtime_lease_get")
+    def runtime_lease_get(self, workspace_id: str) -> models.LeaseState:
+        data = self._get(f"/api/execution-workspaces/{workspace_id}/runtime-lease")
+        return models.build(models.LeaseState, data)
+
+    @operation("runtime_lease_release")
+    def runtime_lease_release(
+        self, workspace_id: str, *, issue_id: str | None = None, run_id: str | None = None
+    ) -> models.LeaseRelease:
+        """Release the lease only if its owner key is the one these ids name."""
+        data = self.request(
+            "POST",
+            f"/api/execution-workspaces/{workspace_id}/runtime-lease/release",
+            json=_drop_none({"issue_id": issue_id, "run_id": run_id}),
+            idempotent=True,
+        )
+        return models.build(models.LeaseRelease, data)
+
+    @operation("workspace_operation_create")
+    def workspace_operation_create(
+        self,
+        workspace_id: str,
+        *,
+        generation: int,
+        phase: str,
+        status: str,
+        issue_id: str | None = None,
+        run_id: str | None = None,
+        command: str | None = None,
+        exit_code: int | None = None,
+    ) -> models.WorkspaceOperation:
+        """A fenced write: accepted only while the caller holds the lease at `generation`
+        (else `WorkspaceRuntimeLeaseSuperseded`). Never repeated without an answer."""
+        body = _drop_none(
+            {
+                "generation": generation,
+                "phase": phase,
+                "status": status,
+                "issue_id": issue_id,
+                "run_id": run_id,
+                "command": command,
+                "exit_code": exit_code,
+            }
+        )
+        data = self.request(
+            "POST",
+            f"/api/execution-workspaces/{workspace_id}/operations",
+            json=body,
+            idempotent=False,
+        )
+        return models.build(models.WorkspaceOperation, data)
+
+    # --- controller lease and checkpoints ----------------------------------------------------
+
+    @operation("controller_lease_acquire")
+    def controller_lease_acquire(
+        self,
+        run_id: str,
+        *,
+        boot_id: str,
+        lease_owner: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> models.ControllerLease:
+        """Acquire (no `lease_owner`) or renew (the current one) the run's controller lease.
+        Only a renew is repeated without an answer: a lost first answer would leave a minted
+        owner nobody knows, so the caller must see the failure."""
+        body = _drop_none(
+            {"boot_id": boot_id, "lease_owner": lease_owner, "ttl_seconds": ttl_seconds}
+        )
+        data = self.request(
+            "POST",
+            f"/api/heartbeat-runs/{run_id}/controller-lease",
+            json=body,
+            idempotent=lease_owner is not None,
+        )
+        return models.build(models.ControllerLease, data)
+
+    @operation("controller_lease_expire_on_failure")
+    def controller_lease_expire(self, run_id: str, *, boot_id: str, lease_owner: str) -> bool:
+        """End the controller lease now (writer-failure hook); whether it did."""
+        data = self.request(
+            "POST",
+            f"/api/heartbeat-runs/{run_id}/controller-lease/expire",
+            json={"boot_id": boot_id, "lease_owner": lease_owner},
+            idempotent=True,
+        )
+        return bool(data["expired"])
+
+    @operation("checkpoint_write")
+    def checkpoint_write(
+        self,
+        run_id: str,
+        *,
+        owner: Mapping[str, Any],
+        changed: Mapping[str, str] | None = None,
+        removed: list[str] | None = None,
+        reset: bool = False,
+        work_command_ids: list[str] | None = None,
+        predecessor: Mapping[str, str] | None = None,
+    ) -> int:
+        """Write checkpoint parts, fenced by the controller lease `owner` (`boot_id`,
+        `lease_owner`, `generation`); the number of parts stored after the write. Never
+        repeated without an answer."""
+        body: dict[str, Any] = {
+            "owner": dict(owner),
+            "reset": reset,
+            "changed": dict(changed or {}),
+            "removed": list(removed or []),
+            "work_command_ids": list(work_command_ids or []),
+            "predecessor": dict(predecessor) if predecessor is not None else None,
+        }
+        data = self.request(
+            "PUT", f"/api/heartbeat-runs/{run_id}/checkpoint", json=body, idempotent=False
+        )
+        return int(data["parts"])
+
+    @operation("checkpoint_read")
+    def checkpoint_read(
+        self, run_id: str, *, normalized_session_id: str | None = None
+    ) -> dict[str, str]:
+        """Every part, decrypted (`{}` when the run has none)."""
+        params = _drop_none({"normalized_session_id": normalized_session_id})
+        data = self._get(f"/api/heartbeat-runs/{run_id}/checkpoint", params or None)
+        return dict(data["parts"])
+
+    @operation("checkpoint_header_read")
+    def checkpoint_header(self, run_id: str) -> str | None:
+        data = self._get(f"/api/heartbeat-runs/{run_id}/checkpoint/header")
+        header = data["header"]
+        return None if header is None else str(header)
+
+    @operation("checkpoint_parts_list")
+    def checkpoint_parts(self, run_id: str) -> list[models.CheckpointPart]:
+        data = self._get(f"/api/heartbeat-runs/{run_id}/checkpoint/parts")
+        return [models.build(models.CheckpointPart, p) for p in data["results"]]
+
+    # --- results and finalization ------------------------------------------------------------
+
+    @operation("heartbeat_runs_results_create")
+    def result_post(
+        self,
+        run_id: str,
+        *,
+        result: Mapping[str, Any],
+        run_terminal_state: str,
+        caller_result_id: str | None = None,
+    ) -> models.NativeResult:
+        """Report the run's result. Repeated without an answer only with a
+        `caller_result_id` (the server then answers a repeat with the same result)."""
+        body = _drop_none(
+            {
+                "result": dict(result),
+                "terminal": {"run_terminal_state": run_terminal_state},
+                "caller_result_id": caller_result_id,
+            }
+        )
+        data = self.request(
+            "POST",
+            f"/api/heartbeat-runs/{run_id}/results",
+            json=body,
+            idempotent=caller_result_id is not None,
+        )
+        return models.build(models.NativeResult, data)
+
+    @operation("heartbeat_runs_finalize_create")
+    def finalize(self, run_id: str, *, wait: int = 0) -> models.Finalize:
+        """Wake the run's finalization; with `wait` (0..30 s), answer when the attempt ends.
+        `FinalizationNotAcquired` / `FinalizationFailed` when it cannot commit."""
+        data = self.request(
+            "POST",
+            f"/api/heartbeat-runs/{run_id}/finalize",
+            params={"wait": wait} if wait else None,
+            idempotent=True,
+            timeout=self.timeout + wait,
+        )
+        return models.build(models.Finalize, data)
+
+    def wait_committed(
+        self,
+        run_id: str,
+        *,
+        timeout: float = 300.0,
+        progress: Callable[[models.Finalize], None] | None = None,
+    ) -> models.Finalize:
+        """Finalize and wait until the run is committed (TimeoutError after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            answer = self.finalize(run_id, wait=max(0, min(30, int(left))))
+            if answer.committed:
+                return answer
+            if progress is not None:
+                progress(answer)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id} not committed after {timeout:.0f} s")
+
+    # --- recovery and environment cleanup ----------------------------------------------------
+
+    @operation("issues_recovery_actions_retrieve")
+    def recovery_actions(self, issue_id: str) -> list[models.RecoveryAction]:
+        data = self._get(f"/api/issues/{issue_id}/recovery-actions")
+        return [models.build(models.RecoveryAction, a) for a in data["results"]]
+
+    @operation("environment_lease_cleanup_claim")
+    def cleanup_claim(self, lease_id: str) -> models.CleanupClaim:
+        """Claim a pending cleanup attempt (provider agents). Never repeated without an
+        answer (the first may have claimed the attempt)."""
+        data = self.request(
+            "POST", f"/api/environment-leases/{lease_id}/cleanup-claims", idempotent=False
+        )
+        return models.build(models.CleanupClaim, data)
+
+    @operation("environment_lease_cleanup_receipt")
+    def cleanup_receipt(
+        self, lease_id: str, *, attempt_id: str, provider_lease_id: str, state: str
+    ) -> models.EnvironmentLease:
+        """Report a claimed cleanup's outcome (`stopped` / `destroyed` / `failed`)."""
+        body = {
+            "attempt_id": attempt_id,
+            "receipt": {"provider_lease_id": provider_lease_id, "state": state},
+        }
+        data = self.request(
+            "POST",
+            f"/api/environment-leases/{lease_id}/cleanup-receipts",
+            json=body,
+            idempotent=False,
+        )
+        return models.build(models.EnvironmentLease, data)
+
+
+def _decode(response: httpx.Response) -> Any:
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
