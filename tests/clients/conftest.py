@@ -1,0 +1,94 @@
+"""Fixtures for the agent client's tests: an agent with a key, an issue and an execution
+workspace whose `cwd` is a temporary directory; a `Client` on the in-process WSGI app (real
+PostgreSQL, the test's own transaction); and, for the slow tests, a live multi-worker gunicorn
+plus a real `manage.py run_worker` against the test database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from django.core import signals
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+
+from paperclip.credentials import agent_key_create
+from paperclip.models import Agent, ExecutionWorkspace, Issue
+from paperclip.testing.processes import child_env
+from paperclip_client import Client
+from tests.chaos.run import Config, GunicornServer
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    ExecutionWorkspaceFactory,
+    IssueFactory,
+)
+
+
+@dataclass
+class World:
+    agent: Agent
+    key: str
+    issue: Issue
+    workspace: ExecutionWorkspace
+    dest: Path  # the workspace's cwd: where finalization copies a run's directory
+
+
+def make_world(tmp_path: Path, name: str = "w") -> World:
+    company = CompanyFactory()
+    agent = AgentFactory(company=company)
+    dest = tmp_path / f"{name}-dest"
+    dest.mkdir()
+    return World(
+        agent=agent,
+        key=agent_key_create(agent_id=agent.pk).secret,
+        issue=IssueFactory(company=company, status=Issue.Status.IN_PROGRESS, assignee_agent=agent),
+        workspace=ExecutionWorkspaceFactory(company=company, cwd=str(dest)),
+        dest=dest,
+    )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return make_world(tmp_path)
+
+
+@pytest.fixture
+def client(world: World) -> Iterator[Client]:
+    """A client on the in-process app: every request runs in this test's database state.
+    As in Django's test client, requests do not close the database connection (that would
+    end the test's transaction)."""
+    transport = httpx.WSGITransport(app=get_wsgi_application())
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        with Client("http://testserver", world.key, transport=transport, retries=0) as c:
+            yield c
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture(scope="session")
+def live_server(
+    django_db_setup: None,
+    django_db_blocker: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """A gunicorn (2 workers x 4 threads) on the test database, for the whole session."""
+    workdir = tmp_path_factory.mktemp("gunicorn")
+    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+        env = child_env(
+            DJANGO_DEBUG="false",
+            DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+            DJANGO_LOG_LEVEL="ERROR",
+        )
+    server = GunicornServer(Config(gunicorn_workers=2, gunicorn_threads=4), env, workdir)
+    try:
+        server.start()
+        yield server.base_url
+    finally:
+        server.stop()
