@@ -95,8 +95,8 @@ def test_error_kinds_for_unknown_objects_and_bad_input(client: Client, world: Wo
     with pytest.raises(errors.InvalidRequest) as invalid:
         client.runtime_lease_claim(str(world.workspace.pk), ttl_seconds=5)
     assert "ttl_seconds" in invalid.value.fields
+    run = client.run_create(issue_id=str(world.issue.pk))
     with pytest.raises(errors.InvalidRunTransition):
-        run = client.run_create(issue_id=str(world.issue.pk))
         client.run_update(run.id, status="succeeded")
 
 
@@ -153,7 +153,7 @@ def test_session_checkpoint_round_trip_saves_only_what_changed(
     (session / "empty.txt").write_bytes(b"")
     (session / "ünïcode name.txt").write_text("héllo\n")
     (session / "run.sh").write_text("#!/bin/sh\n")
-    os.chmod(session / "run.sh", 0o755)
+    (session / "run.sh").chmod(0o700)
     (session / "big.bin").write_bytes(os.urandom(10_000))  # 4 chunks of at most 3 KiB
 
     # small limits: 4 KiB parts, 6 KiB writes, so files span parts and saves span writes
