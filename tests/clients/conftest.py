@@ -73,7 +73,7 @@ def client(world: World) -> Iterator[Client]:
 
 
 @pytest.fixture(scope="session")
-def live_server(
+def gunicorn_url(
     django_db_setup: None,
     django_db_blocker: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,

@@ -1,0 +1,300 @@
+"""`paperclip-agent run` as real processes against a live multi-worker gunicorn and a real
+`manage.py run_worker`, with real child commands: the happy path with its copy-back and commit,
+a checkpoint restored by `--resume`, `kill -9` followed by a reclaim after the TTL, and a CLI
+paused past its TTL that, once resumed, is refused, stops its command and exits 75 without any
+write accepted after the reclaim.
+
+The TTL is passed on the database clock (`tests.leases.factories.expire`: the lease's
+`expires_at` is moved into the past, which is what waiting out the 60 s minimum TTL would do,
+without the wait); every other wait is on a condition: an output line, an exit, a row.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db import connection
+
+from checkpoints.models import NativeRunnerCheckpoint
+from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult, WorkspaceOperation
+from paperclip.testing.servers import free_port
+from tests.clients.conftest import World, make_world
+from tests.leases.factories import expire
+from tests.paperclip.worker.test_worker_processes import Worker
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+AGENT = str(Path(sys.executable).with_name("paperclip-agent"))
+TIMEOUT = 60.0
+
+
+class Cli:
+    """One `paperclip-agent run` process in its own session; its output drained by threads."""
+
+    def __init__(
+        self,
+        url: str,
+        world: World,
+        workdir: Path,
+        *command: str,
+        flags: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        env = env or {}
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.proc = subprocess.Popen(
+            [
+                AGENT, "run",
+                "--workspace", str(world.workspace.pk),
+                "--issue", str(world.issue.pk),
+                "--workdir", str(workdir),
+                "--lease-ttl", "60",
+                *flags, "--", *command,
+            ],
+            env={**os.environ, "PAPERCLIP_URL": url, "PAPERCLIP_AGENT_KEY": world.key, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            threading.Thread(target=self._drain, args=(stream, sink), daemon=True).start()
+
+    @staticmethod
+    def _drain(stream: object, sink: list[str]) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            sink.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        return "\n".join(["-- stdout", *self.out, "-- stderr", *self.err])
+
+    def line(self, pattern: str) -> re.Match[str]:
+        """Wait for a stdout line matching `pattern`."""
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            for text in list(self.out):
+                if m := re.search(pattern, text):
+                    return m
+            if self.proc.poll() is not None and not any(re.search(pattern, t) for t in self.out):
+                time.sleep(0.2)  # the drain threads may still be reading the last lines
+                if not any(re.search(pattern, t) for t in self.out):
+                    break
+            time.sleep(0.05)
+        raise AssertionError(f"no line /{pattern}/\n{self.output()}")
+
+    def run_id(self) -> str:
+        return self.line(r"^run: ([0-9a-f-]{36})$").group(1)
+
+    def child_pid(self) -> int:
+        return int(self.line(r"started: pid (\d+)").group(1))
+
+    def wait(self) -> int:
+        try:
+            code = self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the CLI did not exit\n{self.output()}") from None
+        time.sleep(0.1)  # let the drain threads take the last lines
+        return code
+
+    def kill(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    """A real worker (finalizations; the periodic lease sweep every second)."""
+    w = Worker()
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def clis() -> Iterator[list[Cli]]:
+    started: list[Cli] = []
+    yield started
+    for cli in started:
+        if cli.proc.poll() is None:
+            cli.kill()
+
+
+def kill_group(pid: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def db_now() -> object:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def files(root: Path) -> dict[str, bytes | None]:
+    return {
+        p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_a_command_runs_is_copied_back_committed_and_resumed_by_a_successor(
+    gunicorn_url: str, worker: Worker, world: World, tmp_path: Path, clis: list[Cli]
+) -> None:
+    session = tmp_path / "session"
+    script = (
+        'echo hi > out.txt; mkdir -p "$S/notes/deep" "$S/empty-dir";'
+        ' printf "x\\000y" > "$S/notes/deep/bin"; : > "$S/empty"; echo done'
+    )
+    first = Cli(
+        gunicorn_url, world, tmp_path / "work", "sh", "-c", script,
+        flags=("--session-dir", str(session)), env={"S": str(session)},
+    )  # fmt: skip
+    clis.append(first)
+    assert first.wait() == 0, first.output()
+    run_id = first.run_id()
+    assert first.out.index(f"run: {run_id}") < next(
+        i for i, line in enumerate(first.out) if "started: pid" in line
+    )
+    assert "done" in first.out
+    assert any("finalization: committed" in line for line in first.out), first.output()
+    assert first.err == []
+    assert (world.dest / "out.txt").read_text() == "hi\n"
+    run = HeartbeatRun.objects.get(pk=run_id)
+    assert run.status == HeartbeatRun.Status.SUCCEEDED
+    phases = list(
+        WorkspaceOperation.objects.filter(heartbeat_run_id=run_id)
+        .order_by("started_at")
+        .values_list("phase", "status", "exit_code")
+    )
+    assert phases[:2] == [("start", "running", None), ("exit", "succeeded", 0)]
+    result = NativeRunResult.objects.get(run_id=run_id)
+    assert "done" in result.result_json["result"]["summary"]
+
+    restored = tmp_path / "restored"
+    second = Cli(
+        gunicorn_url, world, tmp_path / "work2", "sh", "-c", 'od -c "$R/notes/deep/bin"; exit 3',
+        flags=("--session-dir", str(restored), "--resume", run_id), env={"R": str(restored)},
+    )  # fmt: skip
+    clis.append(second)
+    assert second.wait() == 3, second.output()  # the command's own status
+    assert any(f"restored 2 file(s) of run {run_id}" in line for line in second.out)
+    assert files(restored) == files(session)
+    assert any("x  \\0   y" in line for line in second.out), second.output()
+    successor = HeartbeatRun.objects.get(pk=second.run_id())
+    assert successor.status == HeartbeatRun.Status.FAILED
+
+
+def test_after_kill_9_another_cli_reclaims_the_lease_once_its_ttl_has_passed(
+    gunicorn_url: str, worker: Worker, world: World, tmp_path: Path, clis: list[Cli]
+) -> None:
+    first = Cli(gunicorn_url, world, tmp_path / "a", "sleep", "300")
+    clis.append(first)
+    orphan = first.child_pid()
+    try:
+        first_run = first.run_id()
+        os.kill(first.proc.pid, signal.SIGKILL)
+        assert first.wait() == -signal.SIGKILL
+        second = Cli(gunicorn_url, world, tmp_path / "b", "sh", "-c", "echo b > b.txt")
+        clis.append(second)
+        second.line(rf"waiting: workspace lease held by run:{first_run}")
+        assert second.proc.poll() is None
+        expire(world.workspace)  # the 60 s TTL passes on the database clock
+        assert second.wait() == 0, second.output()
+    finally:
+        kill_group(orphan)
+    assert any(f"predecessor: run {first_run}" in line for line in second.out), second.output()
+    assert (world.dest / "b.txt").read_text() == "b\n"
+    assert HeartbeatRun.objects.get(pk=first_run).status == HeartbeatRun.Status.INTERRUPTED
+    assert HeartbeatRun.objects.get(pk=second.run_id()).status == HeartbeatRun.Status.SUCCEEDED
+
+
+def test_a_cli_paused_past_its_ttl_is_refused_stops_its_command_and_exits_75(
+    gunicorn_url: str, worker: Worker, world: World, tmp_path: Path, clis: list[Cli]
+) -> None:
+    session = tmp_path / "session"
+    first = Cli(
+        gunicorn_url, world, tmp_path / "a", "sh", "-c",
+        'while :; do date +%s%N >> "$S/ticks"; sleep 0.1; done',
+        flags=("--session-dir", str(session), "--checkpoint-every", "0.5"),
+        env={"S": str(session)},
+    )  # fmt: skip
+    clis.append(first)
+    child = first.child_pid()
+    first_run = first.run_id()
+    first.line(r"^paperclip-agent: checkpoint: ")
+    os.kill(first.proc.pid, signal.SIGSTOP)  # the CLI only: its command keeps running
+    deadline = time.monotonic() + TIMEOUT
+    while psutil.Process(first.proc.pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    expire(world.workspace)  # paused past its TTL, on the database clock
+
+    second = Cli(gunicorn_url, world, tmp_path / "b", "sh", "-c", "echo b > b.txt")
+    clis.append(second)
+    assert second.wait() == 0, second.output()
+    assert any(f"predecessor: run {first_run}" in line for line in second.out), second.output()
+    reclaimed = db_now()
+
+    os.kill(first.proc.pid, signal.SIGCONT)
+    assert first.wait() == 75, first.output()
+    assert len(first.err) == 1, first.output()
+    assert "lost the lease" in first.err[0]
+    assert "Traceback" not in first.output()
+    assert not psutil.pid_exists(child)  # stopped (and reaped) before the CLI exited
+
+    # nothing the paused CLI sent after the reclaim was accepted
+    assert not WorkspaceOperation.objects.filter(
+        heartbeat_run_id=first_run, started_at__gt=reclaimed
+    ).exists()
+    assert not NativeRunnerCheckpoint.objects.filter(
+        run_id=first_run, updated_at__gt=reclaimed
+    ).exists()
+    assert not NativeRunResult.objects.filter(run_id=first_run).exists()
+    assert not ActivityEvent.objects.filter(run_id=first_run, created_at__gt=reclaimed).exists()
+    assert list(
+        WorkspaceOperation.objects.filter(heartbeat_run_id=first_run).values_list("phase")
+    ) == [("start",)]
+    assert HeartbeatRun.objects.get(pk=first_run).status == HeartbeatRun.Status.INTERRUPTED
+    assert (world.dest / "b.txt").read_text() == "b\n"
+
+
+def test_bad_flags_a_refused_key_and_an_unreachable_server_give_one_line(
+    gunicorn_url: str, tmp_path: Path
+) -> None:
+    world = make_world(tmp_path)
+    base = [AGENT, "run", "--workspace", str(world.workspace.pk), "--issue", str(world.issue.pk)]
+    cases = [
+        ([AGENT, "run", "--issue", "x", "--", "true"], {}, 2, "--workspace"),
+        ([*base, "--lease-ttl", "5", "--", "true"], {}, 2, "--lease-ttl"),
+        ([*base, "--url", gunicorn_url, "--key", world.key], {}, 2, "COMMAND"),
+        ([*base, "--url", f"http://127.0.0.1:{free_port()}", "--", "true"], {}, 69, "reach"),
+        ([*base, "--url", gunicorn_url, "--key", "pcak_bad.key", "--", "true"], {}, 1, "refused"),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAPERCLIP_")}
+    for argv, extra, code, word in cases:
+        done = subprocess.run(
+            argv, env={**env, "PAPERCLIP_AGENT_KEY": world.key, **extra},
+            capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+        assert done.returncode == code, (argv, done.stdout, done.stderr)
+        assert done.stdout == ""
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1, (argv, done.stderr)
+        assert word in lines[0]
+        assert "Traceback" not in done.stderr
