@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
 
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_demo --url http://$(HOST):$(PORT)
 	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/) with one worker"
 	@echo "(finalizations and maintenance; more: manage.py run_worker). Ctrl-C stops both."
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} $(PY) scripts/run_dev.py $(PY) $(HOST):$(PORT)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import shlex
 import signal
@@ -141,6 +142,9 @@ class Runner:
         self.tail: collections.deque[bytes] = collections.deque()
         self.tail_size = 0
         self.keepers: list[RuntimeLeaseKeeper | ControllerLeaseKeeper] = []
+        self.run_id: str | None = None
+        self.session_id: str | None = None
+        self.result_posted = False
 
     def on_lost(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -156,6 +160,7 @@ class Runner:
         workdir = Path(self.args.workdir or os.getcwd()).resolve()
         try:
             workdir.mkdir(parents=True, exist_ok=True)
+            self._resume()
             return self._run(me.agent_id, workdir)
         except LeaseLost as exc:
             return self._lost(str(exc))
@@ -164,7 +169,37 @@ class Runner:
                 return self._lost(self.lost_reason)
             self._stop_child()
             fail(str(exc))
+            self._abort_run()
             return EXIT_REFUSED
+
+    def _resume(self) -> None:
+        """Restore `--resume`'s checkpoint into `--session-dir` (before anything is created,
+        so a wrong run id or a non-empty directory stops here)."""
+        args = self.args
+        if not args.resume:
+            return
+        if not args.session_dir:
+            raise CheckpointError("--resume needs --session-dir (where to restore)")
+        session_dir = Path(args.session_dir).resolve()
+        try:
+            header = restore(self.client, args.resume, session_dir)
+        except ApiError as exc:
+            raise CheckpointError(f"--resume {args.resume}: {exc}") from exc
+        session = header.get("recoveryEvidence", {}).get("normalizedSessionId")
+        self.session_id = session if isinstance(session, str) else None
+        say(
+            f"resume: restored {len(header.get('files', {}))} file(s) of run {args.resume}"
+            f" into {session_dir}"
+        )
+
+    def _abort_run(self) -> None:
+        """A step failed before the result: end our run (best effort) so that it does not
+        keep holding its issue."""
+        if self.run_id is None or self.result_posted:
+            return
+        with contextlib.suppress(PaperclipError):
+            self.client.run_update(self.run_id, status="failed")
+            say(f"run {self.run_id} marked failed")
 
     def _lost(self, reason: str) -> int:
         for keeper in self.keepers:
@@ -180,6 +215,7 @@ class Runner:
             execution_workspace_id=args.workspace,
             workspace_dir=str(workdir),
         )
+        self.run_id = run.id
         print(f"run: {run.id}", flush=True)
 
         def waiting(conflict: WorkspaceRuntimeLeaseConflict) -> None:
@@ -240,7 +276,10 @@ class Runner:
                 ):
                     raise
                 self.client.run_update(holder_id, status="interrupted")
-                say(f"predecessor: run {holder_id} lost the workspace lease; marked interrupted")
+                say(
+                    f"predecessor: run {holder_id} still held the issue without the workspace"
+                    " lease; marked interrupted"
+                )
         self.client.run_update(run_id, status="running")
 
     def _supervise(
@@ -262,20 +301,10 @@ class Runner:
         checkpointer: SessionCheckpointer | None = None
         if args.session_dir:
             session_dir = Path(args.session_dir).resolve()
-            session_id = None
-            if args.resume:
-                header = restore(self.client, args.resume, session_dir)
-                session_id = header.get("recoveryEvidence", {}).get("normalizedSessionId")
-                say(
-                    f"resume: restored {len(header.get('files', {}))} file(s) of run"
-                    f" {args.resume} into {session_dir}"
-                )
             session_dir.mkdir(parents=True, exist_ok=True)
             checkpointer = SessionCheckpointer(
-                self.client, run_id, session_dir, owner=controller.owner, session_id=session_id
+                self.client, run_id, session_dir, owner=controller.owner, session_id=self.session_id
             )
-        elif args.resume:
-            raise CheckpointError("--resume needs --session-dir (where to restore)")
 
         command_text = shlex.join(self.command)
         runtime.operation(phase="start", status="running", command=command_text[:20000])
@@ -307,6 +336,7 @@ class Runner:
             run_terminal_state=state,
             caller_result_id=f"{PROG}:{run_id}",
         )
+        self.result_posted = True
         say(f"result: accepted ({state}); waiting for finalization")
         runtime.stop()
         controller.stop()
@@ -340,6 +370,8 @@ class Runner:
                 controller.mark_lost(f"checkpoint refused: {exc.code}")
                 raise LeaseLost(exc.code) from exc
             raise
+        if stats.writes == 0:
+            return  # nothing changed since the last checkpoint
         say(
             f"checkpoint: {stats.changed_files} changed, {stats.removed_files} removed file(s);"
             f" {stats.parts_stored} part(s) stored"

@@ -94,6 +94,7 @@ class SessionCheckpointer:
             raise ValueError("max_part_bytes is too small")
         self._files: dict[str, _File] = {}
         self._stored: set[str] = set()
+        self._dirs: set[str] = set()
         self._first = True
 
     def save(self) -> SaveStats:
@@ -104,6 +105,8 @@ class SessionCheckpointer:
         wanted = {c for f in files.values() for c in f.chunks}
         new = [c for c in sorted(wanted) if c not in self._stored]
         gone = sorted(self._stored - wanted)
+        if not self._first and not changed and not removed and dirs == self._dirs:
+            return SaveStats(0, 0, 0, 0, writes=0, parts_stored=len(self._stored) + 1)
         header = json.dumps(
             {
                 "format": FORMAT,
@@ -141,6 +144,7 @@ class SessionCheckpointer:
         self._first = False
         self._stored -= set(gone)
         self._files = files
+        self._dirs = dirs
         return SaveStats(
             changed_files=len(changed),
             removed_files=len(removed),

@@ -52,6 +52,9 @@ WORKSPACES = (
     ("demo-workspace-export", "/tmp/paperclip-demo/export"),  # noqa: S108
 )
 HELD_TITLE = "Publish the nightly export"
+# The README's agent quickstart: paperclip-agent runs a command for this issue in this workspace.
+CLI_ISSUE = "Fix the flaky lease test"
+CLI_WORKDIR = "/tmp/paperclip-demo/agent-run"  # noqa: S108 - demo paths only
 HELD_WORKDIR = Path("/tmp/paperclip-demo/export-run")  # noqa: S108 - the runner's directory
 # (title, status, assignee index or None)
 ISSUES = (
@@ -72,6 +75,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--password", default="", help="Admin password for demo-board (default: random)."
+        )
+        parser.add_argument(
+            "--url",
+            default="http://127.0.0.1:8000",
+            help="The server's address, for the commands printed at the end.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -101,7 +109,18 @@ class Command(BaseCommand):
         self.stdout.write(f"Admin login:  /admin/  user {USERNAME}  password {password}")
         for agent, key in zip(agents, keys, strict=True):
             self.stdout.write(f"Agent {agent.name} ({agent.pk}) key: {key}")
-        self.stdout.write("Try: curl -H 'Authorization: Bearer <key>' http://127.0.0.1:8000/api/me")
+        url = options["url"].rstrip("/")
+        self.stdout.write(f"Try: curl -H 'Authorization: Bearer <key>' {url}/api/me")
+        alpha, main, issue = agents[0], workspaces[0], issues[CLI_ISSUE]
+        self.stdout.write("Agent CLI, in another terminal (README: Agent quickstart):")
+        self.stdout.write(
+            f"  export PAPERCLIP_URL={url} PAPERCLIP_AGENT_KEY=$(.venv/bin/python manage.py"
+            f" create_agent_key --agent {alpha.pk} | tail -n 1)"
+        )
+        self.stdout.write(
+            f"  .venv/bin/paperclip-agent run --workspace {main.pk} --issue {issue.pk}"
+            f" --workdir {CLI_WORKDIR} -- sh -c 'echo hi > out.txt'"
+        )
 
     def _board_user(self, password: str) -> Any:
         user_model = get_user_model()
