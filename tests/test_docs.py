@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 
 ROOT = Path(settings.BASE_DIR)
-SOURCES = ("paperclip", "leases", "recovery", "checkpoints", "tests", "bench", "scripts")
+SOURCES = ("paperclip", "leases", "recovery", "checkpoints", "clients", "tests", "bench", "scripts")
 CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
 LINK = re.compile(r"\]\((?!https?:)([^)#\s]*)(?:#([\w-]+))?\)")
 
