@@ -213,8 +213,11 @@ class RuntimeLeaseKeeper(_Keeper):
         wait: bool = False,
         poll_seconds: float = 2.0,
         on_wait: Callable[[WorkspaceRuntimeLeaseConflict], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds, on_lost=on_lost, renew_fraction=renew_fraction)
+        super().__init__(
+            ttl_seconds=ttl_seconds, on_lost=on_lost, renew_fraction=renew_fraction, clock=clock
+        )
         self.client = client
         self.workspace_id = workspace_id
         self.run_id = run_id
@@ -318,8 +321,11 @@ class ControllerLeaseKeeper(_Keeper):
         ttl_seconds: int = 60,
         on_lost: Callable[[str], None] | None = None,
         renew_fraction: float = 1 / 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds, on_lost=on_lost, renew_fraction=renew_fraction)
+        super().__init__(
+            ttl_seconds=ttl_seconds, on_lost=on_lost, renew_fraction=renew_fraction, clock=clock
+        )
         self.client = client
         self.run_id = run_id
         self.boot_id = boot_id or str(uuid.uuid4())
