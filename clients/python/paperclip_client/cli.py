@@ -111,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise Usage(f"--lease-ttl must be from {TTL_MIN} to {TTL_MAX} seconds")
         if args.checkpoint_every <= 0:
             raise Usage("--checkpoint-every must be positive")
+        if args.resume and not args.session_dir:
+            raise Usage("--resume needs --session-dir (where to restore)")
         if not args.url:
             raise Usage("no server URL: give --url or set PAPERCLIP_URL")
         if not args.key:
@@ -178,8 +180,6 @@ class Runner:
         args = self.args
         if not args.resume:
             return
-        if not args.session_dir:
-            raise CheckpointError("--resume needs --session-dir (where to restore)")
         session_dir = Path(args.session_dir).resolve()
         try:
             header = restore(self.client, args.resume, session_dir)
