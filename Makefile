@@ -24,7 +24,7 @@ help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
 	@echo "                with one worker (Ctrl-C stops both)"
 	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
-	@echo "make lint       ruff, ruff format --check, mypy"
+	@echo "make lint       ruff, ruff format --check, mypy (and mypy --strict on clients/python)"
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py (BENCH_ARGS=...)"
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	@echo "make chaos      runtime-lease chaos test, DURATION=600 seconds (CHAOS_ARGS=...), in a"
@@ -58,6 +58,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check . || rc=1; \
 	$(PY) -m ruff format --check . || rc=1; \
 	DATABASE_URL=$${DATABASE_URL:-postgres://mypy@localhost/mypy} $(PY) -m mypy . || rc=1; \
+	$(PY) -m mypy --strict --config-file clients/python/pyproject.toml clients/python/paperclip_client || rc=1; \
 	exit $$rc
 
 # Lint and tests both run, whatever the other's outcome; either failing fails the target.
