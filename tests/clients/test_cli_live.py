@@ -231,12 +231,14 @@ def test_a_cli_paused_past_its_ttl_is_refused_stops_its_command_and_exits_75(
     first = Cli(
         gunicorn_url, world, tmp_path / "a", "sh", "-c",
         'while :; do date +%s%N >> "$S/ticks"; sleep 0.1; done',
-        flags=("--session-dir", str(session), "--checkpoint-every", "0.5"),
+        flags=("--session-dir", str(session), "--checkpoint-every", "1"),
         env={"S": str(session)},
     )  # fmt: skip
     clis.append(first)
     child = first.child_pid()
     first_run = first.run_id()
+    # Paused just after a checkpoint, a second before the next one: not in the middle of a
+    # write (one sent before the pause and finished after it would be a write of its own time).
     first.line(r"^paperclip-agent: checkpoint: ")
     os.kill(first.proc.pid, signal.SIGSTOP)  # the CLI only: its command keeps running
     deadline = time.monotonic() + TIMEOUT

@@ -171,3 +171,16 @@ def test_the_controller_keeper_is_lost_when_its_run_ends(
         with pytest.raises(LeaseLost, match="controller_lease_run_terminal"):
             controller.ensure_held()
     assert lost.reasons
+
+
+def test_a_lease_lost_passing_through_a_keeper_leaves_its_lease_unreleased(
+    api: Client, world: World, tmp_path: Path
+) -> None:
+    run_id = new_run(api, world, tmp_path)
+    ws = str(world.workspace.pk)
+    with (
+        pytest.raises(LeaseLost),
+        RuntimeLeaseKeeper(api, ws, run_id=run_id, ttl_seconds=60),
+    ):
+        raise LeaseLost("the controller lease was refused")
+    assert WorkspaceRuntimeLease.objects.get(execution_workspace_id=ws).owner_key == f"run:{run_id}"

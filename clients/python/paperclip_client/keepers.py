@@ -102,7 +102,9 @@ class _Keeper:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if isinstance(exc, LeaseLost):
+            self._abandoned = True  # some lease is lost: write nothing more, not even a release
         self.stop()
         if not self.lost and not self._abandoned:
             # A failed release is harmless: the lease expires by itself.
