@@ -166,6 +166,11 @@ class Runner:
             return self._run(me.agent_id, workdir)
         except LeaseLost as exc:
             return self._lost(str(exc))
+        except KeyboardInterrupt:
+            self._stop_child()
+            fail("interrupted")
+            self._abort_run()
+            return 130
         except (ApiError, OutcomeUnknown, CheckpointError, OSError) as exc:
             if self.lost.is_set():
                 return self._lost(self.lost_reason)
@@ -218,8 +223,14 @@ class Runner:
         self.run_id = run.id
         print(f"run: {run.id}", flush=True)
 
+        shown: list[object] = []
+
         def waiting(conflict: WorkspaceRuntimeLeaseConflict) -> None:
             d = conflict.details
+            holder = (d.get("owner_key"), d.get("generation"), d.get("expires_at"))
+            if shown and shown[-1] == holder:
+                return  # said already; a renewing holder moves expires_at and is shown again
+            shown.append(holder)
             say(
                 f"waiting: workspace lease held by {d.get('owner_key')} (generation"
                 f" {d.get('generation')}) until {d.get('expires_at')}"
