@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
 
 from paperclip_client.client import Client
 from paperclip_client.errors import (
@@ -43,6 +43,7 @@ from paperclip_client.errors import (
 from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
 from paperclip_client.session import CheckpointError, SessionCheckpointer, restore
 
+T = TypeVar("T")
 EXIT_LOST = 75
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 69
@@ -51,6 +52,7 @@ EXIT_REFUSED = 1
 TTL_MIN, TTL_MAX = 60, 86400
 CONTROLLER_TTL_MAX = 3600
 STOP_GRACE_SECONDS = 10.0
+PATIENCE_SECONDS = 600.0
 TAIL_BYTES = 4000
 PROG = "paperclip-agent"
 
@@ -330,41 +332,74 @@ class Runner:
         if code is None:
             return self._lost(self.lost_reason)
         say(f"exit: {code}")
+        # The command's work is done: from here on an unreachable server is waited for (as
+        # long as the lease may still be ours) rather than giving up on the result.
         if checkpointer is not None:
-            self._checkpoint(runtime, controller, checkpointer)
-        runtime.operation(
-            phase="exit",
-            status="succeeded" if code == 0 else "failed",
-            command=command_text[:20000],
-            exit_code=code,
+            saver = checkpointer
+            self._patient(
+                "checkpoint", lambda: self._checkpoint(runtime, controller, saver), runtime
+            )
+        self._patient(
+            "exit",
+            lambda: runtime.operation(
+                phase="exit",
+                status="succeeded" if code == 0 else "failed",
+                command=command_text[:20000],
+                exit_code=code,
+            ),
+            runtime,
         )
-        runtime.ensure_held()
         state = "succeeded" if code == 0 else "failed"
         summary = b"".join(self.tail).decode("utf-8", "replace")
-        self.client.result_post(
-            run_id,
-            result={"summary": summary, "exit_code": code, "command": command_text[:20000]},
-            run_terminal_state=state,
-            caller_result_id=f"{PROG}:{run_id}",
-        )
+
+        def post() -> None:
+            runtime.ensure_held()
+            self.client.result_post(
+                run_id,
+                result={"summary": summary, "exit_code": code, "command": command_text[:20000]},
+                run_terminal_state=state,
+                caller_result_id=f"{PROG}:{run_id}",
+            )
+
+        self._patient("result", post, runtime)
         self.result_posted = True
         say(f"result: accepted ({state}); waiting for finalization")
         runtime.stop()
         controller.stop()
         try:
-            self.client.wait_committed(
-                run_id,
-                timeout=600,
-                progress=lambda f: say(
-                    f"finalization: {f.status}"
-                    + (f" (attempt {f.finalization.attempts})" if f.finalization else "")
+            self._patient(
+                "finalization",
+                lambda: self.client.wait_committed(
+                    run_id,
+                    timeout=600,
+                    progress=lambda f: say(
+                        f"finalization: {f.status}"
+                        + (f" (attempt {f.finalization.attempts})" if f.finalization else "")
+                    ),
                 ),
+                None,
             )
-        except (ApiError, TimeoutError) as exc:
+        except (ApiError, TimeoutError, ServerUnreachable) as exc:
             fail(f"run {run_id} did not commit: {exc}")
             return EXIT_NOT_COMMITTED
         say(f"finalization: committed; {workdir} copied back to the workspace")
         return code
+
+    def _patient(self, what: str, step: Callable[[], T], keeper: RuntimeLeaseKeeper | None) -> T:
+        """`step()`, repeated while the server cannot be reached (the request never got
+        through, so repeating is safe): until the lease's local deadline, after which
+        `ensure_held` declares the lease lost, or for 10 minutes without a lease."""
+        give_up = time.monotonic() + PATIENCE_SECONDS
+        while True:
+            try:
+                return step()
+            except ServerUnreachable as exc:
+                if keeper is not None and keeper.lost:
+                    raise LeaseLost(keeper.lost_reason or "lost") from exc
+                if keeper is None and time.monotonic() >= give_up:
+                    raise
+                say(f"{what}: server unreachable ({exc.reason}); retrying")
+                time.sleep(2)
 
     def _checkpoint(
         self,
