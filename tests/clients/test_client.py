@@ -155,6 +155,9 @@ def test_session_checkpoint_round_trip_saves_only_what_changed(
     (session / "run.sh").write_text("#!/bin/sh\n")
     (session / "run.sh").chmod(0o700)
     (session / "big.bin").write_bytes(os.urandom(10_000))  # 4 chunks of at most 3 KiB
+    (tmp_path / "elsewhere").mkdir()
+    (session / "link-to-dir").symlink_to(tmp_path / "elsewhere")
+    (session / "link-to-file").symlink_to(session / "empty.txt")
 
     # small limits: 4 KiB parts, 6 KiB writes, so files span parts and saves span writes
     saver = SessionCheckpointer(
@@ -180,6 +183,8 @@ def test_session_checkpoint_round_trip_saves_only_what_changed(
     restored = tmp_path / "restored"
     header = restore(client, run_id, restored)
     assert header["recoveryEvidence"]["normalizedSessionId"] == saver.session_id
+    (session / "link-to-dir").unlink()  # links are not saved
+    (session / "link-to-file").unlink()
     assert snapshot(restored) == snapshot(session)
     # the session id the header records is what the server's restore check compares
     parts = client.checkpoint_read(run_id, normalized_session_id=saver.session_id)

@@ -180,7 +180,8 @@ class SessionCheckpointer:
         if not self.directory.is_dir():
             return files, dirs, contents
         for root, dirnames, filenames in os.walk(self.directory):
-            dirnames.sort()
+            # symlinked directories are skipped like symlinked files (os.walk does not enter them)
+            dirnames[:] = sorted(d for d in dirnames if not (Path(root) / d).is_symlink())
             rel_root = Path(root).relative_to(self.directory)
             for d in dirnames:
                 dirs.add(PurePosixPath(rel_root / d).as_posix())
