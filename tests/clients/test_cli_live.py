@@ -231,13 +231,13 @@ def test_a_cli_paused_past_its_ttl_is_refused_stops_its_command_and_exits_75(
     first = Cli(
         gunicorn_url, world, tmp_path / "a", "sh", "-c",
         'while :; do date +%s%N >> "$S/ticks"; sleep 0.1; done',
-        flags=("--session-dir", str(session), "--checkpoint-every", "1"),
+        flags=("--session-dir", str(session), "--checkpoint-every", "2"),
         env={"S": str(session)},
     )  # fmt: skip
     clis.append(first)
     child = first.child_pid()
     first_run = first.run_id()
-    # Paused just after a checkpoint, a second before the next one: not in the middle of a
+    # Paused just after a checkpoint, two seconds before the next one: not in the middle of a
     # write (one sent before the pause and finished after it would be a write of its own time).
     first.line(r"^paperclip-agent: checkpoint: ")
     os.kill(first.proc.pid, signal.SIGSTOP)  # the CLI only: its command keeps running
@@ -245,10 +245,10 @@ def test_a_cli_paused_past_its_ttl_is_refused_stops_its_command_and_exits_75(
     while psutil.Process(first.proc.pid).status() != psutil.STATUS_STOPPED:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    expire(world.workspace)  # paused past its TTL, on the database clock
-
     second = Cli(gunicorn_url, world, tmp_path / "b", "sh", "-c", "echo b > b.txt")
     clis.append(second)
+    second.line(rf"waiting: workspace lease held by run:{first_run}")  # paused, not yet stale
+    expire(world.workspace)  # paused past its TTL, on the database clock
     assert second.wait() == 0, second.output()
     assert any(f"predecessor: run {first_run}" in line for line in second.out), second.output()
     reclaimed = db_now()
