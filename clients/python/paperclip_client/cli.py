@@ -53,6 +53,7 @@ TTL_MIN, TTL_MAX = 60, 86400
 CONTROLLER_TTL_MAX = 3600
 STOP_GRACE_SECONDS = 10.0
 PATIENCE_SECONDS = 600.0
+PATIENCE_PAUSE_SECONDS = 2.0
 TAIL_BYTES = 4000
 PROG = "paperclip-agent"
 
@@ -302,15 +303,26 @@ class Runner:
         controller: ControllerLeaseKeeper,
         workdir: Path,
     ) -> int:
-        args = self.args
-
         def resumed(_signum: int, _frame: object) -> None:
             # After a pause (SIGSTOP, a suspended VM) ask the server at once whether the
             # leases are still ours rather than at the next scheduled renew.
             runtime.wake()
             controller.wake()
 
-        signal.signal(signal.SIGCONT, resumed)
+        previous_sigcont = signal.signal(signal.SIGCONT, resumed)
+        try:
+            return self._work(run_id, runtime, controller, workdir)
+        finally:
+            signal.signal(signal.SIGCONT, previous_sigcont)
+
+    def _work(
+        self,
+        run_id: str,
+        runtime: RuntimeLeaseKeeper,
+        controller: ControllerLeaseKeeper,
+        workdir: Path,
+    ) -> int:
+        args = self.args
         checkpointer: SessionCheckpointer | None = None
         if args.session_dir:
             session_dir = Path(args.session_dir).resolve()
@@ -399,7 +411,7 @@ class Runner:
                 if keeper is None and time.monotonic() >= give_up:
                     raise
                 say(f"{what}: server unreachable ({exc.reason}); retrying")
-                time.sleep(2)
+                time.sleep(PATIENCE_PAUSE_SECONDS)
 
     def _checkpoint(
         self,
