@@ -12,6 +12,7 @@ import pytest
 from paperclip_client import Client, errors, restore
 from paperclip_client.session import CheckpointError, SessionCheckpointer
 from tests.clients.conftest import World
+from tests.leases.environment.test_cleanup_api import pending_lease
 from tests.leases.factories import expire
 
 pytestmark = pytest.mark.django_db
@@ -224,3 +225,27 @@ def test_a_stale_controller_owner_cannot_write(
 
 def test_recovery_actions_read(client: Client, world: World) -> None:
     assert client.recovery_actions(str(world.issue.pk)) == []
+
+
+def test_environment_cleanup_claim_and_receipt(client: Client, world: World) -> None:
+    lease = pending_lease(world.agent.company)
+    claim = client.cleanup_claim(str(lease.pk))
+    assert claim.stop_only is True
+    assert claim.lease.id == str(lease.pk)
+    assert claim.lease.status == "pending_cleanup"
+    with pytest.raises(errors.CleanupInFlight):
+        client.cleanup_claim(str(lease.pk))
+    settled = client.cleanup_receipt(
+        str(lease.pk),
+        attempt_id=claim.attempt_id,
+        provider_lease_id=str(lease.provider_lease_id),
+        state="stopped",
+    )
+    assert (settled.status, settled.cleanup_status) == ("released", "success")
+    with pytest.raises(errors.CleanupAttemptStale):
+        client.cleanup_receipt(
+            str(lease.pk),
+            attempt_id=claim.attempt_id,
+            provider_lease_id=str(lease.provider_lease_id),
+            state="stopped",
+        )
