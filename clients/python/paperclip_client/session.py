@@ -140,8 +140,10 @@ class SessionCheckpointer:
                 changed=changed_parts,
                 removed=gone if last else [],
             )
-            self._stored.update(name for name in batch)
-        self._first = False
+            # After each write that got through, so a save that fails half-way neither resets
+            # again (dropping what it stored) nor forgets what it stored.
+            self._first = False
+            self._stored.update(batch)
         self._stored -= set(gone)
         self._files = files
         self._dirs = dirs
