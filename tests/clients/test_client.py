@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
+from django.core.wsgi import get_wsgi_application
 
-from paperclip_client import Client, errors, restore
+from paperclip_client import Client, ServerUnreachable, errors, restore
 from paperclip_client.session import CheckpointError, SessionCheckpointer
 from tests.clients.conftest import World
 from tests.leases.environment.test_cleanup_api import pending_lease
@@ -249,3 +251,41 @@ def test_environment_cleanup_claim_and_receipt(client: Client, world: World) -> 
             provider_lease_id=str(lease.provider_lease_id),
             state="stopped",
         )
+
+
+class FailingPut(httpx.BaseTransport):
+    """The app, except that checkpoint writes number `fail_at` (1-based) never get through."""
+
+    def __init__(self, *fail_at: int) -> None:
+        self.app = httpx.WSGITransport(app=get_wsgi_application())
+        self.fail_at = set(fail_at)
+        self.puts = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            self.puts += 1
+            if self.puts in self.fail_at:
+                raise httpx.ConnectError("refused", request=request)
+        return self.app.handle_request(request)
+
+
+def test_a_save_that_fails_half_way_is_completed_by_the_next(
+    client: Client, world: World, tmp_path: Path
+) -> None:
+    run_id = native_run(client, world, tmp_path / "work")
+    owner = controller_owner(client, run_id)
+    session = tmp_path / "session"
+    session.mkdir()
+    for i in range(6):
+        (session / f"f{i}").write_bytes(os.urandom(3000))
+    with Client("http://testserver", world.key, transport=FailingPut(2), retries=0) as flaky:
+        saver = SessionCheckpointer(
+            flaky, run_id, session, owner=lambda: owner, max_part_bytes=4096, max_write_bytes=6144
+        )
+        with pytest.raises(ServerUnreachable):
+            saver.save()  # the first write (with reset) got through, the second did not
+        assert client.checkpoint_header(run_id) is None  # no header yet: nothing to restore
+        saver.save()
+    header = restore(client, run_id, tmp_path / "restored")
+    assert len(header["files"]) == 6
+    assert snapshot(tmp_path / "restored") == snapshot(session)
