@@ -18,14 +18,23 @@ from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from leases.errors import RuntimeLeaseSuperseded
 from leases.models import WorkspaceRuntimeLease
 from leases.selectors import STALE, STALE_REASON, STALE_REASONS, with_stale_reason
 from leases.services import runtime_lease_force_release
+from paperclip.admin import (
+    COMPANY_FILTER,
+    ActivityTimelineMixin,
+    DetailActionsMixin,
+    admin_id_link,
+)
 from paperclip.errors import DomainError
-from paperclip.models import BoardMembership
+from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[WorkspaceRuntimeLease]
@@ -35,6 +44,16 @@ else:  # ModelAdmin is not subscriptable at runtime (no django_stubs_ext monkeyp
     _Queryset = QuerySet
 
 CONFIRMATION_TEMPLATE = "admin/leases/workspaceruntimelease/force_release_confirmation.html"
+
+# docs/leases.md#stale-reasons, in words for the lease's page.
+STALE_REASON_TEXT: dict[str, str] = {
+    "lease_expired": "Its TTL ran out: the owner stopped renewing it.",
+    "owner_issue_missing": "The issue named by its owner key no longer exists.",
+    "owner_issue_hidden": "The issue that owns it is hidden.",
+    "owner_issue_terminal": "The issue that owns it is done or cancelled.",
+    "owner_run_missing": "The run named by its owner key no longer exists.",
+    "owner_run_terminal": "The run that owns it has ended.",
+}
 
 
 class StalenessFilter(admin.SimpleListFilter):
@@ -82,19 +101,21 @@ class ForceReleaseForm(forms.Form):
 
 
 @admin.register(WorkspaceRuntimeLease)
-class WorkspaceRuntimeLeaseAdmin(_ModelAdmin):
+class WorkspaceRuntimeLeaseAdmin(DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
+    # Key columns first: at 1400 px the stale reason and renewal must stay on screen.
     list_display = (
         "execution_workspace",
-        "owner_key",
-        "owner_agent",
-        "last_action",
-        "generation",
-        "expires_at",
+        "company",
         "stale_reason",
+        "owner",
+        "expires_at",
         "renewed_at",
+        "generation",
+        "last_action",
+        "owner_agent",
     )
-    list_select_related = ("execution_workspace", "owner_agent")
-    list_filter = (StalenessFilter, StaleReasonFilter, "last_action")
+    list_select_related = ("execution_workspace", "owner_agent", "company")
+    list_filter = (StalenessFilter, StaleReasonFilter, COMPANY_FILTER, "last_action")
     search_fields = ("owner_key", "execution_workspace__name", "company__name")
     ordering = ("expires_at",)
     actions = ("force_release_selected",)
@@ -116,6 +137,45 @@ class WorkspaceRuntimeLeaseAdmin(_ModelAdmin):
         "updated_at",
     )
     readonly_fields = fields
+
+    def timeline_entity_ids(self, obj: WorkspaceRuntimeLease) -> list[str]:
+        # Lease audit rows name the workspace (the lease row itself is deleted on release).
+        return [str(obj.pk), str(obj.execution_workspace_id)]
+
+    @admin.display(description="owner", ordering="owner_key")
+    def owner(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
+        kind, _, ident = lease.owner_key.partition(":")
+        model = {"issue": Issue, "run": HeartbeatRun, "agent": Agent}.get(kind)
+        target = {
+            "issue": lease.owner_issue_id,
+            "run": lease.owner_run_id,
+            "agent": lease.owner_agent_id,
+        }.get(kind)
+        if model is None or target is None or str(target) != ident:
+            return format_html("<code>{}</code>", lease.owner_key)
+        return admin_id_link(model, target, format_html("<code>{}</code>", lease.owner_key))
+
+    def detail_panels(self, request: HttpRequest, obj: WorkspaceRuntimeLease) -> list[SafeString]:
+        reason = getattr(obj, STALE_REASON, None)
+        return [
+            SafeString(
+                render_to_string(
+                    "admin/leases/workspaceruntimelease/stale_panel.html",
+                    {"lease": obj, "reason": reason, "text": STALE_REASON_TEXT.get(reason or "")},
+                )
+            )
+        ]
+
+    def detail_actions(
+        self, request: HttpRequest, obj: WorkspaceRuntimeLease
+    ) -> list[dict[str, Any]]:
+        return [
+            {
+                "action": "force_release_selected",
+                "label": "Force-release this lease…",
+                "primary": bool(getattr(obj, STALE_REASON, None)),
+            }
+        ]
 
     def get_queryset(self, request: HttpRequest) -> _Queryset:
         queryset = with_stale_reason(super().get_queryset(request))

@@ -10,17 +10,23 @@ Staff users who are not superusers see only the companies they are board members
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
-from django.http import HttpRequest
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from procrastinate.contrib.django import app as procrastinate_app
 from procrastinate.contrib.django.admin import ProcrastinateJobAdmin
 from procrastinate.contrib.django.models import (
@@ -30,6 +36,7 @@ from procrastinate.contrib.django.models import (
 )
 
 from paperclip.activity import activity_record
+from paperclip.admin_site import member_company_ids
 from paperclip.credentials import agent_key_revoke, board_token_revoke
 from paperclip.errors import DomainError
 from paperclip.models import (
@@ -49,7 +56,15 @@ from paperclip.models import (
     WorkerProcess,
     WorkspaceOperation,
 )
+from paperclip.selectors.attention import (
+    expired_authority_coordinators,
+    failed_finalizations,
+    retrying_finalizations,
+)
+from paperclip.selectors.run_related import run_related
 from paperclip.services import absolute_path_error
+from recovery.selectors.finalization import finalization_state
+from recovery.services import finalization_request
 
 # Django's admin and form classes are not subscriptable at runtime (no django-stubs-ext patch).
 if TYPE_CHECKING:
@@ -64,13 +79,132 @@ else:
 
 def _member_company_ids(request: HttpRequest) -> list[Any] | None:
     """Companies the staff user may see in the admin; None means all (superuser)."""
-    user: Any = request.user
-    if user.is_superuser:
+    return member_company_ids(request)
+
+
+class CompanyListFilter(admin.RelatedFieldListFilter):
+    """The company filter, offering only the operator's companies (the stock one would list
+    every company's name to any staff user)."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[Any]:
+        ids = member_company_ids(request)
+        companies = Company.objects.order_by("name")
+        if ids is not None:
+            companies = companies.filter(pk__in=ids)
+        return [(c.pk, c.name) for c in companies]
+
+
+COMPANY_FILTER = ("company", CompanyListFilter)
+
+
+def admin_link(obj: Any, label: Any = None) -> SafeString | str:
+    """A link to `obj`'s admin page (its change view); plain text if it has none. Pages are
+    company-scoped, so a link never shows more than the operator may see."""
+    if obj is None:
+        return "—"
+    opts = obj._meta
+    if not admin.site.is_registered(type(obj)):
+        return str(label if label is not None else obj)
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, label if label is not None else obj)
+
+
+def admin_id_link(model: Any, pk: Any, label: Any = None) -> SafeString | str:
+    """A link to the object of `model` with primary key `pk` (not loaded)."""
+    if pk is None:
+        return "—"
+    opts = model._meta
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    return format_html('<a href="{}">{}</a>', url, label if label is not None else pk)
+
+
+class ActivityTimelineMixin:
+    """The HISTORY page of a state-bearing object is its audit timeline: the ActivityEvent
+    rows naming it (`timeline_entity_ids`) or, for runs, carrying its run id."""
+
+    timeline_limit: int = 500
+
+    def timeline_entity_ids(self, obj: Any) -> list[str]:
+        return [str(obj.pk)]
+
+    def timeline_run_id(self, obj: Any) -> Any:
         return None
-    return list(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        model_admin: Any = self
+        obj = model_admin.get_object(request, unquote(object_id))
+        if obj is None:
+            return model_admin._get_obj_does_not_exist_redirect(
+                request, model_admin.model._meta, object_id
+            )
+        if not model_admin.has_view_or_change_permission(request, obj):
+            raise PermissionDenied
+        condition = Q(entity_id__in=self.timeline_entity_ids(obj))
+        run_id = self.timeline_run_id(obj)
+        if run_id is not None:
+            condition |= Q(run_id=run_id)
+        events = ActivityEvent.objects.filter(condition)
+        company_id = getattr(obj, "company_id", None)
+        if company_id is not None:
+            events = events.filter(company_id=company_id)
+        ids = member_company_ids(request)
+        if ids is not None:
+            events = events.filter(company_id__in=ids)
+        rows = list(events.order_by("-created_at", "-id")[: self.timeline_limit])
+        opts = model_admin.model._meta
+        context = {
+            **model_admin.admin_site.each_context(request),
+            "title": f"Activity of {obj}",
+            "subtitle": None,
+            "object": obj,
+            "opts": opts,
+            "events": [
+                (event, json.dumps(event.details, indent=2, sort_keys=True)) for event in rows
+            ],
+            "limit": self.timeline_limit,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/console/timeline.html", context)
 
 
-class CompanyScopedAdmin(_ModelAdmin):
+class DetailActionsMixin:
+    """Actions as buttons on the detail page: each button posts the object to the changelist's
+    own action (same confirmation page, same service, same permission), and panels that say
+    in words why the object needs attention appear above its fields."""
+
+    change_form_template: ClassVar[Any] = "admin/console/change_form.html"
+
+    def detail_actions(self, request: HttpRequest, obj: Any) -> list[dict[str, Any]]:
+        return []
+
+    def detail_panels(self, request: HttpRequest, obj: Any) -> list[SafeString]:
+        return []
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        model_admin: Any = self
+        obj = model_admin.get_object(request, unquote(object_id))
+        extra = dict(extra_context or {})
+        if obj is not None:
+            actions = model_admin.get_actions(request)
+            extra["console_actions"] = [
+                item for item in self.detail_actions(request, obj) if item["action"] in actions
+            ]
+            extra["console_panels"] = self.detail_panels(request, obj)
+        response: HttpResponse = super().change_view(  # type: ignore[misc]
+            request, object_id, form_url, extra
+        )
+        return response
+
+
+class CompanyScopedAdmin(DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
     """Limits rows (and foreign-key choices) to the user's companies."""
 
     company_lookup = "company_id"
@@ -144,7 +278,7 @@ class CompanyAdmin(AuditedAdmin):
 class BoardMembershipAdmin(AuditedAdmin):
     audit_entity = "board_membership"
     list_display = ("user", "company", "created_at")
-    list_filter = ("company",)
+    list_filter = (COMPANY_FILTER,)
     search_fields = ("user__username", "company__name")
     autocomplete_fields = ("company",)
     readonly_fields = ("created_at",)
@@ -166,7 +300,7 @@ class AgentApiKeyInline(_TabularInline):
 class AgentAdmin(AuditedAdmin):
     audit_entity = "agent"
     list_display = ("name", "company", "status", "id", "created_at")
-    list_filter = ("status", "company")
+    list_filter = ("status", COMPANY_FILTER)
     search_fields = ("name", "id")
     autocomplete_fields = ("company",)
     readonly_fields = ("id", "created_at", "updated_at")
@@ -203,7 +337,10 @@ class _CredentialAdmin(ReadOnlyAdmin):
 class AgentApiKeyAdmin(_CredentialAdmin):
     company_lookup = "agent__company_id"
     list_display = ("__str__", "agent", "name", "active", "created_at", "last_used_at")
-    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "agent__company")
+    list_filter = (
+        ("revoked_at", admin.EmptyFieldListFilter),
+        ("agent__company", CompanyListFilter),
+    )
     search_fields = ("prefix", "name", "agent__name", "agent__id")
     list_select_related = ("agent",)
     exclude = ("secret_sha256",)
@@ -277,7 +414,7 @@ class IssueAdmin(AuditedAdmin):
         "hidden_at",
         "updated_at",
     )
-    list_filter = ("status", ("hidden_at", admin.EmptyFieldListFilter), "company")
+    list_filter = ("status", ("hidden_at", admin.EmptyFieldListFilter), COMPANY_FILTER)
     search_fields = ("title", "id")
     list_select_related = ("company", "assignee_agent")
     autocomplete_fields = ("company", "assignee_agent", "execution_workspace")
@@ -320,7 +457,7 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
     form = ExecutionWorkspaceAdminForm
     audit_entity = "execution_workspace"
     list_display = ("name", "company", "status", "cwd", "runtime_lease_generation", "last_used_at")
-    list_filter = ("status", "provider_type", "company")
+    list_filter = ("status", "provider_type", COMPANY_FILTER)
     search_fields = ("name", "id", "cwd")
     list_select_related = ("company",)
     autocomplete_fields = ("company", "source_issue")
@@ -335,8 +472,41 @@ class ExecutionWorkspaceSnapshotAdmin(ReadOnlyAdmin):
     search_fields = ("id", "execution_workspace__id")
 
 
+class _FinalizeNowMixin:
+    """ "Finalize now" (list action and detail button): `finalization_request`, as
+    `POST /api/heartbeat-runs/{id}/finalize` does; audited `run.finalization_requested`."""
+
+    def has_finalize_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_staff)
+
+    def _finalize_each(self, request: HttpRequest, runs: list[tuple[Any, Any]]) -> None:
+        model_admin: Any = self
+        queued, unchanged, failed = 0, 0, []
+        for company_id, run_id in runs:
+            try:
+                answer = finalization_request(
+                    company_id=company_id,
+                    run_id=run_id,
+                    actor_type="user",
+                    actor_id=str(request.user.pk),
+                )
+            except DomainError as exc:
+                failed.append(f"{run_id}: {exc.code}")
+                continue
+            if answer.created:
+                queued += 1
+            else:
+                unchanged += 1
+        model_admin.message_user(
+            request,
+            f"Finalization queued for {queued}; already queued or committed {unchanged}; "
+            f"failed: {', '.join(failed) or 'none'}",
+            messages.WARNING if failed else messages.SUCCESS,
+        )
+
+
 @admin.register(HeartbeatRun)
-class HeartbeatRunAdmin(ReadOnlyAdmin):
+class HeartbeatRunAdmin(_FinalizeNowMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "company",
@@ -348,27 +518,157 @@ class HeartbeatRunAdmin(ReadOnlyAdmin):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "runtime_mode", "native_phase", "company")
-    search_fields = ("id", "agent__name", "issue__title", "issue__id")
+    list_filter = ("status", "runtime_mode", "native_phase", COMPANY_FILTER)
+    search_fields = ("=id", "agent__name", "issue__title", "=issue__id")
     list_select_related = ("company", "agent", "issue")
     date_hierarchy = "created_at"
+    actions = ("finalize_now",)
+    readonly_fields = ("related_objects",)
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "company",
+                    "agent",
+                    "issue",
+                    "native_issue",
+                    "execution_workspace",
+                    "status",
+                    "runtime_mode",
+                    "native_phase",
+                    "native_phase_updated_at",
+                    "execution_stage",
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                )
+            },
+        ),
+        ("Related", {"fields": ("related_objects",)}),
+        (
+            "Controller and profile",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "controller_boot_id",
+                    "controller_lease_expires_at",
+                    "process_pid",
+                    "process_started_at",
+                    "completion_contract_id",
+                    "native_session_id",
+                    "runner_profile_json",
+                    "context_snapshot",
+                    "result_json",
+                ),
+            },
+        ),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [
+            "related_objects",
+            *(f.name for f in HeartbeatRun._meta.fields),
+        ]
+
+    def timeline_run_id(self, obj: HeartbeatRun) -> Any:
+        return obj.pk
+
+    @admin.display(description="lease, actions, checkpoints, coordinator, operations, audit")
+    def related_objects(self, obj: HeartbeatRun) -> SafeString:
+        related = run_related(obj)
+        state = (
+            finalization_state(obj, coordinator=related.coordinator)
+            if related.coordinator is not None
+            else None
+        )
+        return SafeString(  # rendered through an autoescaping template
+            render_to_string(
+                "admin/console/run_related.html",
+                {"run": obj, "related": related, "finalization": state},
+            )
+        )
+
+    def detail_actions(self, request: HttpRequest, obj: HeartbeatRun) -> list[dict[str, Any]]:
+        if obj.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE:
+            return []
+        coordinator = NativeRunFinalization.objects.filter(run_id=obj.pk).first()
+        if coordinator is None or coordinator.result_id is None or coordinator.phase == "committed":
+            return []
+        return [{"action": "finalize_now", "label": "Finalize now", "primary": True}]
+
+    @admin.action(description="Finalize selected runs now", permissions=["finalize"])
+    def finalize_now(self, request: HttpRequest, queryset: QuerySet[HeartbeatRun]) -> None:
+        self._finalize_each(request, list(queryset.order_by("pk").values_list("company_id", "pk")))
+
+
+class CoordinatorAttentionFilter(admin.SimpleListFilter):
+    """The dashboard's finalization tiles (paperclip.selectors.attention builders)."""
+
+    title = "needs attention"
+    parameter_name = "attention"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("failed", "Failed (retries spent)"),
+            ("retrying", "Retrying"),
+            ("authority_expired", "Expired runner authority"),
+        ]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[NativeRunFinalization]
+    ) -> QuerySet[NativeRunFinalization]:
+        if self.value() == "failed":
+            return failed_finalizations(queryset)
+        if self.value() == "retrying":
+            return retrying_finalizations(queryset)
+        if self.value() == "authority_expired":
+            return expired_authority_coordinators(queryset)
+        return queryset
 
 
 @admin.register(NativeRunFinalization)
-class NativeRunFinalizationAdmin(ReadOnlyAdmin):
+class NativeRunFinalizationAdmin(_FinalizeNowMixin, ReadOnlyAdmin):
     list_display = (
-        "run",
+        "run_link",
         "company",
         "phase",
         "attempt",
         "controller_generation",
         "lease_expires_at",
         "failure_code",
+        "next_attempt_at",
         "updated_at",
     )
-    list_filter = ("phase", "company")
-    search_fields = ("run__id", "issue__id", "lease_owner")
+    list_filter = (CoordinatorAttentionFilter, "phase", COMPANY_FILTER)
+    search_fields = ("=run__id", "=issue__id", "lease_owner")
     list_select_related = ("company",)
+    actions = ("finalize_now",)
+
+    def timeline_entity_ids(self, obj: NativeRunFinalization) -> list[str]:
+        return [str(obj.pk)]
+
+    def timeline_run_id(self, obj: NativeRunFinalization) -> Any:
+        return obj.pk
+
+    @admin.display(description="run", ordering="run_id")
+    def run_link(self, obj: NativeRunFinalization) -> SafeString | str:
+        return admin_id_link(HeartbeatRun, obj.run_id)
+
+    def detail_actions(
+        self, request: HttpRequest, obj: NativeRunFinalization
+    ) -> list[dict[str, Any]]:
+        if obj.result_id is None or obj.phase == NativeRunFinalization.Phase.COMMITTED:
+            return []
+        label = "Retry finalization now" if obj.failure_code else "Finalize now"
+        return [{"action": "finalize_now", "label": label, "primary": True}]
+
+    @admin.action(description="Finalize selected runs now", permissions=["finalize"])
+    def finalize_now(self, request: HttpRequest, queryset: QuerySet[NativeRunFinalization]) -> None:
+        self._finalize_each(
+            request, list(queryset.order_by("pk").values_list("company_id", "run_id"))
+        )
 
 
 @admin.register(NativeRunResult)
@@ -381,7 +681,7 @@ class NativeRunResultAdmin(ReadOnlyAdmin):
         "caller_result_id",
         "created_at",
     )
-    list_filter = ("schema_status", "company")
+    list_filter = ("schema_status", COMPANY_FILTER)
     search_fields = ("id", "run__id", "caller_result_id", "server_fingerprint")
 
 
@@ -397,7 +697,7 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
         "started_at",
         "finished_at",
     )
-    list_filter = ("phase", "status", "company")
+    list_filter = ("phase", "status", COMPANY_FILTER)
     search_fields = ("id", "heartbeat_run__id", "execution_workspace__id", "command")
     date_hierarchy = "started_at"
 
@@ -405,7 +705,7 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
 @admin.register(ActivityEvent)
 class ActivityEventAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "action", "actor_type", "actor_id", "entity_type", "entity_id")
-    list_filter = ("action", "actor_type", "entity_type", "company")
+    list_filter = ("action", "actor_type", "entity_type", COMPANY_FILTER)
     search_fields = ("entity_id", "actor_id")
     date_hierarchy = "created_at"
 

@@ -86,7 +86,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "paperclip.admin_site.PaperclipAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -170,6 +170,8 @@ AUTH_PASSWORD_VALIDATORS = [
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
+# Absolute times name their zone everywhere in the console (paperclip/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["paperclip.formats"]
 USE_TZ = True
 
 STATIC_URL = "static/"

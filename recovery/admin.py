@@ -15,18 +15,27 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from paperclip.access import board_actor
+from paperclip.admin import (
+    COMPANY_FILTER,
+    ActivityTimelineMixin,
+    DetailActionsMixin,
+    admin_id_link,
+)
 from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
 from paperclip.models import BoardMembership, HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
+from paperclip.selectors.attention import held_finalization_actions
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
+from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
@@ -45,6 +54,8 @@ else:
 
 
 _ALL_FIELDS = (
+    "company",
+    "run",
     "source_issue",
     "kind",
     "status",
@@ -102,27 +113,84 @@ def _company_ids(request: HttpRequest) -> list[UUID] | None:
     return list(memberships.values_list("company_id", flat=True))
 
 
+class HoldFilter(admin.SimpleListFilter):
+    """The dashboard's "held for the board" tile: owner-unverified holds not yet confirmed
+    (`paperclip.selectors.attention.held_finalization_actions`)."""
+
+    title = "board hold"
+    parameter_name = "hold"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("board", "Waiting for the board")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
+    ) -> QuerySet[IssueRecoveryAction]:
+        if self.value() == "board":
+            return held_finalization_actions(queryset)
+        return queryset
+
+
+_DETAILS_FIELDSET = (
+    "Details",
+    {
+        "fields": (
+            "evidence_pretty",
+            "fingerprint",
+            "attempt_count",
+            "max_attempts",
+            "return_owner_agent",
+            "owner_agent",
+            "wake_policy",
+            "resolution_note",
+            "created_at",
+            "updated_at",
+            "resolved_at",
+        )
+    },
+)
+
+
+def _is_owner_hold(obj: IssueRecoveryAction | None) -> bool:
+    return obj is not None and obj.cause == OWNER_UNVERIFIED_CAUSE
+
+
 @admin.register(IssueRecoveryAction)
-class IssueRecoveryActionAdmin(_ActionAdmin):
+class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _ActionAdmin):
     list_display = (
         "id",
+        "company",
         "source_issue",
-        "cause",
+        "run",
+        "cause_short",
         "status",
         "owner_type",
         "attempts",
+        "created_at",
         "updated_at",
     )
-    list_filter = ("status", "cause", "owner_type", "kind")
-    search_fields = ("cause", "fingerprint", "next_action", "source_issue__title")
+    list_filter = (HoldFilter, "status", "cause", "owner_type", "kind", COMPANY_FILTER)
+    list_select_related = ("company", "source_issue")
+    search_fields = ("=id", "cause", "fingerprint", "next_action", "source_issue__title")
     ordering = ("-updated_at",)
     actions = ("confirm_owner_stop",)
     fieldsets = (
-        (None, {"fields": ("source_issue", "kind", "status", "owner_type", "cause", "outcome")}),
         (
-            "What to do",
-            {"fields": ("next_action", "recorded_owner", "current_receipt", "owner_stop")},
+            None,
+            {
+                "fields": (
+                    "company",
+                    "source_issue",
+                    "run",
+                    "kind",
+                    "status",
+                    "owner_type",
+                    "cause",
+                    "outcome",
+                )
+            },
         ),
+        ("What to do", {"fields": ("next_action",)}),
         ("Recovery source", {"fields": ("recovery_source",)}),
         (
             "Details",
@@ -144,8 +212,72 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
         ),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Panels only where they apply: an owner hold is about the recorded owner, never about
+        # a recovery source (whose inspection would fail for reasons unrelated to the hold).
+        if _is_owner_hold(obj):
+            return (
+                self.fieldsets[0],
+                (
+                    "What to do",
+                    {
+                        "fields": (
+                            "next_action",
+                            "recorded_owner",
+                            "current_receipt",
+                            "owner_stop",
+                        )
+                    },
+                ),
+                _DETAILS_FIELDSET,
+            )
+        return self.fieldsets
+
+    def timeline_entity_ids(self, obj: IssueRecoveryAction) -> list[str]:
+        return [str(obj.pk)]
+
+    def timeline_run_id(self, obj: IssueRecoveryAction) -> Any:
+        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        return parse_uuid(evidence.get("runId"))
+
+    def detail_panels(self, request: HttpRequest, obj: IssueRecoveryAction) -> list[SafeString]:
+        if not _is_owner_hold(obj):
+            return []
+        verdict = owner_hold_verdict(obj)
+        return [
+            SafeString(
+                render_to_string(
+                    "admin/recovery/verdict_panel.html", {"verdict": verdict, "action": obj}
+                )
+            )
+        ]
+
+    def detail_actions(
+        self, request: HttpRequest, obj: IssueRecoveryAction
+    ) -> list[dict[str, Any]]:
+        if not held_finalization_actions().filter(pk=obj.pk).exists():
+            return []
+        return [
+            {
+                "action": "confirm_owner_stop",
+                "label": "Confirm owner stopped and resume finalization…",
+                "primary": True,
+            }
+        ]
+
+    @admin.display(description="cause", ordering="cause")
+    def cause_short(self, obj: IssueRecoveryAction) -> SafeString:
+        short = obj.cause.removeprefix("native_workspace_finalization_").replace("_", " ")
+        return format_html('<span title="{}">{}</span>', obj.cause, short)
+
+    @admin.display(description="run")
+    def run(self, obj: IssueRecoveryAction) -> SafeString | str:
+        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        run_id = parse_uuid(evidence.get("runId"))
+        return admin_id_link(HeartbeatRun, run_id) if run_id is not None else "—"
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[IssueRecoveryAction]:
-        qs = super().get_queryset(request).select_related("source_issue")
+        qs = super().get_queryset(request).select_related("source_issue", "company")
         company_ids = _company_ids(request)
         return qs if company_ids is None else qs.filter(company_id__in=company_ids)
 
@@ -162,6 +294,11 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
         self, request: HttpRequest, obj: IssueRecoveryAction | None = None
     ) -> bool:
         return False
+
+    def has_change_permission(
+        self, request: HttpRequest, obj: IssueRecoveryAction | None = None
+    ) -> bool:
+        return False  # read-only: no Save buttons; state moves only through the actions
 
     def has_confirm_owner_stop_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
@@ -187,7 +324,7 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
         return f"{owner_line(owner)} (token {token})"
 
     @admin.display(description="run's current receipt")
-    def current_receipt(self, obj: IssueRecoveryAction) -> str:
+    def current_receipt(self, obj: IssueRecoveryAction) -> SafeString | str:
         evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
         run_id = evidence.get("runId")
         run = (
@@ -198,10 +335,17 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
         if run is None:
             return "run not found"
         current = raw_owner(run.runner_profile_json)
+        link = format_html(
+            '<a href="{}">run {}</a>',
+            reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]),
+            run.pk,
+        )
         if current is None:
-            return f"run {run.pk}: no owner receipt (phase {run.native_phase}, {run.status})"
+            return format_html(
+                "{}: no owner receipt (phase {}, {})", link, run.native_phase, run.status
+            )
         token = current.get("token") if isinstance(current, dict) else None
-        return f"run {run.pk}: {owner_line(current)} (token {token})"
+        return format_html("{}: {} (token {})", link, owner_line(current), token)
 
     @admin.display(description="owner stop confirmation")
     def owner_stop(self, obj: IssueRecoveryAction) -> str:
@@ -275,7 +419,13 @@ class IssueRecoveryActionAdmin(_ActionAdmin):
             **self.admin_site.each_context(request),
             "title": "Confirm owner stopped and resume finalization",
             "holds": [
-                (hold, self.recorded_owner(hold), self.current_receipt(hold)) for hold in holds
+                (
+                    hold,
+                    self.recorded_owner(hold),
+                    self.current_receipt(hold),
+                    owner_hold_verdict(hold),
+                )
+                for hold in holds
             ],
             "form": form,
             "opts": self.model._meta,

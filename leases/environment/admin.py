@@ -14,16 +14,71 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from leases.environment.export_resume import (
     export_resume_has,
+    export_resume_problem,
     export_resume_read,
     stop_only_cleanup_has,
+    stop_only_cleanup_problem,
 )
 from leases.models import EnvironmentLease
-from paperclip.admin import AuditedAdmin, ReadOnlyAdmin
+from paperclip.admin import COMPANY_FILTER, AuditedAdmin, ReadOnlyAdmin
 from paperclip.models import Environment
+from paperclip.selectors.attention import cleanup_attention, failed_cleanups
+
+
+class StopOnlyFilter(admin.SimpleListFilter):
+    """Stop-only intents that do not bind to their lease are never cleaned up automatically;
+    this finds them (the dashboard's "invalid stop-only marker" tile links here)."""
+
+    title = "stop-only marker"
+    parameter_name = "stop_only"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("invalid", "Invalid (operator must inspect)"), ("any", "Present")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[EnvironmentLease]
+    ) -> QuerySet[EnvironmentLease]:
+        if self.value() == "invalid":
+            # Validity is the Python reader's verdict; scan only rows that carry an intent.
+            candidates = queryset.filter(
+                metadata__has_any_keys=["nativeWorkspaceExportResume", "sandboxStopAndRetain"]
+            ).only(
+                "id", "company_id", "heartbeat_run_id", "provider", "provider_lease_id", "metadata"
+            )
+            ids = [lease.pk for lease in candidates if stop_only_cleanup_problem(lease)]
+            return queryset.filter(pk__in=ids)
+        if self.value() == "any":
+            return queryset.filter(
+                metadata__has_any_keys=["nativeWorkspaceExportResume", "sandboxStopAndRetain"]
+            )
+        return queryset
+
+
+class CleanupAttentionFilter(admin.SimpleListFilter):
+    """The dashboard's cleanup tiles (paperclip.selectors.attention builders)."""
+
+    title = "needs attention"
+    parameter_name = "attention"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("cleanup_failed", "Cleanup failed"), ("claim_overdue", "Claimed too long")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[EnvironmentLease]
+    ) -> QuerySet[EnvironmentLease]:
+        if self.value() == "cleanup_failed":
+            return failed_cleanups(queryset)
+        if self.value() == "claim_overdue":
+            ids = [pk for pk, _ in cleanup_attention(queryset)["claim_overdue"]]
+            return queryset.filter(pk__in=ids)
+        return queryset
 
 
 class EnvironmentLeaseAdmin(ReadOnlyAdmin):
@@ -37,10 +92,19 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         "cleanup_status",
         "failure_reason",
         "stop_only",
+        "marker_state",
         "cleanup_claim",
         "released_at",
     )
-    list_filter = ("status", "lease_policy", "cleanup_status", "provider")
+    list_filter = (
+        CleanupAttentionFilter,
+        StopOnlyFilter,
+        "status",
+        "lease_policy",
+        "cleanup_status",
+        "provider",
+        COMPANY_FILTER,
+    )
     search_fields = ("=id", "=provider_lease_id", "=heartbeat_run__id")
     list_select_related = ("company",)
     ordering = ("-last_used_at",)
@@ -62,9 +126,32 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         "failure_reason",
         "cleanup_status",
         "export_resume_marker",
+        "stop_only_check",
         "metadata",
     )
     fields = readonly_fields
+
+    @admin.display(description="marker")
+    def marker_state(self, lease: EnvironmentLease) -> SafeString | str:
+        if not stop_only_cleanup_has(lease):
+            return "—"
+        problem = stop_only_cleanup_problem(lease)
+        if problem is None:
+            return "valid"
+        return format_html('<strong class="errornote" title="{}">INVALID</strong>', problem)
+
+    @admin.display(description="stop-only check")
+    def stop_only_check(self, lease: EnvironmentLease) -> SafeString | str:
+        if not stop_only_cleanup_has(lease):
+            return "no stop-only intent"
+        problem = stop_only_cleanup_problem(lease)
+        if problem is None:
+            return "valid: cleanup may only stop this allocation, never destroy it"
+        return format_html(
+            '<p class="errornote">Invalid, never cleaned up automatically: {}. Inspect the '
+            "metadata: the allocation may hold unexported work.</p>",
+            problem,
+        )
 
     @admin.display(description="stop only", boolean=True)
     def stop_only(self, lease: EnvironmentLease) -> bool:
@@ -83,7 +170,7 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
             return "none"
         marker = export_resume_read(lease)
         if marker is None:
-            return "INVALID: does not bind to this lease (never cleaned up automatically)"
+            return f"INVALID: {export_resume_problem(lease)} (never cleaned up automatically)"
         return f"{marker.schema} request {marker.request_id} result {marker.result_id}"
 
 

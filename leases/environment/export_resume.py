@@ -136,18 +136,29 @@ def _nonempty_str(value: object) -> bool:
     return isinstance(value, str) and value != ""
 
 
+def _binding_problem(intent: Mapping[str, Any], lease: EnvironmentLease) -> str | None:
+    """Which binding check fails first (company, run, lease, provider, allocation), or None."""
+    if lease.heartbeat_run_id is None:
+        return "the lease has no run"
+    if not _nonempty_str(lease.provider):
+        return "the lease has no provider"
+    if not _nonempty_str(lease.provider_lease_id):
+        return "the lease has no provider allocation id"
+    for key, expected in (
+        ("companyId", str(lease.company_id)),
+        ("runId", str(lease.heartbeat_run_id)),
+        ("leaseId", str(lease.id)),
+        ("provider", lease.provider),
+        ("providerLeaseId", lease.provider_lease_id),
+    ):
+        if intent.get(key) != expected:
+            return f"{key} does not equal the lease's ({intent.get(key)!r} != {expected!r})"
+    return None
+
+
 def _binds_to_lease(intent: Mapping[str, Any], lease: EnvironmentLease) -> bool:
     """Company, run, lease, provider and allocation of an intent all equal the row's."""
-    return (
-        lease.heartbeat_run_id is not None
-        and _nonempty_str(lease.provider)
-        and _nonempty_str(lease.provider_lease_id)
-        and intent.get("companyId") == str(lease.company_id)
-        and intent.get("runId") == str(lease.heartbeat_run_id)
-        and intent.get("leaseId") == str(lease.id)
-        and intent.get("provider") == lease.provider
-        and intent.get("providerLeaseId") == lease.provider_lease_id
-    )
+    return _binding_problem(intent, lease) is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,40 +186,57 @@ def export_resume_read(lease: EnvironmentLease) -> ExportResumeMarker | None:
     `resultId`; plugin pin: a v1 marker *without* a `pluginId` key falls back to the lease's
     `metadata.pluginId` (v1 predates the explicit pin), otherwise the marker's own `pluginId`
     is used even when invalid (an explicit pin is never overridden); the pin must be a
-    non-empty string equal to `metadata.pluginId`.
+    non-empty string equal to `metadata.pluginId`. `export_resume_problem` names the failed
+    rule: both read the same checks.
     """
+    return _export_resume_check(lease)[0]
+
+
+def export_resume_problem(lease: EnvironmentLease) -> str | None:
+    """Why the lease's export-resume marker is unreadable, in words (the first failed check),
+    or None when it is absent or valid."""
+    if not export_resume_has(lease):
+        return None
+    return _export_resume_check(lease)[1]
+
+
+def _export_resume_check(lease: EnvironmentLease) -> tuple[ExportResumeMarker | None, str | None]:
     metadata = _metadata(lease)
     marker = metadata.get(EXPORT_RESUME_KEY)
     if not isinstance(marker, dict):
-        return None
+        return None, "the marker is not a JSON object"
     schema = marker.get("schema")
     request_id = marker.get("requestId")
     result_id = marker.get("resultId")
-    if (
-        schema not in EXPORT_RESUME_SCHEMAS
-        or not _binds_to_lease(marker, lease)
-        or not isinstance(request_id, str)
-        or not request_id
-        or not isinstance(result_id, str)
-        or not result_id
-    ):
-        return None
+    if schema not in EXPORT_RESUME_SCHEMAS:
+        return None, f"unknown schema {schema!r}"
+    if problem := _binding_problem(marker, lease):
+        return None, problem
+    if not isinstance(request_id, str) or not request_id:
+        return None, "requestId is missing or empty"
+    if not isinstance(result_id, str) or not result_id:
+        return None, "resultId is missing or empty"
     lease_plugin = metadata.get("pluginId")
     pin = (
         lease_plugin
         if schema == EXPORT_RESUME_V1 and "pluginId" not in marker
         else marker.get("pluginId")
     )
-    if not isinstance(pin, str) or not pin or pin != lease_plugin:
-        return None
+    if not isinstance(pin, str) or not pin:
+        return None, "the plugin pin (pluginId) is missing or empty"
+    if pin != lease_plugin:
+        return None, f"the plugin pin {pin!r} does not equal the lease's pluginId {lease_plugin!r}"
     purpose = marker.get("purpose")
-    return ExportResumeMarker(
-        schema=str(schema),
-        request_id=request_id,
-        result_id=result_id,
-        plugin_id=pin,
-        purpose=purpose if isinstance(purpose, str) else None,
-        raw=marker,
+    return (
+        ExportResumeMarker(
+            schema=str(schema),
+            request_id=request_id,
+            result_id=result_id,
+            plugin_id=pin,
+            purpose=purpose if isinstance(purpose, str) else None,
+            raw=marker,
+        ),
+        None,
     )
 
 
@@ -236,31 +264,55 @@ def stop_only_cleanup_read(lease: EnvironmentLease) -> StopOnlyIntent | None:
     generic `sandboxStopAndRetain` intent must carry its schema, bind to company, run, lease,
     provider and allocation, have a non-empty `requestId`, and name exactly one owner: a
     built-in provider equal to `lease.provider` (no plugin pins anywhere), or a `pluginId`
-    equal to the lease's `metadata.pluginId`.
+    equal to the lease's `metadata.pluginId`. `stop_only_cleanup_problem` names the failed
+    rule: both read the same checks.
     """
-    if export_resume_has(lease):
-        marker = export_resume_read(lease)
-        if marker is None:
-            return None
-        return StopOnlyIntent("export_resume", marker.request_id, marker.plugin_id, None)
-    metadata = _metadata(lease)
-    intent = metadata.get(STOP_AND_RETAIN_KEY)
-    if (
-        not isinstance(intent, dict)
-        or intent.get("schema") != STOP_AND_RETAIN_SCHEMA
-        or not _binds_to_lease(intent, lease)
-        or not _nonempty_str(intent.get("requestId"))
-    ):
+    return _stop_only_check(lease)[0]
+
+
+def stop_only_cleanup_problem(lease: EnvironmentLease) -> str | None:
+    """Why a present stop-only intent is invalid, in words (`<key>: <first failed check>`), or
+    None when there is none or it is valid. Such a lease is never cleaned up automatically."""
+    if not stop_only_cleanup_has(lease):
         return None
+    return _stop_only_check(lease)[1]
+
+
+def _stop_only_check(lease: EnvironmentLease) -> tuple[StopOnlyIntent | None, str | None]:
+    if export_resume_has(lease):
+        marker, problem = _export_resume_check(lease)
+        if marker is None:
+            return None, f"{EXPORT_RESUME_KEY}: {problem}"
+        return StopOnlyIntent("export_resume", marker.request_id, marker.plugin_id, None), None
+    metadata = _metadata(lease)
+    if STOP_AND_RETAIN_KEY not in metadata:
+        return None, None
+    intent = metadata.get(STOP_AND_RETAIN_KEY)
+
+    def bad(why: str) -> tuple[None, str]:
+        return None, f"{STOP_AND_RETAIN_KEY}: {why}"
+
+    if not isinstance(intent, dict):
+        return bad("the intent is not a JSON object")
+    if intent.get("schema") != STOP_AND_RETAIN_SCHEMA:
+        return bad(f"unknown schema {intent.get('schema')!r}")
+    if problem := _binding_problem(intent, lease):
+        return bad(problem)
+    if not _nonempty_str(intent.get("requestId")):
+        return bad("requestId is missing or empty")
     builtin, plugin = intent.get("builtinProvider"), intent.get("pluginId")
     lease_plugin = metadata.get("pluginId")
     if builtin is not None and "pluginId" not in intent and lease_plugin is None:
         if builtin != lease.provider:
-            return None
-        return StopOnlyIntent("sandbox_stop_and_retain", intent["requestId"], None, builtin)
-    if "builtinProvider" in intent or not _nonempty_str(plugin) or plugin != lease_plugin:
-        return None
-    return StopOnlyIntent("sandbox_stop_and_retain", intent["requestId"], plugin, None)
+            return bad(f"builtinProvider {builtin!r} is not the lease's provider")
+        return StopOnlyIntent("sandbox_stop_and_retain", intent["requestId"], None, builtin), None
+    if "builtinProvider" in intent:
+        return bad("names both a built-in provider and a plugin (or a plugin pin exists)")
+    if not _nonempty_str(plugin):
+        return bad("names no owner (builtinProvider or pluginId)")
+    if plugin != lease_plugin:
+        return bad(f"pluginId {plugin!r} does not equal the lease's pluginId {lease_plugin!r}")
+    return StopOnlyIntent("sandbox_stop_and_retain", intent["requestId"], plugin, None), None
 
 
 def remote_termination_receipt(

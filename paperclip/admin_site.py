@@ -1,0 +1,159 @@
+"""The operator console: the admin site whose index is the "Needs attention" dashboard, its
+in-place refresh fragment and the global id search (docs/runbook.md#the-console).
+
+`ConsoleAdminSite` is Django's `admin.site` (installed through `PaperclipAdminConfig`), so
+every `admin.register` keeps working. Every view here is staff-only (`admin_view`) and scoped
+to the operator's companies exactly as the model admins are; the views only read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.apps import AdminConfig
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, URLResolver, path, reverse
+from django.utils.http import urlencode
+
+# Polled by the dashboard; kept short enough to notice a new hold within a minute.
+REFRESH_SECONDS = 15
+
+
+def member_company_ids(request: HttpRequest) -> list[UUID] | None:
+    """Companies the staff user may see in the console; None means all (superuser)."""
+    from paperclip.models import BoardMembership
+
+    user: Any = request.user
+    if user.is_superuser:
+        return None
+    return list(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))
+
+
+_TILE_LINKS: dict[str, tuple[str, dict[str, str]]] = {
+    "finalization_held": ("admin:recovery_issuerecoveryaction_changelist", {"hold": "board"}),
+    "finalization_failed": (
+        "admin:paperclip_nativerunfinalization_changelist",
+        {"attention": "failed"},
+    ),
+    "finalization_retrying": (
+        "admin:paperclip_nativerunfinalization_changelist",
+        {"attention": "retrying"},
+    ),
+    "authority_expired": (
+        "admin:paperclip_nativerunfinalization_changelist",
+        {"attention": "authority_expired"},
+    ),
+    "cleanup_failed": ("admin:leases_environmentlease_changelist", {"attention": "cleanup_failed"}),
+    "cleanup_claim_overdue": (
+        "admin:leases_environmentlease_changelist",
+        {"attention": "claim_overdue"},
+    ),
+    "cleanup_marker_invalid": (
+        "admin:leases_environmentlease_changelist",
+        {"stop_only": "invalid"},
+    ),
+    "job_failed": ("admin:procrastinate_procrastinatejob_changelist", {"status__exact": "failed"}),
+    "worker_heartbeat_stale": ("admin:paperclip_workerprocess_changelist", {}),
+}
+
+
+def tile_url(kind: str, detail: str | None) -> str:
+    if kind == "runtime_lease_stale":
+        name, query = (
+            "admin:leases_workspaceruntimelease_changelist",
+            {"stale_reason": detail or ""},
+        )
+    else:
+        name, query = _TILE_LINKS[kind]
+    url = reverse(name)
+    return f"{url}?{urlencode(query)}" if query else url
+
+
+class ConsoleAdminSite(admin.AdminSite):
+    site_header = "Paperclip control plane"
+    site_title = "Paperclip console"
+    index_title = "Needs attention"
+    index_template = "admin/console/index.html"
+
+    def get_urls(self) -> list[URLResolver | URLPattern]:
+        return [
+            path("attention/", self.admin_view(self.attention_view), name="console_attention"),
+            path("search/", self.admin_view(self.search_view), name="console_search"),
+            *super().get_urls(),
+        ]
+
+    def _attention_context(self, request: HttpRequest) -> dict[str, Any]:
+        from paperclip.selectors.attention import attention_summary
+
+        user: Any = request.user
+        summary = attention_summary(
+            company_ids=member_company_ids(request), include_jobs=bool(user.is_superuser)
+        )
+        tiles: list[dict[str, Any]] = [
+            {"tile": tile, "url": tile_url(tile.kind, tile.detail)} for tile in summary.tiles
+        ]
+        return {
+            "attention": summary,
+            "tiles": tiles,
+            "needing": [t for t in tiles if t["tile"].count],
+            "quiet": [t for t in tiles if not t["tile"].count],
+            "refresh_seconds": REFRESH_SECONDS,
+            "time_zone": settings.TIME_ZONE,
+        }
+
+    def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        from paperclip.models import ActivityEvent
+
+        ids = member_company_ids(request)
+        recent = ActivityEvent.objects.order_by("-created_at")
+        if ids is not None:
+            recent = recent.filter(company_id__in=ids)
+        context = {
+            **self._attention_context(request),
+            "recent_activity": list(recent[:10]),
+            **(extra_context or {}),
+        }
+        return super().index(request, context)
+
+    def attention_view(self, request: HttpRequest) -> HttpResponse:
+        """The dashboard's tiles alone: what the index polls to refresh in place."""
+        return TemplateResponse(
+            request, "admin/console/attention.html", self._attention_context(request)
+        )
+
+    def search_view(self, request: HttpRequest) -> HttpResponse:
+        """Find a run, issue, workspace, lease, recovery action or company by id (any of the
+        operator's companies); one hit opens it, several are listed."""
+        from paperclip.selectors.lookup import console_lookup
+
+        query = (request.GET.get("q") or "").strip()
+        hits = console_lookup(query=query, company_ids=member_company_ids(request))
+        visible = [hit for hit in hits if self._can_view(request, hit.model)]
+        if len(visible) == 1 and request.GET.get("list") != "1":
+            hit = visible[0]
+            return redirect(_change_url(hit.model, hit.pk))
+        context = {
+            **self.each_context(request),
+            "title": "Find by id",
+            "query": query,
+            "hits": [(hit, _change_url(hit.model, hit.pk)) for hit in visible],
+        }
+        return TemplateResponse(request, "admin/console/search.html", context)
+
+    def _can_view(self, request: HttpRequest, model: type[Any]) -> bool:
+        model_admin = self._registry.get(model)
+        return model_admin is not None and model_admin.has_view_permission(request)
+
+
+def _change_url(model: type[Any], pk: Any) -> str:
+    opts = model._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+
+
+class PaperclipAdminConfig(AdminConfig):
+    default_site = "paperclip.admin_site.ConsoleAdminSite"
