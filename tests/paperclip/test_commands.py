@@ -9,6 +9,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from leases.models import WorkspaceRuntimeLease
+from leases.selectors import with_stale_reason
 from paperclip.models import (
     ActivityEvent,
     Agent,
@@ -126,6 +128,10 @@ def test_seed_demo_is_idempotent_and_prints_working_credentials() -> None:
     assert [job.args["run_id"] for job in pending_jobs(finalization_queueing_lock(held.pk))] == [
         str(held.pk)
     ]
+
+    # A runtime lease whose issue was closed: the dashboard's stale-lease tile has one.
+    stale = with_stale_reason(WorkspaceRuntimeLease.objects.all()).get()
+    assert stale.stale_reason == "owner_issue_terminal"  # type: ignore[attr-defined]
 
     second = _run("seed_demo")
     assert _counts() == counts

@@ -33,7 +33,10 @@ def test_change_view_shows_owner_line_and_current_receipt() -> None:
     text = page.content.decode()
     assert f"gone.example · PID {receipt['pid']} · started {receipt['processStartedAt']}" in text
     assert receipt["token"] in text
-    assert "Recovery source" in text
+    # Panels only where they apply: an owner hold is not about a recovery source.
+    assert "Recovery source" not in text
+    assert 'data-verdict="foreign_host"' in text
+    assert "The owner ran on another host (gone.example" in text
     listing = client.get("/admin/recovery/issuerecoveryaction/?status__exact=active")
     assert listing.status_code == 200
     assert str(action.pk) in listing.content.decode()

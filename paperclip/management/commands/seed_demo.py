@@ -25,6 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
+from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip import services
 from paperclip.access import board_actor
 from paperclip.activity import activity_record
@@ -55,6 +56,7 @@ HELD_TITLE = "Publish the nightly export"
 # The README's agent quickstart: paperclip-agent runs a command for this issue in this workspace.
 CLI_ISSUE = "Fix the flaky lease test"
 CLI_WORKDIR = "/tmp/paperclip-demo/agent-run"  # noqa: S108 - demo paths only
+STALE_TITLE = "Retire the staging sandbox"
 HELD_WORKDIR = Path("/tmp/paperclip-demo/export-run")  # noqa: S108 - the runner's directory
 # (title, status, assignee index or None)
 ISSUES = (
@@ -66,6 +68,7 @@ ISSUES = (
     ("Ship runtime leases", Issue.Status.DONE, 0),
     ("Drop the legacy runner", Issue.Status.CANCELLED, None),
     (HELD_TITLE, Issue.Status.IN_PROGRESS, 1),
+    (STALE_TITLE, Issue.Status.IN_PROGRESS, 0),
 )
 
 
@@ -202,6 +205,25 @@ class Command(BaseCommand):
                 run = services.run_transition(actor=actor, run_id=run.pk, to_status=step).run
             self.stdout.write(f"Created {mode} run {run.pk} for {title!r} [{run.status}]")
         self._held_run(actor, beta, export, issues[HELD_TITLE])
+        self._stale_lease(actor, alpha, review, issues[STALE_TITLE])
+
+    def _stale_lease(
+        self, actor: Any, agent: Agent, workspace: ExecutionWorkspace, issue: Issue
+    ) -> None:
+        """A runtime lease whose issue was closed while it held the lane: stale
+        (`owner_issue_terminal`) until the next claim, the sweep or the board releases it."""
+        runtime_lease_claim(
+            company_id=issue.company_id,
+            execution_workspace_id=workspace.pk,
+            action="start",
+            owner=RuntimeLeaseOwner.for_agent(agent.pk, issue_id=issue.pk),
+            ttl_seconds=86400,
+        )
+        services.issue_update(actor=actor, issue_id=issue.pk, status=Issue.Status.DONE)
+        self.stdout.write(
+            f"Claimed the runtime lease of {workspace.name} for {issue.title!r}, then closed the "
+            "issue: the lease is stale (owner_issue_terminal) until swept or force-released"
+        )
 
     def _held_run(
         self, actor: Any, agent: Agent, workspace: ExecutionWorkspace, issue: Issue

@@ -56,7 +56,9 @@ def test_environment_lease_admin_is_read_only(company: Company, superuser_client
     assert lease.provider_lease_id.encode() in listing.content
     detail = client.get(f"{LEASES}{lease.pk}/change/")
     assert detail.status_code == 200
-    assert b"INVALID: does not bind to this lease" in detail.content
+    # Which check failed, in words (the reader and the explanation share their checks).
+    # Which check failed first, in words (the factory's lease has no run).
+    assert b"INVALID: the lease has no run (never cleaned up automatically)" in detail.content
     assert b'name="_save"' not in detail.content  # no change form to submit
     assert client.get(f"{LEASES}add/").status_code == 403
     assert client.get(f"{LEASES}{lease.pk}/delete/").status_code == 403

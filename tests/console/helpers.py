@@ -1,0 +1,166 @@
+"""Builders of stuck work for the console's tests: one of each kind the dashboard counts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+from django.db import connection
+
+from checkpoints.models import NativeRunnerCheckpoint
+from leases.models import EnvironmentLease
+from paperclip.models import Company, HeartbeatRun, Issue, NativeRunFinalization
+from recovery.models import IssueRecoveryAction
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
+from tests.leases.factories import claim, expire
+from tests.paperclip.factories import (
+    AgentFactory,
+    ExecutionWorkspaceFactory,
+    HeartbeatRunFactory,
+    IssueFactory,
+)
+from tests.recovery.factories import Binding, make_binding, receipt_for
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+def held(
+    company: Company, *, receipt: dict[str, Any] | None = None, phase: str = "workspace_finalizing"
+) -> tuple[Binding, IssueRecoveryAction, dict[str, Any]]:
+    """A run held for the board: its recorded owner ran on this host and is dead, and no
+    copy-back barrier exists (the default), unless `receipt` says otherwise."""
+    receipt = receipt if receipt is not None else receipt_for(pid=dead_pid())
+    b = make_binding(company=company, receipt=receipt, phase=phase)
+    action = IssueRecoveryAction.objects.create(
+        company=company,
+        source_issue=b.issue,
+        kind="active_run_watchdog",
+        owner_type="board",
+        return_owner_agent=b.agent,
+        cause=OWNER_UNVERIFIED_CAUSE,
+        fingerprint=owner_fingerprint(b.run.pk, receipt),
+        evidence={
+            "runId": str(b.run.pk),
+            "owner": receipt,
+            "workspaceOwnerRecovery": {"state": "operator_required"},
+        },
+        next_action=OWNER_UNVERIFIED_NEXT_ACTION,
+        attempt_count=1,
+        max_attempts=1,
+    )
+    return b, action, receipt
+
+
+def stale_lease(company: Company, name: str = "ws") -> Any:
+    """A runtime lease whose issue was closed after the claim (owner_issue_terminal)."""
+    agent = AgentFactory(company=company)
+    workspace = ExecutionWorkspaceFactory(company=company, name=name)
+    issue = IssueFactory(company=company, status="in_progress")
+    lease = claim(workspace, agent, issue_id=issue.pk).lease
+    Issue.objects.filter(pk=issue.pk).update(status="done")
+    return lease
+
+
+def expired_lease(company: Company, name: str = "ws-expired") -> Any:
+    agent = AgentFactory(company=company)
+    workspace = ExecutionWorkspaceFactory(company=company, name=name)
+    lease = claim(workspace, agent).lease
+    expire(workspace, seconds_ago=3600)
+    return lease
+
+
+def failed_coordinator(company: Company) -> NativeRunFinalization:
+    b = make_binding(company=company, phase="retryable_failure")
+    NativeRunFinalization.objects.filter(pk=b.run.pk).update(
+        failure_code="workspace_copyback_retry_exhausted", attempt=5
+    )
+    return NativeRunFinalization.objects.get(pk=b.run.pk)
+
+
+def retrying_coordinator(company: Company) -> NativeRunFinalization:
+    b = make_binding(company=company, phase="result_accepted")
+    NativeRunFinalization.objects.filter(pk=b.run.pk).update(
+        failure_code="workspace_copyback_failed", attempt=1
+    )
+    return NativeRunFinalization.objects.get(pk=b.run.pk)
+
+
+def invalid_marker_lease(company: Company) -> EnvironmentLease:
+    agent = AgentFactory(company=company)
+    run = HeartbeatRunFactory(company=company, agent=agent, status=HeartbeatRun.Status.FAILED)
+    lease = EnvironmentLeaseFactory(
+        company=company, status="pending_cleanup", cleanup_status="pending", heartbeat_run=run
+    )
+    return set_meta(lease, nativeWorkspaceExportResume=export_marker(lease, leaseId="elsewhere"))
+
+
+def overdue_claim_lease(company: Company) -> EnvironmentLease:
+    lease = EnvironmentLeaseFactory(
+        company=company, status="pending_cleanup", cleanup_status="pending"
+    )
+    expired_ms = int(time.time() * 1000) - 60_000
+    return set_meta(
+        lease,
+        pendingCleanupInFlight=True,
+        pendingCleanupAttemptId="attempt-1",
+        pendingCleanupLeaseExpiresAtMs=expired_ms,
+    )
+
+
+def failed_cleanup_lease(company: Company) -> EnvironmentLease:
+    return EnvironmentLeaseFactory(
+        company=company, status="pending_cleanup", cleanup_status="failed"
+    )
+
+
+def expired_authority(company: Company) -> NativeRunFinalization:
+    """A running run whose controller lease lapsed while it holds a checkpoint part."""
+    b = make_binding(company=company, phase="observed", with_result=False)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE native_run_finalizations SET lease_expires_at = now() - interval '1 hour',"
+            " lease_owner = 'gone' WHERE run_id = %s",
+            [b.run.pk],
+        )
+    NativeRunnerCheckpoint.objects.create(
+        company=company,
+        issue=b.issue,
+        run=b.run,
+        part="session.jsonl",
+        material={"scheme": "aes-256-gcm", "keyId": "k1", "nonce": "", "ciphertext": ""},
+        size_bytes=2048,
+    )
+    return NativeRunFinalization.objects.get(pk=b.run.pk)
+
+
+def one_of_each(company: Company, tag: str = "") -> dict[str, Any]:
+    return {
+        "authority": expired_authority(company),
+        "held": held(company),
+        "stale": stale_lease(company, f"ws-stale{tag}"),
+        "expired": expired_lease(company, f"ws-expired{tag}"),
+        "failed": failed_coordinator(company),
+        "retrying": retrying_coordinator(company),
+        "marker": invalid_marker_lease(company),
+        "overdue": overdue_claim_lease(company),
+        "cleanup_failed": failed_cleanup_lease(company),
+    }
+
+
+def db_now_ms() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT (extract(epoch from now()) * 1000)::bigint")
+        return int(cursor.fetchone()[0])
