@@ -38,7 +38,7 @@ def console_lookup(*, query: str, company_ids: Collection[Any] | None) -> list[L
     `run:<uuid>`, `agent:<uuid>`) or a provider allocation id. Only the companies in
     `company_ids` (None: all); at most one query per kind; reads only."""
     text = query.strip()[:MAX_QUERY_CHARS]
-    if not text:
+    if not text or "\x00" in text:  # PostgreSQL text cannot hold NUL: nothing can match
         return []
     kind_hint, _, rest = text.partition(":")
     uid = parse_uuid(text) or (parse_uuid(rest) if kind_hint in {"issue", "run", "agent"} else None)

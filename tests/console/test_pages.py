@@ -1,0 +1,211 @@
+"""Console pages: act where you look (detail-page buttons through the same actions), the
+confirmation page, the global id search and the activity timelines, all company-scoped."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+
+from leases.models import WorkspaceRuntimeLease
+from paperclip.models import ActivityEvent, BoardMembership, Company
+from paperclip.receipts import OWNER_KEY
+from tests.console.helpers import held, one_of_each, stale_lease
+from tests.paperclip.factories import CompanyFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+LEASES = reverse("admin:leases_workspaceruntimelease_changelist")
+ACTIONS = reverse("admin:recovery_issuerecoveryaction_changelist")
+SEARCH = reverse("admin:console_search")
+EVIDENCE = "k8s: pod finalizer-7f9 terminated 12:03Z, no copy processes left on node"
+
+
+def staff(*companies: Company, perms: bool = True) -> Client:
+    user = UserFactory()
+    for company in companies:
+        BoardMembership.objects.create(user=user, company=company)
+    if perms:
+        user.user_permissions.set(Permission.objects.all())
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_force_release_from_the_lease_page(company: Company) -> None:
+    lease = stale_lease(company)
+    client = staff(company)
+    page = client.get(reverse("admin:leases_workspaceruntimelease_change", args=[lease.id]))
+    html = page.content.decode()
+    assert 'data-reason="owner_issue_terminal"' in html
+    assert "The issue that owns it is done or cancelled." in html
+    assert 'data-console-action="force_release_selected"' in html
+    # The button posts the lease to the list's own action: the same confirmation page.
+    confirm = client.post(
+        LEASES, {"action": "force_release_selected", "_selected_action": [str(lease.id)]}
+    )
+    assert confirm.status_code == 200
+    assert f'value="{lease.id}:{lease.generation}"' in confirm.content.decode()
+    done = client.post(
+        LEASES,
+        {
+            "action": "force_release_selected",
+            "_selected_action": [str(lease.id)],
+            "confirm": "yes",
+            "pin": [f"{lease.id}:{lease.generation}"],
+            "reason": "host rebuilt",
+        },
+    )
+    assert done.status_code == 302
+    assert not WorkspaceRuntimeLease.objects.exists()
+    assert ActivityEvent.objects.filter(action="runtime_lease.force_released").count() == 1
+
+
+def test_the_force_release_button_needs_the_permission(company: Company) -> None:
+    lease = stale_lease(company)
+    client = staff(company, perms=False)
+    user = UserFactory()  # view-only staff member of the company
+    user.user_permissions.set(Permission.objects.filter(codename="view_workspaceruntimelease"))
+    BoardMembership.objects.create(user=user, company=company)
+    client = Client()
+    client.force_login(user)
+    page = client.get(reverse("admin:leases_workspaceruntimelease_change", args=[lease.id]))
+    assert page.status_code == 200
+    assert "force_release_selected" not in page.content.decode()
+
+
+def test_confirm_owner_stop_from_the_hold_page(company: Company) -> None:
+    b, action, _receipt = held(company)
+    client = staff(company)
+    page = client.get(reverse("admin:recovery_issuerecoveryaction_change", args=[action.pk]))
+    html = page.content.decode()
+    assert 'data-verdict="same_host_dead_no_barrier"' in html
+    assert 'data-console-action="confirm_owner_stop"' in html
+    assert 'name="_save"' not in html
+    assert "Recovery source" not in html
+    form = client.post(ACTIONS, {"action": "confirm_owner_stop", "_selected_action": [action.pk]})
+    form_html = form.content.decode()
+    # One heading, and a breadcrumb that keeps the list and the hold.
+    assert len(re.findall(r"<h1[ >]", form_html)) == 1
+    crumbs = re.search(r'<div class="breadcrumbs">(.*?)</div>', form_html, re.S)
+    assert crumbs is not None
+    assert f'href="{ACTIONS}"' in crumbs.group(1)
+    assert reverse("admin:recovery_issuerecoveryaction_change", args=[action.pk]) in crumbs.group(1)
+    assert 'data-verdict="same_host_dead_no_barrier"' in form_html
+    done = client.post(
+        ACTIONS,
+        {
+            "action": "confirm_owner_stop",
+            "_selected_action": [action.pk],
+            "apply": "1",
+            "stop_evidence": EVIDENCE,
+            "confirmed": "on",
+        },
+    )
+    assert done.status_code == 302
+    b.run.refresh_from_db()
+    assert OWNER_KEY not in b.run.runner_profile_json
+    assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 1
+    after = client.get(reverse("admin:recovery_issuerecoveryaction_change", args=[action.pk]))
+    assert "confirm_owner_stop" not in after.content.decode().split("object-tools")[1][:3000]
+    assert client.get(f"{ACTIONS}?hold=board").context["cl"].result_count == 0
+
+
+def test_finalize_now_from_the_coordinator_page(company: Company) -> None:
+    world = one_of_each(company)
+    coordinator = world["failed"]
+    client = staff(company)
+    url = reverse("admin:paperclip_nativerunfinalization_change", args=[coordinator.pk])
+    assert 'data-console-action="finalize_now"' in client.get(url).content.decode()
+    changelist = reverse("admin:paperclip_nativerunfinalization_changelist")
+    done = client.post(changelist, {"action": "finalize_now", "_selected_action": [coordinator.pk]})
+    assert done.status_code == 302
+    assert ActivityEvent.objects.filter(action="run.finalization_requested").count() == 1
+
+
+def test_run_page_lists_everything_related_and_never_checkpoint_contents(
+    company: Company,
+) -> None:
+    world = one_of_each(company)
+    run = world["authority"].run
+    client = staff(company)
+    html = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk])).content
+    text = html.decode()
+    for heading in (
+        "Coordinator",
+        "Runtime leases",
+        "Recovery actions",
+        "Checkpoint parts",
+        "Workspace operations",
+        "Audit rows",
+    ):
+        assert f"<h3>{heading}</h3>" in text
+    assert "session.jsonl" in text
+    assert "2.0\xa0KB (2048 B)" in text
+    assert "ciphertext" not in text
+
+
+def test_search_finds_ids_only_in_the_operators_companies(company: Company) -> None:
+    mine = held(company)[0]
+    theirs = held(CompanyFactory())[0]
+    client = staff(company)
+    found = client.get(SEARCH, {"q": str(mine.run.pk), "list": "1"})
+    assert found.status_code == 200
+    assert str(mine.run.pk) in found.content.decode()
+    one = client.get(SEARCH, {"q": str(mine.issue.pk)})
+    assert one.status_code == 302 or one.status_code == 200
+    nothing = client.get(SEARCH, {"q": str(theirs.run.pk)})
+    assert nothing.status_code == 200
+    assert "Nothing in your companies" in nothing.content.decode()
+    for weird in ("", "'; select 1; --", "x" * 5000, "issue:not-a-uuid", "a\x00b"):
+        assert client.get(SEARCH, {"q": weird}).status_code == 200
+
+
+def test_search_opens_a_single_hit(company: Company) -> None:
+    workspace_lease = stale_lease(company)
+    client = staff(company)
+    # An owner key names both the lease and its owner: both are listed.
+    both = client.get(SEARCH, {"q": workspace_lease.owner_key})
+    assert [hit.kind for hit, _ in both.context["hits"]] == ["issue", "runtime lease"]
+    response = client.get(SEARCH, {"q": str(workspace_lease.id)})
+    assert response.status_code == 302
+    assert response["Location"] == reverse(
+        "admin:leases_workspaceruntimelease_change", args=[workspace_lease.id]
+    )
+
+
+def test_history_is_the_activity_timeline_and_scoped(company: Company) -> None:
+    mine = held(company)[0]
+    theirs = held(CompanyFactory())[0]
+    client = staff(company)
+    ActivityEvent.objects.create(
+        company=company,
+        actor_type="system",
+        actor_id="test",
+        action="heartbeat_run.status_changed",
+        entity_type="heartbeat_run",
+        entity_id=str(mine.run.pk),
+        run=mine.run,
+    )
+    page = client.get(reverse("admin:paperclip_heartbeatrun_history", args=[mine.run.pk]))
+    assert page.status_code == 200
+    assert "heartbeat_run.status_changed" in page.content.decode()
+    assert "no change history" not in page.content.decode().lower()
+    other = client.get(reverse("admin:paperclip_heartbeatrun_history", args=[theirs.run.pk]))
+    assert other.status_code == 302  # as for a missing object: nothing revealed
+
+
+def test_company_filter_lists_only_the_operators_companies(company: Company) -> None:
+    CompanyFactory(name="Secret Other Co")
+    stale_lease(company)
+    client = staff(company)
+    html = client.get(LEASES).content.decode()
+    assert company.name in html
+    assert "Secret Other Co" not in html
+
+    # Company right after the workspace, before the owner and the times.
+    columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
+    assert columns[:4] == ["execution_workspace", "company", "stale_reason", "owner"]
