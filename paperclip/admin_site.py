@@ -78,6 +78,7 @@ class ConsoleAdminSite(admin.AdminSite):
     site_header = "Paperclip control plane"
     site_title = "Paperclip console"
     index_title = "Needs attention"
+    site_url = None  # no public site: the API lives under /api/
     index_template = "admin/console/index.html"
 
     def get_urls(self) -> list[URLResolver | URLPattern]:
