@@ -19,10 +19,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import connection
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company
-from tests.console.helpers import held, stale_lease
+from tests.console.helpers import held, invalid_marker_lease, stale_lease
 from tests.paperclip.factories import CompanyFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -83,6 +84,12 @@ def log_in(page: Any, username: str) -> None:
     page.wait_for_selector("#attention")
 
 
+def fresh_worker_heartbeat() -> None:
+    """A worker that just beat (Procrastinate's table; emptied after each transactional test)."""
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers (last_heartbeat) VALUES (now())")
+
+
 def shot(page: Any, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
@@ -92,6 +99,8 @@ def test_confirm_a_held_finalization_from_the_dashboard(page: Any) -> None:
     company = CompanyFactory(name="Acme Robotics")
     b, action, _ = held(company)
     stale_lease(company, "acme-main")
+    invalid_marker_lease(company)
+    fresh_worker_heartbeat()
     operator(company, username="ops")
     clicks = 0
 
@@ -154,8 +163,10 @@ def test_force_release_a_stale_lease_from_its_page(page: Any) -> None:
     )
     page.click(f'#result_list a[href*="/leases/workspaceruntimelease/{lease.id}/change/"]')
     assert page.locator("#stale-verdict").get_attribute("data-reason") == "owner_issue_terminal"
+    shot(page, "stale-lease")
     page.click('button[data-console-action="force_release_selected"]')
     assert page.locator(".breadcrumbs a", has_text="Workspace runtime leases").count() == 1
+    shot(page, "force-release-confirmation")
     page.fill("textarea[name=reason]", "issue closed, lane blocked")
     page.click("input[type=submit][value^='Force-release']")
     assert "released the lease" in page.locator("ul.messagelist").inner_text()

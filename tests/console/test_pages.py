@@ -4,8 +4,10 @@ confirmation page, the global id search and the activity timelines, all company-
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
@@ -90,7 +92,7 @@ def test_confirm_owner_stop_from_the_hold_page(company: Company) -> None:
     form_html = form.content.decode()
     # One heading, and a breadcrumb that keeps the list and the hold.
     assert len(re.findall(r"<h1[ >]", form_html)) == 1
-    crumbs = re.search(r'<div class="breadcrumbs">(.*?)</div>', form_html, re.S)
+    crumbs = re.search(r'<ol class="breadcrumbs">(.*?)</ol>', form_html, re.S)
     assert crumbs is not None
     assert f'href="{ACTIONS}"' in crumbs.group(1)
     assert reverse("admin:recovery_issuerecoveryaction_change", args=[action.pk]) in crumbs.group(1)
@@ -209,3 +211,15 @@ def test_company_filter_lists_only_the_operators_companies(company: Company) -> 
     # Company right after the workspace, before the owner and the times.
     columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
     assert columns[:4] == ["execution_workspace", "company", "stale_reason", "owner"]
+
+
+def test_console_templates_use_the_admins_breadcrumb_markup() -> None:
+    """Django's admin styles `ol.breadcrumbs`; a `div.breadcrumbs` renders as bare links."""
+    root = Path(settings.BASE_DIR) / "templates"
+    offenders = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.html")
+        if 'class="breadcrumbs"' in path.read_text()
+        and '<ol class="breadcrumbs">' not in path.read_text()
+    ]
+    assert offenders == []
