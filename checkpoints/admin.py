@@ -7,9 +7,11 @@ from typing import Any
 from django.contrib import admin
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
+from django.utils.safestring import SafeString
 
 from checkpoints.models import NativeRunnerCheckpoint
-from paperclip.admin import ReadOnlyAdmin
+from paperclip.admin import ReadOnlyAdmin, admin_id_link
+from paperclip.models import HeartbeatRun, Issue
 
 
 @admin.register(NativeRunnerCheckpoint)
@@ -17,7 +19,15 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
     """Rows are limited to the staff user's companies (superusers: all), like every board view;
     the company filter offers only companies that have visible parts."""
 
-    list_display = ("part", "run_id", "issue_id", "company", "size_bytes", "key_id", "updated_at")
+    list_display = (
+        "part",
+        "run_link",
+        "issue_link",
+        "company",
+        "size_bytes",
+        "key_id",
+        "updated_at",
+    )
     list_filter = (("company", admin.RelatedOnlyFieldListFilter),)
     search_fields = ("part", "=run__id", "=issue__id")
     list_select_related = ("company",)
@@ -36,6 +46,14 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
             .defer("material")
             .annotate(material_key_id=KT("material__keyId"))
         )
+
+    @admin.display(description="run", ordering="run_id")
+    def run_link(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
+        return admin_id_link(HeartbeatRun, obj.run_id)
+
+    @admin.display(description="issue", ordering="issue_id")
+    def issue_link(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
+        return admin_id_link(Issue, obj.issue_id)
 
     @admin.display(description="key id", ordering="material_key_id")
     def key_id(self, obj: NativeRunnerCheckpoint) -> str:

@@ -35,6 +35,7 @@ from paperclip.admin import (
 )
 from paperclip.errors import DomainError
 from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
+from paperclip.templatetags.console import stamp
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[WorkspaceRuntimeLease]
@@ -108,8 +109,8 @@ class WorkspaceRuntimeLeaseAdmin(DetailActionsMixin, ActivityTimelineMixin, _Mod
         "company",
         "stale_reason",
         "owner",
-        "expires_at",
-        "renewed_at",
+        "expires",
+        "renewed",
         "generation",
         "last_action",
         "owner_agent",
@@ -141,6 +142,14 @@ class WorkspaceRuntimeLeaseAdmin(DetailActionsMixin, ActivityTimelineMixin, _Mod
     def timeline_entity_ids(self, obj: WorkspaceRuntimeLease) -> list[str]:
         # Lease audit rows name the workspace (the lease row itself is deleted on release).
         return [str(obj.pk), str(obj.execution_workspace_id)]
+
+    @admin.display(description="expires (UTC)", ordering="expires_at")
+    def expires(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
+        return stamp(lease.expires_at)
+
+    @admin.display(description="renewed (UTC)", ordering="renewed_at")
+    def renewed(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
+        return stamp(lease.renewed_at)
 
     @admin.display(description="owner", ordering="owner_key")
     def owner(self, lease: WorkspaceRuntimeLease) -> SafeString | str:

@@ -35,10 +35,12 @@ from procrastinate.contrib.django.models import (
     ProcrastinateWorker,
 )
 
+from leases.models import EnvironmentLease
 from paperclip.activity import activity_record
 from paperclip.admin_site import member_company_ids
 from paperclip.credentials import agent_key_revoke, board_token_revoke
 from paperclip.errors import DomainError
+from paperclip.ids import parse_uuid
 from paperclip.models import (
     ActivityEvent,
     Agent,
@@ -63,6 +65,8 @@ from paperclip.selectors.attention import (
 )
 from paperclip.selectors.run_related import run_related
 from paperclip.services import absolute_path_error
+from paperclip.templatetags.console import stamp
+from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
 from recovery.services import finalization_request
 
@@ -704,10 +708,37 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
 
 @admin.register(ActivityEvent)
 class ActivityEventAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "action", "actor_type", "actor_id", "entity_type", "entity_id")
+    list_display = ("created", "action", "actor_type", "actor_id", "entity_type", "entity")
+
+    @admin.display(description="when (UTC)", ordering="created_at")
+    def created(self, obj: ActivityEvent) -> SafeString | str:
+        return stamp(obj.created_at)
+
+    @admin.display(description="entity", ordering="entity_id")
+    def entity(self, obj: ActivityEvent) -> SafeString | str:
+        model = _ENTITY_MODELS.get(obj.entity_type)
+        if model is None or parse_uuid(obj.entity_id) is None:
+            return obj.entity_id
+        return admin_id_link(model, obj.entity_id)
+
     list_filter = ("action", "actor_type", "entity_type", COMPANY_FILTER)
     search_fields = ("entity_id", "actor_id")
     date_hierarchy = "created_at"
+
+
+# Audit rows' entity types whose id is the primary key of a console page (lease rows are named
+# by their workspace, whose page links on to the lease).
+_ENTITY_MODELS: dict[str, Any] = {
+    "company": Company,
+    "agent": Agent,
+    "issue": Issue,
+    "heartbeat_run": HeartbeatRun,
+    "execution_workspace": ExecutionWorkspace,
+    "native_run_finalization": NativeRunFinalization,
+    "workspace_operation": WorkspaceOperation,
+    "environment_lease": EnvironmentLease,
+    "issue_recovery_action": IssueRecoveryAction,
+}
 
 
 # --- The worker (docs/worker.md#admin-pages) ------------------------------------------------

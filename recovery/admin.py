@@ -31,6 +31,7 @@ from paperclip.ids import parse_uuid
 from paperclip.models import BoardMembership, HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
 from paperclip.selectors.attention import held_finalization_actions
+from paperclip.templatetags.console import stamp
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
@@ -166,7 +167,7 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
         "status",
         "owner_type",
         "attempts",
-        "created_at",
+        "created",
         "updated_at",
     )
     list_filter = (HoldFilter, "status", "cause", "owner_type", "kind", COMPANY_FILTER)
@@ -264,6 +265,10 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
                 "primary": True,
             }
         ]
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, obj: IssueRecoveryAction) -> SafeString | str:
+        return stamp(obj.created_at)
 
     @admin.display(description="cause", ordering="cause")
     def cause_short(self, obj: IssueRecoveryAction) -> SafeString:

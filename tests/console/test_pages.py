@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from leases.models import WorkspaceRuntimeLease
@@ -223,3 +226,28 @@ def test_console_templates_use_the_admins_breadcrumb_markup() -> None:
         and '<ol class="breadcrumbs">' not in path.read_text()
     ]
     assert offenders == []
+
+
+CHANGELISTS = [
+    "admin:leases_workspaceruntimelease_changelist",
+    "admin:leases_environmentlease_changelist",
+    "admin:recovery_issuerecoveryaction_changelist",
+    "admin:paperclip_nativerunfinalization_changelist",
+    "admin:paperclip_heartbeatrun_changelist",
+    "admin:paperclip_activityevent_changelist",
+    "admin:checkpoints_nativerunnercheckpoint_changelist",
+]
+
+
+@pytest.mark.parametrize("name", CHANGELISTS)
+def test_console_changelists_have_no_n_plus_1(
+    company: Company, name: str, django_assert_max_num_queries: Any
+) -> None:
+    client = staff(company)
+    one_of_each(company, "-a")
+    with CaptureQueriesContext(connection) as few:
+        assert client.get(reverse(name)).status_code == 200
+    for n in range(4):
+        one_of_each(company, f"-b{n}")
+    with django_assert_max_num_queries(len(few)):
+        assert client.get(reverse(name)).status_code == 200
