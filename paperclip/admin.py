@@ -693,6 +693,7 @@ class NativeRunResultAdmin(ReadOnlyAdmin):
 class WorkspaceOperationAdmin(ReadOnlyAdmin):
     list_display = (
         "phase",
+        "company",
         "status",
         "execution_workspace",
         "heartbeat_run",
@@ -708,7 +709,16 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
 
 @admin.register(ActivityEvent)
 class ActivityEventAdmin(ReadOnlyAdmin):
-    list_display = ("created", "action", "actor_type", "actor_id", "entity_type", "entity")
+    list_display = (
+        "created",
+        "company",
+        "action",
+        "actor_type",
+        "actor_id",
+        "entity_type",
+        "entity",
+    )
+    list_select_related = ("company",)
 
     @admin.display(description="when (UTC)", ordering="created_at")
     def created(self, obj: ActivityEvent) -> SafeString | str:

@@ -2,7 +2,9 @@
 in-place refresh fragment and the global id search (docs/runbook.md#the-console).
 
 `ConsoleAdminSite` is Django's `admin.site` (installed through `PaperclipAdminConfig`), so
-every `admin.register` keeps working. Every view here is staff-only (`admin_view`) and scoped
+every `admin.register` keeps working. This module is imported while the app registry loads
+(INSTALLED_APPS names its config), before models can be imported: hence the imports of models
+and selectors inside the functions. Every view here is staff-only (`admin_view`) and scoped
 to the operator's companies exactly as the model admins are; the views only read.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django.apps import apps
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
@@ -62,14 +65,15 @@ _TILE_LINKS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-def tile_url(kind: str, detail: str | None) -> str:
+def _tile_target(kind: str, detail: str | None) -> tuple[str, dict[str, str]]:
     if kind == "runtime_lease_stale":
-        name, query = (
-            "admin:leases_workspaceruntimelease_changelist",
-            {"stale_reason": detail or ""},
-        )
-    else:
-        name, query = _TILE_LINKS[kind]
+        return "admin:leases_workspaceruntimelease_changelist", {"stale_reason": detail or ""}
+    return _TILE_LINKS[kind]
+
+
+def tile_url(kind: str, detail: str | None) -> str:
+    """The changelist a tile opens, filtered to exactly the rows it counts."""
+    name, query = _tile_target(kind, detail)
     url = reverse(name)
     return f"{url}?{urlencode(query)}" if query else url
 
@@ -96,7 +100,13 @@ class ConsoleAdminSite(admin.AdminSite):
             company_ids=member_company_ids(request), include_jobs=bool(user.is_superuser)
         )
         tiles: list[dict[str, Any]] = [
-            {"tile": tile, "url": tile_url(tile.kind, tile.detail)} for tile in summary.tiles
+            {
+                "tile": tile,
+                "url": tile_url(tile.kind, tile.detail)
+                if self._can_open(request, tile.kind, tile.detail)
+                else None,
+            }
+            for tile in summary.tiles
         ]
         return {
             "attention": summary,
@@ -145,6 +155,15 @@ class ConsoleAdminSite(admin.AdminSite):
             "hits": [(hit, _change_url(hit.model, hit.pk)) for hit in visible],
         }
         return TemplateResponse(request, "admin/console/search.html", context)
+
+    def _can_open(self, request: HttpRequest, kind: str, detail: str | None) -> bool:
+        # e.g. the worker pages are for superusers: a staff user's heartbeat tile links nowhere.
+        name, _ = _tile_target(kind, detail)
+        app_label, model_name = (
+            name.removeprefix("admin:").removesuffix("_changelist").split("_", 1)
+        )
+        model = apps.get_model(app_label, model_name)
+        return self._can_view(request, model)
 
     def _can_view(self, request: HttpRequest, model: type[Any]) -> bool:
         model_admin = self._registry.get(model)

@@ -49,7 +49,9 @@ TileKind = Literal[
 
 CompanyIds = Collection[UUID] | None  # None: every company (a superuser)
 
-CLEANUP_CANDIDATE_LIMIT: Final = 5000  # rows scanned in Python for the two metadata checks
+# Rows whose metadata the two Python checks read (pending cleanups in flight or carrying a
+# stop-only intent: normally a handful). Beyond it the two counts are lower bounds.
+CLEANUP_CANDIDATE_LIMIT: Final = 5000
 
 
 @dataclass(frozen=True, slots=True)

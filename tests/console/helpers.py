@@ -11,7 +11,13 @@ from django.db import connection
 
 from checkpoints.models import NativeRunnerCheckpoint
 from leases.models import EnvironmentLease
-from paperclip.models import Company, HeartbeatRun, Issue, NativeRunFinalization
+from paperclip.models import (
+    Company,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    WorkspaceOperation,
+)
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
@@ -86,6 +92,14 @@ def failed_coordinator(company: Company) -> NativeRunFinalization:
     b = make_binding(company=company, phase="retryable_failure")
     NativeRunFinalization.objects.filter(pk=b.run.pk).update(
         failure_code="workspace_copyback_retry_exhausted", attempt=5
+    )
+    WorkspaceOperation.objects.create(
+        company=company,
+        heartbeat_run=b.run,
+        issue=b.issue,
+        execution_workspace=b.workspace,
+        phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
+        status=WorkspaceOperation.Status.FAILED,
     )
     return NativeRunFinalization.objects.get(pk=b.run.pk)
 

@@ -153,3 +153,17 @@ def test_the_fragment_needs_a_staff_login(client: Client) -> None:
     response = client.get(FRAGMENT)
     assert response.status_code == 302
     assert "/admin/login/" in response["Location"]
+
+
+def test_tiles_link_only_to_pages_the_operator_may_open(company: Company) -> None:
+    """The worker pages are for superusers: a staff user's heartbeat tile links nowhere."""
+    staff_html = staff_client(company).get(INDEX).content.decode()
+    assert re.search(
+        r'<div class="console-tile needs"\s+data-kind="worker_heartbeat_stale"', staff_html
+    )
+    assert "/admin/paperclip/workerprocess/" not in staff_html
+    superuser_html = staff_client(superuser=True).get(INDEX).content.decode()
+    assert (
+        '<a class="console-tile needs" href="/admin/paperclip/workerprocess/" '
+        'data-kind="worker_heartbeat_stale"' in superuser_html
+    )

@@ -236,6 +236,7 @@ CHANGELISTS = [
     "admin:paperclip_heartbeatrun_changelist",
     "admin:paperclip_activityevent_changelist",
     "admin:checkpoints_nativerunnercheckpoint_changelist",
+    "admin:paperclip_workspaceoperation_changelist",
 ]
 
 
