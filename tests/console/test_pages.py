@@ -252,3 +252,36 @@ def test_console_changelists_have_no_n_plus_1(
         one_of_each(company, f"-b{n}")
     with django_assert_max_num_queries(len(few)):
         assert client.get(reverse(name)).status_code == 200
+
+
+@pytest.mark.parametrize("superuser", [True, False])
+def test_every_console_page_answers_without_a_server_error(
+    company: Company, superuser: bool
+) -> None:
+    """Every registered list, the first object's page and its timeline, for a superuser and a
+    staff member: never a 500."""
+    from django.contrib import admin
+
+    one_of_each(company)
+    if superuser:
+        user = UserFactory(is_superuser=True)
+        client = Client()
+        client.force_login(user)
+    else:
+        client = staff(company)
+    checked = 0
+    for model, model_admin in admin.site._registry.items():
+        opts = model._meta
+        changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+        response = client.get(changelist)
+        assert response.status_code in (200, 403), changelist
+        if response.status_code != 200:
+            continue
+        checked += 1
+        first = model_admin.get_queryset(response.wsgi_request).order_by().first()
+        if first is None:
+            continue
+        for view in ("change", "history"):
+            url = reverse(f"admin:{opts.app_label}_{opts.model_name}_{view}", args=[first.pk])
+            assert client.get(url).status_code == 200, url
+    assert checked >= 15
