@@ -101,6 +101,31 @@ class CompanyListFilter(admin.RelatedFieldListFilter):
 COMPANY_FILTER = ("company", CompanyListFilter)
 
 
+def console_panel(
+    *,
+    panel_id: str,
+    state: str,
+    title: str,
+    headline: str,
+    lines: list[str] | tuple[str, ...] = (),
+    ok: bool = False,
+) -> SafeString:
+    """A "why, in words" panel for the top of a detail page (rendered with autoescaping)."""
+    return SafeString(
+        render_to_string(
+            "admin/console/panel.html",
+            {
+                "panel_id": panel_id,
+                "state": state,
+                "title": title,
+                "headline": headline,
+                "lines": lines,
+                "ok": ok,
+            },
+        )
+    )
+
+
 def admin_link(obj: Any, label: Any = None) -> SafeString | str:
     """A link to `obj`'s admin page (its change view); plain text if it has none. Pages are
     company-scoped, so a link never shows more than the operator may see."""
@@ -659,6 +684,43 @@ class NativeRunFinalizationAdmin(_FinalizeNowMixin, ReadOnlyAdmin):
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: NativeRunFinalization) -> SafeString | str:
         return admin_id_link(HeartbeatRun, obj.run_id)
+
+    def detail_panels(self, request: HttpRequest, obj: NativeRunFinalization) -> list[SafeString]:
+        run = HeartbeatRun.objects.filter(pk=obj.run_id, company_id=obj.company_id).first()
+        if run is None or obj.result_id is None:
+            return []
+        state = finalization_state(run, coordinator=obj)
+        words = {
+            "failed": "Finalization failed: the copy-back retry budget is spent.",
+            "retry_scheduled": "A copy-back attempt failed; the worker retries at the time below.",
+            "held": "Held for the board: the previous owner can't be proven stopped.",
+            "queued": "Queued: a worker will attempt it now.",
+            "running": "Running: a live owner is finalizing it.",
+            "waiting": "Due, but no job waits for it yet: the reconciler defers one shortly.",
+            "committed": "Committed.",
+        }
+        lines = [f"Attempts: {state.attempts}."]
+        if state.last_error:
+            lines.append(f"Last error: {state.last_error}.")
+        if state.next_attempt_at:
+            lines.append(f"Next attempt: {state.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC.")
+        if state.state == "failed":
+            lines.append(
+                "Fix the cause (destination directory, permissions, disk on the worker's host), "
+                "then retry finalization now."
+            )
+        if state.state == "held":
+            lines.append("Open the run's recovery action and read its verdict.")
+        return [
+            console_panel(
+                panel_id="finalization-state",
+                state=state.state,
+                title=f"Finalization: {state.state.replace('_', ' ')}",
+                headline=words.get(state.state, state.state),
+                lines=lines,
+                ok=state.state in ("committed", "queued", "running"),
+            )
+        ]
 
     def detail_actions(
         self, request: HttpRequest, obj: NativeRunFinalization

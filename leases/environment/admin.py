@@ -27,7 +27,7 @@ from leases.environment.export_resume import (
     stop_only_cleanup_problem,
 )
 from leases.models import EnvironmentLease
-from paperclip.admin import COMPANY_FILTER, AuditedAdmin, ReadOnlyAdmin
+from paperclip.admin import COMPANY_FILTER, AuditedAdmin, ReadOnlyAdmin, console_panel
 from paperclip.models import Environment
 from paperclip.selectors.attention import cleanup_attention, failed_cleanups
 
@@ -130,6 +130,47 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         "metadata",
     )
     fields = readonly_fields
+
+    def detail_panels(self, request: HttpRequest, obj: EnvironmentLease) -> list[SafeString]:
+        panels: list[SafeString] = []
+        problem = stop_only_cleanup_problem(obj)
+        if problem is not None:
+            panels.append(
+                console_panel(
+                    panel_id="marker-verdict",
+                    state="marker_invalid",
+                    title="Cleanup blocked: invalid stop-only marker",
+                    headline=f"The check that failed: {problem}.",
+                    lines=(
+                        "This lease is never cleaned up automatically: the allocation may hold "
+                        "unexported work.",
+                        "Inspect the metadata below against the lease's company, run, id, "
+                        "provider and allocation, and the provider's own record.",
+                    ),
+                )
+            )
+        if failed_cleanups(EnvironmentLease.objects.filter(pk=obj.pk)).exists():
+            panels.append(
+                console_panel(
+                    panel_id="cleanup-verdict",
+                    state="cleanup_failed",
+                    title="Cleanup failed",
+                    headline="The last cleanup receipt did not settle; retried with back-off.",
+                    lines=("Check the provider if the attempts keep growing.",),
+                )
+            )
+        this = EnvironmentLease.objects.filter(pk=obj.pk)
+        if cleanup_attention(this)["claim_overdue"]:
+            panels.append(
+                console_panel(
+                    panel_id="claim-verdict",
+                    state="claim_overdue",
+                    title="Cleanup claimed too long",
+                    headline="A provider worker claimed this cleanup and its claim expired "
+                    "without a receipt; the next claim takes it over.",
+                )
+            )
+        return panels
 
     @admin.display(description="marker")
     def marker_state(self, lease: EnvironmentLease) -> SafeString | str:

@@ -285,3 +285,27 @@ def test_every_console_page_answers_without_a_server_error(
             url = reverse(f"admin:{opts.app_label}_{opts.model_name}_{view}", args=[first.pk])
             assert client.get(url).status_code == 200, url
     assert checked >= 15
+
+
+def test_detail_pages_say_why_in_words(company: Company) -> None:
+    world = one_of_each(company)
+    client = staff(company)
+    coordinator = client.get(
+        reverse("admin:paperclip_nativerunfinalization_change", args=[world["failed"].pk])
+    ).content.decode()
+    assert 'id="finalization-state" data-state="failed"' in coordinator
+    assert "Last error: workspace_copyback_retry_exhausted" in coordinator
+    marker = client.get(
+        reverse("admin:leases_environmentlease_change", args=[world["marker"].pk])
+    ).content.decode()
+    assert 'id="marker-verdict" data-state="marker_invalid"' in marker
+    assert "nativeWorkspaceExportResume: leaseId does not equal the lease&#x27;s" in marker
+    overdue = client.get(
+        reverse("admin:leases_environmentlease_change", args=[world["overdue"].pk])
+    ).content.decode()
+    assert 'data-state="claim_overdue"' in overdue
+    assert 'data-state="marker_invalid"' not in overdue  # panels only where they apply
+    failed = client.get(
+        reverse("admin:leases_environmentlease_change", args=[world["cleanup_failed"].pk])
+    ).content.decode()
+    assert 'data-state="cleanup_failed"' in failed
