@@ -108,14 +108,13 @@ class WorkspaceRuntimeLeaseAdmin(DetailActionsMixin, ActivityTimelineMixin, _Mod
         "execution_workspace",
         "company",
         "stale_reason",
-        "owner",
-        "expires",
         "renewed",
+        "expires",
+        "owner",
         "generation",
         "last_action",
-        "owner_agent",
     )
-    list_select_related = ("execution_workspace", "owner_agent", "company")
+    list_select_related = ("execution_workspace", "company")
     list_filter = (StalenessFilter, StaleReasonFilter, COMPANY_FILTER, "last_action")
     search_fields = ("owner_key", "execution_workspace__name", "company__name")
     ordering = ("expires_at",)

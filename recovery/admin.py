@@ -25,6 +25,7 @@ from paperclip.admin import (
     ActivityTimelineMixin,
     DetailActionsMixin,
     admin_id_link,
+    admin_link,
 )
 from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
@@ -161,7 +162,7 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
     list_display = (
         "id",
         "company",
-        "source_issue",
+        "issue",
         "run",
         "cause_short",
         "status",
@@ -274,6 +275,10 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
     def cause_short(self, obj: IssueRecoveryAction) -> SafeString:
         short = obj.cause.removeprefix("native_workspace_finalization_").replace("_", " ")
         return format_html('<span title="{}">{}</span>', obj.cause, short)
+
+    @admin.display(description="source issue", ordering="source_issue__title")
+    def issue(self, obj: IssueRecoveryAction) -> SafeString | str:
+        return admin_link(obj.source_issue)
 
     @admin.display(description="run")
     def run(self, obj: IssueRecoveryAction) -> SafeString | str:

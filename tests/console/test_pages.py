@@ -211,9 +211,9 @@ def test_company_filter_lists_only_the_operators_companies(company: Company) -> 
     assert company.name in html
     assert "Secret Other Co" not in html
 
-    # Company right after the workspace, before the owner and the times.
+    # The key columns first, so that they stay on screen at 1400 px.
     columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
-    assert columns[:4] == ["execution_workspace", "company", "stale_reason", "owner"]
+    assert columns[:5] == ["execution_workspace", "company", "stale_reason", "renewed", "expires"]
 
 
 def test_console_templates_use_the_admins_breadcrumb_markup() -> None:

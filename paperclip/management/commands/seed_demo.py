@@ -5,7 +5,9 @@ a few runs (one native run running and holding its issue), all through the servi
 log tells the story. One native run has posted its result, but its finalization controller died
 in the middle of a copy-back (simulated: its owner receipt names a process of this host that has
 exited): the worker holds that run for the board, and confirming the owner stop in the admin lets
-the worker commit it a moment later. Every run prints an admin login and two working agent keys:
+the worker commit it a moment later. One runtime lease outlives its issue (closed after the
+claim): it is stale until the worker's sweep deletes it. Both show on the admin's dashboard.
+Every run prints an admin login and two working agent keys:
 the password is reset and each agent's previous `seed_demo` key is revoked before a fresh one is
 minted (secrets are stored hashed, so the old ones cannot be printed again). Each step is its own
 durable service call, so an interrupted seed is consistent and the next run completes it.
