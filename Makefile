@@ -25,7 +25,8 @@ help:
 	@echo "                with one worker (Ctrl-C stops both)"
 	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
 	@echo "make lint       ruff, ruff format --check, mypy (and mypy --strict on clients/python)"
-	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py (BENCH_ARGS=...)"
+	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py,"
+	@echo "                bench/copyback.py (BENCH_ARGS=...)"
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	@echo "make chaos      runtime-lease chaos test, DURATION=600 seconds (CHAOS_ARGS=...), in a"
 	@echo "                throwaway database on DATABASE_URL's server; prints the checker's figures"
@@ -78,7 +79,7 @@ fuzz: $(STAMP)
 	PAPERCLIP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:logging tests/fuzz $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py; do \
+	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py bench/copyback.py; do \
 		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done

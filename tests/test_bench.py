@@ -60,6 +60,18 @@ def test_finalize_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
 
 
+@pytest.mark.slow
+def test_copyback_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
+    done = run_bench(
+        "bench/copyback.py",
+        ["--files", "300", "--incremental-files", "400", "--rounds", "1", "--dir", str(tmp_path)],
+        {},
+    )
+    assert "full copy-back vs cp -a: ratio" in done.stdout
+    assert "incremental copy-back vs rsync -a" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def run_bench(
     script: str, args: list[str], extra_env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,7 @@
-"""Gauges of what is stuck, computed from the database at scrape time: every host's /metrics
-answers the same numbers (aggregate them with max(), not sum()), and they can never drift from
-the rows they describe."""
+"""Gauges of what is stuck, computed from the database at scrape time by the selectors of the
+console's dashboard (paperclip/selectors/attention.py), so that the two never disagree: every
+host's /metrics answers the same numbers (aggregate them with max(), not sum()), and they can
+never drift from the rows they describe."""
 
 from __future__ import annotations
 
@@ -11,23 +12,43 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from paperclip.db.clock import db_now
-from paperclip.worker.health import freshest_worker_heartbeat
+from paperclip.selectors.attention import attention_summary
 
 
 class StuckWorkCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        summary = attention_summary(company_ids=None, include_jobs=True)
+        stuck = GaugeMetricFamily(
+            "paperclip_stuck_work",
+            "Stuck work by kind (the dashboard's tiles; `reason`: a stale lease's reason).",
+            labels=["kind", "reason"],
+        )
+        oldest = GaugeMetricFamily(
+            "paperclip_stuck_work_oldest_age_seconds",
+            "Seconds the oldest stuck item of each kind has waited (absent: none waiting).",
+            labels=["kind", "reason"],
+        )
+        for tile in summary.tiles:
+            if tile.kind == "worker_heartbeat_stale":
+                continue  # paperclip_worker_heartbeat_age_seconds says it better
+            labels = [tile.kind, tile.detail or ""]
+            stuck.add_metric(labels, tile.count)
+            if tile.oldest_at is not None:
+                age = (summary.as_of - tile.oldest_at).total_seconds()
+                oldest.add_metric(labels, max(0.0, age))
+        yield stuck
+        yield oldest
+        heartbeat = GaugeMetricFamily(
+            "paperclip_worker_heartbeat_age_seconds",
+            "Seconds since the freshest worker heartbeat (absent: no worker ever registered).",
+        )
+        if summary.worker_last_heartbeat_at is not None:
+            age = (summary.as_of - summary.worker_last_heartbeat_at).total_seconds()
+            heartbeat.add_metric([], max(0.0, age))
+        yield heartbeat
         jobs = GaugeMetricFamily(
             "paperclip_jobs", "Worker jobs by status (todo, doing, failed, ...).", labels=["status"]
         )
         for row in ProcrastinateJob.objects.values("status").annotate(n=Count("id")):
             jobs.add_metric([row["status"]], row["n"])
         yield jobs
-        last = freshest_worker_heartbeat()
-        heartbeat = GaugeMetricFamily(
-            "paperclip_worker_heartbeat_age_seconds",
-            "Seconds since the freshest worker heartbeat (absent: no worker ever registered).",
-        )
-        if last is not None:
-            heartbeat.add_metric([], max(0.0, (db_now() - last).total_seconds()))
-        yield heartbeat

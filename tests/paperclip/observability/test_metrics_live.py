@@ -180,6 +180,36 @@ def test_counters_of_every_process_reach_metrics_exactly(
     assert delta("paperclip_jobs_total", task="finalize_run", outcome="succeeded") == 1
     assert value(after, "paperclip_worker_heartbeat_age_seconds") < 30
 
+    # The stuck-work gauges are the dashboard's tiles: one stale lease, seen by both (the job
+    # worker stopped first, or its periodic sweep would remove the lease in between).
+    worker.stop()
+    from paperclip.selectors.attention import attention_summary
+    from tests.leases.factories import claim as lease_claim
+    from tests.leases.factories import expire
+
+    lease_claim(workspace, holder)
+    expire(workspace)
+    gauges = scrape(web)
+    tiles = attention_summary(company_ids=None, include_jobs=True).tiles
+    for tile in tiles:
+        if tile.kind == "worker_heartbeat_stale":
+            continue
+        labels = {"kind": tile.kind, "reason": tile.detail or ""}
+        assert value(gauges, "paperclip_stuck_work", **labels) == tile.count, tile
+    assert (
+        value(gauges, "paperclip_stuck_work", kind="runtime_lease_stale", reason="lease_expired")
+        == 1
+    )
+    assert (
+        value(
+            gauges,
+            "paperclip_stuck_work_oldest_age_seconds",
+            kind="runtime_lease_stale",
+            reason="lease_expired",
+        )
+        > 0
+    )
+
     lines = (tmp_path / "web.log").read_text().splitlines() + worker.lines
     records = [json.loads(line) for line in lines if line.startswith("{")]
     loggers = {record["logger"] for record in records}

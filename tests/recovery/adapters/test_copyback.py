@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from recovery.adapters.copyback import CopybackError, LocalDirectoryCopyback
+from recovery.adapters import copyback
+from recovery.adapters.copyback import (
+    CopybackError,
+    LocalDirectoryCopyback,
+    _copy_chunk,
+    copyback_discards_wait,
+)
 
 
 def _noop() -> None:
@@ -46,3 +54,150 @@ def test_a_source_inside_the_destination_is_refused_and_left_alone(tmp_path: Pat
     assert raised.value.code == "copyback_source_inside_destination"
     assert (src / "keep.txt").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def _tree(root: Path) -> dict[str, tuple[object, ...]]:
+    """Every entry under `root`: type, mode, modification time (ns), size or link target."""
+    found: dict[str, tuple[object, ...]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                found[str(path.relative_to(root))] = ("link", os.readlink(path), st.st_mtime_ns)
+            else:
+                kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
+                size = st.st_size if kind == "file" else None
+                found[str(path.relative_to(root))] = (kind, st.st_mode, st.st_mtime_ns, size)
+    return found
+
+
+def _inodes(root: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def _source(tmp_path: Path) -> Path:
+    src = tmp_path / "work"
+    (src / "a" / "b" / "c").mkdir(parents=True)
+    (src / "empty-dir").mkdir()
+    (src / "a" / "one.txt").write_text("one")
+    (src / "a" / "b" / "two.bin").write_bytes(os.urandom(70_000))
+    (src / "a" / "b" / "c" / "empty").write_bytes(b"")
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "secret").write_text("s")
+    (src / "secret").chmod(0o600)
+    (src / "a" / "inner-link").symlink_to("one.txt")
+    for i, path in enumerate(sorted(src.rglob("*"), reverse=True)):  # deepest first
+        os.utime(
+            path,
+            ns=(1_600_000_000_000_000_000 + i, 1_650_000_000_123_456_789 + i),
+            follow_symlinks=False,
+        )
+    (src / "a" / "b").chmod(0o711)
+    os.utime(src / "a" / "b", ns=(1_600_000_000_000_000_000, 1_640_000_000_000_000_001))
+    return src
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_copy_back_leaves_the_tree_cp_a_leaves(tmp_path: Path, incremental: bool) -> None:
+    """Modes and modification times of files, directories (set after their contents) and kept
+    symlinks, byte for byte contents, empty files and directories: compared with `cp -a`."""
+    src = _source(tmp_path)
+    subprocess.run(["cp", "-a", str(src), str(tmp_path / "by-cp")], check=True)
+    dest = tmp_path / "host" / "repo"
+    report = LocalDirectoryCopyback(incremental=incremental).copy_back(
+        run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop
+    )
+    assert _tree(dest) == _tree(tmp_path / "by-cp")
+    assert (dest / "a" / "b" / "two.bin").read_bytes() == (src / "a" / "b" / "two.bin").read_bytes()
+    assert (report.files, report.directories, report.symlinks, report.linked) == (5, 4, 1, 0)
+
+
+def test_an_incremental_copy_back_links_only_what_did_not_change(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    dest = tmp_path / "host" / "repo"
+    backend = LocalDirectoryCopyback(incremental=True)
+    backend.copy_back(run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop)
+    before = {
+        p.name: p.stat().st_ino for p in dest.rglob("*") if p.is_file() and not p.is_symlink()
+    }
+    (src / "a" / "one.txt").write_text("ONE")  # same size, new mtime
+    (src / "secret").chmod(0o640)  # same contents, new mode
+    mtime = (src / "run.sh").stat().st_mtime_ns
+    (src / "run.sh").write_text("#!/bin/bash\n")  # new size, mtime put back
+    os.utime(src / "run.sh", ns=(mtime, mtime))
+
+    report = backend.copy_back(
+        run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop
+    )
+    copyback_discards_wait()
+
+    after = _inodes(dest)
+    assert {name for name in after if after[name] == before[name]} == {"two.bin", "empty"}
+    assert report.linked == 2
+    assert report.files == 5
+    assert (dest / "a" / "one.txt").read_text() == "ONE"
+    assert (dest / "run.sh").read_text() == "#!/bin/bash\n"
+    assert stat.S_IMODE((dest / "secret").stat().st_mode) == 0o640
+    assert _tree(dest) == _tree(src)
+    leftovers = [p.name for p in dest.parent.iterdir() if p.name != "repo"]
+    assert leftovers == []
+
+
+def test_without_incremental_nothing_is_linked(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    dest = tmp_path / "repo"
+    backend = LocalDirectoryCopyback(incremental=False)
+    backend.copy_back(run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop)
+    inode = (dest / "a" / "b" / "two.bin").stat().st_ino
+    report = backend.copy_back(
+        run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop
+    )
+    assert report.linked == 0
+    assert (dest / "a" / "b" / "two.bin").stat().st_ino != inode
+
+
+def test_a_file_that_became_a_symlink_after_listing_is_skipped_not_followed(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("never copy me")
+    link = tmp_path / "was-a-file"
+    link.symlink_to(outside)
+    target = tmp_path / "target"
+    done = _copy_chunk([(str(link), str(target), "was-a-file", None)])
+    assert (done.files, done.skipped) == (0, ["was-a-file"])
+    assert not target.exists()
+
+
+def test_ownership_lost_mid_copy_publishes_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    src = _source(tmp_path)
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+    monkeypatch.setattr(copyback, "CHECK_INTERVAL_SECONDS", 0)
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("ownership lost")
+
+    with pytest.raises(RuntimeError, match="ownership lost"):
+        LocalDirectoryCopyback().copy_back(
+            run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=check
+        )
+    assert sorted(p.name for p in dest.iterdir()) == ["old.txt"]
+
+
+def test_a_leftover_of_a_process_that_died_deleting_is_removed_next_time(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    dest = tmp_path / "repo"
+    leftover = tmp_path / f".repo.copyback-{uuid.uuid4()}.trash-0a1b2c3d"
+    (leftover / "deep").mkdir(parents=True)
+    LocalDirectoryCopyback().copy_back(
+        run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop
+    )
+    copyback_discards_wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "work"]

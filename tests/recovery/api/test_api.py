@@ -13,6 +13,7 @@ from django.test import override_settings
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
 from paperclip.worker.jobs import pending_jobs
+from recovery.adapters.copyback import copyback_discards_wait
 from recovery.adapters.platform import worker_stop_signature
 from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
@@ -255,6 +256,7 @@ def test_finalize_endpoint_copies_and_commits(tmp_path: Path, make_agent_client:
     assert not (b.dest_dir / "stale.txt").exists()
     assert not (b.dest_dir / "escape").exists()
     assert (b.dest_dir / "inner").is_symlink()
+    copyback_discards_wait()  # the replaced tree is deleted beside the commit
     assert sorted(p.name for p in b.dest_dir.parent.iterdir()) == ["repo"]  # no leftovers
 
 
