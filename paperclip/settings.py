@@ -228,7 +228,13 @@ SPECTACULAR_SETTINGS = {
 PAPERCLIP_LOG_FORMAT = env.str("PAPERCLIP_LOG_FORMAT", default="console")
 if PAPERCLIP_LOG_FORMAT not in ("console", "json"):
     raise ImproperlyConfigured("PAPERCLIP_LOG_FORMAT must be `console` or `json`")
-_EVENT_LOG_LEVEL = env.str("PAPERCLIP_EVENT_LOG_LEVEL", default="INFO")
+# Servers (gunicorn, runserver, run_worker) log every request, job and audit row; another
+# manage.py command (seed_demo, migrate, ...) keeps its own output readable unless asked.
+_COMMAND = sys.argv[1] if Path(sys.argv[0]).name == "manage.py" and len(sys.argv) > 1 else None
+_EVENT_LOG_LEVEL = env.str(
+    "PAPERCLIP_EVENT_LOG_LEVEL",
+    default="INFO" if _COMMAND in (None, "runserver", "run_worker") else "WARNING",
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

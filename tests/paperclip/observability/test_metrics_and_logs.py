@@ -187,3 +187,50 @@ def test_a_request_logs_one_json_line_with_its_context_and_no_secret(
     everything = "\n".join(log_lines)
     assert key not in everything
     assert key.split(".")[1] not in everything
+
+
+def test_checkpoint_contents_and_key_material_never_reach_a_log_line(
+    make_agent_client: Any, log_lines: list[str], settings: Any, tmp_path: Any
+) -> None:
+    """A checkpoint written and read back over the API: the counters move, and neither the
+    parts' contents nor the checkpoint key appears in any line (request, audit or other)."""
+    from tests.checkpoints.factories import TEST_KEY, coordinator
+
+    settings.DATA_DIR = tmp_path / "data"
+    settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]
+    fin = coordinator()
+    runner = make_agent_client(fin.run.agent)
+    base = f"/api/heartbeat-runs/{fin.run_id}"
+    writes = sample("paperclip_checkpoint_operations_total", operation="write")
+    written_bytes = sample("paperclip_checkpoint_bytes_total", operation="write")
+    reads = sample("paperclip_checkpoint_operations_total", operation="read")
+    grant = runner.post(f"{base}/controller-lease", {"boot_id": "boot-a"}, format="json").json()
+    contents = "SECRET-CHECKPOINT-CONTENTS-41f9"
+    put = runner.put(
+        f"{base}/checkpoint",
+        {
+            "owner": {
+                "boot_id": grant["controller_boot_id"],
+                "lease_owner": grant["lease_owner"],
+                "generation": grant["generation"],
+            },
+            "reset": False,
+            "changed": {"header": contents, "log": contents * 2},
+            "removed": [],
+            "work_command_ids": [],
+            "predecessor": None,
+        },
+        format="json",
+    )
+    assert put.status_code == 200, put.json()
+    assert runner.get(f"{base}/checkpoint").json()["parts"]["header"] == contents
+
+    assert sample("paperclip_checkpoint_operations_total", operation="write") == writes + 1
+    assert sample("paperclip_checkpoint_bytes_total", operation="write") == (
+        written_bytes + 3 * len(contents)
+    )
+    assert sample("paperclip_checkpoint_operations_total", operation="read") == reads + 1
+    everything = "\n".join(log_lines)
+    assert any('"checkpoint.written"' in line for line in log_lines)
+    assert contents not in everything
+    assert TEST_KEY not in everything
