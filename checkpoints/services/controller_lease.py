@@ -21,6 +21,7 @@ from paperclip.db.clock import ClockTimestamp
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import HeartbeatRun, NativeRunFinalization
+from paperclip.observability import metrics
 
 CONTROLLER_LEASE_TTL_MIN = 10
 CONTROLLER_LEASE_TTL_MAX = 3600
@@ -132,6 +133,7 @@ def _lease_renew(current: locks.LockedCoordinator, ttl_seconds: int) -> Controll
     expires_at = renewed.lease_expires_at
     if expires_at is None:  # pragma: no cover - just set to a timestamp
         raise RuntimeError(f"coordinator of run {current.run_id} has no lease expiry")
+    transaction.on_commit(metrics.CONTROLLER_LEASES.labels("renewed").inc)  # no audit row
     return ControllerLease(
         lease_owner=str(current.lease_owner),
         controller_boot_id=str(current.controller_boot_id),

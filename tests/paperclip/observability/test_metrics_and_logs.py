@@ -204,7 +204,17 @@ def test_checkpoint_contents_and_key_material_never_reach_a_log_line(
     writes = sample("paperclip_checkpoint_operations_total", operation="write")
     written_bytes = sample("paperclip_checkpoint_bytes_total", operation="write")
     reads = sample("paperclip_checkpoint_operations_total", operation="read")
+    acquired = sample("paperclip_controller_lease_operations_total", operation="acquired")
+    renewed = sample("paperclip_controller_lease_operations_total", operation="renewed")
     grant = runner.post(f"{base}/controller-lease", {"boot_id": "boot-a"}, format="json").json()
+    again = {"boot_id": "boot-a", "lease_owner": grant["lease_owner"]}
+    assert runner.post(f"{base}/controller-lease", again, format="json").status_code == 200
+    assert sample("paperclip_controller_lease_operations_total", operation="acquired") == (
+        acquired + 1
+    )
+    assert sample("paperclip_controller_lease_operations_total", operation="renewed") == (
+        renewed + 1
+    )
     contents = "SECRET-CHECKPOINT-CONTENTS-41f9"
     put = runner.put(
         f"{base}/checkpoint",
