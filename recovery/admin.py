@@ -194,24 +194,7 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
         ),
         ("What to do", {"fields": ("next_action",)}),
         ("Recovery source", {"fields": ("recovery_source",)}),
-        (
-            "Details",
-            {
-                "fields": (
-                    "evidence_pretty",
-                    "fingerprint",
-                    "attempt_count",
-                    "max_attempts",
-                    "return_owner_agent",
-                    "owner_agent",
-                    "wake_policy",
-                    "resolution_note",
-                    "created_at",
-                    "updated_at",
-                    "resolved_at",
-                )
-            },
-        ),
+        _DETAILS_FIELDSET,
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:

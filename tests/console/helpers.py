@@ -19,8 +19,6 @@ from paperclip.models import (
     WorkspaceOperation,
 )
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
-from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
 from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
@@ -29,7 +27,7 @@ from tests.paperclip.factories import (
     HeartbeatRunFactory,
     IssueFactory,
 )
-from tests.recovery.factories import Binding, make_binding, receipt_for
+from tests.recovery.factories import Binding, hold_for_board, make_binding, receipt_for
 
 
 def dead_pid() -> int:
@@ -50,23 +48,7 @@ def held(
     copy-back barrier exists (the default), unless `receipt` says otherwise."""
     receipt = receipt if receipt is not None else receipt_for(pid=dead_pid())
     b = make_binding(company=company, receipt=receipt, phase=phase)
-    action = IssueRecoveryAction.objects.create(
-        company=company,
-        source_issue=b.issue,
-        kind="active_run_watchdog",
-        owner_type="board",
-        return_owner_agent=b.agent,
-        cause=OWNER_UNVERIFIED_CAUSE,
-        fingerprint=owner_fingerprint(b.run.pk, receipt),
-        evidence={
-            "runId": str(b.run.pk),
-            "owner": receipt,
-            "workspaceOwnerRecovery": {"state": "operator_required"},
-        },
-        next_action=OWNER_UNVERIFIED_NEXT_ACTION,
-        attempt_count=1,
-        max_attempts=1,
-    )
+    action = hold_for_board(b, receipt)
     return b, action, receipt
 
 

@@ -136,3 +136,28 @@ def receipt_for(
     if worker is not None:
         value["worker"] = worker
     return value
+
+
+def hold_for_board(b: Binding, receipt: dict[str, Any]) -> IssueRecoveryAction:
+    """The owner-unverified hold the finalization controller records for `b`'s run whose
+    recorded owner is `receipt` (as recovery/services/ownership.py writes it)."""
+    from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+    from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+
+    return IssueRecoveryAction.objects.create(
+        company=b.company,
+        source_issue=b.issue,
+        kind="active_run_watchdog",
+        owner_type="board",
+        return_owner_agent=b.agent,
+        cause=OWNER_UNVERIFIED_CAUSE,
+        fingerprint=owner_fingerprint(b.run.pk, receipt),
+        evidence={
+            "runId": str(b.run.pk),
+            "owner": receipt,
+            "workspaceOwnerRecovery": {"state": "operator_required"},
+        },
+        next_action=OWNER_UNVERIFIED_NEXT_ACTION,
+        attempt_count=1,
+        max_attempts=1,
+    )

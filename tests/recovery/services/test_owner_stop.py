@@ -17,9 +17,7 @@ from recovery.errors import (
 )
 from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import recovery_owner_stop_confirm
-from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
 from tests.helpers import raw_connection
 from tests.paperclip.factories import (
     CompanyFactory,
@@ -27,7 +25,7 @@ from tests.paperclip.factories import (
     NativeRunResultFactory,
     UserFactory,
 )
-from tests.recovery.factories import Binding, make_binding, receipt_for
+from tests.recovery.factories import Binding, hold_for_board, make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db
 
@@ -37,23 +35,7 @@ EVIDENCE = "k8s: pod finalizer-7f9 terminated 12:03Z, no copy processes left on 
 def held_binding(*, receipt: dict[str, Any] | None = None, phase: str = "workspace_finalizing"):
     receipt = receipt if receipt is not None else receipt_for(hostname="gone.example")
     b = make_binding(receipt=receipt, phase=phase)
-    action = IssueRecoveryAction.objects.create(
-        company=b.company,
-        source_issue=b.issue,
-        kind="active_run_watchdog",
-        owner_type="board",
-        return_owner_agent=b.agent,
-        cause=OWNER_UNVERIFIED_CAUSE,
-        fingerprint=owner_fingerprint(b.run.pk, receipt),
-        evidence={
-            "runId": str(b.run.pk),
-            "owner": receipt,
-            "workspaceOwnerRecovery": {"state": "operator_required"},
-        },
-        next_action=OWNER_UNVERIFIED_NEXT_ACTION,
-        attempt_count=1,
-        max_attempts=1,
-    )
+    action = hold_for_board(b, receipt)
     user = UserFactory()
     BoardMembership.objects.create(user=user, company=b.company)
     return b, action, receipt, board_actor(user)

@@ -228,8 +228,24 @@ def test_recycled_pid_counts_as_dead(dead_pid: int) -> None:
     assert outcome == Acquired(1)
 
 
-def test_binding_changed_when_the_receipt_changes_between_read_and_swap() -> None:
-    b = make_binding()
+@pytest.mark.parametrize("prior", ["none", "replaceable"])
+def test_binding_changed_when_the_receipt_changes_between_read_and_swap(prior: str) -> None:
+    """Both branches of the compare-and-swap: with no prior receipt, and with a prior judged
+    replaceable (a recycled pid beside a succeeded copy-back barrier). Another controller
+    writes its own receipt between the read and the swap: the swap compares against what was
+    judged, fails, and leaves the newer receipt alone."""
+    if prior == "none":
+        b = make_binding()
+    else:
+        started = datetime.now(tz=UTC) - timedelta(hours=1)
+        b = make_binding(receipt=receipt_for(pid=os.getpid(), started=started))
+        WorkspaceOperation.objects.create(
+            company=b.company,
+            heartbeat_run=b.run,
+            issue=b.issue,
+            phase="workspace_finalize",
+            status="succeeded",
+        )
     intruder = receipt_for(hostname="elsewhere.example")
 
     def change_receipt() -> None:
@@ -245,39 +261,9 @@ def test_binding_changed_when_the_receipt_changes_between_read_and_swap() -> Non
     assert outcome == NotAcquired("binding_changed")
     assert ran == []
     assert _profile(b.run)[OWNER_KEY] == intruder  # the newer receipt is left alone
+    assert not ActivityEvent.objects.filter(action__startswith="run.finalization_owner").exists()
     assert not ownership_module._active_owner_tokens
     assert not ownership_module._active_run_owners
-
-
-def test_a_takeover_loses_to_a_receipt_that_changed_after_it_was_judged() -> None:
-    """The compare-and-swap with a prior receipt: the prior (a recycled pid beside a succeeded
-    copy-back barrier) is judged replaceable, then another controller writes its own receipt
-    before the swap. The swap must compare against the judged prior and fail."""
-    started = datetime.now(tz=UTC) - timedelta(hours=1)
-    b = make_binding(receipt=receipt_for(pid=os.getpid(), started=started))
-    WorkspaceOperation.objects.create(
-        company=b.company,
-        heartbeat_run=b.run,
-        issue=b.issue,
-        phase="workspace_finalize",
-        status="succeeded",
-    )
-    intruder = receipt_for(hostname="elsewhere.example")
-
-    def change_receipt() -> None:
-        HeartbeatRun.objects.filter(pk=b.run.pk).update(
-            runner_profile_json={**_profile(b.run), OWNER_KEY: intruder}
-        )
-
-    ownership_module.before_claim_hook = change_receipt
-    ran = []
-    outcome = with_finalization_ownership(
-        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: ran.append(1)
-    )
-    assert outcome == NotAcquired("binding_changed")
-    assert ran == []
-    assert _profile(b.run)[OWNER_KEY] == intruder  # the newer receipt is left alone
-    assert not ActivityEvent.objects.filter(action="run.finalization_owner_takeover").exists()
 
 
 def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner() -> None:
