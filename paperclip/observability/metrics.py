@@ -176,6 +176,17 @@ _AUDIT_EFFECTS: dict[str, tuple[_Effect, ...]] = {
     ),
 }
 
+# The counters the table above moves (a test checks each row moves exactly its own).
+_COUNTED_BY_AUDIT = (
+    RUNTIME_LEASE_CLAIMS,
+    RUNTIME_LEASE_RECLAIMS,
+    RUNTIME_LEASE_RELEASES,
+    CONTROLLER_LEASES,
+    FINALIZATIONS,
+    OWNER_STOP_CONFIRMATIONS,
+    ENVIRONMENT_CLEANUPS,
+)
+
 
 def audit_counters_move(action: str, details: Mapping[str, Any]) -> None:
     """Move the counters of one committed audit row."""

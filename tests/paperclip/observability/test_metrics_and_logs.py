@@ -16,6 +16,7 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from paperclip.activity import activity_record
+from paperclip.observability import metrics
 from paperclip.observability.logs import ContextFilter, JsonFormatter
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
@@ -244,3 +245,103 @@ def test_checkpoint_contents_and_key_material_never_reach_a_log_line(
     assert any('"checkpoint.written"' in line for line in log_lines)
     assert contents not in everything
     assert TEST_KEY not in everything
+
+
+def _series(name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in REGISTRY.collect()
+        for s in family.samples
+        if s.name == name
+    }
+
+
+# What each audited action must count (docs/operations.md#counters-and-histograms), written
+# out here rather than read from the implementation's table.
+AUDITED = {
+    "runtime_lease.created": [("paperclip_runtime_lease_claims_total", {"outcome": "created"})],
+    "runtime_lease.bypassed": [("paperclip_runtime_lease_claims_total", {"outcome": "bypassed"})],
+    "runtime_lease.reclaimed": [
+        ("paperclip_runtime_lease_claims_total", {"outcome": "reclaimed"}),
+        ("paperclip_runtime_lease_reclaims_total", {"reason": "lease_expired"}),
+    ],
+    "runtime_lease.released": [("paperclip_runtime_lease_releases_total", {"kind": "released"})],
+    "runtime_lease.force_released": [
+        ("paperclip_runtime_lease_releases_total", {"kind": "force_released"})
+    ],
+    "runtime_lease.swept": [("paperclip_runtime_lease_releases_total", {"kind": "swept"})],
+    "controller_lease.acquired": [
+        ("paperclip_controller_lease_operations_total", {"operation": "acquired"})
+    ],
+    "controller_lease.taken_over": [
+        ("paperclip_controller_lease_operations_total", {"operation": "taken_over"})
+    ],
+    "controller_lease.expired": [
+        ("paperclip_controller_lease_operations_total", {"operation": "expired"})
+    ],
+    "controller_lease.expired_on_failure": [
+        ("paperclip_controller_lease_operations_total", {"operation": "expired"})
+    ],
+    "run.workspace_finalize_started": [("paperclip_finalizations_total", {"outcome": "started"})],
+    "run.finalization_committed": [("paperclip_finalizations_total", {"outcome": "committed"})],
+    "run.workspace_finalize_retry_exhausted": [
+        ("paperclip_finalizations_total", {"outcome": "failed"})
+    ],
+    "run.workspace_finalize_abandoned": [
+        ("paperclip_finalizations_total", {"outcome": "abandoned"})
+    ],
+    "issue.workspace_owner_stop_confirmed": [
+        ("paperclip_owner_stop_confirmations_total", {"kind": "board"})
+    ],
+    "issue.workspace_owner_stop_verified": [
+        ("paperclip_owner_stop_confirmations_total", {"kind": "platform"})
+    ],
+    "environment_lease.cleanup_claimed": [
+        ("paperclip_environment_cleanups_total", {"event": "claimed"})
+    ],
+    "environment_lease.cleanup_settled": [
+        ("paperclip_environment_cleanups_total", {"event": "settled"})
+    ],
+    "environment_lease.cleanup_retry_due": [
+        ("paperclip_environment_cleanups_total", {"event": "retry_due"})
+    ],
+    "checkpoint.written": [],  # counted by the writer itself, with its bytes and time
+}
+
+
+def test_every_mapped_action_is_specified_here() -> None:
+    assert set(metrics._AUDIT_EFFECTS) <= set(AUDITED)
+
+
+@pytest.mark.parametrize("action", sorted(AUDITED))
+def test_each_audited_action_moves_its_counters_by_exactly_one(company: Any, action: str) -> None:
+    """One committed audit row of `action` moves paperclip_audit_events_total and exactly the
+    counters the operations guide names for it, each by one, and no other series."""
+    names = {
+        "paperclip_audit_events_total",
+        *(
+            described.name + "_total"
+            for counter in metrics._COUNTED_BY_AUDIT
+            for described in counter.describe()
+        ),
+    }
+    before = {name: _series(name) for name in names}
+    with transaction.atomic():
+        activity_record(
+            company_id=company.pk,
+            actor_type="system",
+            actor_id="test",
+            action=action,
+            entity_type="test",
+            entity_id=company.pk,
+            details={"reason": "lease_expired"},
+        )
+    moved = {}
+    for name in names:
+        for labels, value in _series(name).items():
+            delta = value - before[name].get(labels, 0.0)
+            if delta:
+                moved[(name, labels)] = delta
+    expected = {(name, tuple(sorted(labels.items()))): 1.0 for name, labels in AUDITED[action]}
+    expected[("paperclip_audit_events_total", (("action", action),))] = 1.0
+    assert moved == expected
