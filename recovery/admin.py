@@ -133,7 +133,7 @@ class HoldFilter(admin.SimpleListFilter):
         return queryset
 
 
-_DETAILS_FIELDSET = (
+_DETAILS_FIELDSET: tuple[str, Any] = (
     "Details",
     {
         "fields": (
