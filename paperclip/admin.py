@@ -328,8 +328,8 @@ class AgentApiKeyInline(_TabularInline):
 @admin.register(Agent)
 class AgentAdmin(AuditedAdmin):
     audit_entity = "agent"
-    list_display = ("name", "company", "status", "id", "created_at")
-    list_filter = ("status", COMPANY_FILTER)
+    list_display = ("name", "company", "role", "status", "id", "created_at")
+    list_filter = ("role", "status", COMPANY_FILTER)
     search_fields = ("name", "id")
     autocomplete_fields = ("company",)
     readonly_fields = ("id", "created_at", "updated_at")

@@ -67,10 +67,15 @@ class Agent(TimestampedModel):
         PAUSED = "paused"
         TERMINATED = "terminated"
 
+    class Role(models.TextChoices):
+        WORKER = "worker"  # runs issues (runs, runtime leases, checkpoints, results)
+        PROVIDER = "provider"  # drives environment leases and their cleanups
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="agents")
     name = models.CharField(max_length=200)
     status = models.TextField(choices=Status.choices, default=Status.ACTIVE)
+    role = models.TextField(choices=Role.choices, default=Role.WORKER, db_default=Role.WORKER)
 
     class Meta:
         db_table = "agents"

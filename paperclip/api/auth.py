@@ -318,3 +318,25 @@ class IsAgentOrBoard(permissions.BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         actor_for(request)
         return True
+
+
+def _is_provider(actor: Actor) -> bool:
+    return actor.agent is not None and actor.agent.role == Agent.Role.PROVIDER
+
+
+class IsProviderAgent(permissions.BasePermission):
+    """Environment leases and their cleanups: provider agents only (docs/api.md#agent-roles);
+    a worker agent or a board member gets 403 before any lookup."""
+
+    message = "This endpoint is for provider agents (role provider)."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return _is_provider(actor_for(request))
+
+
+class IsProviderAgentOrBoard(permissions.BasePermission):
+    message = "This endpoint is for provider agents (role provider) and board members."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        actor = actor_for(request)
+        return actor.is_board or _is_provider(actor)

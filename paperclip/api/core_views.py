@@ -35,7 +35,7 @@ from paperclip.api.serializers import (
     UUIDBodyField,
     error_responses,
 )
-from paperclip.models import Company, HeartbeatRun, Issue
+from paperclip.models import Agent, Company, HeartbeatRun, Issue
 
 NAME_MAX = 200
 TITLE_MAX = 1000
@@ -131,6 +131,12 @@ class AgentCreateApi(APIView):
     @extend_schema_serializer(component_name="AgentCreateInput")
     class InputSerializer(StrictInputSerializer):
         name = NonBlankTextField(max_length=NAME_MAX)
+        role = serializers.ChoiceField(
+            choices=Agent.Role.choices,
+            required=False,
+            default=Agent.Role.WORKER,
+            help_text="`provider` agents drive environment leases and cleanups; default worker.",
+        )
 
     @extend_schema(
         operation_id="agent_create",

@@ -146,6 +146,7 @@ class AgentOutputSerializer(serializers.Serializer[Agent]):
     id = serializers.UUIDField()
     company_id = serializers.UUIDField()
     name = serializers.CharField()
+    role = serializers.ChoiceField(choices=Agent.Role.choices)
     status = serializers.ChoiceField(choices=Agent.Status.choices)
     created_at = serializers.DateTimeField()
 

@@ -51,22 +51,25 @@ class AgentCreated:
     agent: Agent
 
 
-def agent_create(*, actor: Actor, company_id: UUID | str, name: str) -> AgentCreated:
-    """Create an agent in a company the board actor belongs to.
+def agent_create(
+    *, actor: Actor, company_id: UUID | str, name: str, role: str = Agent.Role.WORKER
+) -> AgentCreated:
+    """Create an agent in a company the board actor belongs to; `role` is `worker` (runs
+    issues) or `provider` (drives environment leases and their cleanups).
 
     Raises PermissionDenied (not a board actor) or NotFoundError (company not visible).
     """
     require_board(actor)
     company = selectors.company_get(actor=actor, company_id=company_id)
     with transaction.atomic(durable=True):
-        agent = Agent.objects.create(company=company, name=name)
+        agent = Agent.objects.create(company=company, name=name, role=role)
         audit(
             actor,
             company_id=company.pk,
             action="agent.created",
             entity_type="agent",
             entity_id=agent.pk,
-            details={"name": name},
+            details={"name": name, "role": role},
         )
     return AgentCreated(agent=agent)
 
