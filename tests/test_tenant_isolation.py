@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.credentials import agent_key_create
-from tests.leases.environment.factories import EnvironmentLeaseFactory
+from tests.leases.environment.factories import EnvironmentLeaseFactory, ProviderAgentFactory
 from tests.leases.factories import claim
 from tests.paperclip.factories import ExecutionWorkspaceFactory, IssueFactory
 from tests.recovery.factories import RecoveryActionFactory, make_binding
@@ -50,6 +50,8 @@ def _world(prefix: str) -> dict[str, Any]:
     key = agent_key_create(agent_id=b.agent.pk)
     return {
         "binding": b,
+        "provider": ProviderAgentFactory(company=b.company),
+        "environment_id": lease.environment_id,
         "company_id": b.company.pk,
         "agent_id": b.agent.pk,
         "key_id": key.id,
@@ -82,6 +84,9 @@ def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
             "phase": "build",
             "status": "running",
         },
+        "api/companies/<uuid:company_id>/environments": {"name": "x", "driver": "sandbox"},
+        "api/environment-leases/<uuid:lease_id>/heartbeat": {},
+        "api/environment-leases/<uuid:lease_id>/release": {"outcome": "succeeded"},
         "api/environment-leases/<uuid:lease_id>/cleanup-claims": {},
         "api/environment-leases/<uuid:lease_id>/cleanup-receipts": {
             "attempt_id": str(uuid.uuid4()),
@@ -141,6 +146,7 @@ def test_another_companys_ids_look_like_ids_that_exist_nowhere(
     nowhere = {name: uuid.uuid4() for name in theirs}
     clients = {
         "agent": make_agent_client(mine["binding"].agent),
+        "provider": make_agent_client(mine["provider"]),
         "board": make_board_client(mine["binding"].company),
     }
     routes = _routes()
@@ -160,7 +166,7 @@ def test_another_companys_ids_look_like_ids_that_exist_nowhere(
                 assert foreign.status_code in (400, 403, 404), where
                 assert _normalized(foreign) == _normalized(absent), where
                 checked += 1
-    assert checked > 40
+    assert checked > 60
     assert _row_counts() == before
     # B's lease is untouched by everything A tried.
     assert WorkspaceRuntimeLease.objects.filter(
@@ -195,4 +201,37 @@ def test_another_companys_ids_inside_a_body_are_404(make_agent_client: Any) -> N
     for url, body in cases:
         response = client.post(url, body, format="json")
         assert response.status_code == 404, (url, body, response.content)
+    assert _row_counts() == before
+
+
+def test_another_companys_ids_inside_an_environment_lease_acquire_are_404(
+    make_agent_client: Any,
+) -> None:
+    mine, theirs = _world("a"), _world("b")
+    client = make_agent_client(mine["provider"])
+    before = _row_counts()
+
+    def body(**ids: Any) -> dict[str, Any]:
+        chosen = {
+            "environment_id": mine["environment_id"],
+            "heartbeat_run_id": mine["run_id"],
+            "execution_workspace_id": mine["spare_workspace"],
+        }
+        chosen.update(ids)
+        return {
+            **{k: str(v) for k, v in chosen.items()},
+            "lease_policy": "ephemeral",
+            "provider": "daytona",
+            "provider_lease_id": "sbx-x",
+        }
+
+    for world in (theirs, {name: uuid.uuid4() for name in theirs}):
+        for ids in (
+            {"environment_id": world["environment_id"]},
+            {"heartbeat_run_id": world["run_id"]},
+            {"execution_workspace_id": world["spare_workspace"]},
+        ):
+            response = client.post("/api/environment-leases", body(**ids), format="json")
+            assert response.status_code == 404, (ids, response.content)
+            assert response.json()["error"]["code"] == "not_found"
     assert _row_counts() == before

@@ -8,6 +8,8 @@ Codes are frozen once shipped; `details` per code:
   attempts so far; docs/environment.md#cleanup-retries).
 - `cleanup_attempt_stale`: `reason` (see `CleanupAttemptStale`).
 - `cleanup_intent_invalid`: `intent` (`nativeWorkspaceExportResume` or `sandboxStopAndRetain`).
+- `environment_lease_single_flight`: `environment_id`, `execution_workspace_id`, `lease_id`.
+- `environment_lease_not_active`: `status`, `outcome` (the outcome the lease was released with).
 """
 
 from __future__ import annotations
@@ -58,3 +60,28 @@ class CleanupIntentInvalid(RuleViolationError):
         "up automatically."
     )
     remediation = "An operator must inspect the lease metadata."
+
+
+class EnvironmentNotFound(NotFoundError):
+    code = "not_found"
+    message = "Environment not found."
+
+
+class EnvironmentLeaseSingleFlight(ConflictError):
+    """details: `environment_id`, `execution_workspace_id`, `lease_id` (the active ephemeral
+    lease that holds the slot; same company, so naming it reveals nothing)."""
+
+    code = "environment_lease_single_flight"
+    message = (
+        "An active ephemeral lease already holds this environment for this execution workspace."
+    )
+    remediation = "Wait for the holder to release it, or acquire with a reusable policy."
+
+
+class EnvironmentLeaseNotActive(ConflictError):
+    """details: `status` (the lease's current status), `outcome` (the recorded release outcome,
+    or null)."""
+
+    code = "environment_lease_not_active"
+    message = "The environment lease is not active."
+    remediation = "Acquire a new lease; a release is repeatable only with the same outcome."

@@ -18,3 +18,9 @@ def environment_leases_for_update(*, skip_locked: bool = False) -> QuerySet[Envi
     return EnvironmentLease.objects.select_for_update(
         no_key=True, of=("self",), skip_locked=skip_locked
     ).order_by("pk")
+
+
+def environment_slot_key(environment_id: object, execution_workspace_id: object | None) -> str:
+    """Advisory key serialising acquires of one environment for one execution workspace (the
+    single-flight slot: there is no row to lock before the lease exists)."""
+    return f"leases:environment:{environment_id}:{execution_workspace_id or '-'}"

@@ -1,4 +1,6 @@
-"""HTTP API of the provider cleanup protocol (agents of the environment provider)."""
+"""HTTP API of environment leases (docs/api.md#environment-lease-endpoints): environments
+(board), the lease lifecycle and the cleanup protocol (provider agents), reads (provider or
+board)."""
 
 from __future__ import annotations
 
@@ -6,29 +8,42 @@ from typing import Any
 from uuid import UUID
 
 from drf_spectacular.utils import (
+    OpenApiParameter,
     extend_schema,
     extend_schema_serializer,
+    inline_serializer,
 )
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from leases.environment.errors import EnvironmentLeaseNotFound
+from leases.environment.lifecycle import (
+    environment_create,
+    environment_lease_acquire,
+    environment_lease_heartbeat,
+    environment_lease_release,
+)
+from leases.environment.selectors import environment_lease_get, environment_lease_list
 from leases.environment.services import (
     environment_lease_cleanup_claim,
     environment_lease_cleanup_settle,
 )
 from leases.models import EnvironmentLease
-from paperclip.api.auth import IsAgent, actor_for
+from paperclip.api.auth import IsBoard, IsProviderAgent, IsProviderAgentOrBoard, actor_for
+from paperclip.api.core_views import AbsolutePathField
 from paperclip.api.serializers import (
     AUTH_ERRORS,
     INVALID_REQUEST,
     NOT_FOUND,
     RESOURCE_BUSY,
+    NonBlankTextField,
     StrictInputSerializer,
+    UUIDBodyField,
     error_responses,
 )
+from paperclip.models import Environment
 
 
 @extend_schema_serializer(component_name="EnvironmentLease")
@@ -74,7 +89,7 @@ def _worker_company(request: Request) -> Any:
 
 
 class EnvironmentLeaseCleanupClaimApi(APIView):
-    permission_classes = (IsAgent,)
+    permission_classes = (IsProviderAgent,)
 
     @extend_schema_serializer(component_name="EnvironmentLeaseCleanupClaim")
     class OutputSerializer(serializers.Serializer[Any]):
@@ -123,7 +138,7 @@ class EnvironmentLeaseCleanupClaimApi(APIView):
 
 
 class EnvironmentLeaseCleanupReceiptApi(APIView):
-    permission_classes = (IsAgent,)
+    permission_classes = (IsProviderAgent,)
 
     @extend_schema_serializer(component_name="EnvironmentLeaseCleanupReceipt")
     class InputSerializer(StrictInputSerializer):
@@ -165,3 +180,193 @@ class EnvironmentLeaseCleanupReceiptApi(APIView):
             actor_id=actor.actor_id,
         )
         return Response(EnvironmentLeaseOutputSerializer(lease).data)
+
+
+# --- environments (board) ------------------------------------------------------------------------
+
+
+class EnvironmentOutputSerializer(serializers.Serializer[Environment]):
+    id = serializers.UUIDField()
+    company_id = serializers.UUIDField()
+    name = serializers.CharField()
+    driver = serializers.ChoiceField(choices=Environment.Driver.choices)
+    status = serializers.ChoiceField(choices=Environment.Status.choices)
+    config = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+
+
+class EnvironmentCreateApi(APIView):
+    permission_classes = (IsBoard,)
+
+    @extend_schema_serializer(component_name="EnvironmentCreateInput")
+    class InputSerializer(StrictInputSerializer):
+        name = NonBlankTextField(max_length=200)
+        driver = serializers.ChoiceField(choices=Environment.Driver.choices)
+        config = serializers.DictField(child=serializers.JSONField(), required=False, default=dict)
+
+    @extend_schema(
+        operation_id="environment_create",
+        summary="Create an environment of a company (board).",
+        request=InputSerializer,
+        responses={
+            201: EnvironmentOutputSerializer,
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+        },
+    )
+    def post(self, request: Request, company_id: UUID) -> Response:
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        created = environment_create(
+            actor=actor_for(request), company_id=company_id, **body.validated_data
+        )
+        return Response(
+            EnvironmentOutputSerializer(created.environment).data, status=status.HTTP_201_CREATED
+        )
+
+
+# --- the lease lifecycle (provider agents) ---------------------------------------------------
+
+
+class EnvironmentLeaseAcquireApi(APIView):
+    permission_classes = (IsProviderAgent,)
+
+    @extend_schema_serializer(component_name="EnvironmentLeaseAcquireInput")
+    class InputSerializer(StrictInputSerializer):
+        environment_id = UUIDBodyField()
+        heartbeat_run_id = UUIDBodyField()
+        execution_workspace_id = UUIDBodyField(required=False, allow_null=True, default=None)
+        lease_policy = serializers.ChoiceField(choices=EnvironmentLease.Policy.choices)
+        provider = NonBlankTextField(max_length=200)
+        provider_lease_id = NonBlankTextField(max_length=500)
+        remote_cwd = AbsolutePathField(required=False, allow_null=True, default=None)
+        plugin_id = NonBlankTextField(
+            max_length=200,
+            required=False,
+            allow_null=True,
+            default=None,
+            help_text="The provider plugin; export-resume markers pin it (metadata.pluginId).",
+        )
+
+    @extend_schema(
+        operation_id="environment_lease_acquire",
+        summary="Lease a provider allocation to a run (provider agent); repeats return it.",
+        request=InputSerializer,
+        responses={
+            201: EnvironmentLeaseOutputSerializer,
+            200: EnvironmentLeaseOutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                (409, "environment_lease_single_flight"),
+                RESOURCE_BUSY,
+            ),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        grant = environment_lease_acquire(actor=actor_for(request), **body.validated_data)
+        return Response(
+            EnvironmentLeaseOutputSerializer(grant.lease).data,
+            status=status.HTTP_201_CREATED if grant.created else status.HTTP_200_OK,
+        )
+
+
+class EnvironmentLeaseDetailApi(APIView):
+    permission_classes = (IsProviderAgentOrBoard,)
+
+    @extend_schema(
+        operation_id="environment_lease_get",
+        summary="Read an environment lease (provider agent of its company, or board).",
+        responses={
+            200: EnvironmentLeaseOutputSerializer,
+            **error_responses(*AUTH_ERRORS, NOT_FOUND),
+        },
+    )
+    def get(self, request: Request, lease_id: UUID) -> Response:
+        lease = environment_lease_get(actor=actor_for(request), lease_id=lease_id)
+        return Response(EnvironmentLeaseOutputSerializer(lease).data)
+
+
+class EnvironmentLeaseHeartbeatApi(APIView):
+    permission_classes = (IsProviderAgent,)
+
+    @extend_schema(
+        operation_id="environment_lease_heartbeat",
+        summary="Mark an active lease as in use (last_used_at now; provider agent).",
+        request=None,
+        responses={
+            200: EnvironmentLeaseOutputSerializer,
+            **error_responses(*AUTH_ERRORS, NOT_FOUND, (409, "environment_lease_not_active")),
+        },
+    )
+    def post(self, request: Request, lease_id: UUID) -> Response:
+        lease = environment_lease_heartbeat(actor=actor_for(request), lease_id=lease_id)
+        return Response(EnvironmentLeaseOutputSerializer(lease).data)
+
+
+class EnvironmentLeaseReleaseApi(APIView):
+    permission_classes = (IsProviderAgent,)
+
+    @extend_schema_serializer(component_name="EnvironmentLeaseReleaseInput")
+    class InputSerializer(StrictInputSerializer):
+        outcome = serializers.ChoiceField(choices=("succeeded", "failed"))
+
+    @extend_schema(
+        operation_id="environment_lease_release",
+        summary="Release a lease with the run's outcome; its policy and markers decide the rest.",
+        request=InputSerializer,
+        responses={
+            200: EnvironmentLeaseOutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                (409, "environment_lease_not_active"),
+                RESOURCE_BUSY,
+            ),
+        },
+    )
+    def post(self, request: Request, lease_id: UUID) -> Response:
+        body = self.InputSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        released = environment_lease_release(
+            actor=actor_for(request), lease_id=lease_id, outcome=body.validated_data["outcome"]
+        )
+        return Response(EnvironmentLeaseOutputSerializer(released.lease).data)
+
+
+class EnvironmentLeaseListApi(APIView):
+    permission_classes = (IsBoard,)
+
+    class QuerySerializer(StrictInputSerializer):
+        status = serializers.ChoiceField(
+            choices=EnvironmentLease.Status.choices, required=False, default=None
+        )
+        heartbeat_run_id = UUIDBodyField(required=False, default=None)
+
+    @extend_schema(
+        operation_id="environment_lease_list",
+        summary="A company's environment leases, newest first (board).",
+        parameters=[
+            OpenApiParameter(
+                "status", str, OpenApiParameter.QUERY, enum=EnvironmentLease.Status.values
+            ),
+            OpenApiParameter("heartbeat_run_id", UUID, OpenApiParameter.QUERY),
+        ],
+        responses={
+            200: inline_serializer(
+                name="EnvironmentLeaseList",
+                fields={"results": EnvironmentLeaseOutputSerializer(many=True)},
+            ),
+            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+        },
+    )
+    def get(self, request: Request, company_id: UUID) -> Response:
+        query = self.QuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        leases = environment_lease_list(
+            actor=actor_for(request), company_id=company_id, **query.validated_data
+        )
+        return Response({"results": EnvironmentLeaseOutputSerializer(leases, many=True).data})

@@ -19,6 +19,7 @@ from paperclip.models import (
 )
 from recovery.models import IssueRecoveryAction
 from tests.paperclip.factories import (
+    AgentFactory,
     CompanyFactory,
     EnvironmentFactory,
     ExecutionWorkspaceFactory,
@@ -29,6 +30,12 @@ from tests.recovery.factories import RecoveryActionFactory
 PLUGIN = "plugin-daytona"
 PROVIDER = "daytona"
 HEX_A, HEX_B, HEX_C = "a" * 64, "b" * 64, "c" * 64
+
+
+class ProviderAgentFactory(AgentFactory):
+    """An agent with the provider role: the only kind that drives environment leases."""
+
+    role = Agent.Role.PROVIDER
 
 
 class EnvironmentLeaseFactory(factory.django.DjangoModelFactory):

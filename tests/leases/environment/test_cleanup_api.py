@@ -21,10 +21,21 @@ from paperclip.db.advisory import dedicated_connection
 from paperclip.db.clock import db_now
 from paperclip.models import ActivityEvent, Agent, Company
 from tests.helpers import assert_error
-from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
-from tests.paperclip.factories import AgentFactory, NativeRunFactory
+from tests.leases.environment.factories import (
+    EnvironmentLeaseFactory,
+    ProviderAgentFactory,
+    export_marker,
+    set_meta,
+)
+from tests.paperclip.factories import NativeRunFactory
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def agent(company: Company) -> Agent:
+    """`agent_client` is a provider worker here: only providers may drive cleanups."""
+    return ProviderAgentFactory(company=company)
 
 
 def claim_url(lease_id: Any) -> str:
@@ -266,7 +277,7 @@ def test_scoping_and_permissions(
     make_board_client: Callable[..., APIClient],
 ) -> None:
     lease = pending_lease(company)
-    foreign = make_agent_client(AgentFactory(company=other_company))
+    foreign = make_agent_client(ProviderAgentFactory(company=other_company))
     hidden = [
         foreign.post(claim_url(lease.pk)),
         foreign.post(receipt_url(lease.pk), receipt("x", lease), format="json"),
@@ -336,7 +347,7 @@ def test_two_workers_racing_to_claim_get_exactly_one_winner(
 ) -> None:
     company = Company.objects.create(name="race")
     lease = pending_lease(company)
-    clients = [make_agent_client(AgentFactory(company=company)) for _ in range(2)]
+    clients = [make_agent_client(ProviderAgentFactory(company=company)) for _ in range(2)]
     outcomes = sorted(
         contend(lease, [lambda c=c: c.post(claim_url(lease.pk)) for c in clients]),
         key=lambda outcome: outcome[0],
@@ -354,7 +365,7 @@ def test_racing_duplicate_receipts_settle_once(
 ) -> None:
     company = Company.objects.create(name="race")
     lease = pending_lease(company)
-    client = make_agent_client(AgentFactory(company=company))
+    client = make_agent_client(ProviderAgentFactory(company=company))
     attempt = client.post(claim_url(lease.pk)).json()["attempt_id"]
     body = receipt(attempt, lease)
     outcomes = sorted(
@@ -375,7 +386,7 @@ def test_a_held_row_lock_answers_resource_busy_and_changes_nothing(
     monkeypatch.setattr(paperclip.db.locking, "HOT_PATH_LOCK_TIMEOUT", "200ms")
     company = Company.objects.create(name="busy")
     lease = pending_lease(company)
-    client = make_agent_client(AgentFactory(company=company))
+    client = make_agent_client(ProviderAgentFactory(company=company))
     with dedicated_connection(application_name="env-test-holder") as holder:
         holder.execute("SELECT 1 FROM environment_leases WHERE id = %s FOR UPDATE", [lease.pk])
         response = client.post(claim_url(lease.pk))
