@@ -11,6 +11,7 @@ import httpx
 import pytest
 from django.core.wsgi import get_wsgi_application
 
+from paperclip.models import Agent
 from paperclip_client import Client, ServerUnreachable, errors, restore
 from paperclip_client.session import CheckpointError, SessionCheckpointer
 from tests.clients.conftest import World
@@ -230,6 +231,7 @@ def test_recovery_actions_read(client: Client, world: World) -> None:
 
 
 def test_environment_cleanup_claim_and_receipt(client: Client, world: World) -> None:
+    Agent.objects.filter(pk=world.agent.pk).update(role=Agent.Role.PROVIDER)
     lease = pending_lease(world.agent.company)
     claim = client.cleanup_claim(str(lease.pk))
     assert claim.stop_only is True

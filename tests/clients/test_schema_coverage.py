@@ -22,6 +22,8 @@ BOARD_ONLY = {
     "issue_create",
     "issue_update",
     "execution_workspace_create",
+    "environment_create",
+    "environment_lease_list",
     "recovery_source_inspect",
     "issues_recovery_actions_resume_workspace_finalization_create",
     "platform_worker_stops_create",  # the worker platform, signed by HMAC

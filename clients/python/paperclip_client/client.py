@@ -9,8 +9,9 @@ Transport rules (why each call may or may not be repeated):
   are retried too: the API guarantees a failed request changes nothing;
 - a request sent without an answer (read timeout, dropped connection) is retried only when
   repeating it is harmless: reads, a runtime-lease claim or controller-lease renew by the same
-  owner, a release, a result posted with a `caller_result_id`, a finalize wake-up. A fenced
-  write or a checkpoint write raises `OutcomeUnknown` instead: the caller must re-read.
+  owner, a release, an environment-lease acquire, heartbeat or release (same outcome), a
+  result posted with a `caller_result_id`, a finalize wake-up. A fenced write, a cleanup claim
+  or a checkpoint write raises `OutcomeUnknown` instead: the caller must re-read.
 """
 
 from __future__ import annotations
@@ -437,6 +438,63 @@ class Client:
     def recovery_actions(self, issue_id: str) -> list[models.RecoveryAction]:
         data = self._get(f"/api/issues/{issue_id}/recovery-actions")
         return [models.build(models.RecoveryAction, a) for a in data["results"]]
+
+    @operation("environment_lease_acquire")
+    def environment_lease_acquire(
+        self,
+        *,
+        environment_id: str,
+        heartbeat_run_id: str,
+        lease_policy: str,
+        provider: str,
+        provider_lease_id: str,
+        execution_workspace_id: str | None = None,
+        remote_cwd: str | None = None,
+        plugin_id: str | None = None,
+    ) -> models.EnvironmentLease:
+        """Lease a provider allocation to a run (provider agents). Repeated without an answer:
+        the same acquire returns the lease it made (200), so it is safe to retry.
+        `EnvironmentLeaseSingleFlight` while an active ephemeral lease holds the slot."""
+        body = _drop_none(
+            {
+                "environment_id": environment_id,
+                "heartbeat_run_id": heartbeat_run_id,
+                "execution_workspace_id": execution_workspace_id,
+                "lease_policy": lease_policy,
+                "provider": provider,
+                "provider_lease_id": provider_lease_id,
+                "remote_cwd": remote_cwd,
+                "plugin_id": plugin_id,
+            }
+        )
+        data = self.request("POST", "/api/environment-leases", json=body, idempotent=True)
+        return models.build(models.EnvironmentLease, data)
+
+    @operation("environment_lease_get")
+    def environment_lease_get(self, lease_id: str) -> models.EnvironmentLease:
+        return models.build(
+            models.EnvironmentLease, self._get(f"/api/environment-leases/{lease_id}")
+        )
+
+    @operation("environment_lease_heartbeat")
+    def environment_lease_heartbeat(self, lease_id: str) -> models.EnvironmentLease:
+        """Mark the lease as in use (`last_used_at`); `EnvironmentLeaseNotActive` once released."""
+        data = self.request(
+            "POST", f"/api/environment-leases/{lease_id}/heartbeat", idempotent=True
+        )
+        return models.build(models.EnvironmentLease, data)
+
+    @operation("environment_lease_release")
+    def environment_lease_release(self, lease_id: str, *, outcome: str) -> models.EnvironmentLease:
+        """Release with the run's outcome (`succeeded` / `failed`); repeating the same outcome
+        is harmless, another one is `EnvironmentLeaseNotActive`."""
+        data = self.request(
+            "POST",
+            f"/api/environment-leases/{lease_id}/release",
+            json={"outcome": outcome},
+            idempotent=True,
+        )
+        return models.build(models.EnvironmentLease, data)
 
     @operation("environment_lease_cleanup_claim")
     def cleanup_claim(self, lease_id: str) -> models.CleanupClaim:
