@@ -111,12 +111,12 @@ def test_seed_demo_is_idempotent_and_prints_working_credentials() -> None:
     first = _run("seed_demo")
     counts = _counts()
     assert counts["companies"] == 1
-    assert counts["agents"] == 2
+    assert counts["agents"] == 3  # two workers and a provider
     assert counts["issues"] >= 5
     assert counts["workspaces"] == 3
     assert counts["runs"] >= 3
     assert counts["coordinators"] >= 1
-    assert counts["active_keys"] == 2
+    assert counts["active_keys"] == 3
     statuses = set(Issue.objects.values_list("status", flat=True))
     assert {"backlog", "in_progress", "done"} <= statuses
     for running in HeartbeatRun.objects.filter(status="running"):
@@ -137,7 +137,7 @@ def test_seed_demo_is_idempotent_and_prints_working_credentials() -> None:
     assert _counts() == counts
 
     old_keys, new_keys = _printed_keys(first), _printed_keys(second)
-    assert len(new_keys) == 2
+    assert len(new_keys) == 3
     agent_ids = {_me(key)["agent_id"] for key in new_keys}
     assert agent_ids == {str(pk) for pk in Agent.objects.values_list("pk", flat=True)}
     for key in old_keys:  # superseded by the fresh ones

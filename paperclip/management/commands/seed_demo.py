@@ -7,7 +7,12 @@ in the middle of a copy-back (simulated: its owner receipt names a process of th
 exited): the worker holds that run for the board, and confirming the owner stop in the admin lets
 the worker commit it a moment later. One runtime lease outlives its issue (closed after the
 claim): it is stale until the worker's sweep deletes it. Both show on the admin's dashboard.
-Every run prints an admin login and two working agent keys:
+A provider agent drives environment leases of a demo sandbox environment through the lifecycle
+services, one in each interesting state (see `ENVIRONMENT_LEASES`): active, pending cleanup,
+claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off), a
+claim that ran out without a receipt, retained with an export-resume marker, a stop-only marker
+that does not bind (an operator must look), released for reuse, and cleaned up.
+Every run prints an admin login and three working agent keys (two workers, one provider):
 the password is reset and each agent's previous `seed_demo` key is revoked before a fresh one is
 minted (secrets are stored hashed, so the old ones cannot be printed again). Each step is its own
 durable service call, so an interrupted seed is consistent and the next run completes it.
@@ -27,20 +32,32 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
+from leases.environment.lifecycle import (
+    environment_create,
+    environment_lease_acquire,
+    environment_lease_release,
+)
+from leases.environment.services import (
+    environment_lease_cleanup_claim,
+    environment_lease_cleanup_settle,
+)
+from leases.models import EnvironmentLease
 from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip import services
-from paperclip.access import board_actor
+from paperclip.access import Actor, agent_actor, board_actor
 from paperclip.activity import activity_record
 from paperclip.credentials import agent_key_create, agent_key_revoke
-from paperclip.db.clock import db_now_iso
+from paperclip.db.clock import db_now, db_now_iso
 from paperclip.models import (
     Agent,
     AgentApiKey,
     BoardMembership,
     Company,
+    Environment,
     ExecutionWorkspace,
     HeartbeatRun,
     Issue,
+    NativeRunResult,
 )
 from paperclip.receipts import OWNER_KEY
 from recovery.services import result_accept
@@ -49,6 +66,10 @@ COMPANY_NAME = "Demo Company"
 USERNAME = "demo-board"
 KEY_NAME = "seed_demo"
 AGENTS = ("demo-agent-alpha", "demo-agent-beta")
+PROVIDER = "demo-provider"
+ENVIRONMENT = "demo-sandboxes"
+SANDBOX_PROVIDER = "demo-sandbox"
+SANDBOX_PLUGIN = "plugin-demo-sandbox"
 WORKSPACES = (
     ("demo-workspace-main", "/tmp/paperclip-demo/main"),  # noqa: S108 - demo paths only
     ("demo-workspace-review", "/tmp/paperclip-demo/review"),  # noqa: S108
@@ -58,6 +79,8 @@ HELD_TITLE = "Publish the nightly export"
 # The README's agent quickstart: paperclip-agent runs a command for this issue in this workspace.
 CLI_ISSUE = "Fix the flaky lease test"
 CLI_WORKDIR = "/tmp/paperclip-demo/agent-run"  # noqa: S108 - demo paths only
+# The README's provider worker's guide leases a sandbox to this issue's running run.
+PROVIDER_RUN_ISSUE = "Encrypt runner checkpoints"
 STALE_TITLE = "Retire the staging sandbox"
 HELD_WORKDIR = Path("/tmp/paperclip-demo/export-run")  # noqa: S108 - the runner's directory
 # (title, status, assignee index or None)
@@ -71,6 +94,62 @@ ISSUES = (
     ("Drop the legacy runner", Issue.Status.CANCELLED, None),
     (HELD_TITLE, Issue.Status.IN_PROGRESS, 1),
     (STALE_TITLE, Issue.Status.IN_PROGRESS, 0),
+)
+# One environment lease per interesting state, keyed by its allocation id (what makes the step
+# idempotent): (provider_lease_id, the run's issue title, policy, workspace index or None,
+# release outcome or None, the steps after the release, marker to write before it).
+ENVIRONMENT_LEASES: tuple[
+    tuple[str, str, str, int | None, str | None, tuple[str, ...], str], ...
+] = (
+    ("sbx-demo-active", "Encrypt runner checkpoints", "ephemeral", 0, None, (), ""),
+    ("sbx-demo-pending", "Ship runtime leases", "ephemeral", None, "succeeded", (), ""),
+    (
+        "sbx-demo-claimed",
+        "Upgrade the PostgreSQL driver",
+        "ephemeral",
+        None,
+        "failed",
+        ("claim",),
+        "",
+    ),
+    (
+        "sbx-demo-failed",
+        "Upgrade the PostgreSQL driver",
+        "ephemeral",
+        None,
+        "failed",
+        ("claim", "failed"),
+        "",
+    ),
+    (
+        "sbx-demo-overdue",
+        "Review the finalization runbook",
+        "ephemeral",
+        1,
+        "succeeded",
+        ("claim", "overdue"),
+        "",
+    ),
+    ("sbx-demo-retained", HELD_TITLE, "retain_on_failure", 2, "failed", (), "valid"),
+    (
+        "sbx-demo-bad-marker",
+        "Review the finalization runbook",
+        "ephemeral",
+        None,
+        "succeeded",
+        (),
+        "invalid",
+    ),
+    ("sbx-demo-reused", "Ship runtime leases", "reuse_by_environment", None, "succeeded", (), ""),
+    (
+        "sbx-demo-cleaned",
+        "Ship runtime leases",
+        "ephemeral",
+        None,
+        "succeeded",
+        ("claim", "destroyed"),
+        "",
+    ),
 )
 
 
@@ -99,6 +178,7 @@ class Command(BaseCommand):
         BoardMembership.objects.get_or_create(user=user, company=company)
 
         agents = [self._agent(actor, company, name) for name in AGENTS]
+        provider = self._agent(actor, company, PROVIDER, role=Agent.Role.PROVIDER)
         workspaces = [self._workspace(actor, company, name, cwd) for name, cwd in WORKSPACES]
         issues = {
             title: self._issue(actor, company, title, status, agents, assignee)
@@ -107,15 +187,32 @@ class Command(BaseCommand):
         if not HeartbeatRun.objects.filter(company=company).exists():
             self._runs(actor, agents, workspaces, issues)
 
-        keys = [self._fresh_key(agent, user.pk) for agent in agents]
+        self._environment_leases(actor, company, provider, workspaces)
+
+        keys = [self._fresh_key(agent, user.pk) for agent in [*agents, provider]]
 
         self.stdout.write("")
         self.stdout.write(f"Demo company: {company.name} ({company.pk})")
         self.stdout.write(f"Admin login:  /admin/  user {USERNAME}  password {password}")
-        for agent, key in zip(agents, keys, strict=True):
-            self.stdout.write(f"Agent {agent.name} ({agent.pk}) key: {key}")
+        for agent, key in zip([*agents, provider], keys, strict=True):
+            role = " (provider)" if agent.role == Agent.Role.PROVIDER else ""
+            self.stdout.write(f"Agent {agent.name} ({agent.pk}){role} key: {key}")
         url = options["url"].rstrip("/")
         self.stdout.write(f"Try: curl -H 'Authorization: Bearer <key>' {url}/api/me")
+        environment = Environment.objects.filter(company=company, name=ENVIRONMENT).first()
+        run = (
+            HeartbeatRun.objects.filter(company=company, issue=issues[PROVIDER_RUN_ISSUE])
+            .order_by("created_at", "pk")
+            .first()
+        )
+        if environment is not None and run is not None:
+            self.stdout.write(
+                "Provider worker, in another terminal (README: Provider worker's guide):"
+            )
+            self.stdout.write(
+                f"  export PAPERCLIP_URL={url} PROVIDER_KEY={keys[-1]}"
+                f" ENV_ID={environment.pk} RUN_ID={run.pk}"
+            )
         alpha, main, issue = agents[0], workspaces[0], issues[CLI_ISSUE]
         self.stdout.write("Agent CLI, in another terminal (README: Agent quickstart):")
         self.stdout.write(
@@ -142,11 +239,15 @@ class Command(BaseCommand):
             self.stdout.write(f"Created board user {USERNAME} (staff, superuser)")
         return user
 
-    def _agent(self, actor: Any, company: Company, name: str) -> Agent:
+    def _agent(
+        self, actor: Any, company: Company, name: str, role: str = Agent.Role.WORKER
+    ) -> Agent:
         agent = Agent.objects.filter(company=company, name=name).order_by("created_at").first()
         if agent is None:
-            agent = services.agent_create(actor=actor, company_id=company.pk, name=name).agent
-            self.stdout.write(f"Created agent {name} ({agent.pk})")
+            agent = services.agent_create(
+                actor=actor, company_id=company.pk, name=name, role=role
+            ).agent
+            self.stdout.write(f"Created agent {name} ({agent.pk}) [{role}]")
         return agent
 
     def _workspace(self, actor: Any, company: Company, name: str, cwd: str) -> ExecutionWorkspace:
@@ -285,6 +386,139 @@ class Command(BaseCommand):
             f"Created native run {run.pk} for {issue.title!r}: result accepted, its controller "
             "gone mid copy-back; the worker holds it for the board (admin: Issue recovery actions)"
         )
+
+    def _environment_leases(
+        self,
+        actor: Actor,
+        company: Company,
+        provider: Agent,
+        workspaces: list[ExecutionWorkspace],
+    ) -> None:
+        """The demo environment and one lease per state of `ENVIRONMENT_LEASES`, made by the
+        provider agent through the lifecycle and cleanup services (the audit log tells it)."""
+        environment = Environment.objects.filter(company=company, name=ENVIRONMENT).first()
+        if environment is None:
+            environment = environment_create(
+                actor=actor,
+                company_id=company.pk,
+                name=ENVIRONMENT,
+                driver=Environment.Driver.SANDBOX,
+                config={"image": "paperclip-demo:latest"},
+            ).environment
+            self.stdout.write(f"Created environment {ENVIRONMENT} ({environment.pk})")
+        worker = agent_actor(provider)
+        for allocation, title, policy, ws, outcome, steps, marker in ENVIRONMENT_LEASES:
+            if EnvironmentLease.objects.filter(
+                company=company, provider_lease_id=allocation
+            ).exists():
+                continue
+            run = (
+                HeartbeatRun.objects.filter(company=company, issue__title=title)
+                .order_by("created_at", "pk")
+                .first()
+            )
+            if run is None:
+                continue
+            lease = environment_lease_acquire(
+                actor=worker,
+                environment_id=environment.pk,
+                heartbeat_run_id=run.pk,
+                execution_workspace_id=workspaces[ws].pk if ws is not None else None,
+                lease_policy=policy,
+                provider=SANDBOX_PROVIDER,
+                provider_lease_id=allocation,
+                remote_cwd="/home/sandbox/work",
+                plugin_id=SANDBOX_PLUGIN,
+            ).lease
+            if marker:
+                self._export_marker(lease, valid=marker == "valid")
+            if outcome is not None:
+                lease = environment_lease_release(
+                    actor=worker,
+                    lease_id=lease.pk,
+                    outcome=outcome,  # type: ignore[arg-type]
+                ).lease
+            attempt = ""
+            for step in steps:
+                if step == "claim":
+                    attempt = environment_lease_cleanup_claim(
+                        lease_id=lease.pk,
+                        company_id=company.pk,
+                        actor_type=worker.actor_type,
+                        actor_id=worker.actor_id,
+                    ).attempt_id
+                elif step == "overdue":
+                    self._claim_ran_out(lease.pk)
+                else:
+                    environment_lease_cleanup_settle(
+                        lease_id=lease.pk,
+                        company_id=company.pk,
+                        attempt_id=attempt,
+                        provider_lease_id=allocation,
+                        state=step,  # type: ignore[arg-type]
+                        actor_type=worker.actor_type,
+                        actor_id=worker.actor_id,
+                    )
+            lease.refresh_from_db()
+            self.stdout.write(
+                f"Environment lease {allocation} ({lease.pk}) for {title!r}: {lease.status}"
+                f" (cleanup {lease.cleanup_status or '-'})"
+            )
+
+    def _export_marker(self, lease: EnvironmentLease, *, valid: bool) -> None:
+        """What the finalizer writes on a lease with unexported work: a stop-only export-resume
+        marker (simulated; `valid=False` pins another plugin, so it does not bind)."""
+        result_id = (
+            NativeRunResult.objects.filter(run_id=lease.heartbeat_run_id)
+            .order_by("created_at")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        marker = {
+            "schema": "paperclip.workspace-export-resume.v2",
+            "requestId": str(uuid.uuid4()),
+            "purpose": "terminal_export",
+            "companyId": str(lease.company_id),
+            "runId": str(lease.heartbeat_run_id),
+            "resultId": str(result_id or uuid.uuid4()),
+            "leaseId": str(lease.pk),
+            "provider": lease.provider,
+            "providerLeaseId": lease.provider_lease_id,
+            "pluginId": SANDBOX_PLUGIN if valid else "plugin-somebody-else",
+        }
+        with transaction.atomic():
+            metadata = {**(lease.metadata or {}), "nativeWorkspaceExportResume": marker}
+            EnvironmentLease.objects.filter(pk=lease.pk).update(metadata=metadata)
+            activity_record(
+                company_id=lease.company_id,
+                actor_type="system",
+                actor_id="seed_demo",
+                action="environment_lease.export_resume_marked",
+                entity_type="environment_lease",
+                entity_id=lease.pk,
+                run_id=lease.heartbeat_run_id,
+                details={"requestId": marker["requestId"], "simulated": "a pending export"},
+            )
+        lease.refresh_from_db()
+
+    def _claim_ran_out(self, lease_id: Any) -> None:
+        """Age a claim past its 15 minutes (simulated: the provider worker that claimed it
+        crashed); the next claim may take it over."""
+        with transaction.atomic():
+            lease = EnvironmentLease.objects.get(pk=lease_id)
+            expired = int(db_now().timestamp() * 1000) - 60_000
+            metadata = {**(lease.metadata or {}), "pendingCleanupLeaseExpiresAtMs": expired}
+            EnvironmentLease.objects.filter(pk=lease_id).update(metadata=metadata)
+            activity_record(
+                company_id=lease.company_id,
+                actor_type="system",
+                actor_id="seed_demo",
+                action="environment_lease.cleanup_claim_aged",
+                entity_type="environment_lease",
+                entity_id=lease_id,
+                run_id=lease.heartbeat_run_id,
+                details={"expiresAtMs": expired, "simulated": "a provider that never answered"},
+            )
 
     def _fresh_key(self, agent: Agent, user_id: Any) -> str:
         stale = AgentApiKey.objects.filter(agent=agent, name=KEY_NAME, revoked_at__isnull=True)
