@@ -15,6 +15,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from paperclip.credentials import agent_key_create, board_token_create
 from paperclip.models import BoardMembership
+from tests.leases.environment.factories import EnvironmentLeaseFactory, ProviderAgentFactory
 from tests.leases.factories import claim
 from tests.paperclip.factories import UserFactory
 from tests.recovery.factories import make_binding
@@ -34,8 +35,11 @@ def world(tmp_path: Any) -> dict[str, str]:
     claim(b.run.execution_workspace, b.agent, issue_id=b.issue.pk)
     user = UserFactory(is_staff=True)
     BoardMembership.objects.create(user=user, company=b.company)
+    provider = ProviderAgentFactory(company=b.company)
+    EnvironmentLeaseFactory(company=b.company, heartbeat_run=b.run, issue=b.issue)
     return {
         "agent": f"Bearer {agent_key_create(agent_id=b.agent.pk).secret}",
+        "provider": f"Bearer {agent_key_create(agent_id=provider.pk).secret}",
         "board": f"Bearer {board_token_create(user=user).secret}",
     }
 
@@ -49,8 +53,9 @@ FUZZ = settings(
 )
 
 
-def _fuzz(base_url: str, authorization: str) -> list[str]:
-    """Every operation of the served schema, EXAMPLES generated cases each, all checks."""
+def _fuzz(base_url: str, authorization: str, *, paths: str | None = None) -> list[str]:
+    """Every operation of the served schema (or those whose path contains `paths`), EXAMPLES
+    generated cases each, all checks."""
     schema = schemathesis.openapi.from_url(f"{base_url}/api/schema/?format=json")
     # Valid and invalid data alike; strings as UTF-8 can carry them (no lone surrogates), and
     # no NUL: both are refused by every body (docs/api.md#strict-bodies), as invalid input.
@@ -59,6 +64,8 @@ def _fuzz(base_url: str, authorization: str) -> list[str]:
     operations = 0
     for result in schema.get_all_operations():
         operation = result.ok()
+        if paths is not None and paths not in operation.path:
+            continue
         operations += 1
 
         @FUZZ
@@ -72,12 +79,20 @@ def _fuzz(base_url: str, authorization: str) -> list[str]:
             run()
         except Exception as exc:  # collect every operation's failure, then report them all
             failures.append(f"{operation.label}: {exc}"[:3000])
-    assert operations > 25
+    assert operations > (25 if paths is None else 5)
     return failures
 
 
 def test_every_operation_conforms_as_an_agent(live_server: Any, world: dict[str, str]) -> None:
     assert _fuzz(live_server.url, world["agent"]) == []
+
+
+def test_every_environment_operation_conforms_as_a_provider(
+    live_server: Any, world: dict[str, str]
+) -> None:
+    """The environment-lease and cleanup operations are 403 for a worker agent: fuzz them as a
+    provider agent too, so their bodies reach validation and the services."""
+    assert _fuzz(live_server.url, world["provider"], paths="environment") == []
 
 
 def test_every_operation_conforms_as_a_board_member(
