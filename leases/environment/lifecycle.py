@@ -257,12 +257,13 @@ def _single_flight(
 def environment_lease_heartbeat(*, actor: Actor, lease_id: UUID) -> EnvironmentLease:
     """Mark an active lease of the provider's company as used now (`last_used_at`, database
     clock). Bookkeeping with no decision attached, like a runtime-lease renewal: one guarded
-    UPDATE, no row lock and no audit row.
+    UPDATE (its row lock waits at most 5 s behind a release: ResourceBusy), no audit row.
 
-    Raises EnvironmentLeaseNotFound (also another company's) or EnvironmentLeaseNotActive.
+    Raises EnvironmentLeaseNotFound (also another company's), EnvironmentLeaseNotActive,
+    ResourceBusy.
     """
     company_id = _require_provider(actor)
-    with transaction.atomic(durable=True):
+    with transaction.atomic(durable=True), bounded_lock_wait(resource="environment_lease"):
         touched = EnvironmentLease.objects.filter(
             pk=lease_id, company_id=company_id, status=EnvironmentLease.Status.ACTIVE
         ).update(last_used_at=Now())

@@ -1,6 +1,6 @@
 """seed_demo's environment leases: a provider agent with a working key, a demo environment and
-one lease in each interesting state, the console tiles they light, and a second run that adds
-nothing."""
+one lease in each interesting state, the console tiles they light, a recovery source the
+console can inspect, and a second run that adds nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from leases.environment.export_resume import export_resume_read, stop_only_clean
 from leases.models import EnvironmentLease
 from paperclip.models import ActivityEvent, Agent, Environment
 from paperclip.selectors.attention import attention_summary
+from recovery.models import IssueRecoveryAction
+from recovery.services import recovery_source_inspect
 from tests.paperclip.helpers import bearer_client
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +47,7 @@ def test_seed_demo_shows_environment_leases_in_every_state() -> None:
         "sbx-demo-bad-marker": ("pending_cleanup", "pending"),
         "sbx-demo-reused": ("released", None),
         "sbx-demo-cleaned": ("released", "success"),
+        "sbx-demo-source": ("retained", None),
     }
     assert leases["sbx-demo-claimed"].metadata["pendingCleanupInFlight"] is True
     assert leases["sbx-demo-failed"].metadata["pendingCleanupRetryAttempts"] == 1
@@ -58,6 +61,16 @@ def test_seed_demo_shows_environment_leases_in_every_state() -> None:
     assert tiles["cleanup_failed"] == 1
     assert tiles["cleanup_claim_overdue"] == 1
     assert tiles["cleanup_marker_invalid"] == 1
+
+    # The failed run's retained sandbox is a recovery source the console can inspect.
+    action = IssueRecoveryAction.objects.get(cause="sandbox_run_failed")
+    inspection = recovery_source_inspect(
+        company_id=action.company_id,
+        issue_id=action.source_issue_id,
+        run_id=action.evidence["runId"],
+        action_id=action.pk,
+    )
+    assert [source.lease.provider_lease_id for source in inspection.sources] == ["sbx-demo-source"]
 
     # The provider's printed key works on the provider endpoints.
     client = bearer_client(key)

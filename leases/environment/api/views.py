@@ -298,7 +298,9 @@ class EnvironmentLeaseHeartbeatApi(APIView):
         request=None,
         responses={
             200: EnvironmentLeaseOutputSerializer,
-            **error_responses(*AUTH_ERRORS, NOT_FOUND, (409, "environment_lease_not_active")),
+            **error_responses(
+                *AUTH_ERRORS, NOT_FOUND, (409, "environment_lease_not_active"), RESOURCE_BUSY
+            ),
         },
     )
     def post(self, request: Request, lease_id: UUID) -> Response:

@@ -11,7 +11,9 @@ A provider agent drives environment leases of a demo sandbox environment through
 services, one in each interesting state (see `ENVIRONMENT_LEASES`): active, pending cleanup,
 claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off), a
 claim that ran out without a receipt, retained with an export-resume marker, a stop-only marker
-that does not bind (an operator must look), released for reuse, and cleaned up.
+that does not bind (an operator must look), released for reuse, and cleaned up; plus a failed
+native run whose retained sandbox its recovery action records as the workspace source (the
+recovery action's page inspects it).
 Every run prints an admin login and three working agent keys (two workers, one provider):
 the password is reset and each agent's previous `seed_demo` key is revoked before a fresh one is
 minted (secrets are stored hashed, so the old ones cannot be printed again). Each step is its own
@@ -60,7 +62,10 @@ from paperclip.models import (
     NativeRunResult,
 )
 from paperclip.receipts import OWNER_KEY
+from recovery.models import IssueRecoveryAction
+from recovery.selectors.source import HISTORICAL_SOURCE_SCHEMA
 from recovery.services import result_accept
+from recovery.services.actions import RecoveryActionInput, recovery_action_upsert_source_scoped
 
 COMPANY_NAME = "Demo Company"
 USERNAME = "demo-board"
@@ -82,6 +87,9 @@ CLI_WORKDIR = "/tmp/paperclip-demo/agent-run"  # noqa: S108 - demo paths only
 # The README's provider worker's guide leases a sandbox to this issue's running run.
 PROVIDER_RUN_ISSUE = "Encrypt runner checkpoints"
 STALE_TITLE = "Retire the staging sandbox"
+# A failed native run whose retained sandbox lease is a recovery source the console can inspect.
+SOURCE_TITLE = "Rebuild the sandbox image"
+SOURCE_ALLOCATION = "sbx-demo-source"
 HELD_WORKDIR = Path("/tmp/paperclip-demo/export-run")  # noqa: S108 - the runner's directory
 # (title, status, assignee index or None)
 ISSUES = (
@@ -94,6 +102,7 @@ ISSUES = (
     ("Drop the legacy runner", Issue.Status.CANCELLED, None),
     (HELD_TITLE, Issue.Status.IN_PROGRESS, 1),
     (STALE_TITLE, Issue.Status.IN_PROGRESS, 0),
+    (SOURCE_TITLE, Issue.Status.BLOCKED, 1),
 )
 # One environment lease per interesting state, keyed by its allocation id (what makes the step
 # idempotent): (provider_lease_id, the run's issue title, policy, workspace index or None,
@@ -407,6 +416,7 @@ class Command(BaseCommand):
             ).environment
             self.stdout.write(f"Created environment {ENVIRONMENT} ({environment.pk})")
         worker = agent_actor(provider)
+        self._recovery_source(actor, worker, company, environment)
         for allocation, title, policy, ws, outcome, steps, marker in ENVIRONMENT_LEASES:
             if EnvironmentLease.objects.filter(
                 company=company, provider_lease_id=allocation
@@ -464,6 +474,60 @@ class Command(BaseCommand):
                 f"Environment lease {allocation} ({lease.pk}) for {title!r}: {lease.status}"
                 f" (cleanup {lease.cleanup_status or '-'})"
             )
+
+    def _recovery_source(
+        self, actor: Actor, worker: Actor, company: Company, environment: Environment
+    ) -> None:
+        """A native run of `SOURCE_TITLE` that failed while a provider held a
+        `retain_on_failure` sandbox for it (released `failed`: retained), and the recovery
+        action that recorded that lease as its workspace source: the recovery action's page
+        inspects it (`recovery_source_inspect`) with real data."""
+        if EnvironmentLease.objects.filter(
+            company=company, provider_lease_id=SOURCE_ALLOCATION
+        ).exists():
+            return
+        issue = Issue.objects.get(company=company, title=SOURCE_TITLE)
+        beta = Agent.objects.get(company=company, name=AGENTS[1])
+        run = services.run_create(
+            actor=actor, agent_id=beta.pk, runtime_mode="native", issue_id=issue.pk
+        ).run
+        services.run_transition(actor=actor, run_id=run.pk, to_status="running")
+        lease = environment_lease_acquire(
+            actor=worker,
+            environment_id=environment.pk,
+            heartbeat_run_id=run.pk,
+            lease_policy=EnvironmentLease.Policy.RETAIN_ON_FAILURE,
+            provider=SANDBOX_PROVIDER,
+            provider_lease_id=SOURCE_ALLOCATION,
+            remote_cwd="/home/sandbox/work",
+            plugin_id=SANDBOX_PLUGIN,
+        ).lease
+        services.run_transition(actor=actor, run_id=run.pk, to_status="failed")
+        environment_lease_release(actor=worker, lease_id=lease.pk, outcome="failed")
+        recovery_action_upsert_source_scoped(
+            company_id=company.pk,
+            source_issue_id=issue.pk,
+            data=RecoveryActionInput(
+                kind=IssueRecoveryAction.Kind.WORKSPACE_VALIDATION,
+                cause="sandbox_run_failed",
+                fingerprint=f"run:{run.pk}",
+                evidence={
+                    "runId": str(run.pk),
+                    "historicalWorkspaceSource": {
+                        "schema": HISTORICAL_SOURCE_SCHEMA,
+                        "runId": str(run.pk),
+                        "leaseIds": [str(lease.pk)],
+                    },
+                },
+                next_action="Inspect the recorded workspace source, then recover from it.",
+                owner_type=IssueRecoveryAction.OwnerType.BOARD,
+            ),
+            actor_id="seed_demo",
+        )
+        self.stdout.write(
+            f"Created native run {run.pk} for {SOURCE_TITLE!r}: failed, its retained sandbox"
+            f" {SOURCE_ALLOCATION} recorded as the recovery action's workspace source"
+        )
 
     def _export_marker(self, lease: EnvironmentLease, *, valid: bool) -> None:
         """What the finalizer writes on a lease with unexported work: a stop-only export-resume
