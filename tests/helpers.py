@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from io import StringIO
 from typing import Any
 
@@ -40,3 +42,55 @@ def run_jobs(*queues: str) -> str:
     out = StringIO()
     call_command(*args, stdout=out)
     return out.getvalue()
+
+
+LOCK_WAIT_TIMEOUT = 15.0
+
+
+def wait_for_lock_waiters(
+    count: int = 1,
+    *,
+    until: Callable[[], bool] | None = None,
+    holder: psycopg.Connection[Any] | None = None,
+    table: str | None = None,
+    timeout: float = LOCK_WAIT_TIMEOUT,
+) -> bool:
+    """Poll until `count` backends of this database wait for a lock at once (bounded). With
+    `until`, give up (returning False) as soon as it is true: a would-be waiter finished
+    without waiting. This is how a race test proves its contenders overlapped: a separate
+    connection holds the contested lock, and every contender is seen queued behind it.
+
+    With `holder` (the connection holding row locks) and `table`, count only the backends
+    queued for the rows of `table` that `holder` locked: the first waiter of a row waits for
+    the holder's transaction id, later ones for that row's tuple lock. A contender queued
+    behind another contender's transaction instead (it went past the held lock and was
+    stopped further on, say by a unique index) does not count."""
+    if (holder is None) != (table is None):
+        raise ValueError("holder and table go together")
+    if holder is None:
+        sql, params = _ANY_LOCK_WAITERS, {}
+    else:
+        sql, params = _ROW_LOCK_WAITERS, {"holder": holder.info.backend_pid, "table": table}
+    deadline = time.monotonic() + timeout
+    with raw_connection() as observer:
+        while time.monotonic() < deadline:
+            row = observer.execute(sql, params).fetchone()
+            if row and row[0] >= count:
+                return True
+            if until is not None and until():
+                return False
+            time.sleep(0.01)  # polling an observable state, not a timing assumption
+    raise AssertionError(f"fewer than {count} backends started waiting for the lock")
+
+
+_ANY_LOCK_WAITERS = (
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+_ROW_LOCK_WAITERS = (
+    "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND ("
+    " (locktype = 'transactionid' AND transactionid IN (SELECT transactionid FROM pg_locks"
+    "  WHERE pid = %(holder)s AND locktype = 'transactionid' AND granted))"
+    " OR (locktype = 'tuple' AND database = (SELECT oid FROM pg_database"
+    "  WHERE datname = current_database()) AND relation = %(table)s::regclass))"
+)

@@ -16,8 +16,9 @@ from checkpoints.selectors import checkpoint_load, runner_run_get
 from checkpoints.services import CheckpointOwner, checkpoint_write, controller_lease_acquire
 from paperclip.db.advisory import dedicated_connection
 from paperclip.errors import ResourceBusy
-from paperclip.models import NativeRunFinalization
+from paperclip.models import ActivityEvent, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
+from tests.helpers import raw_connection, wait_for_lock_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,13 +37,15 @@ def _write(fin: NativeRunFinalization, owner: CheckpointOwner, changed: dict[str
 
 
 def test_two_controllers_race_for_the_lease_and_only_the_holders_writes_land() -> None:
+    """Four controllers acquire at once, forced: a separate connection holds the coordinator
+    row (the lock the acquire decides under), all four are seen queued for it, then it lets
+    go. One wins; the losers, even presenting the winner's boot and generation, write
+    nothing."""
     fin = coordinator()
     boots = [f"boot-{i}" for i in range(4)]
-    barrier = threading.Barrier(len(boots))
 
     def controller(boot: str) -> tuple[str, str]:
         try:
-            barrier.wait(timeout=10)
             try:
                 grant = controller_lease_acquire(
                     run_id=fin.run_id, agent_id=fin.run.agent_id, boot_id=boot
@@ -66,8 +69,22 @@ def test_two_controllers_race_for_the_lease_and_only_the_holders_writes_land() -
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(max_workers=len(boots)) as pool:
-        outcomes = dict(pool.map(controller, boots))
+    with raw_connection(autocommit=False) as gate:
+        gate.execute(
+            "SELECT 1 FROM native_run_finalizations WHERE run_id = %s FOR NO KEY UPDATE",
+            [fin.run_id],
+        )
+        with ThreadPoolExecutor(max_workers=len(boots)) as pool:
+            futures = [pool.submit(controller, boot) for boot in boots]
+            all_waiting = wait_for_lock_waiters(
+                len(boots),
+                until=lambda: any(f.done() for f in futures),
+                holder=gate,
+                table="native_run_finalizations",
+            )
+            gate.rollback()
+            outcomes = dict(f.result(timeout=30) for f in futures)
+    assert all_waiting, f"an acquire went past the held coordinator row: {outcomes}"
     winners = [b for b, o in outcomes.items() if o == "won"]
     assert sorted(outcomes.values()) == ["lost"] * 3 + ["won"], outcomes
     binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
@@ -75,6 +92,8 @@ def test_two_controllers_race_for_the_lease_and_only_the_holders_writes_land() -
     fin.refresh_from_db()
     assert fin.controller_boot_id == winners[0]
     assert fin.controller_generation == 1
+    audited = ActivityEvent.objects.filter(run_id=fin.run_id, action="controller_lease.acquired")
+    assert audited.count() == 1
 
 
 def test_a_takeover_fences_the_old_controller_mid_stream() -> None:

@@ -1,5 +1,6 @@
-"""Real-connection races: threads released by a Barrier, separate OS processes, and fixed
-interleavings (contended claim, lock timeout, fenced write vs reclaim)."""
+"""Real-connection races, each forced (every contender seen queued behind a lock a separate
+connection holds): threads, separate OS processes, and fixed interleavings (contended claim,
+lock timeout, fenced write vs reclaim)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +27,7 @@ from leases.services import (
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
 from paperclip.testing.processes import child_env
-from tests.helpers import raw_connection
+from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
     AgentFactory,
@@ -45,20 +45,42 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def race(workspace, agents):
-    """Every agent claims `workspace` at once; returns sorted outcomes (errors by code)."""
-    barrier = threading.Barrier(len(agents))
+    """Every agent claims `workspace` at once; returns sorted outcomes (errors by code).
+
+    Forced, not hoped for: a separate connection holds the workspace row (the lock every
+    claim's transaction takes first), every claim is seen waiting for it at once, and only
+    then does it let go."""
 
     def attempt(agent):
         try:
-            barrier.wait(timeout=TIMEOUT)
             return claim(workspace, agent).outcome
         except DomainError as exc:
             return exc.code
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
-        return sorted(pool.map(attempt, agents))
+    with raw_connection(autocommit=False) as gate:
+        hold_workspace_row(gate, workspace)
+        with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+            futures = [pool.submit(attempt, agent) for agent in agents]
+            all_waiting = wait_for_lock_waiters(
+                len(agents),
+                until=lambda: any(f.done() for f in futures),
+                holder=gate,
+                table="execution_workspaces",
+            )
+            gate.rollback()
+            outcomes = sorted(f.result(timeout=TIMEOUT) for f in futures)
+    assert all_waiting, f"a claim went past the held workspace row without waiting: {outcomes}"
+    return outcomes
+
+
+def hold_workspace_row(gate, workspace):
+    # The claim's own lock mode: FOR UPDATE would also queue the lease insert's foreign-key
+    # check (FOR KEY SHARE) behind it, a wait the claim's own lock has nothing to do with.
+    gate.execute(
+        "SELECT 1 FROM execution_workspaces WHERE id = %s FOR NO KEY UPDATE", [workspace.pk]
+    )
 
 
 def test_eight_agents_racing_for_a_free_workspace_get_one_winner():
@@ -145,9 +167,19 @@ def test_eight_processes_racing_for_a_workspace_get_one_winner():
     try:
         for child in children:  # every child is connected-ready before any may start
             assert child.stdout.readline().strip() == "ready", child.stderr.read()
-        for child in children:
-            child.stdin.write("go\n")
-            child.stdin.flush()
+        with raw_connection(autocommit=False) as gate:
+            hold_workspace_row(gate, workspace)
+            for child in children:
+                child.stdin.write("go\n")
+                child.stdin.flush()
+            # Evidence of the overlap: all eight claims queue behind the held workspace row.
+            all_waiting = wait_for_lock_waiters(
+                THREADS,
+                until=lambda: any(c.poll() is not None for c in children),
+                holder=gate,
+                table="execution_workspaces",
+            )
+            gate.rollback()
         outcomes = sorted(
             json.loads(child.communicate(timeout=60)[0].strip().splitlines()[-1])["outcome"]
             for child in children
@@ -158,28 +190,10 @@ def test_eight_processes_racing_for_a_workspace_get_one_winner():
                 child.kill()
                 child.wait()
 
+    assert all_waiting, f"a child's claim went past the held workspace row: {outcomes}"
     assert outcomes == ["created"] + ["workspace_runtime_lease_conflict"] * (THREADS - 1)
     assert WorkspaceRuntimeLease.objects.filter(execution_workspace=workspace).count() == 1
     assert WorkspaceRuntimeLease.objects.get().generation == 1
-
-
-def wait_for_lock_waiters(count: int = 1, *, until: Callable[[], bool] | None = None) -> bool:
-    """Poll until `count` backends of this database wait for a row lock (bounded). With
-    `until`, give up (returning False) as soon as it is true: the would-be waiter finished
-    without waiting."""
-    deadline = time.monotonic() + TIMEOUT
-    with raw_connection() as observer:
-        while time.monotonic() < deadline:
-            waiting = observer.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            ).fetchone()[0]
-            if waiting >= count:
-                return True
-            if until is not None and until():
-                return False
-            time.sleep(0.01)  # polling an observable state, not a timing assumption
-    raise AssertionError("no backend started waiting for the lock")
 
 
 def test_a_release_between_insert_conflict_and_row_lock_is_contended():
@@ -514,10 +528,16 @@ def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accep
     assert (reclaimed.outcome, reclaimed.lease.generation) == ("reclaimed", generation + 1)
 
 
-def test_conflict_is_raised_not_swallowed_under_contention():
-    # Guard for the race helper itself: a live holder must be reported as a conflict.
+def test_agents_racing_against_a_live_holder_all_get_the_conflict_not_a_lease():
+    """Under real contention (every claim queued behind the workspace row at once), a live
+    holder is reported to each rival as the conflict: never swallowed, never a reclaim."""
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
-    claim(workspace, AgentFactory(company=company))
-    with pytest.raises(RuntimeLeaseConflict):
-        claim(workspace, AgentFactory(company=company))
+    holder = AgentFactory(company=company)
+    claim(workspace, holder)
+
+    outcomes = race(workspace, AgentFactory.create_batch(THREADS, company=company))
+
+    assert outcomes == ["workspace_runtime_lease_conflict"] * THREADS
+    lease = WorkspaceRuntimeLease.objects.get()
+    assert (lease.owner_key, lease.generation) == (f"agent:{holder.pk}", 1)

@@ -16,20 +16,21 @@ from paperclip.errors import IssueExecutionLocked, ResourceBusy
 from paperclip.locks import issues_for_update, run_lock_with_issue
 from paperclip.models import HeartbeatRun, Issue
 from paperclip.services import run_transition
+from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import HeartbeatRunFactory, IssueFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_only_one_of_two_runs_takes_the_issue() -> None:
+def test_only_one_of_four_runs_takes_the_issue() -> None:
+    """Four runs start at once, forced: a separate connection holds the issue row (the first
+    lock a transition takes), all four are seen queued for it, then it lets go."""
     issue = IssueFactory()
     runs = HeartbeatRunFactory.create_batch(4, company=issue.company, issue=issue, status="queued")
     actor = board_actor(UserFactory(is_superuser=True))
-    barrier = threading.Barrier(len(runs))
 
     def attempt(run_id: UUID) -> str:
         try:
-            barrier.wait(timeout=10)
             run_transition(actor=actor, run_id=run_id, to_status="running")
             return "won"
         except IssueExecutionLocked:
@@ -37,8 +38,19 @@ def test_only_one_of_two_runs_takes_the_issue() -> None:
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        outcomes = sorted(pool.map(attempt, [r.pk for r in runs]))
+    with raw_connection(autocommit=False) as gate:
+        gate.execute("SELECT 1 FROM issues WHERE id = %s FOR NO KEY UPDATE", [issue.pk])
+        with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+            futures = [pool.submit(attempt, r.pk) for r in runs]
+            all_waiting = wait_for_lock_waiters(
+                len(runs),
+                until=lambda: any(f.done() for f in futures),
+                holder=gate,
+                table="issues",
+            )
+            gate.rollback()
+            outcomes = sorted(f.result(timeout=30) for f in futures)
+    assert all_waiting, f"a transition went past the held issue row: {outcomes}"
     assert outcomes == ["locked"] * 3 + ["won"]
     issue.refresh_from_db()
     winner = HeartbeatRun.objects.get(status="running")
@@ -135,7 +147,9 @@ def test_blocking_advisory_lock_waits_for_the_holder() -> None:
     with dedicated_connection() as conn, conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
         held.set()
-        assert not acquired.wait(timeout=0.3)
+        # The waiter is seen queued for the key (not merely slow), and has not got it.
+        assert wait_for_lock_waiters(1, until=acquired.is_set)
+        assert not acquired.is_set()
         release.set()
     assert acquired.wait(timeout=10)
     thread.join(timeout=10)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -10,6 +9,7 @@ from django.db import connection
 
 from paperclip.models import ActivityEvent
 from recovery.errors import RecoveryHoldNotDismissable
+from recovery.locks import recovery_source_key
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import (
@@ -18,6 +18,7 @@ from recovery.services import (
     recovery_action_resolve,
     recovery_action_upsert_source_scoped,
 )
+from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import IssueFactory
 
 
@@ -90,12 +91,13 @@ def test_identity_change_supersedes_when_asked() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_upserts_leave_one_live_action() -> None:
+    """Six upserts at once, forced: a separate connection holds the issue's advisory key (the
+    upsert's first lock), all six are seen queued for it, then it lets go. Exactly one
+    creates; every other counts its attempt on that same action."""
     issue = IssueFactory()
-    barrier = threading.Barrier(6)
 
     def attempt(i: int) -> str:
         try:
-            barrier.wait(timeout=10)
             return recovery_action_upsert_source_scoped(
                 company_id=issue.company_id,
                 source_issue_id=issue.pk,
@@ -104,12 +106,20 @@ def test_concurrent_upserts_leave_one_live_action() -> None:
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        outcomes = sorted(pool.map(attempt, range(6)))
+    key = recovery_source_key(issue.company_id, issue.pk)
+    with raw_connection() as gate:
+        gate.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [key])
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            futures = [pool.submit(attempt, i) for i in range(6)]
+            all_waiting = wait_for_lock_waiters(6, until=lambda: any(f.done() for f in futures))
+            gate.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+            outcomes = sorted(f.result(timeout=30) for f in futures)
+    assert all_waiting, f"an upsert went past the held advisory key: {outcomes}"
     assert outcomes == ["created"] + ["updated"] * 5
     live = IssueRecoveryAction.objects.get(source_issue=issue, status="active")
     assert live.attempt_count == 6
     assert ActivityEvent.objects.filter(entity_id=str(live.pk)).count() == 6
+    assert IssueRecoveryAction.objects.filter(source_issue=issue).count() == 1
 
 
 @pytest.mark.django_db
