@@ -264,11 +264,16 @@ def test_rotation_resumes_after_an_interruption_and_is_idempotent(settings: Any)
 def test_rotation_reports_parts_whose_key_is_lost_and_leaves_them(settings: Any) -> None:
     settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
     _write_parts(2)
+    rows = NativeRunnerCheckpoint.objects.order_by("part")
+    before = list(rows.values_list("part", "material"))
     settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]  # the old key is gone
     out = StringIO()
     with pytest.raises(CommandError, match="2 part"):
         call_command("rotate_checkpoint_key", stdout=out)
-    assert "unreadable part 'p0'" in out.getvalue() or "unreadable part 'p1'" in out.getvalue()
+    # Each lost part is named, and left exactly as it was.
+    assert "unreadable part 'p0'" in out.getvalue()
+    assert "unreadable part 'p1'" in out.getvalue()
+    assert list(rows.values_list("part", "material")) == before
     assert not ActivityEvent.objects.filter(action="checkpoint_key.rotated").exists()
 
 

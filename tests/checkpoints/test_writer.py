@@ -64,6 +64,20 @@ def stored(fin: NativeRunFinalization) -> dict[str, str]:
     return checkpoint_load(binding=runner_run_get(run_id=fin.run_id, agent_id=None).binding)
 
 
+def write_tolerated(
+    fin: NativeRunFinalization, owner: CheckpointOwner, changed: dict[str, str], **kw: Any
+) -> None:
+    """Write as an expired owner and check the write was let through as a tolerated one (not
+    as an active one's): answered and audited `ownerActive: false`, its parts stored."""
+    audits = ActivityEvent.objects.filter(run=fin.run, action="checkpoint.written")
+    tolerated = audits.filter(details__ownerActive=False)
+    before = (audits.count(), tolerated.count(), stored(fin))
+    result = write(fin, owner, changed=changed, **kw)
+    assert result.owner_active is False
+    assert (audits.count(), tolerated.count()) == (before[0] + 1, before[1] + 1)
+    assert stored(fin) == {**before[2], **changed}
+
+
 def give_result(fin: NativeRunFinalization) -> None:
     fin.result = NativeRunResultFactory(run=fin.run)
     fin.save(update_fields=["result"])
@@ -157,20 +171,36 @@ def test_expired_owner_with_result_and_no_new_work_is_tolerated_new_work_is_not(
     write(fin, owner, changed={"a": "1"}, work=["cmd-1", "cmd-2"])
     give_result(fin)
     expire_lease(fin.run_id)
-    result = write(fin, owner, changed={"a": "2"}, work=["cmd-2"])
-    assert result.owner_active is False
-    assert stored(fin) == {"a": "2"}
+    write_tolerated(fin, owner, {"a": "2"}, work=["cmd-2"])
     with pytest.raises(CheckpointOwnerLost) as exc:
         write(fin, owner, changed={"a": "3"}, work=["cmd-2", "cmd-3"])
     assert exc.value.details["reason"] == "new_work_after_lease"
     assert stored(fin) == {"a": "2"}
     # The remembered ids are the previous snapshot's, not a union.
     assert NativeRunnerCheckpointWork.objects.get(run=fin.run).work_command_ids == ["cmd-2"]
-    with pytest.raises(CheckpointOwnerLost):
+    with pytest.raises(CheckpointOwnerLost) as again:
         write(fin, owner, changed={"a": "4"}, work=["cmd-1"])
+    assert again.value.details["reason"] == "new_work_after_lease"
+    assert stored(fin) == {"a": "2"}
 
 
 def test_work_remembered_from_another_owner_counts_as_new_work() -> None:
+    fin = coordinator()
+    first = owner_of(lease(fin.run, boot_id="boot-a"))
+    write(fin, first, changed={"a": "1"}, work=["cmd-1"])
+    expire_lease(fin.run_id)
+    second = owner_of(lease(fin.run, boot_id="boot-a"))
+    give_result(fin)
+    expire_lease(fin.run_id)
+    # cmd-1 is remembered, but as first's snapshot: for second it is new work.
+    with pytest.raises(CheckpointOwnerLost) as exc:
+        write(fin, second, changed={"a": "2"}, work=["cmd-1"])
+    assert exc.value.details["reason"] == "new_work_after_lease"
+    assert stored(fin) == {"a": "1"}
+    assert NativeRunnerCheckpointWork.objects.get(run=fin.run).lease_owner == first.lease_owner
+
+
+def test_work_remembered_from_the_same_owner_is_tolerated_after_its_lease() -> None:
     fin = coordinator()
     first = owner_of(lease(fin.run, boot_id="boot-a"))
     write(fin, first, work=["cmd-1"])
@@ -180,7 +210,7 @@ def test_work_remembered_from_another_owner_counts_as_new_work() -> None:
     give_result(fin)
     expire_lease(fin.run_id)
     # second's own previous snapshot had cmd-1: tolerated.
-    write(fin, second, work=["cmd-1"])
+    write_tolerated(fin, second, {"a": "2"}, work=["cmd-1"])
     assert NativeRunnerCheckpointWork.objects.get(run=fin.run).lease_owner == second.lease_owner
 
 
@@ -199,10 +229,9 @@ def _bind_issue_to(issue_id: object, run_id: object) -> None:
 def test_tolerated_when_issue_unbound_or_bound_to_this_run() -> None:
     fin, owner = _expired_with_result()
     _bind_issue_to(fin.issue_id, None)
-    write(fin, owner, changed={"a": "1"})
+    write_tolerated(fin, owner, {"a": "1"})
     _bind_issue_to(fin.issue_id, fin.run_id)
-    write(fin, owner, changed={"a": "2"})
-    assert stored(fin) == {"a": "2"}
+    write_tolerated(fin, owner, {"a": "2"})
 
 
 def test_lost_when_issue_is_gone() -> None:
@@ -233,8 +262,9 @@ def _native_successor(fin: NativeRunFinalization, boot_id: str, *, live: bool) -
 
 def test_tolerated_for_a_live_native_successor_on_the_same_boot() -> None:
     fin, owner = _expired_with_result()
-    _native_successor(fin, "boot-a", live=True)
-    write(fin, owner, changed={"a": "1"})
+    succ = _native_successor(fin, "boot-a", live=True)
+    assert Issue.objects.get(pk=fin.issue_id).execution_run_id == succ.pk  # really rebound
+    write_tolerated(fin, owner, {"a": "1"})
 
 
 @pytest.mark.parametrize(("boot", "live"), [("boot-b", True), ("boot-a", False)])
@@ -274,8 +304,9 @@ def test_tolerated_for_a_preparing_legacy_successor_of_the_same_controller_boot(
     owner = owner_of(lease(fin.run, boot_id=boot))
     give_result(fin)
     expire_lease(fin.run_id)
-    _legacy_successor(fin, controller_boot_id=uuid.UUID(boot))
-    write(fin, owner, changed={"a": "1"})
+    succ = _legacy_successor(fin, controller_boot_id=uuid.UUID(boot))
+    assert Issue.objects.get(pk=fin.issue_id).execution_run_id == succ.pk  # really rebound
+    write_tolerated(fin, owner, {"a": "1"})
 
 
 @pytest.mark.parametrize(

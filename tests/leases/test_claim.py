@@ -404,7 +404,10 @@ def test_database_clock_sets_expiry(workspace, agent):
 def test_claim_refuses_to_join_a_callers_transaction(workspace, agent):
     from django.db import transaction
 
-    with pytest.raises(RuntimeError), transaction.atomic():
+    with (
+        pytest.raises(RuntimeError, match="must not run inside another transaction"),
+        transaction.atomic(),
+    ):
         claim(workspace, agent)
     assert WorkspaceRuntimeLease.objects.count() == 0
 

@@ -439,7 +439,7 @@ def test_preserve_does_nothing_unless_every_condition_holds(
 @pytest.mark.django_db(transaction=True)
 def test_preserve_refuses_to_run_outside_the_finalizers_transaction() -> None:
     run, lease, result = _export_run()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="must run inside the caller's transaction"):
         export_resume_preserve(run_id=run.pk, result_id=result.pk)
     assert EnvironmentLease.objects.get(pk=lease.pk).status == "active"
 

@@ -41,6 +41,12 @@ def _start_orphan(status: Path) -> None:
         start_new_session=True,
     )
     (status / "orphan.pid").write_text(str(orphan.pid))
+    # "ready" must mean the orphan is already copying: the test reads orphan.log right after.
+    deadline = time.monotonic() + 30
+    while not (status / "orphan.log").exists():
+        if orphan.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the orphan never started writing orphan.log")
+        time.sleep(0.01)  # polling an observable state
 
 
 class DetachedChildCopyback:

@@ -112,6 +112,8 @@ def test_controller_sigkilled_mid_copyback_with_a_live_orphan_is_held_for_the_bo
         _wait_for(status / "ready", proc)
         orphan_pid = int((status / "orphan.pid").read_text())
         reaper.append(orphan_pid)
+        orphan_log = status / "orphan.log"
+        assert orphan_log.exists(), "ready was reported before the orphan started copying"
         b.refresh()
         receipt = b.run.runner_profile_json[OWNER_KEY]
         assert receipt["pid"] == proc.pid
@@ -131,9 +133,9 @@ def test_controller_sigkilled_mid_copyback_with_a_live_orphan_is_held_for_the_bo
 
     assert outcome == NotAcquired("owner_unverified")
     assert ran == []
-    size = (status / "orphan.log").stat().st_size
+    size = orphan_log.stat().st_size
     deadline = time.monotonic() + TIMEOUT
-    while (status / "orphan.log").stat().st_size == size:
+    while orphan_log.stat().st_size == size:
         assert time.monotonic() < deadline, "orphan stopped writing"
         time.sleep(0.05)
     b.run.refresh_from_db()

@@ -1156,10 +1156,14 @@ def test_owner_lease_refusals(
 def test_owner_lease_rechecks_ownership_after_inspection() -> None:
     s = build_scenario()
     _claimed(s, "tok-1")
+    after_inspection = Ownership("tok-1", lose_after=1)
     with pytest.raises(RuntimeError, match="ownership lost"):
-        owned(s, Ownership("tok-1", lose_after=1))
-    with pytest.raises(RuntimeError):
-        owned(s, Ownership("tok-1", lose_after=0))
+        owned(s, after_inspection)
+    assert after_inspection.checks == 2  # held before inspecting, lost at the recheck after
+    before_inspection = Ownership("tok-1", lose_after=0)
+    with pytest.raises(RuntimeError, match="ownership lost"):
+        owned(s, before_inspection)
+    assert before_inspection.checks == 1
 
 
 # --- Board endpoint and admin panel ---------------------------------------------------------

@@ -55,6 +55,28 @@ def confirm(b: Binding, action: IssueRecoveryAction, token: str, actor: Any, **k
     return recovery_owner_stop_confirm(**args)
 
 
+def assert_stale(
+    b: Binding, action: IssueRecoveryAction, token: str, actor: Any, reason: str
+) -> None:
+    """The confirmation is refused as stale for `reason` and changes nothing: the receipt
+    stays on the run, the action row is as it was, no confirmation is audited."""
+    run_before = HeartbeatRun.objects.values().get(pk=b.run.pk)
+    action_before = IssueRecoveryAction.objects.values().get(pk=action.pk)
+    audits = ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed")
+    audited_before = audits.count()
+    with pytest.raises(WorkspaceOwnerRecoveryStale) as caught:
+        confirm(b, action, token, actor)
+    assert (caught.value.code, caught.value.details) == (
+        "workspace_owner_recovery_stale",
+        {"reason": reason},
+    )
+    run_after = HeartbeatRun.objects.values().get(pk=b.run.pk)
+    assert run_after["runner_profile_json"] == run_before["runner_profile_json"]
+    assert run_after == run_before
+    assert IssueRecoveryAction.objects.values().get(pk=action.pk) == action_before
+    assert audits.count() == audited_before
+
+
 def test_confirmation_releases_exactly_the_receipt_and_records_the_stop() -> None:
     b, action, receipt, actor = held_binding()
     before_status, before_phase = b.run.status, b.coordinator.phase
@@ -105,33 +127,31 @@ def test_repeat_never_releases_a_newer_owner() -> None:
 
 def test_wrong_token_is_stale() -> None:
     b, action, _receipt, actor = held_binding()
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, "not-the-token", actor)
+    assert_stale(b, action, "not-the-token", actor, "owner_changed")
 
 
 def test_newer_owner_is_stale() -> None:
     b, action, receipt, actor = held_binding()
     newer = receipt_for(hostname="other.example")
     HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: newer})
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, newer["token"], actor)  # not the owner the action recorded
+    assert_stale(b, action, receipt["token"], actor, "owner_changed")
+    # Not the owner the action recorded, even with the current receipt's own token.
+    assert_stale(b, action, newer["token"], actor, "owner_changed")
+    b.run.refresh_from_db()
+    assert b.run.runner_profile_json[OWNER_KEY] == newer
 
 
 def test_malformed_receipt_is_stale() -> None:
     bad = {"token": "t-1", "hostname": "gone.example", "pid": -3, "processStartedAt": "never"}
     b, action, _receipt, actor = held_binding(receipt=bad)
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, "t-1", actor)
+    assert_stale(b, action, "t-1", actor, "owner_changed")
 
 
 def test_missing_result_is_stale() -> None:
     b, action, receipt, actor = held_binding()
     b.coordinator.result = None
     b.coordinator.save()
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
+    assert_stale(b, action, receipt["token"], actor, "coordinator_not_waiting")
 
 
 def test_result_of_another_contract_is_stale() -> None:
@@ -141,8 +161,7 @@ def test_result_of_another_contract_is_stale() -> None:
     )
     b.coordinator.result = other
     b.coordinator.save()
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
+    assert_stale(b, action, receipt["token"], actor, "result_not_bound")
 
 
 def test_newer_queued_run_is_stale() -> None:
@@ -155,8 +174,7 @@ def test_newer_queued_run_is_stale() -> None:
         status="queued",
         runtime_mode="native",
     )
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
+    assert_stale(b, action, receipt["token"], actor, "newer_run")
 
 
 def test_live_local_controller_is_refused() -> None:
@@ -206,7 +224,9 @@ def test_missing_checkbox_or_short_evidence_is_invalid(kw: dict[str, Any], field
 
 def test_resolved_action_or_moved_issue_is_stale() -> None:
     b, action, receipt, actor = held_binding()
+    IssueRecoveryAction.objects.filter(pk=action.pk).update(status="resolved")
+    assert_stale(b, action, receipt["token"], actor, "action_not_current")
+    IssueRecoveryAction.objects.filter(pk=action.pk).update(status="active")
     b.issue.execution_run = None
     b.issue.save()
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
+    assert_stale(b, action, receipt["token"], actor, "issue_moved_on")

@@ -11,13 +11,13 @@ import pytest
 
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult
 from paperclip.receipts import OWNER_KEY
-from recovery.errors import WorkspaceCopybackActive, WorkspaceOwnerRecoveryStale
+from recovery.errors import WorkspaceCopybackActive
 from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
 from tests.helpers import raw_connection
 from tests.paperclip.factories import AgentFactory, NativeRunFactory
 from tests.recovery.factories import Binding
-from tests.recovery.services.test_owner_stop import confirm, held_binding
+from tests.recovery.services.test_owner_stop import assert_stale, confirm, held_binding
 
 pytestmark = pytest.mark.django_db
 
@@ -94,43 +94,38 @@ def _receipt_differs_from_evidence(
     )
 
 
-ADMISSION_CHECKS: dict[str, Mutation] = {
-    "action resolved": _action(status="resolved"),
-    "action cancelled": _action(status="cancelled"),
-    "action of another cause": _action(cause="stranded_assigned_issue"),
-    "action not board-owned": _action(owner_type="agent"),
-    "action of another kind": _action(kind="workspace_validation"),
-    "action for another run": _evidence_run_id,
-    "run not native": _run(runtime_mode="legacy"),
-    "run not running": _run(status="succeeded"),
-    "coordinator committed": _coordinator(phase="committed"),
-    "coordinator observed": _coordinator(phase="observed"),
-    "coordinator leased": _coordinator(lease_owner="boot:1:lease"),
-    "no accepted result": _coordinator(result=None),
-    "issue done": _issue(status="done"),
-    "issue cancelled": _issue(status="cancelled"),
-    "issue assigned to another agent": _assignee_elsewhere,
-    "issue executed by nobody": _issue(execution_run=None),
-    "issue checked out by another run": _checkout_by_another_run,
-    "result rejected": _rejected_result,
-    "newer run (finished)": _newer_finished_run,
-    "receipt already gone, nothing recorded": _receipt_gone,
-    "receipt differs from the recorded owner": _receipt_differs_from_evidence,
+ADMISSION_CHECKS: dict[str, tuple[Mutation, str]] = {
+    "action resolved": (_action(status="resolved"), "action_not_current"),
+    "action cancelled": (_action(status="cancelled"), "action_not_current"),
+    "action of another cause": (_action(cause="stranded_assigned_issue"), "action_not_current"),
+    "action not board-owned": (_action(owner_type="agent"), "action_not_current"),
+    "action of another kind": (_action(kind="workspace_validation"), "action_not_current"),
+    "action for another run": (_evidence_run_id, "action_not_current"),
+    "run not native": (_run(runtime_mode="legacy"), "run_not_current"),
+    "run not running": (_run(status="succeeded"), "run_not_current"),
+    "coordinator committed": (_coordinator(phase="committed"), "coordinator_not_waiting"),
+    "coordinator observed": (_coordinator(phase="observed"), "coordinator_not_waiting"),
+    "coordinator leased": (_coordinator(lease_owner="boot:1:lease"), "coordinator_not_waiting"),
+    "no accepted result": (_coordinator(result=None), "coordinator_not_waiting"),
+    "issue done": (_issue(status="done"), "issue_moved_on"),
+    "issue cancelled": (_issue(status="cancelled"), "issue_moved_on"),
+    "issue assigned to another agent": (_assignee_elsewhere, "issue_moved_on"),
+    "issue executed by nobody": (_issue(execution_run=None), "issue_moved_on"),
+    "issue checked out by another run": (_checkout_by_another_run, "issue_moved_on"),
+    "result rejected": (_rejected_result, "result_not_bound"),
+    "newer run (finished)": (_newer_finished_run, "newer_run"),
+    "receipt already gone, nothing recorded": (_receipt_gone, "owner_changed"),
+    "receipt differs from the recorded owner": (_receipt_differs_from_evidence, "owner_changed"),
 }
 
 
-@pytest.mark.parametrize("mutate", ADMISSION_CHECKS.values(), ids=ADMISSION_CHECKS.keys())
-def test_each_admission_check_refuses_and_changes_nothing(mutate: Mutation) -> None:
+@pytest.mark.parametrize(
+    ("mutate", "reason"), ADMISSION_CHECKS.values(), ids=ADMISSION_CHECKS.keys()
+)
+def test_each_admission_check_refuses_and_changes_nothing(mutate: Mutation, reason: str) -> None:
     b, action, receipt, actor = held_binding()
     mutate(b, action, receipt)
-    run_before = HeartbeatRun.objects.values().get(pk=b.run.pk)
-    action_before = IssueRecoveryAction.objects.values().get(pk=action.pk)
-
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
-
-    assert HeartbeatRun.objects.values().get(pk=b.run.pk) == run_before
-    assert IssueRecoveryAction.objects.values().get(pk=action.pk) == action_before
+    assert_stale(b, action, receipt["token"], actor, reason)
     assert not ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").exists()
 
 
@@ -183,5 +178,5 @@ def test_a_repeat_for_another_saved_result_is_not_a_replay() -> None:
         canonical_sha256="0" * 64,
     )
     type(b.coordinator).objects.filter(pk=b.coordinator.pk).update(result=other)
-    with pytest.raises(WorkspaceOwnerRecoveryStale):
-        confirm(b, action, receipt["token"], actor)
+    # The first confirmation released the receipt: there is no owner left to release.
+    assert_stale(b, action, receipt["token"], actor, "owner_changed")

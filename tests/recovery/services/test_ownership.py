@@ -67,7 +67,7 @@ def test_refuses_to_run_inside_a_transaction() -> None:
     b = make_binding()
     from django.db import transaction
 
-    with transaction.atomic(), pytest.raises(RuntimeError):
+    with transaction.atomic(), pytest.raises(RuntimeError, match="must run outside transaction"):
         with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
 
 
