@@ -18,7 +18,7 @@ CHAOS_ARGS ?=
 # Set to 1 to accept pytest's exit code 5 ("no tests ran") as success.
 PYTEST_NO_TESTS_OK ?=
 
-.PHONY: help run test lint bench fuzz chaos clean clean-data
+.PHONY: help run test lint bench fuzz chaos mutate clean clean-data
 
 help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
@@ -30,6 +30,8 @@ help:
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	@echo "make chaos      runtime-lease chaos test, DURATION=600 seconds (CHAOS_ARGS=...), in a"
 	@echo "                throwaway database on DATABASE_URL's server; prints the checker's figures"
+	@echo "make mutate     mutmut over the safety-critical modules, one group at a time, niced"
+	@echo "                (MUTATE_ARGS=leases|recovery|checkpoints|cleanup ...; docs/testing.md)"
 	@echo "make clean      remove .venv and tool caches (keeps .data, the local database)"
 	@echo "make clean-data stop the embedded PostgreSQL and delete .data"
 
@@ -86,6 +88,12 @@ bench: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.run --duration $(DURATION) $(CHAOS_ARGS)
+
+# Mutation testing of the safety-critical modules (docs/testing.md); not in CI. Needs
+# DATABASE_URL. Niced: it keeps one core busy for a long while.
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	nice -n 10 $(PY) scripts/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -24,6 +24,7 @@ from paperclip.models import ActivityEvent, ExecutionWorkspace, HeartbeatRun, Is
 from tests.leases.factories import claim, expire, lease_row
 from tests.paperclip.factories import (
     AgentFactory,
+    CompanyFactory,
     ExecutionWorkspaceFactory,
     HeartbeatRunFactory,
     IssueFactory,
@@ -440,3 +441,43 @@ def test_a_lease_is_stale_from_the_very_instant_it_expires(workspace, agent, mon
     assert runtime_lease_evaluate_stale(lease_id=lease.pk) is None  # live until that instant
     expire(workspace, seconds_ago=0)  # expires_at = now(), the transaction's time
     assert runtime_lease_evaluate_stale(lease_id=lease.pk) == "lease_expired"
+
+
+# --- found by `make mutate` (docs/testing.md) ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_renew_in_a_later_transaction_moves_renewed_at_and_keeps_claimed_at():
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company)
+    agent = AgentFactory(company=company)
+    created = claim(workspace, agent).lease
+    renewed = claim(workspace, agent)  # a later transaction: a later now()
+    assert renewed.outcome == "renewed"
+    assert renewed.lease.claimed_at == created.claimed_at
+    assert renewed.lease.renewed_at > created.renewed_at
+
+
+def test_the_lease_read_back_is_the_lease_the_reclaim_answered(workspace, company):
+    first = AgentFactory(company=company)
+    claim(workspace, first)
+    expire(workspace)
+    rival = AgentFactory(company=company)
+    run = HeartbeatRunFactory(company=company, agent=rival, status="running")
+    reclaimed = claim(workspace, rival, run_id=run.pk)
+    assert reclaimed.outcome == "reclaimed"
+    assert reclaimed.lease.owner_run_id == run.pk
+    assert reclaimed.lease.metadata["reclaimedFromOwnerKey"] == f"agent:{first.pk}"
+    assert runtime_lease_get(execution_workspace_id=workspace.pk).lease == reclaimed.lease
+
+
+def test_another_agent_presenting_the_holders_run_does_not_renew_its_lease(workspace, company):
+    holder, other = AgentFactory.create_batch(2, company=company)
+    run = HeartbeatRunFactory(company=company, agent=holder, status="running")
+    held = claim(workspace, holder, run_id=run.pk).lease
+    with pytest.raises(DomainError) as caught:
+        claim(workspace, other, run_id=run.pk)
+    assert caught.value.code == "permission_denied"
+    row = lease_row(workspace)
+    assert row is not None
+    assert (row["owner_agent_id"], row["renewed_at"]) == (holder.pk, held.renewed_at)

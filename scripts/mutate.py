@@ -1,0 +1,191 @@
+"""`make mutate`: mutmut over the safety-critical modules, one module group at a time.
+
+    scripts/mutate.py [GROUP ...] [--tests-at REV] [--work DIR]
+
+For each group (default: all of them, in the order below) it copies the work tree (tracked and
+untracked-but-not-ignored files) into DIR/GROUP, appends that group's [tool.mutmut] section to
+the copy's pyproject.toml (only its modules are mutated, only its test files are run, and
+mutmut's own coverage map then runs each mutant against just the tests that reach the mutated
+function), runs `mutmut run --max-children 1` there (one test process at a time: the tests
+share one PostgreSQL test database), and prints the figures and every surviving mutant's
+diff. `--tests-at REV` takes tests/ from that commit instead: the "before" figures.
+
+Needs DATABASE_URL (a PostgreSQL server) like the tests; the test database is
+PAPERCLIP_TEST_DATABASE_NAME (default here: test_paperclip_mutate). Not run in CI.
+See docs/testing.md for the last run's figures and what each survivor is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTMUT = Path(sys.executable).with_name("mutmut")
+
+
+@dataclass(frozen=True)
+class Group:
+    modules: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+GROUPS: dict[str, Group] = {
+    # The lease fence (row locks, share lock) and the stale verdict.
+    "leases": Group(
+        modules=("leases/locks.py", "leases/selectors.py"),
+        tests=(
+            "tests/leases/test_claim.py",
+            "tests/leases/test_concurrency.py",
+            "tests/leases/test_owner_eligibility.py",
+            "tests/leases/test_sweep.py",
+            "tests/leases/api/",
+        ),
+    ),
+    # Finalization ownership (advisory lock, receipt compare-and-swap) and owner-stop admission.
+    "recovery": Group(
+        modules=("recovery/services/ownership.py", "recovery/services/owner_stop.py"),
+        tests=(
+            "tests/recovery/services/test_ownership.py",
+            "tests/recovery/services/test_ownership_liveness.py",
+            "tests/recovery/services/test_owner_stop.py",
+            "tests/recovery/services/test_owner_stop_admission.py",
+        ),
+    ),
+    # The checkpoint fence (coordinator lock, writer owner check) and the crypto binding.
+    "checkpoints": Group(
+        modules=("checkpoints/locks.py", "checkpoints/services/writer.py", "checkpoints/crypto.py"),
+        tests=(
+            "tests/checkpoints/test_writer.py",
+            "tests/checkpoints/test_concurrency.py",
+            "tests/checkpoints/test_crypto.py",
+            "tests/checkpoints/test_controller_lease.py",
+        ),
+    ),
+    # The environment-lease cleanup protocol.
+    "cleanup": Group(
+        modules=("leases/environment/services.py",),
+        tests=("tests/leases/environment/",),
+    ),
+}
+
+PYTEST_ARGS = ("-p", "no:randomly", "-m", "not slow", "-q")
+
+
+def _toml_list(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def _copy_tree(dest: Path, tests_at: str | None) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = ROOT / os.fsdecode(name)
+        if source.is_file():
+            target = dest / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    if tests_at is not None:
+        shutil.rmtree(dest / "tests")
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", tests_at, "tests"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+
+
+def _configure(dest: Path, group: Group) -> None:
+    section = (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["leases/", "recovery/", "checkpoints/", "paperclip/"]\n'
+        'also_copy = ["manage.py", "templates/", "docs/"]\n'
+        f"only_mutate = {_toml_list(group.modules)}\n"
+        f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(group.tests)}\n"
+    )
+    with (dest / "pyproject.toml").open("a") as fh:
+        fh.write(section)
+
+
+def _mutmut(dest: Path, *args: str, capture: bool = False) -> str:
+    done = subprocess.run(
+        [str(MUTMUT), *args], cwd=dest, check=True, text=True, capture_output=capture
+    )
+    return done.stdout if capture else ""
+
+
+def run_group(name: str, group: Group, work: Path, tests_at: str | None) -> dict[str, int]:
+    dest = work / name
+    _copy_tree(dest, tests_at)
+    _configure(dest, group)
+    print(f"== {name}: mutating {', '.join(group.modules)}", flush=True)
+    # mutmut redraws a progress line many times a second: keep it out of the log.
+    with (dest / "mutmut-run.log").open("w") as log:
+        subprocess.run(
+            [str(MUTMUT), "run", "--max-children", "1"],
+            cwd=dest,
+            check=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    _mutmut(dest, "export-cicd-stats", capture=True)
+    stats = json.loads((dest / "mutants" / "mutmut-cicd-stats.json").read_text())
+    print(
+        f"   {stats['total']} mutants: {stats['killed']} killed, {stats['survived']} survived, "
+        f"{stats['no_tests']} reached by no selected test, {stats['timeout']} timed out, "
+        f"{stats['suspicious']} suspicious",
+        flush=True,
+    )
+    for line in _mutmut(dest, "results", capture=True).splitlines():
+        mutant, _, status = line.strip().rpartition(": ")
+        if status != "survived":
+            continue
+        diff = _mutmut(dest, "show", mutant, capture=True)
+        changed = [d for d in diff.splitlines() if d[:2] in ("- ", "+ ")]
+        print(f"   survived {mutant}", flush=True)
+        for d in changed:
+            print(f"      {d.strip()}", flush=True)
+    return stats
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", help=f"some of: {', '.join(GROUPS)} (default all)")
+    parser.add_argument("--tests-at", help="take tests/ from this commit (before figures)")
+    parser.add_argument("--work", type=Path, default=ROOT / ".mutate")
+    options = parser.parse_args()
+    if not os.environ.get("DATABASE_URL"):
+        print("mutate: set DATABASE_URL to a PostgreSQL server, as for the tests", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PAPERCLIP_TEST_DATABASE_NAME", "test_paperclip_mutate")
+    unknown = [g for g in options.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group(s) {unknown}; choose from {list(GROUPS)}")
+    totals: dict[str, int] = {}
+    for name in options.groups or GROUPS:
+        stats = run_group(name, GROUPS[name], options.work.resolve(), options.tests_at)
+        for key in ("total", "killed", "survived", "no_tests", "timeout", "suspicious"):
+            totals[key] = totals.get(key, 0) + stats[key]
+    print(f"== all: {json.dumps(totals)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
