@@ -440,9 +440,10 @@ def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation
 
 def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accepted():
     """The holder renews and writes from several connections while another connection moves
-    its issue to done. Attempts that overlap the change may land either side of it; every
-    attempt started after the change committed is refused as owner-ineligible, and the lease
-    it still holds is reclaimable at once."""
+    its issue to done, forced to overlap: a separate connection holds the lease row, every
+    attempt is seen queued for it, the change commits, then the row is let go. Those
+    in-flight attempts may land either side of the change; every attempt started after it
+    committed is refused as owner-ineligible, and the lease is reclaimable at once."""
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
     agent = AgentFactory(company=company)
@@ -452,9 +453,6 @@ def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accep
     generation = claim(workspace, agent, **ids).lease.generation
     owner = RuntimeLeaseOwner.for_agent(agent.pk, **ids)
     holders = THREADS - 1
-    barrier = threading.Barrier(THREADS)
-    first_done = threading.Semaphore(0)
-    committed = threading.Event()
     post_commit_attempts = 3
 
     def renew():
@@ -471,53 +469,54 @@ def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accep
         )
         return "accepted"
 
+    def attempt(act):
+        try:
+            return act()
+        except DomainError as exc:
+            return exc.code
+
     def holder(i):
         act = renew if i % 2 == 0 else write
-        attempts = []
         try:
-            barrier.wait(timeout=TIMEOUT)
-            deadline = time.monotonic() + TIMEOUT
-            while sum(after for after, _ in attempts) < post_commit_attempts:
-                assert time.monotonic() < deadline, attempts
-                after = committed.is_set()  # read before the attempt starts
-                try:
-                    outcome = act()
-                except DomainError as exc:
-                    outcome = exc.code
-                attempts.append((after, outcome))
-                if len(attempts) == 1:
-                    first_done.release()
+            in_flight = attempt(act)  # queued behind the gate until after the change
+            return act.__name__, in_flight, [attempt(act) for _ in range(post_commit_attempts)]
         finally:
             connection.close()
-        return act.__name__, attempts
 
-    def finish_issue():
-        barrier.wait(timeout=TIMEOUT)
-        for _ in range(holders):  # every holder is renewing or writing by now
-            assert first_done.acquire(timeout=TIMEOUT)
-        with raw_connection() as other:  # autocommit: committed when execute returns
-            other.execute(
-                "UPDATE issues SET status = 'done', updated_at = now() WHERE id = %s", [issue.pk]
+    # Before the change every kind of attempt is accepted.
+    assert (renew(), write()) == ("renewed", "accepted")
+    with raw_connection(autocommit=False) as gate:
+        gate.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases"
+            " WHERE execution_workspace_id = %s FOR UPDATE",
+            [workspace.pk],
+        )
+        with ThreadPoolExecutor(max_workers=holders) as pool:
+            futures = [pool.submit(holder, i) for i in range(holders)]
+            all_waiting = wait_for_lock_waiters(
+                holders,
+                until=lambda: any(f.done() for f in futures),
+                holder=gate,
+                table="execution_workspace_runtime_leases",
             )
-        committed.set()
+            with raw_connection() as other:  # autocommit: committed when execute returns
+                other.execute(
+                    "UPDATE issues SET status = 'done', updated_at = now() WHERE id = %s",
+                    [issue.pk],
+                )
+            gate.rollback()
+            results = [f.result(timeout=TIMEOUT) for f in futures]
+    assert all_waiting, f"an attempt went past the held lease row: {results}"
 
-    with ThreadPoolExecutor(max_workers=THREADS) as pool:
-        results = [pool.submit(holder, i) for i in range(holders)]
-        finished = pool.submit(finish_issue)
-        finished.result(timeout=TIMEOUT * 2)
-        results = [r.result(timeout=TIMEOUT * 2) for r in results]
-
-    accepted_writes = 0
-    for kind, attempts in results:
+    accepted_writes = 1  # the one before the change
+    for kind, in_flight, after in results:
         ok = "renewed" if kind == "renew" else "accepted"
-        # Each holder's first attempt ended before the change: the owner was still eligible.
-        assert attempts[0] == (False, ok), (kind, attempts)
-        for after, outcome in attempts:
-            if after:
-                assert outcome == "workspace_runtime_lease_owner_ineligible", (kind, attempts)
-            else:
-                assert outcome in (ok, "workspace_runtime_lease_owner_ineligible"), attempts
-        accepted_writes += sum(outcome == "accepted" for _, outcome in attempts)
+        assert in_flight in (ok, "workspace_runtime_lease_owner_ineligible"), (kind, in_flight)
+        assert after == ["workspace_runtime_lease_owner_ineligible"] * post_commit_attempts, (
+            kind,
+            after,
+        )
+        accepted_writes += in_flight == "accepted"
     assert WorkspaceOperation.objects.count() == accepted_writes
     lease = WorkspaceRuntimeLease.objects.get()
     assert (lease.owner_key, lease.generation) == (f"issue:{issue.pk}", generation)
