@@ -53,22 +53,12 @@ GROUPS: dict[str, Group] = {
     # Finalization ownership (advisory lock, receipt compare-and-swap) and owner-stop admission.
     "recovery": Group(
         modules=("recovery/services/ownership.py", "recovery/services/owner_stop.py"),
-        tests=(
-            "tests/recovery/services/test_ownership.py",
-            "tests/recovery/services/test_ownership_liveness.py",
-            "tests/recovery/services/test_owner_stop.py",
-            "tests/recovery/services/test_owner_stop_admission.py",
-        ),
+        tests=("tests/recovery/", "tests/paperclip/worker/test_worker.py"),
     ),
     # The checkpoint fence (coordinator lock, writer owner check) and the crypto binding.
     "checkpoints": Group(
         modules=("checkpoints/locks.py", "checkpoints/services/writer.py", "checkpoints/crypto.py"),
-        tests=(
-            "tests/checkpoints/test_writer.py",
-            "tests/checkpoints/test_concurrency.py",
-            "tests/checkpoints/test_crypto.py",
-            "tests/checkpoints/test_controller_lease.py",
-        ),
+        tests=("tests/checkpoints/",),
     ),
     # The environment-lease cleanup protocol.
     "cleanup": Group(

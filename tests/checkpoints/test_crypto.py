@@ -292,3 +292,59 @@ def test_a_rotation_batch_is_bounded_by_bytes_but_always_progresses(settings: An
     settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]
     binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
     assert checkpoint_load(binding=binding) == {f"p{i}": f"contents {i}" for i in range(5)}
+
+
+# --- found by `make mutate` (docs/testing.md) ------------------------------------------------
+
+
+def test_both_base64_alphabets_are_read_and_stray_characters_are_refused() -> None:
+    secret = b"\xfb\xff" * 16  # encodes with + and / (standard), - and _ (urlsafe)
+    standard = base64.b64encode(secret).decode()
+    assert {"+", "/"} <= set(standard)
+    assert parse_key(standard) == secret
+    assert parse_key(base64.urlsafe_b64encode(secret).decode()) == secret
+    # A lenient decoder would drop the stray character and accept 32 bytes.
+    with pytest.raises(ValueError, match="neither base64 nor hex"):
+        parse_key(standard[:20] + "!" + standard[20:])
+
+
+@pytest.mark.parametrize("missing", ["keyId", "nonce", "ciphertext"])
+def test_an_envelope_missing_any_one_field_is_malformed(missing: str) -> None:
+    material = encrypt_part(B1, "p", "x", KEY)
+    del material[missing]
+    assert unreadable_reason(B1, "p", material) == "malformed_envelope"
+
+
+@pytest.mark.django_db
+def test_a_rewritten_key_file_and_its_lock_are_private_before_anything_reads_them(
+    settings: Any,
+) -> None:
+    """Checked before any read: reading tightens a too-open key file, which would hide a
+    rewrite that created it open."""
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    key_file_prepend_new_key()  # creates the file (by link)
+    key_file_prepend_new_key()  # rewrites it (temp file, rename)
+    path = key_file_path()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    lock = path.with_name(f".{path.name}.lock")
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+
+
+def test_a_rewrite_keeps_one_header_and_only_the_keys(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    path = key_file_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(f"# my note\n\n{OLD_KEY}\n")
+    path.chmod(0o600)
+    new = key_file_prepend_new_key()
+    again = key_file_prepend_new_key()
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("#")
+    assert [line for line in lines if line.startswith("#")] == [lines[0]]
+    assert "" not in lines
+    assert len(lines) == 4  # the header and three keys
+    assert [k.key_id for k in keyring().keys] == [
+        again.key_id,
+        new.key_id,
+        CheckpointKey.from_secret(parse_key(OLD_KEY)).key_id,
+    ]
