@@ -481,3 +481,8 @@ def test_another_agent_presenting_the_holders_run_does_not_renew_its_lease(works
     row = lease_row(workspace)
     assert row is not None
     assert (row["owner_agent_id"], row["renewed_at"]) == (holder.pk, held.renewed_at)
+
+
+def test_a_free_workspace_reads_as_no_lease_and_no_verdict(workspace):
+    view = runtime_lease_get(execution_workspace_id=workspace.pk)
+    assert (view.lease, view.stale_reason) == (None, None)
