@@ -509,3 +509,31 @@ def test_list_expired_authorities() -> None:
     assert list_expired_authorities(run_ids=[due_too.run_id]) == [due_too.run_id]
     assert list_expired_authorities(run_ids=[]) == []
     assert list_expired_authorities() == matches  # no inventory given: every run
+
+
+# --- found by `make mutate` (docs/testing.md) ------------------------------------------------
+
+
+def test_an_active_owners_write_is_answered_and_audited_as_active_with_its_counts() -> None:
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    first = write(fin, owner, changed={"a": "1", "b": "2"})
+    assert (first.owner_active, first.parts, first.changed, first.removed) == (True, 2, 2, 0)
+    second = write(fin, owner, changed={"c": "3"}, removed=["a"])
+    assert (second.owner_active, second.parts, second.changed, second.removed) == (True, 2, 1, 1)
+    audits = ActivityEvent.objects.filter(run=fin.run, action="checkpoint.written")
+    assert [a.details["ownerActive"] for a in audits] == [True, True]
+
+
+def test_a_reset_deletes_only_this_runs_parts_not_another_run_of_the_same_issue() -> None:
+    fin = coordinator()
+    other_run = NativeRunFactory(company=fin.company, issue=fin.issue, agent=fin.run.agent)
+    other = NativeRunFinalization.objects.create(
+        run=other_run, company=fin.company, issue=fin.issue
+    )
+    write(other, owner_of(lease(other_run)), changed={"kept": "other run's"})
+    owner = owner_of(lease(fin.run))
+    write(fin, owner, changed={"a": "1"})
+    assert write(fin, owner, reset=True, changed={"b": "2"}).removed == 1
+    assert stored(fin) == {"b": "2"}
+    assert stored(other) == {"kept": "other run's"}
