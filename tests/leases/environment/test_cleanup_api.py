@@ -259,13 +259,18 @@ def test_claim_refuses_a_lease_without_pending_cleanup(
     }
 
 
+@pytest.mark.parametrize(
+    ("intent", "named"),
+    [("export", "nativeWorkspaceExportResume"), ("stop_and_retain", "sandboxStopAndRetain")],
+)
 def test_claim_refuses_an_unbound_stop_only_intent(
-    company: Company, agent_client: APIClient
+    company: Company, agent_client: APIClient, intent: str, named: str
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_lease(company, intent=intent)
     set_meta(lease, pluginId="another-plugin")
     response = agent_client.post(claim_url(lease.pk))
-    assert_error(response, 422, "cleanup_intent_invalid")
+    error = assert_error(response, 422, "cleanup_intent_invalid")
+    assert error["details"] == {"intent": named}  # which intent failed to bind
     assert "pendingCleanupInFlight" not in EnvironmentLease.objects.get(pk=lease.pk).metadata
 
 
