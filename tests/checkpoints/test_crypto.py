@@ -16,6 +16,7 @@ from django.core.management import CommandError, call_command
 from checkpoints.crypto import (
     Binding,
     CheckpointKey,
+    KeyRing,
     decrypt_part,
     encrypt_part,
     key_file_path,
@@ -348,3 +349,33 @@ def test_a_rewrite_keeps_one_header_and_only_the_keys(settings: Any) -> None:
         new.key_id,
         CheckpointKey.from_secret(parse_key(OLD_KEY)).key_id,
     ]
+
+
+# Written by this code (a fixed key, a non-ASCII part name and contents): every part stored so
+# far must stay readable, so the bound data's exact bytes (compact separators, UTF-8 rather than
+# \u escapes) are part of the format, not a detail.
+GOLDEN_KEY = CheckpointKey.from_secret(bytes(range(32)))
+GOLDEN_BINDING = Binding(
+    uuid.UUID("11111111-1111-4111-8111-111111111111"),
+    uuid.UUID("22222222-2222-4222-8222-222222222222"),
+    uuid.UUID("33333333-3333-4333-8333-333333333333"),
+)
+GOLDEN = {
+    "scheme": "paperclip_aes256gcm_v1",
+    "keyId": "630dcd2966c4",
+    "nonce": "Cph3zv/L3/tAGw0H",
+    "ciphertext": (
+        "ReuDPF5vBXxKy7uNkn/Qb9eRkVdsMucHl3AY3sHiiff9G5FQaEezu+oBlFKeoGZ1whYpGS/WUpb5ynFv6jZII+n8"
+        "i4apjff0BQVflMCf1wqe8rYQ1XqXUs5JRvHN+d2VuS95aWVRwoHyI4U47132ISoUO5dAVL9q8hRlW8hxsaQyxx0o"
+        "iWoOYzGhwDTcp9UIa+poCSBoHJk2k0mMY0YG2CfiVauVO3UVb/3gc/C5RC42R6SrNhsL3OQvbpdYJYe5bjjTZmec"
+        "42zLTQ=="
+    ),
+}
+
+
+def test_a_part_written_before_stays_readable_byte_for_byte() -> None:
+    ring = KeyRing(keys=(GOLDEN_KEY,), source="settings")
+    assert decrypt_part(GOLDEN_BINDING, "hé", GOLDEN, ring) == "contents é"
+    with pytest.raises(CheckpointUnreadable) as caught:
+        decrypt_part(GOLDEN_BINDING, "he", GOLDEN, ring)
+    assert caught.value.details["reason"] == "authentication_failed"
