@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import stat
 import uuid
 from io import StringIO
@@ -17,6 +18,7 @@ from checkpoints.crypto import (
     Binding,
     CheckpointKey,
     KeyRing,
+    _associated_data,
     decrypt_part,
     encrypt_part,
     key_file_path,
@@ -379,3 +381,39 @@ def test_a_part_written_before_stays_readable_byte_for_byte() -> None:
     with pytest.raises(CheckpointUnreadable) as caught:
         decrypt_part(GOLDEN_BINDING, "he", GOLDEN, ring)
     assert caught.value.details["reason"] == "authentication_failed"
+
+
+@pytest.mark.parametrize("field", ["nonce", "ciphertext"])
+def test_a_stray_character_in_the_base64_is_malformed_not_decoded_leniently(field: str) -> None:
+    material = encrypt_part(B1, "p", "x", KEY)
+    value = material[field]
+    assert unreadable_reason(B1, "p", {**material, field: value[:8] + "!" + value[8:]}) == (
+        "malformed_envelope"
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong", [{"companyId": "c"}, {"issueId": "i"}, {"runId": "r"}, {"part": "q"}, {"contents": 1}]
+)
+def test_an_authentic_envelope_naming_another_row_is_refused(wrong: dict[str, Any]) -> None:
+    """Defence in depth behind the bound data: even a ciphertext made with the key and the
+    row's own bound data is refused when the envelope inside names another row."""
+    envelope = {
+        "companyId": str(B1.company_id),
+        "issueId": str(B1.issue_id),
+        "runId": str(B1.run_id),
+        "part": "p",
+        "contents": "x",
+        **wrong,
+    }
+    nonce = bytes(12)
+    ciphertext = KEY.aead.encrypt(
+        nonce, json.dumps(envelope).encode(), _associated_data(B1, "p", KEY.key_id)
+    )
+    material = {
+        "scheme": "paperclip_aes256gcm_v1",
+        "keyId": KEY.key_id,
+        "nonce": base64.b64encode(nonce).decode(),
+        "ciphertext": base64.b64encode(ciphertext).decode(),
+    }
+    assert unreadable_reason(B1, "p", material) == "binding"
