@@ -230,3 +230,14 @@ def test_resolved_action_or_moved_issue_is_stale() -> None:
     b.issue.execution_run = None
     b.issue.save()
     assert_stale(b, action, receipt["token"], actor, "issue_moved_on")
+
+
+def test_confirmation_removes_only_the_receipt_from_the_runner_profile() -> None:
+    """Found by `make mutate` (docs/testing.md): the rest of the profile is kept."""
+    b, action, receipt, actor = held_binding()
+    profile = {**b.run.runner_profile_json, "sessionState": {"kept": True}}
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json=profile)
+    confirm(b, action, receipt["token"], actor)
+    b.run.refresh_from_db()
+    assert b.run.runner_profile_json == {k: v for k, v in profile.items() if k != OWNER_KEY}
+    assert b.run.runner_profile_json["sessionState"] == {"kept": True}
