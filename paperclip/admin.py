@@ -81,11 +81,6 @@ else:
     _ModelForm = forms.ModelForm
 
 
-def _member_company_ids(request: HttpRequest) -> list[Any] | None:
-    """Companies the staff user may see in the admin; None means all (superuser)."""
-    return member_company_ids(request)
-
-
 class CompanyListFilter(admin.RelatedFieldListFilter):
     """The company filter, offering only the operator's companies (the stock one would list
     every company's name to any staff user)."""
@@ -240,7 +235,7 @@ class CompanyScopedAdmin(DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
-        ids = _member_company_ids(request)
+        ids = member_company_ids(request)
         if ids is None:
             return queryset
         return queryset.filter(**{f"{self.company_lookup}__in": ids})
@@ -248,7 +243,7 @@ class CompanyScopedAdmin(DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin)
     def formfield_for_foreignkey(
         self, db_field: Any, request: HttpRequest, **kwargs: Any
     ) -> forms.ModelChoiceField[Any] | None:
-        ids = _member_company_ids(request)
+        ids = member_company_ids(request)
         if ids is not None:
             related = db_field.related_model
             if related is Company:

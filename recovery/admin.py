@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
 
 from django import forms
 from django.contrib import admin, messages
@@ -27,9 +26,10 @@ from paperclip.admin import (
     admin_id_link,
     admin_link,
 )
+from paperclip.admin_site import member_company_ids
 from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
-from paperclip.models import BoardMembership, HeartbeatRun
+from paperclip.models import HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
 from paperclip.selectors.attention import held_finalization_actions
 from paperclip.templatetags.console import stamp
@@ -106,13 +106,6 @@ class OwnerStopForm(forms.Form):
                 f"Give at least {MIN_STOP_EVIDENCE_CHARS} non-blank characters of evidence."
             )
         return value
-
-
-def _company_ids(request: HttpRequest) -> list[UUID] | None:
-    if request.user.is_superuser:
-        return None
-    memberships = BoardMembership.objects.filter(user_id=request.user.pk or 0)
-    return list(memberships.values_list("company_id", flat=True))
 
 
 class HoldFilter(admin.SimpleListFilter):
@@ -271,7 +264,7 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IssueRecoveryAction]:
         qs = super().get_queryset(request).select_related("source_issue", "company")
-        company_ids = _company_ids(request)
+        company_ids = member_company_ids(request)
         return qs if company_ids is None else qs.filter(company_id__in=company_ids)
 
     def get_readonly_fields(
@@ -443,7 +436,7 @@ class WorkerStopReceiptAdmin(_ReceiptAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerStopReceipt]:
         qs = super().get_queryset(request)
-        company_ids = _company_ids(request)
+        company_ids = member_company_ids(request)
         return qs if company_ids is None else qs.filter(company_id__in=company_ids)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
