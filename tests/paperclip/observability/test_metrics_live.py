@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from paperclip.credentials import agent_key_create
 from paperclip.testing.processes import child_env
-from paperclip.testing.servers import free_port, wait_for_server
 from recovery.selectors.finalization import finalization_state
+from tests.chaos.run import Config, GunicornServer
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 from tests.paperclip.worker.test_worker_processes import Worker, fresh_binding, wait_for
 
@@ -33,34 +30,19 @@ SECRET_RESULT = "result-contents-that-must-never-be-logged"
 
 
 class Web:
-    """gunicorn, 2 sync-thread workers, its output (JSON log lines) in a file."""
+    """The chaos test's gunicorn (2 gthread workers x 2 threads), its output (JSON log lines)
+    in its workdir's server.log, and requests over a new connection each time, so that both
+    workers take them."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = free_port()
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).with_name("gunicorn")),
-                    "paperclip.wsgi:application",
-                    f"--bind=127.0.0.1:{self.port}",
-                    "--workers=2",
-                    "--worker-class=gthread",
-                    "--threads=2",
-                    "--log-level=warning",
-                ],
-                cwd=settings.BASE_DIR,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_for_server(self.port, self.proc).close()
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.server = GunicornServer(Config(gunicorn_workers=2, gunicorn_threads=2), env, workdir)
+        self.server.start()
+        self.port = self.server.port
+        self.log = self.server.log_path
 
     def request(
         self, method: str, path: str, body: Any = None, key: str | None = None
     ) -> tuple[int, bytes]:
-        # A new connection each time: gunicorn's two workers both take requests.
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         headers = {"Content-Type": "application/json"}
         if key:
@@ -72,8 +54,7 @@ class Web:
         return response.status, data
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.server.stop()
 
 
 def scrape(web: Web) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -104,7 +85,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Web, Worker, Path]]:
         "PAPERCLIP_METRICS_DIR": str(metrics_dir),
         "PAPERCLIP_LOG_FORMAT": "json",
     }
-    web = Web(child_env(**env), tmp_path / "web.log")
+    web = Web(child_env(**env), tmp_path)
     worker = Worker(**env)
     try:
         yield web, worker, tmp_path
@@ -210,7 +191,7 @@ def test_counters_of_every_process_reach_metrics_exactly(
         > 0
     )
 
-    lines = (tmp_path / "web.log").read_text().splitlines() + worker.lines
+    lines = web.log.read_text().splitlines() + worker.lines
     records = [json.loads(line) for line in lines if line.startswith("{")]
     loggers = {record["logger"] for record in records}
     assert {"paperclip.request", "paperclip.audit"} <= loggers
