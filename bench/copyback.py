@@ -25,7 +25,6 @@ CPUs, at most 8, as the backend's own default),
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import statistics
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from recovery.adapters.copyback import (  # noqa: E402 - after the path setup
     LocalDirectoryCopyback,
     copyback_discards_wait,
+    default_threads,
 )
 
 
@@ -148,7 +148,7 @@ def main() -> int:
     parser.add_argument("--incremental-files", type=int, default=None)
     parser.add_argument("--changed", type=float, default=0.01)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 2))
+    parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()

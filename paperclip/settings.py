@@ -277,10 +277,9 @@ PAPERCLIP_COPYBACK_BACKEND = env.str(
 # The default backend's copy threads, and whether files unchanged since the previous copy-back
 # (same size, mtime and mode) are hard-linked from the destination instead of copied again
 # (docs/recovery.md#incremental-copy-back).
-# Default: the machine's CPUs, at most 8 (threads beyond the cores only contend: bench/copyback.py).
-PAPERCLIP_COPYBACK_THREADS = env.int(
-    "PAPERCLIP_COPYBACK_THREADS", default=min(8, os.cpu_count() or 2)
-)
+# 0 (the default): the machine's CPUs, at most 8 (threads beyond the cores only contend:
+# bench/copyback.py).
+PAPERCLIP_COPYBACK_THREADS = env.int("PAPERCLIP_COPYBACK_THREADS", default=0)
 PAPERCLIP_COPYBACK_INCREMENTAL = env.bool("PAPERCLIP_COPYBACK_INCREMENTAL", default=True)
 PAPERCLIP_WORKER_PLATFORM = env.str(
     "PAPERCLIP_WORKER_PLATFORM", default="recovery.adapters.platform.SignedReceiptPlatform"

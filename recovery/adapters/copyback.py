@@ -81,6 +81,11 @@ def _same_file_state(current: os.stat_result, previous: os.stat_result) -> bool:
     )
 
 
+def default_threads() -> int:
+    """Copy threads when none are configured: the machine's CPUs, at most 8."""
+    return min(8, os.cpu_count() or 2)
+
+
 def _copy_file(source: str, target: str, state: os.stat_result) -> int:
     """Copy one regular file's bytes, mode and times; returns the bytes copied. O_NOFOLLOW on
     both ends: an entry swapped for a symlink since it was listed is refused (ELOOP), never
@@ -170,13 +175,10 @@ class LocalDirectoryCopyback:
     files hard-linked from the previous destination instead of copied."""
 
     def __init__(self, *, threads: int | None = None, incremental: bool | None = None) -> None:
-        self.threads = threads or int(
-            getattr(settings, "PAPERCLIP_COPYBACK_THREADS", min(8, os.cpu_count() or 2))
-        )
+        # Settings are read only for what the caller leaves out (the bench runs without them).
+        self.threads = threads or settings.PAPERCLIP_COPYBACK_THREADS or default_threads()
         self.incremental = (
-            bool(getattr(settings, "PAPERCLIP_COPYBACK_INCREMENTAL", True))
-            if incremental is None
-            else incremental
+            settings.PAPERCLIP_COPYBACK_INCREMENTAL if incremental is None else incremental
         )
 
     def copy_back(
@@ -262,7 +264,7 @@ class _TreeCopy:
             try:
                 self._walk(pool, pending)
                 while pending:
-                    self._collect(pending, wait_for=FIRST_COMPLETED)
+                    self._collect(pending)
             except BaseException:
                 for future in pending:
                     future.cancel()
@@ -279,8 +281,9 @@ class _TreeCopy:
             self.linked,
         )
 
-    def _collect(self, pending: set[Future[_Done]], wait_for: str) -> None:
-        done, _ = wait(pending, timeout=CHECK_INTERVAL_SECONDS, return_when=wait_for)
+    def _collect(self, pending: set[Future[_Done]]) -> None:
+        """Take in the chunks done within CHECK_INTERVAL_SECONDS, then check if it is due."""
+        done, _ = wait(pending, timeout=CHECK_INTERVAL_SECONDS, return_when=FIRST_COMPLETED)
         for future in done:
             pending.discard(future)
             done_chunk = future.result()
@@ -316,7 +319,7 @@ class _TreeCopy:
                         pending.add(pool.submit(_copy_chunk, chunk))
                         chunk = []
                         while len(pending) >= limit:
-                            self._collect(pending, wait_for=FIRST_COMPLETED)
+                            self._collect(pending)
                     continue
                 state = entry.stat(follow_symlinks=False)
                 mode = state.st_mode
