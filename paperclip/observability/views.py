@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from paperclip.api.errors import error_body
+from paperclip.api.errors import error_body, json_not_found
 from paperclip.observability.gauges import StuckWorkCollector
 
 
@@ -31,7 +31,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     PAPERCLIP_METRICS_DIR), then the stuck-work gauges read from the database now. 404 unless
     PAPERCLIP_METRICS_ENABLED; with PAPERCLIP_METRICS_TOKEN set, 401 without that bearer."""
     if not settings.PAPERCLIP_METRICS_ENABLED:
-        return JsonResponse(error_body("not_found", "Not found."), status=404)
+        return json_not_found(request)  # as for any unknown path
     if not _authorized(request):
         response = JsonResponse(
             error_body(
