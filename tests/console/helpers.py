@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -27,18 +25,13 @@ from tests.paperclip.factories import (
     HeartbeatRunFactory,
     IssueFactory,
 )
-from tests.recovery.factories import Binding, hold_for_board, make_binding, receipt_for
-
-
-def dead_pid() -> int:
-    """The pid of a process of this host that has exited."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(done.stdout)
+from tests.recovery.factories import (
+    Binding,
+    exited_pid,
+    hold_for_board,
+    make_binding,
+    receipt_for,
+)
 
 
 def held(
@@ -46,7 +39,7 @@ def held(
 ) -> tuple[Binding, IssueRecoveryAction, dict[str, Any]]:
     """A run held for the board: its recorded owner ran on this host and is dead, and no
     copy-back barrier exists (the default), unless `receipt` says otherwise."""
-    receipt = receipt if receipt is not None else receipt_for(pid=dead_pid())
+    receipt = receipt if receipt is not None else receipt_for(pid=exited_pid())
     b = make_binding(company=company, receipt=receipt, phase=phase)
     action = hold_for_board(b, receipt)
     return b, action, receipt

@@ -10,8 +10,8 @@ from paperclip.models import WorkspaceOperation
 from paperclip.models import WorkspaceOperation as Op
 from recovery.models import WorkerStopReceipt
 from recovery.selectors.verdict import owner_hold_verdict
-from tests.console.helpers import dead_pid, held
-from tests.recovery.factories import receipt_for
+from tests.console.helpers import held
+from tests.recovery.factories import exited_pid, receipt_for
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def test_same_host_alive(company) -> None:
 
 
 def test_same_host_dead_without_barrier(company) -> None:
-    _, action, _ = held(company, receipt=receipt_for(pid=dead_pid()))
+    _, action, _ = held(company, receipt=receipt_for(pid=exited_pid()))
     verdict = owner_hold_verdict(action)
     assert verdict.kind == "same_host_dead_no_barrier"
     assert "no succeeded copy-back barrier" in verdict.headline
@@ -41,7 +41,7 @@ def test_same_host_dead_without_barrier(company) -> None:
 
 
 def test_same_host_dead_with_barrier(company) -> None:
-    b, action, _ = held(company, receipt=receipt_for(pid=dead_pid()))
+    b, action, _ = held(company, receipt=receipt_for(pid=exited_pid()))
     WorkspaceOperation.objects.create(
         company=company,
         heartbeat_run=b.run,

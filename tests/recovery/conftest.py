@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from recovery.services import ownership
+from tests.recovery.factories import exited_pid
 
 
 @pytest.fixture
 def dead_pid() -> int:
     """The pid of a process that has exited and been reaped."""
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait(timeout=10)
-    return proc.pid
+    return exited_pid()
 
 
 @pytest.fixture(autouse=True)

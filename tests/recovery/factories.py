@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -115,6 +117,13 @@ def make_binding(
         result = NativeRunResultFactory(run=run)
     coordinator = NativeRunFinalizationFactory(run=run, phase=phase, result=result)
     return Binding(company, agent, issue, run, coordinator, result, workspace, source_dir, dest_dir)
+
+
+def exited_pid() -> int:
+    """The pid of a process of this host that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=10)
+    return proc.pid
 
 
 def receipt_for(
