@@ -14,21 +14,18 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any
 
-import psycopg
 from django.contrib.auth.models import AnonymousUser
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, models
-from django.db.backends.postgresql.psycopg_any import register_tzloader
-from django.db.backends.utils import CursorWrapper
 from django.db.models import Field
-from psycopg.pq import Format
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from paperclip.access import Actor, agent_actor, board_actor
 from paperclip.credentials import AGENT_KEY_KIND, BOARD_TOKEN_KIND, hash_secret
+from paperclip.db.prepared import first_read
 from paperclip.db.sql import quoted_column, quoted_table
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
 
@@ -37,7 +34,6 @@ _SECRET_RE = re.compile(r"[A-Za-z0-9_\-]{1,256}")
 # last_used_at is bookkeeping, not a decision: refresh it at most this often, so a busy key does
 # not turn every request into a write on one hot row.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
-_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
 _RESOLUTION_SECONDS = int(LAST_USED_RESOLUTION.total_seconds())
 
 
@@ -70,43 +66,6 @@ def _converters(fields: Sequence[Field[Any, Any]]) -> tuple[tuple[int, list[_Con
     return tuple(result)
 
 
-class _PreparingCursor(psycopg.Cursor[Any]):
-    """Server-side binding, each statement prepared on first use and reused by the session.
-
-    Django's own cursors bind client-side and never prepare; psycopg prepares here only
-    because the settings give it a `prepare_threshold` (see settings.DATABASES). Prepared
-    statements are safe for this service: it never runs behind a transaction-mode pooler
-    (docs/setup.md). psycopg drops its prepared statements itself after a rollback or DDL.
-    """
-
-    def execute(
-        self,
-        query: Any,
-        params: Any = None,
-        *,
-        prepare: bool | None = None,
-        binary: bool | None = None,
-    ) -> Self:
-        return super().execute(query, params, prepare=True, binary=binary)
-
-
-def _prepared_cursor() -> CursorWrapper:
-    """A Django cursor (health check, error translation, query logging when enabled) over a
-    `_PreparingCursor`: what `connection.cursor()` builds, with the other cursor class."""
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    with connection.wrap_database_errors:
-        raw = _PreparingCursor(connection.connection)
-        loader = connection.connection.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
-        if getattr(loader, "timezone", None) != connection.timezone:
-            register_tzloader(connection.timezone, raw)
-    # (django-stubs type these as taking a CursorWrapper; they wrap a DB-API cursor.)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(raw)  # type: ignore[arg-type]
-    return connection.make_cursor(raw)  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True, slots=True)
 class _CredentialQuery:
     """The credential lookup as two prebuilt statements: one SELECT of the credential joined
@@ -118,8 +77,9 @@ class _CredentialQuery:
     bench/leases.py). Rows become instances through `from_db` and the field converters, as
     the ORM would build them. Whether the refresh is due is decided by the database clock in
     the SELECT, and re-checked by the UPDATE itself, so concurrent requests write it once.
-    The SELECT is a prepared statement (`_PreparingCursor`): parsing and planning it on every
-    request cost more than executing it. (A single statement with the UPDATE in a CTE was
+    The SELECT is a prepared statement, and the request's first: it stands in for the
+    connection health check (`paperclip.db.prepared.first_read`); parsing and planning it on
+    every request cost more than executing it. (A single statement with the UPDATE in a CTE was
     measured too: planning it costs more than the rare second round trip.)
     """
 
@@ -178,9 +138,7 @@ class _CredentialQuery:
     def fetch(self, prefix: str) -> tuple[AgentApiKey | BoardApiToken, bool] | None:
         """(credential with its principal cached, whether last_used_at is due); None when
         no credential has this prefix."""
-        with _prepared_cursor() as cursor:
-            cursor.execute(self.select_sql, [prefix])
-            row = cursor.fetchone()
+        row = first_read(self.select_sql, [prefix])
         if row is None:
             return None
         values = list(row[:-1])
