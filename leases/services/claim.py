@@ -13,7 +13,8 @@ the lease row), so it fences writes (`leases.services.operations`).
 
 The renew hot path is one gated UPDATE running as its own implicit transaction; only a miss
 takes the slow path (one short durable transaction under the workspace row lock). The claim
-round trips are raw SQL because this is the hottest write in the system (see bench/leases.py).
+round trips are raw SQL because this is the hottest write in the system (see bench/leases.py),
+and the renew is a prepared statement.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from leases.services.types import (
 )
 from paperclip.db import locking
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction
+from paperclip.db.prepared import prepared_fetchone
 from paperclip.errors import InvalidRequest
 from paperclip.observability import metrics
 
@@ -128,7 +130,8 @@ _RENEW_SQL: Final = (
 # statistics the planner would otherwise pick the (company_id, owner_key) index and walk
 # every lease of an agent that holds many (measured: 3x slower renews at 3,000 leases).
 # One text per claimant shape (issue named?, run named?): each carries only the lookups its
-# owner needs, since every renew is parsed and planned afresh (bench/leases.py).
+# owner needs. Each is a prepared statement (paperclip.db.prepared): parsing and planning it
+# afresh was most of PostgreSQL's work per renew (bench/renew_load.py).
 def _fast_renew_sql(*, issue: bool, run: bool) -> str:
     conditions = [
         "execution_workspace_id = %(workspace)s",
@@ -295,22 +298,20 @@ def _claim_fast_renew(
         connection.atomic_blocks[-1], "_from_testcase", False
     ):
         raise RuntimeError("runtime_lease_claim() must not run inside another transaction")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _FAST_RENEW_SQL[owner.issue_id is not None, owner.run_id is not None],
-            {
-                "timeout": locking.HOT_PATH_LOCK_TIMEOUT,
-                "workspace": execution_workspace_id,
-                "company": company_id,
-                "issue": owner.issue_id,
-                "run": owner.run_id,
-                "agent": owner.agent_id,
-                "action": action,
-                "ttl": ttl,
-                "owner_key": owner_key,
-            },
-        )
-        row = cursor.fetchone()
+    row = prepared_fetchone(
+        _FAST_RENEW_SQL[owner.issue_id is not None, owner.run_id is not None],
+        {
+            "timeout": locking.HOT_PATH_LOCK_TIMEOUT,
+            "workspace": execution_workspace_id,
+            "company": company_id,
+            "issue": owner.issue_id,
+            "run": owner.run_id,
+            "agent": owner.agent_id,
+            "action": action,
+            "ttl": ttl,
+            "owner_key": owner_key,
+        },
+    )
     return None if row is None else RuntimeLease.from_row(row)
 
 
