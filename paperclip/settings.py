@@ -106,11 +106,13 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "paperclip.observability.middleware.RequestObservabilityMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Django's session, CSRF, authentication and message middleware, skipped by API requests
+    # that carry an agent key or a board token (paperclip/api/middleware.py).
+    "paperclip.api.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "paperclip.api.middleware.CsrfViewMiddleware",
+    "paperclip.api.middleware.AuthenticationMiddleware",
+    "paperclip.api.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
