@@ -8,6 +8,9 @@ from paperclip.api.views import healthz, readyz
 from paperclip.observability.views import metrics_view
 
 urlpatterns = [
+    # First: Django tries the patterns in order, and the runtime-lease claim (an agent's renew)
+    # is the most frequent request. No other pattern overlaps these.
+    path("api/", include("leases.api.urls")),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
@@ -15,7 +18,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("paperclip.api.urls")),
-    path("api/", include("leases.api.urls")),
     path("api/", include("leases.environment.api.urls")),
     path("api/", include("recovery.api.urls")),
     path("api/", include("recovery.api.source_urls")),
