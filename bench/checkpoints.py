@@ -55,7 +55,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="10 iterations: a smoke run")
     args = parser.parse_args()
+    if args.quick:
+        args.iterations = 10
 
     server = os.environ.get("DATABASE_URL") or DEFAULT_SERVER
     db_name = os.environ.get("PAPERCLIP_BENCH_CKPT_DB", "paperclip_bench_ckpt")

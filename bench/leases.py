@@ -59,7 +59,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="20 iterations: a smoke run")
     args = parser.parse_args()
+    if args.quick:
+        args.iterations = 20
     n = args.iterations
     server_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres"
     name = os.environ.get("PAPERCLIP_BENCH_DB", "paperclip_bench")
