@@ -188,6 +188,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["paperclip.api.parsers.StrictJSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "paperclip.api.negotiation.JsonContentNegotiation",
     # Responses escape non-ASCII, so no caller's bytes can make rendering an error fail.
     "UNICODE_JSON": False,
     "EXCEPTION_HANDLER": "paperclip.api.errors.exception_handler",
