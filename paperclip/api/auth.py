@@ -188,6 +188,14 @@ def _verify(
     return credential
 
 
+def _authorization(request: Request) -> str:
+    """The Authorization header as the WSGI server passed it (latin-1 text), what DRF's
+    `get_authorization_header` reads through `request.headers`, which builds a dictionary of
+    every header on first use."""
+    value = request.META.get("HTTP_AUTHORIZATION", "")
+    return value if isinstance(value, str) else value.decode("latin-1")
+
+
 class _BearerAuthentication(authentication.BaseAuthentication):
     kind: str
 
@@ -201,9 +209,7 @@ class AgentKeyAuthentication(_BearerAuthentication):
     kind = AGENT_KEY_KIND
 
     def authenticate(self, request: Request) -> tuple[Agent, AgentApiKey] | None:
-        parsed = parse_bearer(
-            authentication.get_authorization_header(request).decode("latin-1"), self.kind
-        )
+        parsed = parse_bearer(_authorization(request), self.kind)
         if parsed is None:
             return None
         key = _verify(AgentApiKey, *parsed)
@@ -220,9 +226,7 @@ class BoardTokenAuthentication(_BearerAuthentication):
     kind = BOARD_TOKEN_KIND
 
     def authenticate(self, request: Request) -> tuple[Any, BoardApiToken] | None:
-        parsed = parse_bearer(
-            authentication.get_authorization_header(request).decode("latin-1"), self.kind
-        )
+        parsed = parse_bearer(_authorization(request), self.kind)
         if parsed is None:
             return None
         token = _verify(BoardApiToken, *parsed)

@@ -46,7 +46,7 @@ class RequestObservabilityMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        request_id = request_id_accept(request.headers.get("X-Request-ID"))
+        request_id = request_id_accept(request.META.get("HTTP_X_REQUEST_ID"))
         context: dict[str, object] = {"request_id": request_id}
         token = log_context.set(context)
         started = time.perf_counter()
