@@ -167,6 +167,8 @@ class ExecutionWorkspace(TimestampedModel):
         indexes: ClassVar[list[models.Index]] = [
             models.Index(fields=["company", "status"], name="exec_ws_company_status_idx"),
             models.Index(fields=["company", "source_issue"], name="exec_ws_company_src_issue_idx"),
+            # The admin's provider filter reads its choices from it (paperclip.admin_lists).
+            models.Index(fields=["provider_type"], name="exec_ws_provider_type_idx"),
         ]
 
     def __str__(self) -> str:
@@ -334,6 +336,8 @@ class HeartbeatRun(TimestampedModel):
         db_table = "heartbeat_runs"
         indexes: ClassVar[list[models.Index]] = [
             models.Index(fields=["company", "status"], name="runs_company_status_idx"),
+            # Runs in one status across companies: the admin's status filter and its count.
+            models.Index(fields=["status"], name="runs_status_idx"),
             models.Index(fields=["company", "agent", "status"], name="runs_company_agent_idx"),
             models.Index(fields=["company", "issue", "created_at"], name="runs_company_issue_idx"),
             models.Index(
@@ -553,7 +557,10 @@ class ActivityEvent(models.Model):
         indexes: ClassVar[list[models.Index]] = [
             models.Index(fields=["company", "created_at"], name="activity_company_created_idx"),
             models.Index(fields=["entity_type", "entity_id"], name="activity_entity_idx"),
-            models.Index(fields=["action"], name="activity_action_idx"),
+            # Newest first across companies (the console's recent activity, the audit list's
+            # default order with its id tie-break), and per action in that order (its filter).
+            models.Index(fields=["created_at", "id"], name="activity_created_idx"),
+            models.Index(fields=["action", "created_at"], name="activity_action_created_idx"),
         ]
 
     def __str__(self) -> str:

@@ -93,6 +93,10 @@ class IssueRecoveryAction(TimestampedModel):
                 fields=["company", "recovery_issue"], name="recovery_company_rec_issue_idx"
             ),
             models.Index(fields=["company", "stale", "status"], name="recovery_company_stale_idx"),
+            # The admin list's default order (newest change first, id tie-break); the board's
+            # held-finalization count (cause + live status) and the cause filter's choices.
+            models.Index(fields=["updated_at", "id"], name="recovery_updated_idx"),
+            models.Index(fields=["cause", "status"], name="recovery_cause_status_idx"),
         ]
         constraints: ClassVar[list[Any]] = [
             models.UniqueConstraint(
