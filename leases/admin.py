@@ -33,6 +33,7 @@ from paperclip.admin import (
     DetailActionsMixin,
     admin_id_link,
 )
+from paperclip.admin_lists import FlatCostListMixin
 from paperclip.errors import DomainError
 from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
 from paperclip.templatetags.console import stamp
@@ -102,7 +103,9 @@ class ForceReleaseForm(forms.Form):
 
 
 @admin.register(WorkspaceRuntimeLease)
-class WorkspaceRuntimeLeaseAdmin(DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
+class WorkspaceRuntimeLeaseAdmin(
+    FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin
+):
     # Key columns first: at 1400 px the stale reason and renewal must stay on screen.
     list_display = (
         "execution_workspace",

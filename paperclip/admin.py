@@ -37,6 +37,7 @@ from procrastinate.contrib.django.models import (
 
 from leases.models import EnvironmentLease
 from paperclip.activity import activity_record
+from paperclip.admin_lists import FlatCostListMixin, IndexedValuesListFilter, recent_filter
 from paperclip.admin_site import member_company_ids
 from paperclip.credentials import agent_key_revoke, board_token_revoke
 from paperclip.errors import DomainError
@@ -228,8 +229,9 @@ class DetailActionsMixin:
         return response
 
 
-class CompanyScopedAdmin(DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
-    """Limits rows (and foreign-key choices) to the user's companies."""
+class CompanyScopedAdmin(FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
+    """Limits rows (and foreign-key choices) to the user's companies; lists count at most
+    LIST_COUNT_CAP rows (paperclip.admin_lists)."""
 
     company_lookup = "company_id"
 
@@ -481,7 +483,7 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
     form = ExecutionWorkspaceAdminForm
     audit_entity = "execution_workspace"
     list_display = ("name", "company", "status", "cwd", "runtime_lease_generation", "last_used_at")
-    list_filter = ("status", "provider_type", COMPANY_FILTER)
+    list_filter = ("status", ("provider_type", IndexedValuesListFilter), COMPANY_FILTER)
     search_fields = ("name", "id", "cwd")
     list_select_related = ("company",)
     autocomplete_fields = ("company", "source_issue")
@@ -529,6 +531,23 @@ class _FinalizeNowMixin:
         )
 
 
+class NativePhaseFilter(admin.SimpleListFilter):
+    """The coordinator phases a native run records (a fixed list: the stock filter would read
+    the distinct values of every run)."""
+
+    title = "native phase"
+    parameter_name = "native_phase"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, str(label)) for value, label in NativeRunFinalization.Phase.choices]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[HeartbeatRun]
+    ) -> QuerySet[HeartbeatRun]:
+        value = self.value()
+        return queryset.filter(native_phase=value) if value else queryset
+
+
 @admin.register(HeartbeatRun)
 class HeartbeatRunAdmin(_FinalizeNowMixin, ReadOnlyAdmin):
     list_display = (
@@ -542,10 +561,15 @@ class HeartbeatRunAdmin(_FinalizeNowMixin, ReadOnlyAdmin):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "runtime_mode", "native_phase", COMPANY_FILTER)
+    list_filter = (
+        "status",
+        "runtime_mode",
+        NativePhaseFilter,
+        recent_filter("created_at", "created"),
+        COMPANY_FILTER,
+    )
     search_fields = ("=id", "agent__name", "issue__title", "=issue__id")
     list_select_related = ("company", "agent", "issue")
-    date_hierarchy = "created_at"
     actions = ("finalize_now",)
     readonly_fields = ("related_objects",)
     fieldsets = (
@@ -759,9 +783,8 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
         "started_at",
         "finished_at",
     )
-    list_filter = ("phase", "status", COMPANY_FILTER)
+    list_filter = ("phase", "status", recent_filter("started_at", "started"), COMPANY_FILTER)
     search_fields = ("id", "heartbeat_run__id", "execution_workspace__id", "command")
-    date_hierarchy = "started_at"
 
 
 @admin.register(ActivityEvent)
@@ -788,9 +811,16 @@ class ActivityEventAdmin(ReadOnlyAdmin):
             return obj.entity_id
         return admin_id_link(model, obj.entity_id)
 
-    list_filter = ("action", "actor_type", "entity_type", COMPANY_FILTER)
+    # No date_hierarchy and no stock "all values" filters: their links read every row
+    # (paperclip.admin_lists).
+    list_filter = (
+        ("action", IndexedValuesListFilter),
+        "actor_type",
+        ("entity_type", IndexedValuesListFilter),
+        recent_filter("created_at", "when"),
+        COMPANY_FILTER,
+    )
     search_fields = ("entity_id", "actor_id")
-    date_hierarchy = "created_at"
 
 
 # Audit rows' entity types whose id is the primary key of a console page (lease rows are named

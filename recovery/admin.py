@@ -26,6 +26,7 @@ from paperclip.admin import (
     admin_id_link,
     admin_link,
 )
+from paperclip.admin_lists import FlatCostListMixin, IndexedValuesListFilter
 from paperclip.admin_site import member_company_ids
 from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
@@ -151,7 +152,9 @@ def _is_owner_hold(obj: IssueRecoveryAction | None) -> bool:
 
 
 @admin.register(IssueRecoveryAction)
-class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _ActionAdmin):
+class IssueRecoveryActionAdmin(
+    FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ActionAdmin
+):
     list_display = (
         "id",
         "company",
@@ -164,7 +167,14 @@ class IssueRecoveryActionAdmin(DetailActionsMixin, ActivityTimelineMixin, _Actio
         "created",
         "updated_at",
     )
-    list_filter = (HoldFilter, "status", "cause", "owner_type", "kind", COMPANY_FILTER)
+    list_filter = (
+        HoldFilter,
+        "status",
+        ("cause", IndexedValuesListFilter),
+        "owner_type",
+        "kind",
+        COMPANY_FILTER,
+    )
     list_select_related = ("company", "source_issue")
     search_fields = ("=id", "cause", "fingerprint", "next_action", "source_issue__title")
     ordering = ("-updated_at",)
