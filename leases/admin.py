@@ -25,7 +25,13 @@ from django.utils.safestring import SafeString
 
 from leases.errors import RuntimeLeaseSuperseded
 from leases.models import WorkspaceRuntimeLease
-from leases.selectors import STALE, STALE_REASON, STALE_REASONS, with_stale_reason
+from leases.selectors import (
+    STALE,
+    STALE_REASON,
+    STALE_REASONS,
+    among_stale_candidates,
+    with_stale_reason,
+)
 from leases.services import runtime_lease_force_release
 from paperclip.admin import (
     COMPANY_FILTER,
@@ -73,7 +79,7 @@ class StalenessFilter(admin.SimpleListFilter):
         if self.value() == "live":
             return queryset.exclude(**STALE)
         if self.value() == "stale":
-            return queryset.filter(**STALE)
+            return among_stale_candidates(queryset).filter(**STALE)
         if self.value() == "expired":
             return queryset.filter(expires_at__lte=Now())
         return queryset
@@ -89,7 +95,7 @@ class StaleReasonFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: _Queryset) -> _Queryset:
         value = self.value()
         if value in STALE_REASONS:
-            return queryset.filter(**{STALE_REASON: value})
+            return among_stale_candidates(queryset).filter(**{STALE_REASON: value})
         return queryset
 
 

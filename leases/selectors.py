@@ -16,7 +16,11 @@ from typing import Any, Final, Literal, cast
 from uuid import UUID
 
 from django.db.models import (
+    BooleanField,
     Case,
+    Exists,
+    F,
+    Func,
     OuterRef,
     QuerySet,
     Subquery,
@@ -25,7 +29,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast, Coalesce, Now, NullIf, Substr
+from django.db.models.functions import Cast, Coalesce, Concat, Now, NullIf, Substr
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import HeartbeatRun, Issue
@@ -279,6 +283,67 @@ def with_stale_reason(
     ).annotate(stale_reason=stale_reason_expression())
 
 
+def stale_candidate_ids() -> QuerySet[WorkspaceRuntimeLease, UUID]:
+    """Ids of a superset of the stale leases, found without judging every row: the expired
+    ones (through the `expires_at` index), and the `issue:` / `run:` owned ones whose owner
+    FK does not point at a live owner of the key in the lease's company (an anti-join).
+
+    A lease whose owner is stale by `stale_reason_expression` is always among them (its key's
+    owner is missing, hidden or ended, so no live row matches both FK and key); set-wide reads
+    filter to these ids first and judge only them with the shared verdict, so "stale" still
+    means the same everywhere. The anti-join still reads every owned lease (what it costs at
+    scale is in docs/performance.md#cost-that-stays-flat).
+    """
+    leases = WorkspaceRuntimeLease.objects.order_by()
+    live_issue = Issue.objects.filter(
+        pk=OuterRef("owner_issue_id"),
+        company_id=OuterRef("company_id"),
+        hidden_at__isnull=True,
+        status__in=ELIGIBLE_ISSUE_STATUSES,
+    )
+    live_run = HeartbeatRun.objects.filter(
+        pk=OuterRef("owner_run_id"), company_id=OuterRef("company_id")
+    ).exclude(status__in=TERMINAL_RUN_STATUSES)
+    parts = [
+        leases.filter(owner_key__startswith=f"{kind}:").exclude(
+            Exists(
+                live.annotate(
+                    key=Concat(Value(f"{kind}:"), Cast("pk", TextField()), output_field=TextField())
+                ).filter(key=OuterRef("owner_key"))
+            )
+        )
+        for kind, live in (("issue", live_issue), ("run", live_run))
+    ]
+    expired = leases.filter(expires_at__lte=Now())
+    return expired.values_list("pk", flat=True).union(
+        *(part.values_list("pk", flat=True) for part in parts)
+    )
+
+
+class _IdAmongArray(Func):
+    """`id = ANY(ARRAY(subquery))`: the subquery runs once, first (an InitPlan), and its ids
+    are looked up through the primary key. As a plain `id IN (subquery)` the planner may judge
+    every lease first and join afterwards: it cannot know that the candidates are few."""
+
+    output_field = BooleanField()
+
+    def as_sql(  # type: ignore[override]
+        self, compiler: Any, connection: Any, **extra_context: Any
+    ) -> tuple[str, tuple[Any, ...]]:
+        column, subquery = self.get_source_expressions()
+        lhs, lhs_params = compiler.compile(column)
+        rhs, rhs_params = compiler.compile(subquery)  # "(SELECT ...)"
+        return f"{lhs} = ANY(ARRAY{rhs})", (*lhs_params, *rhs_params)
+
+
+def among_stale_candidates(
+    queryset: QuerySet[WorkspaceRuntimeLease],
+) -> QuerySet[WorkspaceRuntimeLease]:
+    """`queryset` narrowed to `stale_candidate_ids`, for a set-wide stale read: filter it with
+    STALE afterwards and only the candidates are judged."""
+    return queryset.filter(_IdAmongArray(F("pk"), Subquery(stale_candidate_ids())))
+
+
 def runtime_lease_evaluate_stale(*, lease_id: UUID) -> StaleReason | None:
     """The live stale reason of one lease (None when its owner is live or the lease is gone).
 
@@ -313,7 +378,8 @@ def runtime_lease_stale_page(*, after_id: UUID | None, limit: int) -> list[tuple
 
     The sweep re-checks each candidate under its row lock before deleting it.
     """
-    queryset = with_stale_reason(WorkspaceRuntimeLease.objects.all()).filter(**STALE)
+    queryset = with_stale_reason(among_stale_candidates(WorkspaceRuntimeLease.objects.all()))
+    queryset = queryset.filter(**STALE)
     if after_id is not None:
         queryset = queryset.filter(pk__gt=after_id)
     return [

@@ -117,3 +117,8 @@ def runtime_lease_sweep(
         report.by_reason.update(reason for _, reason in batch.deleted)
         if on_batch is not None:
             on_batch(report.batches, batch)
+        if len(page) < batch_size:
+            # A short page listed every stale lease after `after`: another would only run the
+            # listing's anti-join over the owned leases again to find leases gone stale since,
+            # which the next sweep finds anyway.
+            return report

@@ -27,7 +27,13 @@ from leases.environment.export_resume import (
     stop_only_cleanup_problem,
 )
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
-from leases.selectors import STALE, STALE_REASON, STALE_REASONS, with_stale_reason
+from leases.selectors import (
+    STALE,
+    STALE_REASON,
+    STALE_REASONS,
+    among_stale_candidates,
+    with_stale_reason,
+)
 from paperclip.db.clock import db_now
 from paperclip.models import NativeRunFinalization
 from paperclip.worker.health import freshest_worker_heartbeat
@@ -192,8 +198,9 @@ def cleanup_attention(
 def stale_runtime_leases(
     queryset: QuerySet[WorkspaceRuntimeLease] | None = None,
 ) -> QuerySet[WorkspaceRuntimeLease]:
+    """Judged with the shared verdict, among `stale_candidate_ids` only (not every row)."""
     base = WorkspaceRuntimeLease.objects.all() if queryset is None else queryset
-    return with_stale_reason(base).filter(**STALE)
+    return with_stale_reason(among_stale_candidates(base)).filter(**STALE)
 
 
 # --- The summary ----------------------------------------------------------------------------
