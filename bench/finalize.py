@@ -59,6 +59,7 @@ from uuid import UUID, uuid4
 from paperclip.testing.servers import (
     NoDelayHTTPConnection,
     free_port,
+    stop_process,
     throwaway_database,
     wait_for_server,
 )
@@ -238,13 +239,7 @@ def subprocess_running(
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, timeout=30)
         log(f"{label} (pid {proc.pid}) stopped")
 
 

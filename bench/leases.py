@@ -40,6 +40,7 @@ import psycopg
 
 from paperclip.testing.servers import (
     free_port,
+    stop_process,
     throwaway_database,
     wait_for_server,
 )
@@ -259,12 +260,7 @@ def run(bench_url: str, n: int) -> int:
         results = measure_interleaved(paths, n)
         conn.close()
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
         raw.close()
         connection.close()
     return report(results)

@@ -60,7 +60,12 @@ from typing import Any
 import psutil
 import psycopg
 
-from paperclip.testing.servers import free_port, throwaway_database, wait_for_server
+from paperclip.testing.servers import (
+    free_port,
+    stop_process,
+    throwaway_database,
+    wait_for_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -273,15 +278,6 @@ def start_server(
         )
 
 
-def stop_server(server: subprocess.Popen[bytes]) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-
-
 # ------------------------------------------------------------------------------------------
 # the run
 
@@ -384,7 +380,7 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
                 finally:
                     probe.close()
             finally:
-                stop_server(server)
+                stop_process(server)
             tail = logfile.read_text(errors="replace").strip().splitlines()[-5:]
             if any("Traceback" in line or "ERROR" in line for line in tail):
                 log("  server log tail:\n    " + "\n    ".join(tail))
@@ -615,7 +611,7 @@ def report(results: dict[str, list[Step]], round_trips: float, args: argparse.Na
             continue
         rate = top.rate if top else 0
         ratio = rate / raw.rate
-        log(f"{name}: ratio {ratio:.2f} to the raw upsert's sustained rate ({rate} vs {raw.rate}/s)")
+        log(f"{name}: ratio {ratio:.2f} to the raw upsert's sustained rate ({rate}/{raw.rate})")
     production = results.get("production")
     if production:
         # Where the time goes: CPU per renew at the production server's last step that kept

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paperclip.testing.servers import throwaway_database, with_db_name  # noqa: E402
+from paperclip.testing.servers import throwaway_database  # noqa: E402
 
 TARGET = 1.5
 COMPANIES = 100
@@ -101,29 +101,6 @@ def main() -> int:
         code = run(bench_url, f"{name}_scale", base, size, repeats, keep=args.keep_db)
     log(f"bench wall time {time.perf_counter() - started:.0f} s")
     return code
-
-
-@contextmanager
-def template_copy(url: str, name: str, *, keep: bool) -> Iterator[None]:
-    """Database `name` created as a copy of `url`'s database (nobody may be connected to it),
-    dropped after unless `keep`."""
-    import psycopg
-
-    template = urlsplit(url).path.lstrip("/")
-    admin_url = with_db_name(url, "postgres")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    log(f"created database {name} (a copy of {template})")
-    try:
-        yield
-    finally:
-        if keep:
-            log(f"kept database {name}")
-        else:
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            log(f"dropped database {name}")
 
 
 def use_database(name: str) -> None:
@@ -181,6 +158,17 @@ def captured() -> Iterator[list[tuple[str, Any, float]]]:
         yield seen
 
 
+def run_once(op: Op) -> tuple[float, list[tuple[str, Any, float]]]:
+    """Set `op` up, run it once: (seconds it took, the statements it sent with their times)."""
+    if op.setup is not None:
+        op.setup()
+    with captured() as seen:
+        started = time.perf_counter()
+        op.run()
+        elapsed = time.perf_counter() - started
+    return elapsed, seen
+
+
 def measure(ops: list[Op], repeats: int, databases: list[str]) -> dict[str, dict[str, Figure]]:
     """Median wall time per database and op: one warm-up, then `repeats` runs. Each round runs
     every op on each database in turn, so load from elsewhere on the machine hits them alike."""
@@ -191,12 +179,7 @@ def measure(ops: list[Op], repeats: int, databases: list[str]) -> dict[str, dict
         for db in databases:
             use_database(db)
             for op in ops:
-                if op.setup is not None:
-                    op.setup()
-                with captured() as seen:
-                    started = time.perf_counter()
-                    op.run()
-                    elapsed = time.perf_counter() - started
+                elapsed, seen = run_once(op)
                 if round_number:
                     times[db][op.key].append(elapsed)
                     in_db[db][op.key].append(sum(row[2] for row in seen))
@@ -225,12 +208,7 @@ def explain(ops: list[Op]) -> dict[str, Plans]:
         sizes = dict(cursor.fetchall())
     found: dict[str, Plans] = {}
     for op in ops:
-        if op.setup is not None:
-            op.setup()
-        with captured() as seen:
-            started = time.perf_counter()
-            op.run()
-            elapsed = time.perf_counter() - started
+        elapsed, seen = run_once(op)
         slowest = max(seen, key=lambda row: row[2])
         plans = Plans(
             elapsed_ms=elapsed * 1000,
@@ -315,7 +293,8 @@ def run(bench_url: str, scale_name: str, base: int, size: int, repeats: int, *, 
     ops = bench.ops()
     small_name = connection.settings_dict["NAME"]
     connection.close()
-    with template_copy(bench_url, scale_name, keep=keep):
+    template = urlsplit(bench_url).path.lstrip("/")
+    with throwaway_database(bench_url, scale_name, keep=keep, log=log, template=template):
         use_database(scale_name)
         log(f"loading the scale fixture (to {size:,} leases) into {scale_name} ...")
         started = time.perf_counter()

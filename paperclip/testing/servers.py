@@ -21,15 +21,24 @@ def with_db_name(url: str, name: str) -> str:
 
 @contextmanager
 def throwaway_database(
-    server_url: str, name: str, *, keep: bool, log: Callable[[str], None] = print
+    server_url: str,
+    name: str,
+    *,
+    keep: bool,
+    log: Callable[[str], None] = print,
+    template: str | None = None,
 ) -> Iterator[str]:
-    """Create database `name` afresh on `server_url`'s server, yield its URL, drop it after
-    (unless `keep`), reporting each step through `log`."""
+    """Create database `name` afresh on `server_url`'s server (a copy of database `template`
+    when given: nobody may be connected to it), yield its URL, drop it after (unless `keep`),
+    reporting each step through `log`."""
     admin_url = with_db_name(server_url, "postgres")
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    log(f"created database {name}")
+        if template is None:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        else:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    log(f"created database {name}" + ("" if template is None else f" (a copy of {template})"))
     try:
         yield with_db_name(server_url, name)
     finally:
@@ -77,3 +86,15 @@ def wait_for_server(
             pass
         time.sleep(0.1)  # polling a starting server; not synchronisation between workers
     raise RuntimeError("gunicorn did not become healthy within 30s")
+
+
+def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 15) -> None:
+    """SIGTERM `process` and wait up to `timeout` seconds for it to exit, then SIGKILL it."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
