@@ -13,7 +13,12 @@ from django.db import connection
 import paperclip.db.locking
 from checkpoints.errors import CheckpointOwnerLost, ControllerLeaseHeld
 from checkpoints.selectors import checkpoint_load, runner_run_get
-from checkpoints.services import CheckpointOwner, checkpoint_write, controller_lease_acquire
+from checkpoints.services import (
+    CheckpointOwner,
+    checkpoint_write,
+    controller_lease_acquire,
+    controller_leases_expire,
+)
 from paperclip.db.advisory import dedicated_connection
 from paperclip.errors import ResourceBusy
 from paperclip.models import ActivityEvent, NativeRunFinalization
@@ -234,3 +239,31 @@ def test_the_fence_samples_the_clock_after_the_lock_wait() -> None:
     assert outcome[0].details["reason"] == "lease_not_held"
     binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
     assert checkpoint_load(binding=binding) == {}
+
+
+def test_the_expiry_sweep_skips_a_coordinator_another_transaction_holds() -> None:
+    """A sweeper must not queue behind a live writer: a coordinator another transaction holds
+    is skipped (a later sweep expires it), the rest of the batch is expired. A sweep that
+    waited instead would hit this session's lock timeout and fail."""
+    held, free = coordinator(), coordinator()
+    for fin in (held, free):
+        _write(fin, owner_of(lease(fin.run)), {"a": "1"})
+        expire_lease(fin.run_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '5s'")
+    try:
+        with raw_connection(autocommit=False) as holder:
+            holder.execute(
+                "SELECT 1 FROM native_run_finalizations WHERE run_id = %s FOR NO KEY UPDATE",
+                [held.run_id],
+            )
+            first = controller_leases_expire(run_ids=[held.run_id, free.run_id])
+            holder.rollback()
+        second = controller_leases_expire(run_ids=[held.run_id])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert (first.expired, first.skipped) == ([free.run_id], [held.run_id])
+    assert (second.expired, second.skipped) == ([held.run_id], [])
+    expired = ActivityEvent.objects.filter(action="controller_lease.expired")
+    assert sorted(e.run_id for e in expired) == sorted([held.run_id, free.run_id])
