@@ -34,16 +34,17 @@ MAX_WORK_COMMAND_ID_CHARS = 200
 MAX_WORK_COMMAND_IDS = 10_000
 
 
+# The defaults live in paperclip/settings.py only (read at call time: tests override them).
 def max_part_bytes() -> int:
-    return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_PART_BYTES", 8 * 1024 * 1024))
+    return int(settings.PAPERCLIP_CHECKPOINT_MAX_PART_BYTES)
 
 
 def max_write_bytes() -> int:
-    return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES", 16 * 1024 * 1024))
+    return int(settings.PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES)
 
 
 def max_parts_per_write() -> int:
-    return int(getattr(settings, "PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE", 10_000))
+    return int(settings.PAPERCLIP_CHECKPOINT_MAX_PARTS_PER_WRITE)
 
 
 @dataclass(frozen=True, slots=True)

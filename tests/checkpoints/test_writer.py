@@ -24,11 +24,16 @@ from checkpoints.services import (
     CheckpointWrite,
     Predecessor,
     checkpoint_write,
+    checkpoint_write_validate,
+    max_part_bytes,
+    max_parts_per_write,
+    max_write_bytes,
 )
 from paperclip.errors import InvalidRequest
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
 from tests.paperclip.factories import (
+    CompanyFactory,
     HeartbeatRunFactory,
     IssueFactory,
     NativeRunFactory,
@@ -537,3 +542,94 @@ def test_a_reset_deletes_only_this_runs_parts_not_another_run_of_the_same_issue(
     assert write(fin, owner, reset=True, changed={"b": "2"}).removed == 1
     assert stored(fin) == {"b": "2"}
     assert stored(other) == {"kept": "other run's"}
+
+
+@pytest.mark.parametrize("foreign", ["company", "issue"])
+def test_lost_when_the_bound_runs_live_coordinator_names_another_company_or_issue(
+    foreign: str,
+) -> None:
+    fin, owner = _expired_with_result()
+    succ = _native_successor(fin, "boot-a", live=True)
+    elsewhere = (
+        {"company_id": CompanyFactory().pk}
+        if foreign == "company"
+        else {"issue_id": IssueFactory(company=fin.company).pk}
+    )
+    NativeRunFinalization.objects.filter(run=succ).update(**elsewhere)
+    with pytest.raises(CheckpointOwnerLost) as exc:
+        write(fin, owner, changed={"a": "1"})
+    assert exc.value.details["reason"] == "issue_rebound"
+
+
+def test_lost_when_the_issue_is_bound_to_another_run_than_the_live_native_successor() -> None:
+    fin, owner = _expired_with_result()
+    _native_successor(fin, "boot-a", live=True)  # live on the boot, but not the bound run
+    bound = NativeRunFactory(company=fin.company, issue=fin.issue, agent=fin.run.agent)
+    _bind_issue_to(fin.issue_id, bound.pk)
+    with pytest.raises(CheckpointOwnerLost) as exc:
+        write(fin, owner, changed={"a": "1"})
+    assert exc.value.details["reason"] == "issue_rebound"
+
+
+def _expired_on_a_fresh_boot() -> tuple[NativeRunFinalization, CheckpointOwner, uuid.UUID]:
+    fin = coordinator()
+    boot = uuid.uuid4()
+    owner = owner_of(lease(fin.run, boot_id=str(boot)))
+    give_result(fin)
+    expire_lease(fin.run_id)
+    return fin, owner, boot
+
+
+def test_lost_for_a_legacy_successor_of_another_company() -> None:
+    fin, owner, boot = _expired_on_a_fresh_boot()
+    succ = _legacy_successor(fin, controller_boot_id=boot)
+    HeartbeatRun.objects.filter(pk=succ.pk).update(company_id=CompanyFactory().pk)
+    with pytest.raises(CheckpointOwnerLost) as exc:
+        write(fin, owner, changed={"a": "1"})
+    assert exc.value.details["reason"] == "issue_rebound"
+
+
+def test_lost_when_the_issue_is_bound_to_another_run_than_the_legacy_successor() -> None:
+    fin, owner, boot = _expired_on_a_fresh_boot()
+    _legacy_successor(fin, controller_boot_id=boot)  # legitimate, but not the bound run
+    bound = HeartbeatRunFactory(company=fin.company, agent=fin.run.agent, issue=fin.issue)
+    _bind_issue_to(fin.issue_id, bound.pk)
+    with pytest.raises(CheckpointOwnerLost) as exc:
+        write(fin, owner, changed={"a": "1"})
+    assert exc.value.details["reason"] == "issue_rebound"
+
+
+def test_the_default_write_limits_admit_exactly_their_size_and_refuse_one_more() -> None:
+    mib = 1024 * 1024
+    assert (max_part_bytes(), max_write_bytes(), max_parts_per_write()) == (
+        8 * mib,
+        16 * mib,
+        10_000,
+    )
+
+    def refused(
+        changed: dict[str, str], work: Sequence[str] = (), removed: Sequence[str] = ()
+    ) -> dict[str, list[str]]:
+        with pytest.raises(InvalidRequest) as exc:
+            checkpoint_write_validate(
+                changed=changed, removed=list(removed), work_command_ids=list(work)
+            )
+        fields: dict[str, list[str]] = exc.value.details["fields"]
+        return fields
+
+    checkpoint_write_validate(
+        changed={"a": "x" * (8 * mib), "b": "é" * (4 * mib)},  # 8 MiB each, 16 in all
+        removed=[],
+        work_command_ids=[f"{i:0200d}" for i in range(10_000)],
+    )
+    checkpoint_write_validate(
+        changed={f"p{i}": "" for i in range(10_000)}, removed=[], work_command_ids=[]
+    )
+    assert set(refused({"a": "x" * (8 * mib + 1)})) == {"changed"}
+    assert set(refused({"a": "é" * (4 * mib) + "x"})) == {"changed"}  # bytes, not characters
+    # Three parts under the part limit that together pass the write limit.
+    assert len(refused({name: "x" * (6 * mib) for name in "abc"})["changed"]) == 1
+    assert set(refused({"a": "x" * (8 * mib), "b": "x" * (8 * mib), "c": "x"})) == {"changed"}
+    assert set(refused({f"p{i}": "" for i in range(10_001)})) == {"changed"}
+    assert set(refused({}, work=[str(i) for i in range(10_001)])) == {"work_command_ids"}
+    assert set(refused({}, work=["x" * 201])) == {"work_command_ids"}
