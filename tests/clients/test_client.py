@@ -15,7 +15,7 @@ from paperclip.models import Agent
 from paperclip_client import Client, ServerUnreachable, errors, restore
 from paperclip_client.session import CheckpointError, SessionCheckpointer
 from tests.clients.conftest import World
-from tests.leases.environment.test_cleanup_api import pending_lease
+from tests.leases.environment.factories import pending_cleanup_lease
 from tests.leases.factories import expire
 
 pytestmark = pytest.mark.django_db
@@ -232,7 +232,7 @@ def test_recovery_actions_read(client: Client, world: World) -> None:
 
 def test_environment_cleanup_claim_and_receipt(client: Client, world: World) -> None:
     Agent.objects.filter(pk=world.agent.pk).update(role=Agent.Role.PROVIDER)
-    lease = pending_lease(world.agent.company)
+    lease = pending_cleanup_lease(world.agent.company)
     claim = client.cleanup_claim(str(lease.pk))
     assert claim.stop_only is True
     assert claim.lease.id == str(lease.pk)

@@ -87,6 +87,36 @@ def export_marker(lease: EnvironmentLease, **changes: Any) -> dict[str, Any]:
     return marker
 
 
+def pending_cleanup_lease(company: Company, *, intent: str | None = "export") -> EnvironmentLease:
+    """A failed run's lease in pending_cleanup, with an export-resume marker (`export`), a
+    stop-and-retain intent (`stop_and_retain`) or neither (None), both binding to it."""
+    run = NativeRunFactory(company=company, status="failed")
+    lease = EnvironmentLeaseFactory(
+        company=company,
+        heartbeat_run=run,
+        issue=run.native_issue,
+        status="pending_cleanup",
+        cleanup_status="failed",
+    )
+    if intent == "export":
+        set_meta(lease, nativeWorkspaceExportResume=export_marker(lease))
+    elif intent == "stop_and_retain":
+        set_meta(
+            lease,
+            sandboxStopAndRetain={
+                "schema": "paperclip.sandbox-stop-and-retain.v1",
+                "requestId": "req-1",
+                "companyId": str(company.pk),
+                "runId": str(run.pk),
+                "leaseId": str(lease.pk),
+                "provider": lease.provider,
+                "providerLeaseId": lease.provider_lease_id,
+                "pluginId": lease.metadata["pluginId"],
+            },
+        )
+    return lease
+
+
 def set_meta(lease: EnvironmentLease, **changes: Any) -> EnvironmentLease:
     lease.metadata = {**(lease.metadata or {}), **changes}
     lease.save(update_fields=["metadata"])

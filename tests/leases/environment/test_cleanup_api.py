@@ -24,10 +24,9 @@ from tests.helpers import assert_error
 from tests.leases.environment.factories import (
     EnvironmentLeaseFactory,
     ProviderAgentFactory,
-    export_marker,
+    pending_cleanup_lease,
     set_meta,
 )
-from tests.paperclip.factories import NativeRunFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -46,34 +45,6 @@ def receipt_url(lease_id: Any) -> str:
     return f"/api/environment-leases/{lease_id}/cleanup-receipts"
 
 
-def pending_lease(company: Company, *, intent: str | None = "export") -> EnvironmentLease:
-    run = NativeRunFactory(company=company, status="failed")
-    lease = EnvironmentLeaseFactory(
-        company=company,
-        heartbeat_run=run,
-        issue=run.native_issue,
-        status="pending_cleanup",
-        cleanup_status="failed",
-    )
-    if intent == "export":
-        set_meta(lease, nativeWorkspaceExportResume=export_marker(lease))
-    elif intent == "stop_and_retain":
-        set_meta(
-            lease,
-            sandboxStopAndRetain={
-                "schema": "paperclip.sandbox-stop-and-retain.v1",
-                "requestId": "req-1",
-                "companyId": str(company.pk),
-                "runId": str(run.pk),
-                "leaseId": str(lease.pk),
-                "provider": lease.provider,
-                "providerLeaseId": lease.provider_lease_id,
-                "pluginId": lease.metadata["pluginId"],
-            },
-        )
-    return lease
-
-
 def receipt(attempt_id: str, lease: EnvironmentLease, state: str = "stopped") -> dict[str, Any]:
     return {
         "attempt_id": attempt_id,
@@ -84,7 +55,7 @@ def receipt(attempt_id: str, lease: EnvironmentLease, state: str = "stopped") ->
 def test_claim_then_stop_receipt_settles_the_export_lease(
     company: Company, agent_client: APIClient
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     before_ms = int(db_now().timestamp() * 1000)
 
     claimed = agent_client.post(claim_url(lease.pk))
@@ -144,7 +115,7 @@ def test_claim_then_stop_receipt_settles_the_export_lease(
 def test_stale_and_foreign_receipts_change_nothing(
     company: Company, agent_client: APIClient, mutate: Callable[[dict[str, Any]], None], reason: str
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
     before = EnvironmentLease.objects.get(pk=lease.pk)
     body = receipt(attempt, lease)
@@ -164,7 +135,7 @@ def test_stale_and_foreign_receipts_change_nothing(
 def test_an_expired_claim_can_be_reclaimed_and_the_old_attempt_goes_stale(
     company: Company, agent_client: APIClient
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     first = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
     set_meta(EnvironmentLease.objects.get(pk=lease.pk), pendingCleanupLeaseExpiresAtMs=1000)
     second = agent_client.post(claim_url(lease.pk))
@@ -177,7 +148,7 @@ def test_an_expired_claim_can_be_reclaimed_and_the_old_attempt_goes_stale(
 def test_a_late_receipt_is_accepted_while_nobody_has_reclaimed(
     company: Company, agent_client: APIClient
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
     set_meta(EnvironmentLease.objects.get(pk=lease.pk), pendingCleanupLeaseExpiresAtMs=1000)
     late = agent_client.post(receipt_url(lease.pk), receipt(attempt, lease), format="json")
@@ -189,7 +160,7 @@ def test_a_late_receipt_is_accepted_while_nobody_has_reclaimed(
 def test_failed_receipt_keeps_the_lease_pending_and_claimable_after_its_back_off(
     company: Company, agent_client: APIClient
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
     failed = agent_client.post(
         receipt_url(lease.pk), receipt(attempt, lease, "failed"), format="json"
@@ -235,7 +206,7 @@ def test_failed_receipt_keeps_the_lease_pending_and_claimable_after_its_back_off
 def test_receipt_outcomes(
     company: Company, agent_client: APIClient, intent: str | None, state: str, status: str
 ) -> None:
-    lease = pending_lease(company, intent=intent)
+    lease = pending_cleanup_lease(company, intent=intent)
     attempt = agent_client.post(claim_url(lease.pk)).json()["attempt_id"]
     response = agent_client.post(
         receipt_url(lease.pk), receipt(attempt, lease, state), format="json"
@@ -266,7 +237,7 @@ def test_claim_refuses_a_lease_without_pending_cleanup(
 def test_claim_refuses_an_unbound_stop_only_intent(
     company: Company, agent_client: APIClient, intent: str, named: str
 ) -> None:
-    lease = pending_lease(company, intent=intent)
+    lease = pending_cleanup_lease(company, intent=intent)
     set_meta(lease, pluginId="another-plugin")
     response = agent_client.post(claim_url(lease.pk))
     error = assert_error(response, 422, "cleanup_intent_invalid")
@@ -281,7 +252,7 @@ def test_scoping_and_permissions(
     make_agent_client: Callable[[Agent], APIClient],
     make_board_client: Callable[..., APIClient],
 ) -> None:
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     foreign = make_agent_client(ProviderAgentFactory(company=other_company))
     hidden = [
         foreign.post(claim_url(lease.pk)),
@@ -351,7 +322,7 @@ def test_two_workers_racing_to_claim_get_exactly_one_winner(
     make_agent_client: Callable[[Agent], APIClient],
 ) -> None:
     company = Company.objects.create(name="race")
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     clients = [make_agent_client(ProviderAgentFactory(company=company)) for _ in range(2)]
     outcomes = sorted(
         contend(lease, [lambda c=c: c.post(claim_url(lease.pk)) for c in clients]),
@@ -369,7 +340,7 @@ def test_racing_duplicate_receipts_settle_once(
     make_agent_client: Callable[[Agent], APIClient],
 ) -> None:
     company = Company.objects.create(name="race")
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     client = make_agent_client(ProviderAgentFactory(company=company))
     attempt = client.post(claim_url(lease.pk)).json()["attempt_id"]
     body = receipt(attempt, lease)
@@ -390,7 +361,7 @@ def test_a_held_row_lock_answers_resource_busy_and_changes_nothing(
 ) -> None:
     monkeypatch.setattr(paperclip.db.locking, "HOT_PATH_LOCK_TIMEOUT", "200ms")
     company = Company.objects.create(name="busy")
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     client = make_agent_client(ProviderAgentFactory(company=company))
     with dedicated_connection(application_name="env-test-holder") as holder:
         holder.execute("SELECT 1 FROM environment_leases WHERE id = %s FOR UPDATE", [lease.pk])
@@ -408,7 +379,7 @@ def test_claim_expiry_comes_from_the_database_clock(
     # timed by the database clock expires exactly 15 minutes after it; the application clock
     # would already be later.
     database_now = db_now()
-    lease = pending_lease(company)
+    lease = pending_cleanup_lease(company)
     body = agent_client.post(claim_url(lease.pk)).json()
     stored = EnvironmentLease.objects.get(pk=lease.pk).metadata
     expected_ms = int(database_now.timestamp() * 1000) + 15 * 60 * 1000
