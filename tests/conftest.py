@@ -1,5 +1,6 @@
 """Shared fixtures: API clients authenticated as an agent or a board member, an admin client
-logged in as a superuser, and the emptying of Procrastinate's tables after transactional tests."""
+logged in as a superuser, fast password hashing, and the emptying of Procrastinate's tables
+after transactional tests."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ PROCRASTINATE_TABLES = (
     "procrastinate_jobs",
     "procrastinate_workers",
 )
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    # UserFactory hashes a password per user; PBKDF2 (about half a second each on a small
+    # machine) would dominate the runtime of every test that makes a board member.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
