@@ -1,6 +1,7 @@
 """`make mutate`: mutmut over the safety-critical modules, one module group at a time.
 
-    scripts/mutate.py [GROUP ...] [--tests-at REV] [--work DIR]
+    scripts/mutate.py [GROUP ...] [--tests-at REV] [--work DIR] [--resume] [--rerun-survivors]
+                      [--only PATTERN ...] [--report-only]
 
 For each group (default: all of them, in the order below) it copies the work tree (tracked and
 untracked-but-not-ignored files) into DIR/GROUP, appends that group's [tool.mutmut] section to
@@ -9,6 +10,14 @@ mutmut's own coverage map then runs each mutant against just the tests that reac
 function), runs `mutmut run --max-children 1` there (one test process at a time: the tests
 share one PostgreSQL test database), and prints the figures and every surviving mutant's
 diff. `--tests-at REV` takes tests/ from that commit instead: the "before" figures.
+
+A long run can be taken in parts. `--resume` keeps DIR/GROUP and the verdicts mutmut stored in
+its mutants/ (it saves each one as it is reached), copies the work tree over it again and runs
+mutmut there: only the mutants without a verdict are tested, plus those of functions whose code
+changed, and tests new since the last run are mapped first. `--rerun-survivors` (implies
+--resume) then tests the last run's survivors again against the current tests: the "after"
+figures. `--only PATTERN` tests only the mutants whose names match (mutmut's glob, e.g.
+`'checkpoints.services.writer.x__owner_validate__mutmut_*'`), verdict or not.
 
 Needs DATABASE_URL (a PostgreSQL server) like the tests; the test database is
 PAPERCLIP_TEST_DATABASE_NAME (default here: test_paperclip_mutate). Not run in CI.
@@ -25,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,8 +120,8 @@ def _toml_list(values: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
 
-def _copy_tree(dest: Path, tests_at: str | None) -> None:
-    if dest.exists():
+def _copy_tree(dest: Path, tests_at: str | None, *, keep: bool = False) -> None:
+    if dest.exists() and not keep:
         shutil.rmtree(dest)
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard", "-z"],
@@ -126,7 +136,7 @@ def _copy_tree(dest: Path, tests_at: str | None) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     if tests_at is not None:
-        shutil.rmtree(dest / "tests")
+        shutil.rmtree(dest / "tests", ignore_errors=True)
         archive = subprocess.run(
             ["git", "archive", "--format=tar", tests_at, "tests"],
             cwd=ROOT,
@@ -157,34 +167,78 @@ def _mutmut(dest: Path, *args: str, capture: bool = False) -> str:
     return done.stdout if capture else ""
 
 
-def run_group(name: str, group: Group, work: Path, tests_at: str | None) -> dict[str, int]:
-    dest = work / name
-    _copy_tree(dest, tests_at)
-    _configure(dest, group)
-    print(f"== {name}: mutating {', '.join(group.modules)}", flush=True)
-    # mutmut redraws a progress line many times a second: keep it out of the log.
-    with (dest / "mutmut-run.log").open("w") as log:
-        subprocess.run(
-            [str(MUTMUT), "run", "--max-children", "1"],
-            cwd=dest,
-            check=True,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    _mutmut(dest, "export-cicd-stats", capture=True)
-    stats = json.loads((dest / "mutants" / "mutmut-cicd-stats.json").read_text())
-    print(
-        f"   {stats['total']} mutants: {stats['killed']} killed, {stats['survived']} survived, "
-        f"{stats['no_tests']} reached by no selected test, {stats['timeout']} timed out, "
-        f"{stats['suspicious']} suspicious",
-        flush=True,
-    )
+def _survivors(dest: Path) -> list[str]:
+    names = []
     for line in _mutmut(dest, "results", capture=True).splitlines():
         mutant, _, status = line.strip().rpartition(": ")
-        if status != "survived":
-            continue
+        if status == "survived":
+            names.append(mutant)
+    return names
+
+
+def run_group(
+    name: str,
+    group: Group,
+    work: Path,
+    tests_at: str | None,
+    *,
+    resume: bool = False,
+    rerun_survivors: bool = False,
+    only: tuple[str, ...] = (),
+) -> dict[str, int]:
+    dest = work / name
+    resume = resume or rerun_survivors
+    if resume and not (dest / "mutants").is_dir():
+        raise SystemExit(f"mutate: nothing to resume in {dest}")
+    survivors = _survivors(dest) if rerun_survivors else []
+    _copy_tree(dest, tests_at, keep=resume)
+    _configure(dest, group)
+    print(f"== {name}: mutating {', '.join(group.modules)}", flush=True)
+    passes: list[tuple[str, ...]] = [tuple(only)] if only else [()]
+    if survivors:
+        passes.append(tuple(survivors))
+    # mutmut redraws a progress line many times a second: keep it out of the log.
+    with (dest / "mutmut-run.log").open("a" if resume else "w") as log:
+        for names in passes:
+            subprocess.run(
+                [str(MUTMUT), "run", "--max-children", "1", *names],
+                cwd=dest,
+                check=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+    stats = report_figures(dest)
+    for mutant in _survivors(dest):
         report_survivor(dest, mutant)
     return stats
+
+
+def report_figures(dest: Path) -> dict[str, int]:
+    """Print the group's figures, then one line per module (a partial run differs by module);
+    return the group's."""
+    by_module: dict[str, Counter[str]] = {}
+    for line in _mutmut(dest, "results", "--all", "true", capture=True).splitlines():
+        mutant, _, status = line.strip().rpartition(": ")
+        module = mutant.rsplit(".", 1)[0]
+        by_module.setdefault(module, Counter())[status] += 1
+    total: Counter[str] = sum(by_module.values(), Counter())
+    for label, counts in [("", total), *sorted(by_module.items())]:
+        print(
+            f"   {label + ': ' if label else ''}{counts.total()} mutants: "
+            f"{counts['killed']} killed, {counts['survived']} survived, "
+            f"{counts['no tests']} reached by no selected test, {counts['timeout']} timed out, "
+            f"{counts['suspicious']} suspicious, {counts['not checked']} not run",
+            flush=True,
+        )
+    return {
+        "total": total.total(),
+        "killed": total["killed"],
+        "survived": total["survived"],
+        "no_tests": total["no tests"],
+        "timeout": total["timeout"],
+        "suspicious": total["suspicious"],
+        "not_run": total["not checked"],
+    }
 
 
 def report_survivor(dest: Path, mutant: str) -> None:
@@ -197,13 +251,10 @@ def report_survivor(dest: Path, mutant: str) -> None:
 
 
 def report_only(name: str, dest: Path) -> dict[str, int]:
-    _mutmut(dest, "export-cicd-stats", capture=True)
-    stats: dict[str, int] = json.loads((dest / "mutants" / "mutmut-cicd-stats.json").read_text())
-    print(f"== {name}: {json.dumps(stats)}", flush=True)
-    for line in _mutmut(dest, "results", capture=True).splitlines():
-        mutant, _, status = line.strip().rpartition(": ")
-        if status == "survived":
-            report_survivor(dest, mutant)
+    print(f"== {name}", flush=True)
+    stats = report_figures(dest)
+    for mutant in _survivors(dest):
+        report_survivor(dest, mutant)
     return stats
 
 
@@ -214,6 +265,17 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=ROOT / ".mutate")
     parser.add_argument(
         "--report-only", action="store_true", help="only report the last run in --work"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="go on with the last run in --work (its verdicts)"
+    )
+    parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="resume, then test the last run's survivors again against the current tests",
+    )
+    parser.add_argument(
+        "--only", nargs="+", default=(), metavar="PATTERN", help="only these mutants (globs)"
     )
     options = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
@@ -229,8 +291,16 @@ def main() -> int:
         if options.report_only:
             stats = report_only(name, work / name)
         else:
-            stats = run_group(name, GROUPS[name], work, options.tests_at)
-        for key in ("total", "killed", "survived", "no_tests", "timeout", "suspicious"):
+            stats = run_group(
+                name,
+                GROUPS[name],
+                work,
+                options.tests_at,
+                resume=options.resume,
+                rerun_survivors=options.rerun_survivors,
+                only=tuple(options.only),
+            )
+        for key in ("total", "killed", "survived", "no_tests", "timeout", "suspicious", "not_run"):
             totals[key] = totals.get(key, 0) + stats[key]
     print(f"== all: {json.dumps(totals)}")
     return 0
