@@ -10,6 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import override_settings
 
 from paperclip.db.clock import db_now
-from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
+from paperclip.models import (
+    ActivityEvent,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+    WorkspaceOperation,
+)
 from paperclip.receipts import OWNER_KEY
 from paperclip.worker.jobs import pending_jobs
 from recovery.adapters.identity import current_controller_identity
@@ -39,8 +47,13 @@ from recovery.services import (
 from recovery.services import ownership as ownership_module
 from recovery.services.finalization_jobs import FOLLOW_UP_DELAY
 from recovery.services.worker_stops import worker_stop_record
-from tests.helpers import raw_connection
-from tests.paperclip.factories import NativeRunFactory
+from tests.helpers import raw_connection, wait_for_lock_waiters
+from tests.paperclip.factories import (
+    CompanyFactory,
+    IssueFactory,
+    NativeRunFactory,
+    NativeRunResultFactory,
+)
 from tests.recovery.factories import make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -392,3 +405,134 @@ def test_retained_repair_never_records_a_hold_and_a_held_lock_is_busy() -> None:
     finally:
         release.set()
         worker.join(timeout=10)
+
+
+# --- platform proof: the task must still be current under the swap --------------------------
+
+
+def _proof_binding(worker_id: str) -> tuple[Any, dict[str, Any]]:
+    prior = receipt_for(hostname=f"{worker_id}.cluster", worker={"id": worker_id})
+    b = make_binding(receipt=prior)
+    _record_stop(b.run.pk, prior["token"], worker_id)
+    return b, prior
+
+
+def _move_on(b: Any, how: str) -> None:
+    """Break one condition of "the accepted result still waits for this run's finalization"."""
+    coordinators = NativeRunFinalization.objects.filter(pk=b.run.pk)
+    if how == "no_result":
+        coordinators.update(result=None)
+    elif how == "committed":
+        coordinators.update(phase="committed")
+    elif how == "issue_rebound":
+        newer = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
+        Issue.objects.filter(pk=b.issue.pk).update(execution_run=newer)
+    elif how == "result_not_accepted":
+        NativeRunResult.objects.filter(pk=b.result.pk).update(schema_status="rejected")
+    elif how == "coordinator_of_another_issue":
+        coordinators.update(issue=IssueFactory(company=b.company))
+    elif how.startswith("result_of_another_"):
+        other_run = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
+        fields: dict[str, Any] = {"run": other_run}
+        if how == "result_of_another_issue":
+            fields = {"run": b.run, "issue": IssueFactory(company=b.company)}
+        elif how == "result_of_another_company":
+            fields = {"run": b.run, "company": CompanyFactory()}
+        coordinators.update(result=NativeRunResultFactory(**fields))
+    else:
+        assert how == "still_current"
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize(
+    "how",
+    [
+        "still_current",
+        "no_result",
+        "committed",
+        "issue_rebound",
+        "result_not_accepted",
+        "coordinator_of_another_issue",
+        "result_of_another_run",
+        "result_of_another_issue",
+        "result_of_another_company",
+    ],
+)
+def test_a_platform_proof_takes_over_only_while_this_runs_accepted_result_waits(
+    how: str,
+) -> None:
+    b, prior = _proof_binding("pod-5")
+    _move_on(b, how)
+    ran: list[FinalizationOwnership] = []
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: ran.append(own) or "ran"
+    )
+    takeovers = ActivityEvent.objects.filter(action="run.finalization_owner_takeover")
+    if how == "still_current":
+        assert outcome == Acquired("ran")
+        assert takeovers.get().details["takeoverBasis"] == "platform_stop_proof"
+        return
+    assert outcome == NotAcquired("binding_changed")
+    assert ran == []
+    assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == prior
+    assert not takeovers.exists()
+    assert not ActivityEvent.objects.filter(action="issue.workspace_owner_stop_verified").exists()
+
+
+def _takeover_waits_behind(table: str, row_id: Any, takeover: Any) -> tuple[bool, Any]:
+    """Hold `table`'s row `row_id` on another connection, run `takeover` in a thread and see
+    whether it queues behind that row before it finishes; then let go."""
+    with raw_connection(autocommit=False) as gate:
+        key = "run_id" if table == "native_run_finalizations" else "id"
+        gate.execute(f"SELECT 1 FROM {table} WHERE {key} = %s FOR NO KEY UPDATE", [row_id])  # noqa: S608
+
+        def attempt() -> Any:
+            try:
+                return takeover()
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(attempt)
+            waited = wait_for_lock_waiters(1, until=future.done, holder=gate, table=table)
+            gate.rollback()
+            return waited, future.result(timeout=30)
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize("table", ["issues", "native_run_finalizations"])
+def test_a_platform_proof_takeover_rechecks_the_task_under_its_row_locks(table: str) -> None:
+    """The recheck runs under the issue and coordinator row locks (atomic with the swap): a
+    takeover queues behind either row held elsewhere."""
+    b, _ = _proof_binding("pod-6")
+    row_id = b.issue.pk if table == "issues" else b.run.pk
+    waited, outcome = _takeover_waits_behind(
+        table,
+        row_id,
+        lambda: with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda own: "ran"
+        ),
+    )
+    assert waited, f"the takeover did not wait for the held {table} row: {outcome}"
+    assert outcome == Acquired("ran")
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize("table", ["issues", "issue_recovery_actions"])
+def test_a_retained_repair_takeover_rechecks_the_repair_under_its_row_locks(table: str) -> None:
+    prior = receipt_for(hostname="pod-7.cluster", worker={"id": "pod-7"})
+    b, repair = _retained_repair(prior)
+    _record_stop(b.run.pk, prior["token"], "pod-7")
+    row_id = b.issue.pk if table == "issues" else repair.pk
+    waited, outcome = _takeover_waits_behind(
+        table,
+        row_id,
+        lambda: with_finalization_ownership(
+            company_id=b.company.pk,
+            run_id=b.run.pk,
+            action=lambda own: "ran",
+            retained_repair_action_id=repair.pk,
+        ),
+    )
+    assert waited, f"the takeover did not wait for the held {table} row: {outcome}"
+    assert outcome == Acquired("ran")
