@@ -26,7 +26,7 @@ from recovery.services import (
 from recovery.services import ownership as ownership_module
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
 from tests.helpers import raw_connection
-from tests.paperclip.factories import HeartbeatRunFactory
+from tests.paperclip.factories import CompanyFactory, HeartbeatRunFactory, IssueFactory
 from tests.recovery.factories import make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -208,6 +208,43 @@ def test_dead_same_host_controller_with_barrier_is_taken_over(dead_pid: int) -> 
     takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
     assert takeover.details["priorToken"] == prior["token"]
     assert takeover.details["takeoverBasis"] == "controller_process_dead+copyback_barrier"
+
+
+@pytest.mark.parametrize(
+    "elsewhere", ["another_run", "another_issue", "another_company", "other_phase", "failed"]
+)
+def test_only_this_runs_succeeded_finalize_operation_is_a_copyback_barrier(
+    dead_pid: int, elsewhere: str
+) -> None:
+    """A dead parent's orphaned copy children are proven finished only by the succeeded
+    workspace_finalize operation of this run, issue and company; any other operation leaves
+    the receipt to the board."""
+    prior = receipt_for(pid=dead_pid)
+    b = make_binding(receipt=prior)
+    fields: dict[str, Any] = {
+        "company": b.company,
+        "heartbeat_run": b.run,
+        "issue": b.issue,
+        "phase": "workspace_finalize",
+        "status": "succeeded",
+    }
+    if elsewhere == "another_run":
+        fields["heartbeat_run"] = HeartbeatRunFactory(company=b.company, agent=b.agent)
+    elif elsewhere == "another_issue":
+        fields["issue"] = IssueFactory(company=b.company)
+    elif elsewhere == "another_company":
+        fields["company"] = CompanyFactory()
+    elif elsewhere == "other_phase":
+        fields["phase"] = "workspace_prepare"
+    else:
+        fields["status"] = "failed"
+    WorkspaceOperation.objects.create(**fields)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    assert _profile(b.run)[OWNER_KEY] == prior
+    assert not ActivityEvent.objects.filter(action="run.finalization_owner_takeover").exists()
 
 
 def test_recycled_pid_counts_as_dead(dead_pid: int) -> None:
