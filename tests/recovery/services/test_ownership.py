@@ -57,6 +57,28 @@ def test_acquires_runs_the_action_with_our_receipt_and_removes_it_afterwards() -
     assert {"run.finalization_owner_claimed", "run.finalization_owner_released"} <= actions
 
 
+def test_a_first_claim_is_audited_with_the_receipt_it_wrote() -> None:
+    b = make_binding()
+    written: dict[str, Any] = {}
+    with_finalization_ownership(
+        company_id=b.company.pk,
+        run_id=b.run.pk,
+        action=lambda own: written.update(_profile(b.run)[OWNER_KEY]),
+    )
+    claimed = ActivityEvent.objects.get(action="run.finalization_owner_claimed")
+    assert (claimed.company_id, claimed.actor_type, claimed.actor_id) == (
+        b.company.pk,
+        "system",
+        "finalization-controller",
+    )
+    assert (claimed.entity_type, claimed.entity_id, claimed.run_id) == (
+        "heartbeat_run",
+        str(b.run.pk),
+        b.run.pk,
+    )
+    assert claimed.details == {"owner": written, "priorToken": None, "takeoverBasis": None}
+
+
 def test_a_non_native_run_is_a_binding_error() -> None:
     run = HeartbeatRunFactory(runtime_mode="legacy")
     with pytest.raises(FinalizationBindingMissing):
@@ -157,6 +179,18 @@ def test_repeated_sweeps_restore_the_hold_text_and_spend_no_attempts() -> None:
     assert IssueRecoveryAction.objects.filter(source_issue=b.issue).count() == 1
     restored = ActivityEvent.objects.filter(action="recovery_action.owner_hold_restored")
     assert restored.count() == 1  # only the sweep that changed something wrote a row
+    row = restored.get()
+    assert (row.company_id, row.actor_type, row.actor_id) == (
+        b.company.pk,
+        "system",
+        "finalization-controller",
+    )
+    assert (row.entity_type, row.entity_id, row.run_id) == (
+        "issue_recovery_action",
+        str(action.pk),
+        b.run.pk,
+    )
+    assert row.details == {"fingerprint": owner_fingerprint(b.run.pk, prior)}
 
 
 def test_malformed_receipt_needs_the_board() -> None:

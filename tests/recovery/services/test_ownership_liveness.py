@@ -37,6 +37,7 @@ from recovery.adapters.platform import worker_stop_signature
 from recovery.errors import FinalizationOwnershipLost
 from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import (
     Acquired,
     FinalizationOwnership,
@@ -46,6 +47,7 @@ from recovery.services import (
 )
 from recovery.services import ownership as ownership_module
 from recovery.services.finalization_jobs import FOLLOW_UP_DELAY
+from recovery.services.ownership import owner_fingerprint
 from recovery.services.worker_stops import worker_stop_record
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
@@ -54,7 +56,7 @@ from tests.paperclip.factories import (
     NativeRunFactory,
     NativeRunResultFactory,
 )
-from tests.recovery.factories import make_binding, receipt_for
+from tests.recovery.factories import RecoveryActionFactory, make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -536,3 +538,80 @@ def test_a_retained_repair_takeover_rechecks_the_repair_under_its_row_locks(tabl
     )
     assert waited, f"the takeover did not wait for the held {table} row: {outcome}"
     assert outcome == Acquired("ran")
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+def test_a_platform_proof_takeover_is_audited_and_resumes_only_this_owners_live_hold() -> None:
+    b, prior = _proof_binding("pod-8")
+    fingerprint = owner_fingerprint(b.run.pk, prior)
+    held = {"workspaceOwnerRecovery": {"state": "operator_required"}}
+
+    def hold(**fields: Any) -> IssueRecoveryAction:
+        return RecoveryActionFactory(
+            cause=OWNER_UNVERIFIED_CAUSE, fingerprint=fingerprint, evidence=held, **fields
+        )
+
+    mine = hold(source_issue=b.issue)
+    other_issue = hold(source_issue=IssueFactory(company=b.company))
+    resolved = hold(source_issue=b.issue, status="resolved")
+    other_company = hold(source_issue=b.issue, company=CompanyFactory())
+    other_owner = RecoveryActionFactory(
+        source_issue=IssueFactory(company=b.company),
+        cause=OWNER_UNVERIFIED_CAUSE,
+        fingerprint="another-owner",
+        evidence=held,
+    )
+
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: "ran"
+    ) == Acquired("ran")
+
+    verified = ActivityEvent.objects.get(action="issue.workspace_owner_stop_verified")
+    assert (verified.company_id, verified.actor_type, verified.actor_id) == (
+        b.company.pk,
+        "system",
+        "workspace-recovery",
+    )
+    assert (verified.entity_type, verified.entity_id, verified.run_id) == (
+        "issue",
+        str(b.issue.pk),
+        b.run.pk,
+    )
+    assert verified.details["proof"]["workerId"] == "pod-8"
+    takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
+    assert (takeover.company_id, takeover.actor_id, takeover.run_id) == (
+        b.company.pk,
+        "finalization-controller",
+        b.run.pk,
+    )
+    assert (takeover.entity_type, takeover.entity_id) == ("heartbeat_run", str(b.run.pk))
+    assert takeover.details["priorToken"] == prior["token"]
+    assert set(takeover.details["owner"]) >= {"token", "controllerBootId", "hostname", "pid"}
+
+    def state(action: IssueRecoveryAction) -> Any:
+        return IssueRecoveryAction.objects.get(pk=action.pk).evidence["workspaceOwnerRecovery"]
+
+    assert state(mine) == {"state": "resuming"}
+    for untouched in (other_issue, resolved, other_company, other_owner):
+        assert state(untouched) == {"state": "operator_required"}
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize("whose", ["another_owner", "another_cause"])
+def test_a_platform_proof_takeover_leaves_another_live_action_of_the_issue_alone(
+    whose: str,
+) -> None:
+    b, prior = _proof_binding("pod-9")
+    theirs = RecoveryActionFactory(
+        source_issue=b.issue,
+        cause=OWNER_UNVERIFIED_CAUSE if whose == "another_owner" else "stranded",
+        fingerprint="another-owner"
+        if whose == "another_owner"
+        else owner_fingerprint(b.run.pk, prior),
+        evidence={"workspaceOwnerRecovery": {"state": "operator_required"}},
+    )
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: "ran"
+    ) == Acquired("ran")
+    theirs.refresh_from_db()
+    assert theirs.evidence["workspaceOwnerRecovery"] == {"state": "operator_required"}
