@@ -417,3 +417,14 @@ def test_an_authentic_envelope_naming_another_row_is_refused(wrong: dict[str, An
         "ciphertext": base64.b64encode(ciphertext).decode(),
     }
     assert unreadable_reason(B1, "p", material) == "binding"
+
+
+@pytest.mark.parametrize("create", ["writer", "operator"])
+def test_the_key_file_is_created_under_a_data_dir_whose_parents_are_missing_too(
+    settings: Any, tmp_path: Path, create: str
+) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    settings.DATA_DIR = tmp_path / "not" / "there" / "yet"
+    key = keyring(create=True).primary if create == "writer" else key_file_prepend_new_key()
+    assert key_file_path().is_file()
+    assert [k.key_id for k in keyring().keys] == [key.key_id]
