@@ -392,7 +392,10 @@ def test_predecessor_must_be_this_issues_run_with_that_session() -> None:
     ):
         with pytest.raises(CheckpointBindingMismatch) as exc:
             write(fin, owner, changed={"a": "2"}, predecessor=bad)
-        assert exc.value.details["reason"] == "predecessor_mismatch"
+        assert exc.value.details == {
+            "reason": "predecessor_mismatch",
+            "predecessor_run_id": str(bad.run_id),
+        }
     assert stored(fin) == {"a": "1"}
 
 
