@@ -615,3 +615,74 @@ def test_a_platform_proof_takeover_leaves_another_live_action_of_the_issue_alone
     ) == Acquired("ran")
     theirs.refresh_from_db()
     assert theirs.evidence["workspaceOwnerRecovery"] == {"state": "operator_required"}
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize(
+    ("how", "current"),
+    [
+        ("still_current", True),
+        ("continuation_holds_the_issue", True),
+        ("evidence_names_another_run", False),
+        ("no_workspace_recovery", False),
+        ("controller_lease_live", False),
+        ("run_not_terminal", False),
+        ("another_run_holds_the_issue", False),
+        ("another_run_checked_the_issue_out", False),
+        ("continuation_of_another_mode", False),
+        ("continuation_of_another_source_run", False),
+        ("continuation_without_a_run_id", False),
+        ("repair_of_another_issue", False),
+    ],
+)
+def test_a_retained_repair_proof_takes_over_only_while_the_repair_still_names_this_run(
+    how: str, current: bool
+) -> None:
+    prior = receipt_for(hostname="pod-10.cluster", worker={"id": "pod-10"})
+    b, repair = _retained_repair(prior)
+    _record_stop(b.run.pk, prior["token"], "pod-10")
+    other = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue, status="failed")
+    evidence = dict(repair.evidence)
+    continuation = {
+        "runId": str(other.pk),
+        "readiness": {"mode": "fresh_isolated_workspace", "sourceRunId": str(b.run.pk)},
+    }
+    if how.startswith("continuation"):
+        Issue.objects.filter(pk=b.issue.pk).update(execution_run=other, checkout_run=other)
+        if how == "continuation_of_another_mode":
+            continuation["readiness"] = {**continuation["readiness"], "mode": "shared"}
+        elif how == "continuation_of_another_source_run":
+            continuation["readiness"] = {**continuation["readiness"], "sourceRunId": str(other.pk)}
+        elif how == "continuation_without_a_run_id":
+            continuation["runId"] = None  # type: ignore[assignment]
+        evidence["explicitUserContinuation"] = continuation
+    elif how == "evidence_names_another_run":
+        evidence["runId"] = str(other.pk)
+    elif how == "no_workspace_recovery":
+        del evidence["workspaceRecovery"]
+    elif how == "controller_lease_live":
+        NativeRunFinalization.objects.filter(pk=b.run.pk).update(lease_owner="boot-x:1:owner")
+    elif how == "run_not_terminal":
+        HeartbeatRun.objects.filter(pk=b.run.pk).update(status="running")
+    elif how == "another_run_holds_the_issue":
+        Issue.objects.filter(pk=b.issue.pk).update(execution_run=other)
+    elif how == "another_run_checked_the_issue_out":
+        Issue.objects.filter(pk=b.issue.pk).update(checkout_run=other)
+    elif how == "repair_of_another_issue":
+        IssueRecoveryAction.objects.filter(pk=repair.pk).update(
+            source_issue=IssueFactory(company=b.company)
+        )
+    IssueRecoveryAction.objects.filter(pk=repair.pk).update(evidence=evidence)
+
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk,
+        run_id=b.run.pk,
+        action=lambda own: "ran",
+        retained_repair_action_id=repair.pk,
+    )
+    if current:
+        assert outcome == Acquired("ran")
+        return
+    assert outcome == NotAcquired("binding_changed")
+    assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == prior
+    assert not ActivityEvent.objects.filter(action="run.finalization_owner_takeover").exists()
