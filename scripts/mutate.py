@@ -16,8 +16,9 @@ its mutants/ (it saves each one as it is reached), copies the work tree over it 
 mutmut there: only the mutants without a verdict are tested, plus those of functions whose code
 changed, and tests new since the last run are mapped first. `--rerun-survivors` (implies
 --resume) then tests the last run's survivors again against the current tests: the "after"
-figures. `--only PATTERN` tests only the mutants whose names match (mutmut's glob, e.g.
-`'checkpoints.services.writer.x__owner_validate__mutmut_*'`), verdict or not.
+figures. `--only PATTERN` (with --resume) tests only the mutants without a verdict whose names
+match (a glob, e.g. `'checkpoints.services.writer.*'`): two copies of one group, each with its
+own test database, can then share a run that waits more than it computes.
 
 Needs DATABASE_URL (a PostgreSQL server) like the tests; the test database is
 PAPERCLIP_TEST_DATABASE_NAME (default here: test_paperclip_mutate). Not run in CI.
@@ -27,6 +28,7 @@ See docs/testing.md for the last run's figures and what each survivor is.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import io
 import json
 import os
@@ -167,13 +169,17 @@ def _mutmut(dest: Path, *args: str, capture: bool = False) -> str:
     return done.stdout if capture else ""
 
 
-def _survivors(dest: Path) -> list[str]:
-    names = []
-    for line in _mutmut(dest, "results", capture=True).splitlines():
+def _statuses(dest: Path) -> list[tuple[str, str]]:
+    """Every mutant of the copy and its status (`killed`, `survived`, `not checked`, ...)."""
+    rows = []
+    for line in _mutmut(dest, "results", "--all", "true", capture=True).splitlines():
         mutant, _, status = line.strip().rpartition(": ")
-        if status == "survived":
-            names.append(mutant)
-    return names
+        rows.append((mutant, status))
+    return rows
+
+
+def _survivors(dest: Path) -> list[str]:
+    return [mutant for mutant, status in _statuses(dest) if status == "survived"]
 
 
 def run_group(
@@ -187,14 +193,26 @@ def run_group(
     only: tuple[str, ...] = (),
 ) -> dict[str, int]:
     dest = work / name
-    resume = resume or rerun_survivors
+    resume = resume or rerun_survivors or bool(only)
     if resume and not (dest / "mutants").is_dir():
         raise SystemExit(f"mutate: nothing to resume in {dest}")
     survivors = _survivors(dest) if rerun_survivors else []
     _copy_tree(dest, tests_at, keep=resume)
     _configure(dest, group)
     print(f"== {name}: mutating {', '.join(group.modules)}", flush=True)
-    passes: list[tuple[str, ...]] = [tuple(only)] if only else [()]
+    passes: list[tuple[str, ...]] = [()]
+    if only:
+        # mutmut re-tests every mutant it is given by name: give it only those without a verdict.
+        passes = [
+            tuple(
+                m
+                for m, status in _statuses(dest)
+                if status == "not checked"
+                and any(fnmatch.fnmatchcase(m, pattern) for pattern in only)
+            )
+        ]
+        if not passes[0]:
+            passes = []
     if survivors:
         passes.append(tuple(survivors))
     # mutmut redraws a progress line many times a second: keep it out of the log.
@@ -217,8 +235,7 @@ def report_figures(dest: Path) -> dict[str, int]:
     """Print the group's figures, then one line per module (a partial run differs by module);
     return the group's."""
     by_module: dict[str, Counter[str]] = {}
-    for line in _mutmut(dest, "results", "--all", "true", capture=True).splitlines():
-        mutant, _, status = line.strip().rpartition(": ")
+    for mutant, status in _statuses(dest):
         module = mutant.rsplit(".", 1)[0]
         by_module.setdefault(module, Counter())[status] += 1
     total: Counter[str] = sum(by_module.values(), Counter())
