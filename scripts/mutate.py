@@ -14,15 +14,12 @@ diff. `--tests-at REV` takes tests/ from that commit instead: the "before" figur
 A long run can be taken in parts. `--resume` keeps DIR/GROUP and the verdicts mutmut stored in
 its mutants/ (it saves each one as it is reached), copies the work tree over it again and runs
 mutmut there: only the mutants without a verdict are tested, plus those of functions whose code
-changed, and tests new since the last run are mapped first. `--rerun-survivors` (implies
---resume) then tests the last run's survivors again against the current tests: the "after"
-figures. `--only PATTERN` (with --resume) tests only the mutants without a verdict whose names
-match (a glob, e.g. `'checkpoints.services.writer.*'`): two copies of one group, each with its
-own test database, can then share a run that waits more than it computes.
-
-Needs DATABASE_URL (a PostgreSQL server) like the tests; the test database is
-PAPERCLIP_TEST_DATABASE_NAME (default here: test_paperclip_mutate). Not run in CI.
-See docs/testing.md for the last run's figures and what each survivor is.
+changed, and tests new since the last run are mapped first. `--only PATTERN ...` (implies
+--resume) tests only the mutants without a verdict whose names match (globs, e.g.
+`'checkpoints.services.writer.*'`): two copies of one group, each with its own test database,
+can then share a run that waits more than it computes. `--rerun-survivors` (implies --resume)
+tests the last run's survivors again against the current tests, with `--only` just the
+matching ones: the "after" figures.
 """
 
 from __future__ import annotations
@@ -196,25 +193,27 @@ def run_group(
     resume = resume or rerun_survivors or bool(only)
     if resume and not (dest / "mutants").is_dir():
         raise SystemExit(f"mutate: nothing to resume in {dest}")
-    survivors = _survivors(dest) if rerun_survivors else []
     _copy_tree(dest, tests_at, keep=resume)
     _configure(dest, group)
     print(f"== {name}: mutating {', '.join(group.modules)}", flush=True)
-    passes: list[tuple[str, ...]] = [()]
-    if only:
-        # mutmut re-tests every mutant it is given by name: give it only those without a verdict.
-        passes = [
-            tuple(
-                m
-                for m, status in _statuses(dest)
-                if status == "not checked"
-                and any(fnmatch.fnmatchcase(m, pattern) for pattern in only)
-            )
-        ]
-        if not passes[0]:
-            passes = []
-    if survivors:
-        passes.append(tuple(survivors))
+
+    def matching(wanted: str) -> tuple[str, ...]:
+        return tuple(
+            m
+            for m, status in _statuses(dest)
+            if status == wanted and any(fnmatch.fnmatchcase(m, p) for p in only or ("*",))
+        )
+
+    # mutmut re-tests every mutant it is given by name, and only those: name just the ones
+    # wanted (with --only and --rerun-survivors, only the matching survivors).
+    passes: list[tuple[str, ...]]
+    if rerun_survivors:
+        passes = [matching("survived")]
+    elif only:
+        passes = [matching("not checked")]
+    else:
+        passes = [()]
+    passes = [names for names in passes if names or not (only or rerun_survivors)]
     # mutmut redraws a progress line many times a second: keep it out of the log.
     with (dest / "mutmut-run.log").open("a" if resume else "w") as log:
         for names in passes:
