@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from checkpoints.crypto import key_file_path
 from checkpoints.errors import CheckpointBindingMismatch, CheckpointOwnerLost, CheckpointUnreadable
 from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from checkpoints.selectors import (
@@ -29,10 +30,11 @@ from checkpoints.services import (
     max_parts_per_write,
     max_write_bytes,
 )
-from paperclip.errors import InvalidRequest
+from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
 from tests.paperclip.factories import (
+    AgentFactory,
     CompanyFactory,
     HeartbeatRunFactory,
     IssueFactory,
@@ -636,3 +638,50 @@ def test_the_default_write_limits_admit_exactly_their_size_and_refuse_one_more()
     assert set(refused({f"p{i}": "" for i in range(10_001)})) == {"changed"}
     assert set(refused({}, work=[str(i) for i in range(10_001)])) == {"work_command_ids"}
     assert set(refused({}, work=["x" * 201])) == {"work_command_ids"}
+
+
+def test_another_agent_cannot_write_the_runs_checkpoint_even_with_its_owner() -> None:
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    stranger = AgentFactory(company=fin.company)
+    with pytest.raises(PermissionDenied):
+        checkpoint_write(
+            run_id=fin.run_id,
+            agent_id=stranger.pk,
+            owner=owner,
+            reset=False,
+            changed={"a": "1"},
+            removed=[],
+            work_command_ids=[],
+            predecessor=None,
+        )
+    assert stored(fin) == {}
+
+
+def test_the_first_write_without_configured_keys_creates_the_key_file(settings: Any) -> None:
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    assert not key_file_path().exists()
+    fin = coordinator()
+    write(fin, owner_of(lease(fin.run)), changed={"a": "1"})
+    assert key_file_path().is_file()
+    assert stored(fin) == {"a": "1"}
+
+
+def test_the_fence_reads_the_bound_issue_not_another_issue_of_the_company() -> None:
+    fin, owner = _expired_with_result()
+    _bind_issue_to(fin.issue_id, None)  # tolerated: the issue is free
+    # The company's first issue by primary key is bound to an unrelated run.
+    first = IssueFactory(company=fin.company, id=uuid.UUID(int=0))
+    _bind_issue_to(first.pk, NativeRunFactory(company=fin.company, issue=first).pk)
+    write_tolerated(fin, owner, {"a": "1"})
+
+
+def test_a_predecessor_of_another_company_is_refused() -> None:
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    session = uuid.uuid4()
+    foreign = NativeRunFactory(native_session_id=session)
+    HeartbeatRun.objects.filter(pk=foreign.pk).update(native_issue_id=fin.issue_id)
+    with pytest.raises(CheckpointBindingMismatch) as exc:
+        write(fin, owner, changed={"a": "1"}, predecessor=Predecessor(foreign.pk, session))
+    assert exc.value.details["reason"] == "predecessor_mismatch"
