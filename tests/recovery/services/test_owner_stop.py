@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from paperclip.access import board_actor
 from paperclip.errors import InvalidRequest, NotFoundError
-from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun
+from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun, NativeRunResult
 from paperclip.receipts import OWNER_KEY
 from recovery.errors import (
     WorkspaceControllerAlive,
@@ -22,10 +24,19 @@ from tests.helpers import raw_connection
 from tests.paperclip.factories import (
     CompanyFactory,
     HeartbeatRunFactory,
+    IssueFactory,
+    NativeRunFactory,
+    NativeRunFinalizationFactory,
     NativeRunResultFactory,
     UserFactory,
 )
-from tests.recovery.factories import Binding, hold_for_board, make_binding, receipt_for
+from tests.recovery.factories import (
+    Binding,
+    RecoveryActionFactory,
+    hold_for_board,
+    make_binding,
+    receipt_for,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -241,3 +252,72 @@ def test_confirmation_removes_only_the_receipt_from_the_runner_profile() -> None
     b.run.refresh_from_db()
     assert b.run.runner_profile_json == {k: v for k, v in profile.items() if k != OWNER_KEY}
     assert b.run.runner_profile_json["sessionState"] == {"kept": True}
+
+
+# --- found by `make mutate` (docs/testing.md) ------------------------------------------------
+
+
+@pytest.mark.parametrize("lookalike", ["issue", "coordinator", "action"])
+def test_confirmation_locks_its_own_rows_not_the_first_of_the_company(lookalike: str) -> None:
+    """A row of the same kind in the company that sorts first by primary key (what a lookup
+    without its key would read) changes nothing: the confirmation goes through."""
+    b, action, receipt, actor = held_binding()
+    first = uuid.UUID(int=0)
+    if lookalike == "issue":
+        IssueFactory(company=b.company, id=first)
+    elif lookalike == "coordinator":
+        earlier = NativeRunFactory(
+            id=first, company=b.company, agent=b.agent, issue=b.issue, status="failed"
+        )
+        HeartbeatRun.objects.filter(pk=earlier.pk).update(
+            created_at=b.run.created_at - timedelta(hours=1)
+        )
+        NativeRunFinalizationFactory(run=earlier, result=NativeRunResultFactory(run=earlier))
+    else:
+        RecoveryActionFactory(id=first, source_issue=b.issue, status="resolved")
+    answer = confirm(b, action, receipt["token"], actor)
+    assert (answer.run_id, answer.result_id, answer.replayed) == (b.run.pk, b.result.pk, False)
+    action.refresh_from_db()
+    assert action.evidence["workspaceOwnerStop"]["owner"] == receipt
+
+
+def test_an_action_of_another_issue_is_not_this_runs_hold() -> None:
+    b, hold, receipt, actor = held_binding()
+    # The same hold, recorded against another issue of the company.
+    fields = {
+        f.name: getattr(hold, f.name)
+        for f in IssueRecoveryAction._meta.concrete_fields
+        if f.name not in ("id", "source_issue", "created_at", "updated_at")
+    }
+    elsewhere = IssueRecoveryAction.objects.create(
+        **fields, source_issue=IssueFactory(company=b.company)
+    )
+    assert_stale(b, elsewhere, receipt["token"], actor, "binding_missing")
+
+
+def test_the_confirmation_is_audited_with_its_company_run_result_and_job() -> None:
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    audit = ActivityEvent.objects.get(action="issue.workspace_owner_stop_confirmed")
+    assert (audit.company_id, audit.actor_id, audit.entity_type, audit.run_id) == (
+        b.company.pk,
+        str(actor.user.pk),
+        "issue",
+        b.run.pk,
+    )
+    assert audit.details["resultId"] == str(b.result.pk)
+    assert audit.details["owner"] == receipt
+    assert audit.details["stopEvidence"] == EVIDENCE
+    assert audit.details["finalizationJobId"] is not None
+
+
+@pytest.mark.parametrize("elsewhere", ["company", "issue", "run"])
+def test_a_saved_result_of_another_company_issue_or_run_is_not_bound(elsewhere: str) -> None:
+    b, action, receipt, actor = held_binding()
+    moved: dict[str, Any] = {
+        "company": {"company": CompanyFactory()},
+        "issue": {"issue": IssueFactory(company=b.company)},
+        "run": {"run": HeartbeatRunFactory(company=b.company, agent=b.agent)},
+    }[elsewhere]
+    NativeRunResult.objects.filter(pk=b.result.pk).update(**moved)
+    assert_stale(b, action, receipt["token"], actor, "result_not_bound")
