@@ -321,3 +321,12 @@ def test_a_saved_result_of_another_company_issue_or_run_is_not_bound(elsewhere: 
     }[elsewhere]
     NativeRunResult.objects.filter(pk=b.result.pk).update(**moved)
     assert_stale(b, action, receipt["token"], actor, "result_not_bound")
+
+
+def test_an_unknown_action_is_a_missing_binding() -> None:
+    b, hold, receipt, actor = held_binding()
+    IssueRecoveryAction.objects.filter(pk=hold.pk).update(id=uuid.uuid4())  # the id moves away
+    with pytest.raises(WorkspaceOwnerRecoveryStale) as caught:
+        confirm(b, hold, receipt["token"], actor)
+    assert caught.value.details == {"reason": "binding_missing"}
+    assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == receipt
