@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from checkpoints.crypto import key_file_path
+from checkpoints.crypto import key_file_path, keyring
 from checkpoints.errors import CheckpointBindingMismatch, CheckpointOwnerLost, CheckpointUnreadable
 from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from checkpoints.selectors import (
@@ -685,3 +685,25 @@ def test_a_predecessor_of_another_company_is_refused() -> None:
     with pytest.raises(CheckpointBindingMismatch) as exc:
         write(fin, owner, changed={"a": "1"}, predecessor=Predecessor(foreign.pk, session))
     assert exc.value.details["reason"] == "predecessor_mismatch"
+
+
+def test_a_write_is_audited_with_its_company_agent_run_authority_and_key() -> None:
+    fin = coordinator()
+    grant = lease(fin.run)
+    write(fin, owner_of(grant), changed={"a": "1"}, reset=True)
+    audit = ActivityEvent.objects.get(run=fin.run, action="checkpoint.written")
+    assert (audit.company_id, audit.actor_type, audit.actor_id) == (
+        fin.company_id,
+        "agent",
+        str(fin.run.agent_id),
+    )
+    assert (audit.entity_type, audit.entity_id) == ("heartbeat_run", str(fin.run_id))
+    assert audit.details == {
+        "authorityRunId": str(fin.run_id),
+        "generation": grant.generation,
+        "ownerActive": True,
+        "reset": True,
+        "changed": 1,
+        "removed": 0,
+        "keyId": keyring().primary.key_id,
+    }
