@@ -41,6 +41,7 @@ from paperclip.api.serializers import (
     StrictInputSerializer,
     UUIDBodyField,
     error_responses,
+    shared_serializer,
     validated_body,
 )
 from paperclip.errors import NotFoundError, PermissionDenied
@@ -114,14 +115,6 @@ def _lease_renderers() -> tuple[tuple[str, Callable[[Any], Any]], ...]:
 class OwnerInputSerializer(StrictInputSerializer):
     issue_id = UUIDBodyField(required=False, allow_null=True)
     run_id = UUIDBodyField(required=False, allow_null=True)
-
-
-@functools.cache
-def _renderer[S: serializers.Serializer[Any]](serializer_class: type[S]) -> S:
-    """One shared instance per output serializer: rendering is stateless, and building the
-    fields (a deep copy of every declared field) per request was a measurable share of a
-    claim renew, the most frequent request (bench/leases.py)."""
-    return serializer_class()
 
 
 def _workspace_company(actor: Actor, workspace_id: UUID) -> UUID:
@@ -219,7 +212,7 @@ class RuntimeLeaseClaimApi(APIView):
             owner=_owner(actor, company_id, values),
             ttl_seconds=values.get("ttl_seconds"),
         )
-        return Response(_renderer(self.OutputSerializer).to_representation(result))
+        return Response(shared_serializer(self.OutputSerializer).to_representation(result))
 
 
 class RuntimeLeaseDetailApi(APIView):
@@ -242,7 +235,7 @@ class RuntimeLeaseDetailApi(APIView):
         if not ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id).exists():
             raise NotFoundError("Execution workspace not found.")
         view = services.runtime_lease_get(execution_workspace_id=workspace_id)
-        return Response(_renderer(self.OutputSerializer).to_representation(view))
+        return Response(shared_serializer(self.OutputSerializer).to_representation(view))
 
 
 class RuntimeLeaseReleaseApi(APIView):
@@ -297,7 +290,7 @@ class RuntimeLeaseReleaseApi(APIView):
                 execution_workspace_id=workspace_id,
                 owner=_owner(actor, company_id, values),
             )
-        return Response(_renderer(self.OutputSerializer).to_representation(result))
+        return Response(shared_serializer(self.OutputSerializer).to_representation(result))
 
 
 class WorkspaceOperationCreateApi(APIView):
@@ -368,6 +361,6 @@ class WorkspaceOperationCreateApi(APIView):
             exit_code=values.get("exit_code"),
         )
         return Response(
-            _renderer(self.OutputSerializer).to_representation(record),
+            shared_serializer(self.OutputSerializer).to_representation(record),
             status=status.HTTP_201_CREATED,
         )

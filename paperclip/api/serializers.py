@@ -75,7 +75,12 @@ class StrictInputSerializer(serializers.Serializer[Any]):
 
 
 @functools.cache
-def _shared_input[S: StrictInputSerializer](serializer_class: type[S]) -> S:
+def shared_serializer[S: serializers.Serializer[Any]](serializer_class: type[S]) -> S:
+    """One shared instance per serializer class, for rendering (`to_representation`) and for
+    `validated_body`: neither keeps state on the instance, and building the fields (a deep copy
+    of every declared field) per request was a measurable share of a renew, the most frequent
+    request (bench/leases.py, bench/renew_load.py). Not for serializers that read
+    `self.context`."""
     return serializer_class()
 
 
@@ -88,7 +93,7 @@ def validated_body(serializer_class: type[StrictInputSerializer], data: Any) -> 
     again the usual way, so that its 400 is exactly `is_valid`'s (which rewords a few errors).
     Not for serializers that read `self.context`."""
     try:
-        validated: dict[str, Any] = _shared_input(serializer_class).run_validation(data)
+        validated: dict[str, Any] = shared_serializer(serializer_class).run_validation(data)
     except serializers.ValidationError:
         serializer_class(data=data).is_valid(raise_exception=True)
         raise  # pragma: no cover - is_valid refuses what run_validation refused

@@ -18,6 +18,7 @@ from typing import Any, Self
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 from psycopg.pq import Format
@@ -39,6 +40,15 @@ class _PreparingCursor(psycopg.Cursor[Any]):
         return super().execute(query, params, prepare=True, binary=binary)
 
 
+def _preparing_cursor(db: BaseDatabaseWrapper) -> _PreparingCursor:
+    """A new preparing cursor on `db`'s open connection, reading timestamps in its time zone."""
+    cursor = _PreparingCursor(db.connection)
+    loader = db.connection.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+    if getattr(loader, "timezone", None) != db.timezone:
+        register_tzloader(db.timezone, cursor)
+    return cursor
+
+
 def prepared_cursor() -> CursorWrapper:
     """A Django cursor (health check, error translation, query logging when enabled) over a
     preparing psycopg cursor: what `connection.cursor()` builds, with the other cursor class."""
@@ -46,10 +56,7 @@ def prepared_cursor() -> CursorWrapper:
     connection.ensure_connection()
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
-        raw = _PreparingCursor(connection.connection)
-        loader = connection.connection.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
-        if getattr(loader, "timezone", None) != connection.timezone:
-            register_tzloader(connection.timezone, raw)
+        raw = _preparing_cursor(connection)
     # (django-stubs type these as taking a CursorWrapper; they wrap a DB-API cursor.)
     if connection.queries_logged:
         return connection.make_debug_cursor(raw)  # type: ignore[arg-type]
@@ -81,11 +88,7 @@ def prepared_fetchone(
         raw = db.connection
         kept: tuple[Any, _PreparingCursor] | None = getattr(db, "_paperclip_prepared", None)
         if kept is None or kept[0] is not raw or kept[1].closed:
-            fresh = _PreparingCursor(raw)
-            loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
-            if getattr(loader, "timezone", None) != db.timezone:
-                register_tzloader(db.timezone, fresh)
-            kept = (raw, fresh)
+            kept = (raw, _preparing_cursor(db))
             db._paperclip_prepared = kept  # type: ignore[attr-defined]
         prepared = kept[1]
         prepared.execute(sql, params)

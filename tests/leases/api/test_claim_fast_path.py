@@ -1,7 +1,7 @@
 """The claim endpoint (the renew hot path) reads and renders exactly through its serializers.
 
-The view renders with one shared OutputSerializer instance (`_renderer`); it must give what a
-fresh serializer gives, and the response shape below is pinned field by field.
+The view renders with one shared OutputSerializer instance (`shared_serializer`); it must give
+what a fresh serializer gives, and the response shape below is pinned field by field.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework import serializers
 
-from leases.api.views import RuntimeLeaseClaimApi, _renderer
+from leases.api.views import RuntimeLeaseClaimApi
 from leases.models import WorkspaceRuntimeLease
 from leases.services import (
     RuntimeLeaseClaim,
@@ -22,6 +22,7 @@ from leases.services import (
     runtime_lease_claim,
     runtime_lease_get,
 )
+from paperclip.api.serializers import shared_serializer
 from paperclip.models import Issue
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, IssueFactory
@@ -44,7 +45,7 @@ def serialized(result):
 
 def rendered(result):
     """What the view renders: the shared serializer instance."""
-    return _renderer(RuntimeLeaseClaimApi.OutputSerializer).to_representation(result)
+    return shared_serializer(RuntimeLeaseClaimApi.OutputSerializer).to_representation(result)
 
 
 def uuid_text(value):
