@@ -17,7 +17,8 @@ mutmut there: only the mutants without a verdict are tested, plus those of funct
 changed, and tests new since the last run are mapped first. `--only PATTERN ...` (implies
 --resume) tests only the mutants without a verdict whose names match (globs, e.g.
 `'checkpoints.services.writer.*'`): two copies of one group, each with its own test database,
-can then share a run that waits more than it computes. `--rerun-survivors` (implies --resume)
+can then share a run that waits more than it computes. On a copy with no verdicts yet, `--only`
+starts a fresh run of just the matching mutants. `--rerun-survivors` (implies --resume)
 tests the last run's survivors again against the current tests, with `--only` just the
 matching ones: the "after" figures.
 """
@@ -190,7 +191,9 @@ def run_group(
     only: tuple[str, ...] = (),
 ) -> dict[str, int]:
     dest = work / name
-    resume = resume or rerun_survivors or bool(only)
+    # --only on a copy with no verdicts yet starts a fresh run of just the matching mutants.
+    fresh_only = bool(only) and not rerun_survivors and not (dest / "mutants").is_dir()
+    resume = (resume or rerun_survivors or bool(only)) and not fresh_only
     if resume and not (dest / "mutants").is_dir():
         raise SystemExit(f"mutate: nothing to resume in {dest}")
     _copy_tree(dest, tests_at, keep=resume)
@@ -209,6 +212,8 @@ def run_group(
     passes: list[tuple[str, ...]]
     if rerun_survivors:
         passes = [matching("survived")]
+    elif fresh_only:
+        passes = [only]  # mutmut matches the globs itself
     elif only:
         passes = [matching("not checked")]
     else:
