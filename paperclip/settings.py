@@ -22,12 +22,10 @@ from typing import Any
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+from paperclip.datadir import BASE_DIR, data_dir
 
 env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
-
-DATA_DIR = Path(env.str("PAPERCLIP_DATA_DIR", default=str(BASE_DIR / ".data"))).resolve()
+DATA_DIR = data_dir()  # reads .env first
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -27,13 +28,28 @@ def test_the_command_runs_granian_on_the_wsgi_application() -> None:
     assert f"--workers={serve.default_workers()}" in serve.command()
 
 
+def test_the_static_root_is_the_settings_static_root() -> None:
+    assert serve.static_root() == settings.STATIC_ROOT
+
+
+def test_the_collected_static_files_are_served_under_static_and_nothing_else_without_them(
+    tmp_path: Path,
+) -> None:
+    argv = serve.command(static=tmp_path)
+    assert {"--static-path-route=/static", f"--static-path-mount={tmp_path}"} <= set(argv)
+    assert argv[-1] == "paperclip.wsgi:application"
+    assert not [a for a in serve.command() if a.startswith("--static")]
+
+
 @pytest.mark.parametrize("bind", ["8000", ":8000", "host:", "host:http"])
 def test_a_malformed_bind_is_refused(bind: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
         serve.command(bind=bind)
 
 
-def _start(port: int, **env: str) -> subprocess.Popen[bytes]:
+def _start(port: int, data_dir: Path | None = None, **env: str) -> subprocess.Popen[bytes]:
+    if data_dir is not None:
+        env["PAPERCLIP_DATA_DIR"] = str(data_dir)
     return subprocess.Popen(
         [sys.executable, "-m", "paperclip.serve", f"--bind=127.0.0.1:{port}", "--workers=1"],
         cwd=settings.BASE_DIR,
@@ -45,11 +61,17 @@ def _start(port: int, **env: str) -> subprocess.Popen[bytes]:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_it_serves_replaces_a_killed_worker_and_stops_on_sigterm() -> None:
+def test_it_serves_replaces_a_killed_worker_and_stops_on_sigterm(tmp_path: Path) -> None:
+    (tmp_path / "static").mkdir()
+    (tmp_path / "static" / "paperclip-probe.css").write_bytes(b"body{}")
     port = free_port()
-    server = _start(port)
+    server = _start(port, data_dir=tmp_path)
     try:
         conn = wait_for_server(port, server)  # type: ignore[arg-type]
+        # The collected static files are served without a proxy: the console is styled.
+        conn.request("GET", "/static/paperclip-probe.css")
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (200, b"body{}")
         conn.close()
         # exec: the process started is the server itself, with one worker child.
         assert "granian" in " ".join(psutil.Process(server.pid).cmdline())
