@@ -1058,6 +1058,9 @@ HANDOFF: list[Any] = [
 def test_retired_reusable_lease_predecessors(
     lease_fields: dict[str, Any], history_specs: list[dict[str, Any]], expected: list[int] | None
 ) -> None:
+    # A copy: the parameters are module-level dicts, and a second run of this test in the same
+    # process (mutmut runs it once to map the tests, then again) must see them unchanged.
+    lease_fields = dict(lease_fields)
     same_run = lease_fields.pop("same_run", False)
     lease = lease_at(3.5, **lease_fields)
     history = []
