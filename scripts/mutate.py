@@ -260,7 +260,11 @@ def report_figures(dest: Path) -> dict[str, int]:
 
 
 def report_survivor(dest: Path, mutant: str) -> None:
-    diff = _mutmut(dest, "show", mutant, capture=True)
+    try:
+        diff = _mutmut(dest, "show", mutant, capture=True)
+    except subprocess.CalledProcessError:  # a run still writing that module's files
+        print(f"   survived [?] {mutant} (diff not readable now; run --report-only again)")
+        return
     before = " ".join(d[2:].strip() for d in diff.splitlines() if d.startswith("- "))
     after = " ".join(d[2:].strip() for d in diff.splitlines() if d.startswith("+ "))
     print(f"   survived [{category(mutant, before, after)}] {mutant}", flush=True)

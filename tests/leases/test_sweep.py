@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
+from django.db.models.functions import Now
 
 import leases.services.sweep
 from leases import services
@@ -214,3 +215,39 @@ def test_sweep_skips_a_lease_whose_renewal_holds_the_row_lock():
     assert report.skipped_locked == 1
     lease = WorkspaceRuntimeLease.objects.get(execution_workspace=ws)
     assert services.runtime_lease_evaluate_stale(lease_id=lease.id) is None
+
+
+@pytest.mark.django_db
+def test_every_owner_stale_lease_is_listed_not_only_the_expired_ones(company):
+    """The sweep's listing judges only candidates (`stale_candidate_ids`); every way an
+    unexpired lease's owner can be stale must still make it one: a hidden issue, and an owner
+    key naming a live issue or run of another company. The live leases beside them are not
+    listed."""
+    agent = AgentFactory(company=company)
+    other = CompanyFactory()
+
+    def held(**owner) -> WorkspaceRuntimeLease:
+        lease = claim(ExecutionWorkspaceFactory(company=company), agent, **owner).lease
+        return WorkspaceRuntimeLease.objects.get(pk=lease.id)
+
+    held(issue_id=IssueFactory(company=company).pk)
+    held(run_id=HeartbeatRunFactory(company=company, agent=agent).pk)
+    hidden_issue = IssueFactory(company=company)
+    hidden = held(issue_id=hidden_issue.pk)
+    Issue.objects.filter(pk=hidden_issue.pk).update(hidden_at=Now())
+    foreign_issue = IssueFactory(company=other)
+    foreign_run = HeartbeatRunFactory(company=other, agent=AgentFactory(company=other))
+    of_foreign_issue = held(issue_id=IssueFactory(company=company).pk)
+    of_foreign_run = held(run_id=HeartbeatRunFactory(company=company, agent=agent).pk)
+    WorkspaceRuntimeLease.objects.filter(pk=of_foreign_issue.pk).update(
+        owner_issue_id=foreign_issue.pk, owner_key=f"issue:{foreign_issue.pk}"
+    )
+    WorkspaceRuntimeLease.objects.filter(pk=of_foreign_run.pk).update(
+        owner_run_id=foreign_run.pk, owner_key=f"run:{foreign_run.pk}"
+    )
+
+    assert dict(runtime_lease_stale_page(after_id=None, limit=100)) == {
+        hidden.pk: "owner_issue_hidden",
+        of_foreign_issue.pk: "owner_issue_missing",
+        of_foreign_run.pk: "owner_run_missing",
+    }
