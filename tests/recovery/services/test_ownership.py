@@ -15,6 +15,7 @@ from django.db import connection
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
+from recovery.locks import finalization_lock_key, recovery_source_key
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.services import (
@@ -25,7 +26,7 @@ from recovery.services import (
 )
 from recovery.services import ownership as ownership_module
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
-from tests.helpers import raw_connection
+from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import CompanyFactory, HeartbeatRunFactory, IssueFactory
 from tests.recovery.factories import make_binding, receipt_for
 
@@ -125,6 +126,26 @@ def test_same_process_second_controller_gets_owner_active() -> None:
     assert ran == []
 
 
+@pytest.mark.parametrize("holder", ["another_backend", "another_alias_of_this_process"])
+def test_a_finalization_key_held_outside_this_connection_alias_is_busy(holder: str) -> None:
+    """Another backend holds the run's finalization key: `busy`, not `owner_active`, even when
+    this process finalizes the run through another database alias."""
+    b = make_binding()
+    run_key = finalization_lock_key(b.company.pk, b.run.pk)
+    if holder == "another_alias_of_this_process":
+        with ownership_module._state:
+            ownership_module._active_run_owners[run_key] = ("their-token", "other-alias")
+    ran = []
+    with raw_connection(autocommit=False) as other:
+        other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [run_key])
+        outcome = with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda o: ran.append(1)
+        )
+    assert outcome == NotAcquired("busy")
+    assert ran == []
+    assert OWNER_KEY not in _profile(b.run)
+
+
 def test_foreign_host_receipt_becomes_a_board_action_and_nothing_is_written() -> None:
     prior = receipt_for(hostname="build-worker-7.elsewhere.example")
     b = make_binding(receipt=prior)
@@ -191,6 +212,39 @@ def test_repeated_sweeps_restore_the_hold_text_and_spend_no_attempts() -> None:
         b.run.pk,
     )
     assert row.details == {"fingerprint": owner_fingerprint(b.run.pk, prior)}
+
+
+def test_a_repeated_sweep_restores_the_hold_only_under_the_issues_recovery_key() -> None:
+    """The single writer of an issue's live recovery action holds its per-issue key: a sweep
+    that finds the hold to restore waits for that key and restores the hold once it is let go."""
+    b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    hold = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    IssueRecoveryAction.objects.filter(pk=hold.pk).update(next_action="Start a replacement run.")
+
+    def sweep() -> Any:
+        try:
+            return with_finalization_ownership(
+                company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+            )
+        finally:
+            connection.close()
+
+    with raw_connection(autocommit=False) as writer:
+        writer.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [recovery_source_key(b.company.pk, b.issue.pk)],
+        )
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(sweep)
+            waited = wait_for_lock_waiters(1, until=future.done)
+            unrestored = IssueRecoveryAction.objects.get(pk=hold.pk).next_action
+            writer.rollback()
+            outcome = future.result(timeout=30)
+    assert waited, f"the sweep did not wait for the issue's recovery key: {outcome}"
+    assert unrestored == "Start a replacement run."
+    assert outcome == NotAcquired("owner_unverified")
+    assert IssueRecoveryAction.objects.get(pk=hold.pk).next_action == OWNER_UNVERIFIED_NEXT_ACTION
 
 
 def test_malformed_receipt_needs_the_board() -> None:
