@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,10 @@ from recovery.services.worker_stops import worker_stop_record
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
     CompanyFactory,
+    HeartbeatRunFactory,
     IssueFactory,
     NativeRunFactory,
+    NativeRunFinalizationFactory,
     NativeRunResultFactory,
 )
 from tests.recovery.factories import RecoveryActionFactory, make_binding, receipt_for
@@ -297,6 +301,31 @@ def _record_stop(run_id: Any, token: str, worker_id: str) -> None:
 
 
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize("with_issue", [True, False])
+def test_a_worker_whose_stop_is_not_reported_yet_is_platform_stop_pending(
+    with_issue: bool,
+) -> None:
+    """The platform knows the worker but has reported no stop: wait for it. The hold is
+    recorded against the run's issue; a run without an issue has none to record."""
+    prior = receipt_for(hostname="pod-2.cluster", worker={"id": "pod-2"})
+    b = make_binding(receipt=prior)
+    if not with_issue:
+        HeartbeatRun.objects.filter(pk=b.run.pk).update(issue=None, native_issue=None)
+    ran: list[int] = []
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: ran.append(1)
+    )
+    assert outcome == NotAcquired("platform_stop_pending")
+    assert ran == []
+    assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == prior
+    holds = IssueRecoveryAction.objects.filter(cause=OWNER_UNVERIFIED_CAUSE)
+    if with_issue:
+        assert holds.get().fingerprint == owner_fingerprint(b.run.pk, prior)
+    else:
+        assert not holds.exists()
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
 def test_platform_proof_takeover_finalizes_and_commits(tmp_path: Path) -> None:
     prior = receipt_for(hostname="pod-9.cluster", worker={"id": "pod-9"})
     b = make_binding(tmp_path=tmp_path, receipt=prior)
@@ -433,6 +462,10 @@ def _move_on(b: Any, how: str) -> None:
         NativeRunResult.objects.filter(pk=b.result.pk).update(schema_status="rejected")
     elif how == "coordinator_of_another_issue":
         coordinators.update(issue=IssueFactory(company=b.company))
+    elif how == "coordinator_of_another_company":
+        coordinators.update(company=CompanyFactory())
+    elif how == "issue_of_another_company":
+        Issue.objects.filter(pk=b.issue.pk).update(company=CompanyFactory())
     elif how.startswith("result_of_another_"):
         other_run = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
         fields: dict[str, Any] = {"run": other_run}
@@ -455,6 +488,8 @@ def _move_on(b: Any, how: str) -> None:
         "issue_rebound",
         "result_not_accepted",
         "coordinator_of_another_issue",
+        "coordinator_of_another_company",
+        "issue_of_another_company",
         "result_of_another_run",
         "result_of_another_issue",
         "result_of_another_company",
@@ -520,12 +555,55 @@ def test_a_platform_proof_takeover_rechecks_the_task_under_its_row_locks(table: 
 
 
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
-@pytest.mark.parametrize("table", ["issues", "issue_recovery_actions"])
+@pytest.mark.parametrize("lookalike", ["run", "coordinator"])
+def test_a_platform_proof_takeover_neither_reads_nor_locks_the_first_rows_of_the_company(
+    lookalike: str,
+) -> None:
+    """A run (without an issue) or a committed coordinator of the company that sorts first by
+    primary key (what a lookup without its key would read and lock) changes nothing: held on
+    another connection, the takeover does not queue behind it, and goes through."""
+    b, _ = _proof_binding("pod-11")
+    first = uuid.UUID(int=0)
+    if lookalike == "run":
+        HeartbeatRunFactory(id=first, company=b.company, agent=b.agent)
+        table = "heartbeat_runs"
+    else:
+        earlier = NativeRunFactory(
+            id=first, company=b.company, agent=b.agent, issue=b.issue, status="failed"
+        )
+        NativeRunFinalizationFactory(run=earlier, phase="committed")
+        table = "native_run_finalizations"
+    waited, outcome = _takeover_waits_behind(
+        table,
+        first,
+        lambda: with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda own: "ran"
+        ),
+    )
+    assert not waited, f"the takeover queued behind another run's {table} row"
+    assert outcome == Acquired("ran")
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+def test_a_platform_proof_takeover_of_a_run_deleted_before_the_swap_claims_nothing() -> None:
+    b, _ = _proof_binding("pod-12")
+    ownership_module.before_claim_hook = lambda: HeartbeatRun.objects.filter(pk=b.run.pk).delete()
+    ran: list[int] = []
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: ran.append(1)
+    )
+    assert outcome == NotAcquired("binding_changed")
+    assert ran == []
+    assert not ActivityEvent.objects.filter(action__startswith="run.finalization_owner").exists()
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize("table", ["issues", "native_run_finalizations", "issue_recovery_actions"])
 def test_a_retained_repair_takeover_rechecks_the_repair_under_its_row_locks(table: str) -> None:
     prior = receipt_for(hostname="pod-7.cluster", worker={"id": "pod-7"})
     b, repair = _retained_repair(prior)
     _record_stop(b.run.pk, prior["token"], "pod-7")
-    row_id = b.issue.pk if table == "issues" else repair.pk
+    row_id = {"issues": b.issue.pk, "native_run_finalizations": b.run.pk}.get(table, repair.pk)
     waited, outcome = _takeover_waits_behind(
         table,
         row_id,
@@ -561,6 +639,8 @@ def test_a_platform_proof_takeover_is_audited_and_resumes_only_this_owners_live_
         fingerprint="another-owner",
         evidence=held,
     )
+    long_ago = db_now() - timedelta(days=1)
+    IssueRecoveryAction.objects.update(updated_at=long_ago)
 
     assert with_finalization_ownership(
         company_id=b.company.pk, run_id=b.run.pk, action=lambda own: "ran"
@@ -592,8 +672,10 @@ def test_a_platform_proof_takeover_is_audited_and_resumes_only_this_owners_live_
         return IssueRecoveryAction.objects.get(pk=action.pk).evidence["workspaceOwnerRecovery"]
 
     assert state(mine) == {"state": "resuming"}
+    assert IssueRecoveryAction.objects.get(pk=mine.pk).updated_at > long_ago
     for untouched in (other_issue, resolved, other_company, other_owner):
         assert state(untouched) == {"state": "operator_required"}
+        assert IssueRecoveryAction.objects.get(pk=untouched.pk).updated_at == long_ago
 
 
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
@@ -633,6 +715,11 @@ def test_a_platform_proof_takeover_leaves_another_live_action_of_the_issue_alone
         ("continuation_of_another_source_run", False),
         ("continuation_without_a_run_id", False),
         ("repair_of_another_issue", False),
+        ("repair_of_another_company", False),
+        ("issue_of_another_company", False),
+        # A coordinator row recorded under another company is not this run's: its lease
+        # does not hold the repair back.
+        ("controller_lease_under_another_company", True),
     ],
 )
 def test_a_retained_repair_proof_takes_over_only_while_the_repair_still_names_this_run(
@@ -672,6 +759,14 @@ def test_a_retained_repair_proof_takes_over_only_while_the_repair_still_names_th
         IssueRecoveryAction.objects.filter(pk=repair.pk).update(
             source_issue=IssueFactory(company=b.company)
         )
+    elif how == "repair_of_another_company":
+        IssueRecoveryAction.objects.filter(pk=repair.pk).update(company=CompanyFactory())
+    elif how == "issue_of_another_company":
+        Issue.objects.filter(pk=b.issue.pk).update(company=CompanyFactory())
+    elif how == "controller_lease_under_another_company":
+        NativeRunFinalization.objects.filter(pk=b.run.pk).update(
+            company=CompanyFactory(), lease_owner="boot-x:1:owner"
+        )
     IssueRecoveryAction.objects.filter(pk=repair.pk).update(evidence=evidence)
 
     outcome = with_finalization_ownership(
@@ -686,3 +781,74 @@ def test_a_retained_repair_proof_takes_over_only_while_the_repair_still_names_th
     assert outcome == NotAcquired("binding_changed")
     assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == prior
     assert not ActivityEvent.objects.filter(action="run.finalization_owner_takeover").exists()
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+@pytest.mark.parametrize("lookalike", ["issue", "coordinator", "action"])
+def test_a_retained_repair_takeover_neither_reads_nor_locks_the_first_rows_of_the_company(
+    lookalike: str,
+) -> None:
+    """An issue held by another run, a coordinator with a live lease, or a resolved action of
+    the issue that sorts first by primary key in the company (what a lookup without its key
+    would read and lock) changes nothing: held on another connection, the takeover does not
+    queue behind it, and goes through."""
+    prior = receipt_for(hostname="pod-13.cluster", worker={"id": "pod-13"})
+    b, repair = _retained_repair(prior)
+    _record_stop(b.run.pk, prior["token"], "pod-13")
+    first = uuid.UUID(int=0)
+    if lookalike == "issue":
+        holder = NativeRunFactory(company=b.company, agent=b.agent)
+        IssueFactory(id=first, company=b.company, execution_run=holder, checkout_run=holder)
+        table = "issues"
+    elif lookalike == "coordinator":
+        earlier = NativeRunFactory(id=first, company=b.company, agent=b.agent, issue=b.issue)
+        NativeRunFinalizationFactory(run=earlier, lease_owner="boot-x:1:owner")
+        table = "native_run_finalizations"
+    else:
+        RecoveryActionFactory(id=first, source_issue=b.issue, status="resolved")
+        table = "issue_recovery_actions"
+    waited, outcome = _takeover_waits_behind(
+        table,
+        first,
+        lambda: with_finalization_ownership(
+            company_id=b.company.pk,
+            run_id=b.run.pk,
+            action=lambda own: "ran",
+            retained_repair_action_id=repair.pk,
+        ),
+    )
+    assert not waited, f"the takeover queued behind another {table} row of the company"
+    assert outcome == Acquired("ran")
+
+
+@override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
+def test_a_retained_repair_takeover_reads_the_run_under_its_row_lock() -> None:
+    """The run's status is read under its row lock: a run that another transaction holding
+    the row fails meanwhile counts as terminal once that transaction commits."""
+    prior = receipt_for(hostname="pod-14.cluster", worker={"id": "pod-14"})
+    b, repair = _retained_repair(prior)
+    _record_stop(b.run.pk, prior["token"], "pod-14")
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(status="running")
+    with raw_connection(autocommit=False) as gate:
+        gate.execute("UPDATE heartbeat_runs SET status = 'failed' WHERE id = %s", [b.run.pk])
+
+        def attempt() -> Any:
+            try:
+                return with_finalization_ownership(
+                    company_id=b.company.pk,
+                    run_id=b.run.pk,
+                    action=lambda own: "ran",
+                    retained_repair_action_id=repair.pk,
+                )
+            finally:
+                connection.close()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(attempt)
+            waited = wait_for_lock_waiters(
+                1, until=future.done, holder=gate, table="heartbeat_runs"
+            )
+            gate.commit()
+            outcome = future.result(timeout=30)
+    assert waited, f"the takeover did not wait for the held run row: {outcome}"
+    assert outcome == Acquired("ran")
