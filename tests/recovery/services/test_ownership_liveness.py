@@ -121,6 +121,73 @@ def test_keepalive_holds_the_lock_through_a_2s_action_with_a_500ms_idle_timeout(
     assert outcome == Acquired("survived")
 
 
+def _terminate(pid: int) -> None:
+    with raw_connection() as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+def _replace_receipt(own: FinalizationOwnership) -> None:
+    with raw_connection() as other:
+        other.execute(
+            "UPDATE heartbeat_runs SET runner_profile_json = jsonb_set(runner_profile_json,"
+            " ARRAY[%s, 'token'], to_jsonb('someone-else'::text)) WHERE id = %s",
+            [OWNER_KEY, own.run_id],
+        )
+
+
+def _lose_the_ordinary_connection(own: FinalizationOwnership) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    _terminate(pid)
+
+
+def _lose_the_lock_connection_to_the_keepalive(own: FinalizationOwnership) -> None:
+    _terminate(own.lock_backend_pid)
+    deadline = time.monotonic() + 10
+    while own._session.failure is None:  # the keepalive thread's next ping records it
+        assert time.monotonic() < deadline, "the keepalive never noticed the lost connection"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("lose", "reason"),
+    [
+        pytest.param(_replace_receipt, "owner_replaced", id="receipt-replaced"),
+        pytest.param(_lose_the_ordinary_connection, "database_unavailable", id="database-lost"),
+        pytest.param(
+            _lose_the_lock_connection_to_the_keepalive, "lock_connection_lost", id="keepalive"
+        ),
+    ],
+)
+def test_assert_held_names_how_the_ownership_was_lost(lose: Any, reason: str) -> None:
+    """The reason travels in the exception (and the worker's log of the failed job): each way
+    of losing the ownership is named, including a lock connection the keepalive found dead."""
+    b = make_binding()
+    errors: list[FinalizationOwnershipLost] = []
+
+    def action(own: FinalizationOwnership) -> None:
+        lose(own)
+        try:
+            own.assert_held()
+        except FinalizationOwnershipLost as exc:
+            errors.append(exc)
+            raise
+
+    def controller() -> None:
+        try:
+            with contextlib.suppress(FinalizationOwnershipLost, OperationalError):
+                with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=action)
+        finally:
+            connection.close()
+
+    connection.ensure_connection()  # the application's own session predates the setting
+    with _database_setting("idle_in_transaction_session_timeout", "300"):  # keepalive: 0.1 s
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(controller).result(timeout=30)
+    assert [e.reason for e in errors] == [reason]
+
+
 # --- an application connection budget of one ---------------------------------------------------
 
 
