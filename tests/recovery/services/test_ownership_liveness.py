@@ -182,9 +182,12 @@ def test_assert_held_names_how_the_ownership_was_lost(lose: Any, reason: str) ->
             connection.close()
 
     connection.ensure_connection()  # the application's own session predates the setting
-    with _database_setting("idle_in_transaction_session_timeout", "300"):  # keepalive: 0.1 s
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pool.submit(controller).result(timeout=30)
+    # A 300 ms idle timeout makes the keepalive ping every 0.1 s.
+    with (
+        _database_setting("idle_in_transaction_session_timeout", "300"),
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        pool.submit(controller).result(timeout=30)
     assert [e.reason for e in errors] == [reason]
 
 
