@@ -36,7 +36,7 @@ from paperclip.receipts import OWNER_KEY
 from paperclip.worker.jobs import pending_jobs
 from recovery.adapters.identity import current_controller_identity
 from recovery.adapters.platform import worker_stop_signature
-from recovery.errors import FinalizationOwnershipLost
+from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
@@ -450,6 +450,24 @@ def _retained_repair(receipt: dict[str, Any]) -> tuple[Any, IssueRecoveryAction]
         next_action="repair",
     )
     return b, repair
+
+
+def test_ownership_binds_only_this_companys_native_run_or_the_legacy_run_of_a_retained_repair() -> (
+    None
+):
+    b, repair = _retained_repair(receipt_for(hostname="elsewhere.example"))
+    ran: list[int] = []
+    args = {"run_id": b.run.pk, "action": lambda own: ran.append(1)}
+    with pytest.raises(FinalizationBindingMissing):  # the run, named under another company
+        with_finalization_ownership(company_id=CompanyFactory().pk, **args)
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runtime_mode="legacy")
+    with pytest.raises(FinalizationBindingMissing):  # a legacy run has no native finalization
+        with_finalization_ownership(company_id=b.company.pk, **args)
+    # ... but its retained repair is finalized (here: held for an unverified owner).
+    assert with_finalization_ownership(
+        company_id=b.company.pk, retained_repair_action_id=repair.pk, **args
+    ) == NotAcquired("owner_unverified")
+    assert ran == []
 
 
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
