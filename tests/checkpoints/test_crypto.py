@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import stat
+import subprocess
 import uuid
 from io import StringIO
 from pathlib import Path
@@ -23,6 +24,7 @@ from checkpoints.crypto import (
     encrypt_part,
     key_file_path,
     key_file_prepend_new_key,
+    key_id_for,
     keyring,
     parse_key,
     read_keyring,
@@ -185,6 +187,31 @@ def test_a_key_file_readable_by_others_is_tightened_on_read(settings: Any) -> No
     path.chmod(0o644)
     assert read_keyring() is not None
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_key_file_whose_mode_cannot_be_tightened_is_still_read(settings: Any) -> None:
+    """Tightening is best effort: a key file that refuses chmod (here immutable, which even
+    root can't chmod) is read as it is."""
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    path = key_file_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(f"{OLD_KEY}\n")
+    path.chmod(0o644)
+    try:
+        made_immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    except FileNotFoundError:
+        pytest.skip("chattr is not installed")
+    if made_immutable.returncode != 0:
+        pytest.skip("chattr +i needs CAP_LINUX_IMMUTABLE and a filesystem that has the flag")
+    try:
+        with pytest.raises(PermissionError):
+            path.chmod(0o600)
+        ring = read_keyring()
+        assert ring is not None
+        assert [k.key_id for k in ring.keys] == [key_id_for(parse_key(OLD_KEY))]
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 def test_new_key_on_a_fresh_data_dir_creates_the_file_with_that_key_only(settings: Any) -> None:

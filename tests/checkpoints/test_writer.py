@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from django.db import connection
+from psycopg import sql
 
 from checkpoints.crypto import key_file_path, keyring
 from checkpoints.errors import CheckpointBindingMismatch, CheckpointOwnerLost, CheckpointUnreadable
@@ -30,9 +32,11 @@ from checkpoints.services import (
     max_parts_per_write,
     max_write_bytes,
 )
+from checkpoints.services.shared import LIVE_RUN_RECOVERY_CHANNEL
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
+from tests.helpers import LOCK_WAIT_TIMEOUT, raw_connection
 from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,
@@ -707,3 +711,17 @@ def test_a_write_is_audited_with_its_company_agent_run_authority_and_key() -> No
         "removed": 0,
         "keyId": keyring().primary.key_id,
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_wakes_live_run_recovery_listeners_with_its_company_and_run() -> None:
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    with raw_connection() as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(LIVE_RUN_RECOVERY_CHANNEL)))
+        write(fin, owner, changed={"header": "h"})
+        # Delivered at the write's commit, so already there: the timeout only bounds a failure.
+        woken = list(listener.notifies(timeout=LOCK_WAIT_TIMEOUT, stop_after=1))
+    assert [(n.channel, json.loads(n.payload)) for n in woken] == [
+        (LIVE_RUN_RECOVERY_CHANNEL, {"companyId": str(fin.company_id), "runId": str(fin.run_id)})
+    ]
