@@ -3,23 +3,39 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from paperclip.access import board_actor
+from paperclip.db.clock import db_now
 from paperclip.errors import InvalidRequest, NotFoundError
-from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun, NativeRunResult
+from paperclip.models import (
+    ActivityEvent,
+    BoardMembership,
+    HeartbeatRun,
+    NativeRunFinalization,
+    NativeRunResult,
+)
 from paperclip.receipts import OWNER_KEY
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
     WorkspaceOwnerRecoveryStale,
 )
-from recovery.locks import finalization_lock_key
+from recovery.locks import finalization_lock_key, finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
 from recovery.services import recovery_owner_stop_confirm
+from recovery.services.finalization_jobs import FINALIZE_TASK
+from recovery.services.owner_stop import (
+    MAX_STOP_EVIDENCE_CHARS,
+    MIN_STOP_EVIDENCE_CHARS,
+    QUEUED_NEXT_ACTION,
+)
 from tests.helpers import raw_connection
 from tests.paperclip.factories import (
     CompanyFactory,
@@ -190,8 +206,14 @@ def test_newer_queued_run_is_stale() -> None:
 
 def test_live_local_controller_is_refused() -> None:
     b, action, receipt, actor = held_binding(receipt=receipt_for())  # this very process
-    with pytest.raises(WorkspaceControllerAlive):
+    with pytest.raises(WorkspaceControllerAlive) as caught:
         confirm(b, action, receipt["token"], actor)
+    # The refusal names the recorded process and why it can't be taken over.
+    assert caught.value.details == {
+        "hostname": receipt["hostname"],
+        "pid": receipt["pid"],
+        "reason": "controller_still_alive",
+    }
     b.run.refresh_from_db()
     assert b.run.runner_profile_json[OWNER_KEY] == receipt
 
@@ -330,3 +352,144 @@ def test_an_unknown_action_is_a_missing_binding() -> None:
         confirm(b, hold, receipt["token"], actor)
     assert caught.value.details == {"reason": "binding_missing"}
     assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == receipt
+
+
+MOVED_ROWS: dict[str, Callable[[Binding, IssueRecoveryAction], None]] = {
+    "coordinator of another company": lambda b, action: NativeRunFinalization.objects.filter(
+        pk=b.coordinator.pk
+    ).update(company=CompanyFactory()),
+    "coordinator of another issue": lambda b, action: NativeRunFinalization.objects.filter(
+        pk=b.coordinator.pk
+    ).update(issue=IssueFactory(company=b.company)),
+    "run of another company": lambda b, action: HeartbeatRun.objects.filter(pk=b.run.pk).update(
+        company=CompanyFactory()
+    ),
+    "action of another company": lambda b, action: IssueRecoveryAction.objects.filter(
+        pk=action.pk
+    ).update(company=CompanyFactory()),
+    "coordinator gone": lambda b, action: NativeRunFinalization.objects.filter(
+        pk=b.coordinator.pk
+    ).delete(),
+}
+
+
+@pytest.mark.parametrize("repeat", [False, True], ids=["first", "repeat"])
+@pytest.mark.parametrize("moved", MOVED_ROWS.values(), ids=MOVED_ROWS.keys())
+def test_a_binding_row_outside_the_company_or_issue_or_gone_is_a_missing_binding(
+    moved: Callable[[Binding, IssueRecoveryAction], None], repeat: bool
+) -> None:
+    """Each locked lookup keeps its company and issue filters, and a missing row is refused
+    on its own, before a first confirmation and before a repeat is taken for a replay."""
+    b, action, receipt, actor = held_binding()
+    if repeat:
+        confirm(b, action, receipt["token"], actor)
+    moved(b, action)
+    assert_stale(b, action, receipt["token"], actor, "binding_missing")
+
+
+@pytest.mark.parametrize("bound_by", ["issue", "native_issue"])
+def test_a_newer_run_bound_to_the_issue_by_either_field_alone_is_stale(bound_by: str) -> None:
+    b, action, receipt, actor = held_binding()
+    HeartbeatRunFactory(company=b.company, agent=b.agent, status="queued", **{bound_by: b.issue})
+    assert_stale(b, action, receipt["token"], actor, "newer_run")
+
+
+def test_the_confirmation_stamps_both_rows_with_database_time_and_clears_the_holds_policies() -> (
+    None
+):
+    b, action, receipt, actor = held_binding()
+    long_ago = datetime(2000, 1, 1, tzinfo=UTC)
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(updated_at=long_ago)
+    IssueRecoveryAction.objects.filter(pk=action.pk).update(
+        updated_at=long_ago, wake_policy={"every": "5m"}, monitor_policy={"watch": "run"}
+    )
+    started = db_now()  # the test's transaction, which the confirmation runs in
+    confirm(b, action, receipt["token"], actor)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        (after,) = cursor.fetchone()
+    assert started <= HeartbeatRun.objects.get(pk=b.run.pk).updated_at <= after
+    row = IssueRecoveryAction.objects.values(
+        "updated_at", "wake_policy", "monitor_policy", "next_action"
+    ).get(pk=action.pk)
+    assert started <= row.pop("updated_at") <= after
+    assert row == {"wake_policy": None, "monitor_policy": None, "next_action": QUEUED_NEXT_ACTION}
+
+
+def test_the_confirmation_queues_an_explicit_finalization_of_its_run() -> None:
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    audit = ActivityEvent.objects.get(action="issue.workspace_owner_stop_confirmed")
+    job = ProcrastinateJob.objects.get(pk=audit.details["finalizationJobId"])
+    assert (job.task_name, job.queueing_lock, job.status, job.args) == (
+        FINALIZE_TASK,
+        finalization_queueing_lock(b.run.pk),
+        "todo",
+        {"company_id": str(b.company.pk), "run_id": str(b.run.pk), "explicit": True},
+    )
+
+
+def test_evidence_as_a_json_array_is_not_a_hold_of_this_run() -> None:
+    b, action, receipt, actor = held_binding()
+    IssueRecoveryAction.objects.filter(pk=action.pk).update(evidence=[action.evidence])
+    assert_stale(b, action, receipt["token"], actor, "action_not_current")
+
+
+def test_a_repeat_with_another_token_than_the_recorded_stop_is_not_a_replay() -> None:
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    # The recorded stop names another owner, and the receipt is gone: nothing to release.
+    assert_stale(b, action, "not-the-recorded-token", actor, "owner_changed")
+
+
+def test_a_recorded_stop_whose_receipt_is_back_on_the_run_is_confirmed_again() -> None:
+    """A replay needs the receipt gone: while the run still carries the very receipt, the
+    confirmation releases it (again) instead of answering the earlier release."""
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: receipt})
+    again = confirm(b, action, receipt["token"], actor)
+    assert (again.run_id, again.result_id, again.replayed) == (b.run.pk, b.result.pk, False)
+    assert OWNER_KEY not in HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json
+    assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 2
+
+
+def refused_fields(**kw: Any) -> dict[str, int]:
+    """The fields a confirmation with these arguments is refused for (InvalidRequest), each
+    with how many messages it got; every message is a non-blank string (text not asserted)."""
+    b, action, receipt, actor = held_binding()
+    with pytest.raises(InvalidRequest) as exc:
+        confirm(b, action, receipt["token"], actor, **kw)
+    fields = exc.value.details["fields"]
+    assert all(isinstance(m, str) and m.strip() for msgs in fields.values() for m in msgs)
+    assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == receipt
+    return {name: len(msgs) for name, msgs in fields.items()}
+
+
+def admitted(**kw: Any) -> bool:
+    b, action, receipt, actor = held_binding()
+    return confirm(b, action, receipt["token"], actor, **kw).status == "queued"
+
+
+def test_an_invalid_request_names_each_field_with_its_message() -> None:
+    assert refused_fields(controller_and_copyback_stopped=False) == {
+        "controller_and_copyback_stopped": 1
+    }
+    assert refused_fields(stop_evidence="too short") == {"stop_evidence": 1}
+    assert refused_fields(controller_and_copyback_stopped=None, stop_evidence="") == {
+        "controller_and_copyback_stopped": 1,
+        "stop_evidence": 1,
+    }
+
+
+def test_evidence_needs_exactly_the_minimum_of_non_blank_characters() -> None:
+    # Blanks between them don't count: 19 characters are one too few, 20 are enough.
+    assert refused_fields(stop_evidence=" ".join("x" * (MIN_STOP_EVIDENCE_CHARS - 1))) == {
+        "stop_evidence": 1
+    }
+    assert admitted(stop_evidence=" \n".join("x" * MIN_STOP_EVIDENCE_CHARS))
+
+
+def test_evidence_of_exactly_the_maximum_length_is_accepted_one_more_is_not() -> None:
+    assert admitted(stop_evidence="x" * MAX_STOP_EVIDENCE_CHARS)
+    assert refused_fields(stop_evidence="x" * (MAX_STOP_EVIDENCE_CHARS + 1)) == {"stop_evidence": 1}
