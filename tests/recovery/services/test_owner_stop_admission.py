@@ -4,18 +4,29 @@ refuses on its own and a refusal changes nothing; replays answer the same withou
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 import pytest
+from django.db import connection
+from psycopg import sql
 
-from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult
+import paperclip.db.locking
+from paperclip.models import (
+    ActivityEvent,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+)
 from paperclip.receipts import OWNER_KEY
-from recovery.errors import WorkspaceCopybackActive
+from recovery.errors import WorkspaceCopybackActive, WorkspaceOwnerRecoveryStale
 from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
-from tests.helpers import raw_connection
-from tests.paperclip.factories import AgentFactory, NativeRunFactory
+from recovery.services.owner_stop import OwnerStopConfirmation
+from tests.helpers import LOCK_WAIT_TIMEOUT, raw_connection, wait_for_lock_waiters
+from tests.paperclip.factories import AgentFactory, CompanyFactory, NativeRunFactory
 from tests.recovery.factories import Binding
 from tests.recovery.services.test_owner_stop import assert_stale, confirm, held_binding
 
@@ -180,3 +191,82 @@ def test_a_repeat_for_another_saved_result_is_not_a_replay() -> None:
     type(b.coordinator).objects.filter(pk=b.coordinator.pk).update(result=other)
     # The first confirmation released the receipt: there is no owner left to release.
     assert_stale(b, action, receipt["token"], actor, "owner_changed")
+
+
+# --- races, each forced by a lock held from a separate connection --------------------------
+
+
+def _confirm_in_thread(
+    b: Binding, action: IssueRecoveryAction, token: str, actor: Any
+) -> OwnerStopConfirmation:
+    try:
+        return confirm(b, action, token, actor)
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_issue_moved_out_of_the_company_while_the_confirmation_waits_is_a_missing_binding() -> (
+    None
+):
+    """The locked re-read of the issue keeps its company filter, and a missing issue alone is
+    refused: the issue leaves the company while the confirmation waits for its row."""
+    b, action, receipt, actor = held_binding()
+    elsewhere = CompanyFactory()
+    issues = Issue._meta.db_table
+    with raw_connection(autocommit=False) as holder:
+        holder.execute(
+            sql.SQL("UPDATE {} SET company_id = %s WHERE id = %s").format(sql.Identifier(issues)),
+            [elsewhere.pk, b.issue.pk],
+        )
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            attempt = pool.submit(_confirm_in_thread, b, action, receipt["token"], actor)
+            assert wait_for_lock_waiters(holder=holder, table=issues, until=attempt.done)
+            holder.commit()
+            with pytest.raises(WorkspaceOwnerRecoveryStale) as caught:
+                attempt.result(timeout=LOCK_WAIT_TIMEOUT)
+    assert caught.value.details == {"reason": "binding_missing"}
+    assert HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json[OWNER_KEY] == receipt
+    assert not ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_confirmation_racing_the_first_is_its_replay_once_it_holds_the_locks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second confirmation read the hold before the first committed (its unlocked replay
+    check found no recorded stop) and takes the locks after: it answers as the first's replay
+    instead of being refused for the receipt the first released."""
+    monkeypatch.setattr(paperclip.db.locking, "HOT_PATH_LOCK_TIMEOUT", f"{LOCK_WAIT_TIMEOUT}s")
+    b, action, receipt, actor = held_binding()
+    audits = sql.Identifier(ActivityEvent._meta.db_table)
+    coordinators = sql.Identifier(NativeRunFinalization._meta.db_table)
+    with (
+        raw_connection(autocommit=False) as audit_holder,
+        raw_connection() as locker,
+        ThreadPoolExecutor(max_workers=3) as pool,
+    ):
+        # The first confirmation stops at its audit row, holding its row locks.
+        audit_holder.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(audits))
+        first = pool.submit(_confirm_in_thread, b, action, receipt["token"], actor)
+        assert wait_for_lock_waiters(1, until=first.done)
+        # Queued behind the first's lock on the coordinators, an exclusive table lock makes
+        # any later reader of that table wait behind it, until the first has committed.
+        queued = pool.submit(
+            locker.execute,
+            sql.SQL("DO $$ BEGIN LOCK TABLE {} IN ACCESS EXCLUSIVE MODE; END $$").format(
+                coordinators
+            ),
+        )
+        assert wait_for_lock_waiters(2, until=queued.done)
+        # The second reads the hold (no stop yet), then waits to read the coordinator.
+        second = pool.submit(_confirm_in_thread, b, action, receipt["token"], actor)
+        assert wait_for_lock_waiters(3, until=second.done)
+        audit_holder.commit()
+        answers = [first.result(timeout=LOCK_WAIT_TIMEOUT), second.result(LOCK_WAIT_TIMEOUT)]
+        queued.result(timeout=LOCK_WAIT_TIMEOUT)
+    assert [(a.run_id, a.result_id, a.replayed) for a in answers] == [
+        (b.run.pk, b.result.pk, False),
+        (b.run.pk, b.result.pk, True),
+    ]
+    assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 1
