@@ -3,6 +3,7 @@ refuses on its own and a refusal changes nothing; replays answer the same withou
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,8 +27,16 @@ from recovery.locks import finalization_lock_key
 from recovery.models import IssueRecoveryAction
 from recovery.services.owner_stop import OwnerStopConfirmation
 from tests.helpers import LOCK_WAIT_TIMEOUT, raw_connection, wait_for_lock_waiters
-from tests.paperclip.factories import AgentFactory, CompanyFactory, NativeRunFactory
-from tests.recovery.factories import Binding
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    HeartbeatRunFactory,
+    IssueFactory,
+    NativeRunFactory,
+    NativeRunFinalizationFactory,
+    NativeRunResultFactory,
+)
+from tests.recovery.factories import Binding, RecoveryActionFactory
 from tests.recovery.services.test_owner_stop import assert_stale, confirm, held_binding
 
 pytestmark = pytest.mark.django_db
@@ -270,3 +279,85 @@ def test_a_confirmation_racing_the_first_is_its_replay_once_it_holds_the_locks(
         (b.run.pk, b.result.pk, True),
     ]
     assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 1
+
+
+def _earlier_action(b: Binding, receipt: dict[str, Any]) -> None:
+    RecoveryActionFactory(id=FIRST_ID, source_issue=b.issue, status="resolved")
+
+
+def _earlier_run_with_the_receipt(b: Binding, receipt: dict[str, Any]) -> None:
+    HeartbeatRunFactory(
+        id=FIRST_ID,
+        company=b.company,
+        agent=b.agent,
+        status="failed",
+        runner_profile_json={OWNER_KEY: receipt},
+    )
+
+
+def _earlier_coordinator(b: Binding, receipt: dict[str, Any]) -> None:
+    earlier = NativeRunFactory(
+        id=FIRST_ID, company=b.company, agent=b.agent, issue=b.issue, status="failed"
+    )
+    NativeRunFinalizationFactory(run=earlier, result=NativeRunResultFactory(run=earlier))
+
+
+FIRST_ID = uuid.UUID(int=0)  # sorts before every other row: what a lookup without its key reads
+REPEAT_LOOKALIKES: dict[str, Callable[[Binding, dict[str, Any]], None]] = {
+    "an earlier action of the issue": _earlier_action,
+    "an earlier run of the company still carrying the receipt": _earlier_run_with_the_receipt,
+    "an earlier run's coordinator for the issue": _earlier_coordinator,
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("add", REPEAT_LOOKALIKES.values(), ids=REPEAT_LOOKALIKES.keys())
+def test_a_repeat_while_the_lock_is_held_reads_its_own_rows_not_the_first_of_the_company(
+    add: Callable[[Binding, dict[str, Any]], None],
+) -> None:
+    """The repeat's unlocked lookups keep their keys: a row of the same kind that sorts first
+    changes nothing, the repeat still answers without the lock."""
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    add(b, receipt)
+    with _hold_lock(b):
+        again = confirm(b, action, receipt["token"], actor)
+    assert (again.run_id, again.result_id, again.replayed) == (b.run.pk, b.result.pk, True)
+
+
+def _moved(row: str, field: str) -> Mutation:
+    """Move the binding's `row` to another company, or to another issue of the company."""
+
+    def move(b: Binding, action: IssueRecoveryAction, receipt: dict[str, Any]) -> None:
+        target = CompanyFactory() if field == "company" else IssueFactory(company=b.company)
+        rows = {
+            "action": IssueRecoveryAction.objects.filter(pk=action.pk),
+            "run": HeartbeatRun.objects.filter(pk=b.run.pk),
+            "coordinator": NativeRunFinalization.objects.filter(pk=b.coordinator.pk),
+        }[row]
+        rows.update(**{field: target})
+
+    return move
+
+
+REPEAT_MOVED: dict[str, Mutation] = {
+    "action of another company": _moved("action", "company"),
+    "action of another issue": _moved("action", "source_issue"),
+    "run of another company": _moved("run", "company"),
+    "coordinator of another company": _moved("coordinator", "company"),
+    "coordinator of another issue": _moved("coordinator", "issue"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("move", REPEAT_MOVED.values(), ids=REPEAT_MOVED.keys())
+def test_a_repeat_whose_row_left_the_company_or_issue_is_no_replay_and_waits_for_the_lock(
+    move: Mutation,
+) -> None:
+    """The repeat's unlocked lookups keep their company and issue filters: with a row moved
+    out, it is no replay and goes on to the locked path, where the held lock refuses it."""
+    b, action, receipt, actor = held_binding()
+    confirm(b, action, receipt["token"], actor)
+    move(b, action, receipt)
+    with _hold_lock(b), pytest.raises(WorkspaceCopybackActive):
+        confirm(b, action, receipt["token"], actor)
