@@ -17,7 +17,7 @@ from django.db import connection
 
 import leases.services.operations
 import paperclip.db.locking
-from leases.errors import RuntimeLeaseConflict, RuntimeLeaseContended
+from leases.errors import ExecutionWorkspaceNotFound, RuntimeLeaseConflict, RuntimeLeaseContended
 from leases.models import WorkspaceRuntimeLease
 from leases.services import (
     RuntimeLeaseOwner,
@@ -540,3 +540,30 @@ def test_agents_racing_against_a_live_holder_all_get_the_conflict_not_a_lease():
     assert outcomes == ["workspace_runtime_lease_conflict"] * THREADS
     lease = WorkspaceRuntimeLease.objects.get()
     assert (lease.owner_key, lease.generation) == (f"agent:{holder.pk}", 1)
+
+
+def test_a_workspace_deleted_while_a_claim_waits_for_its_row_is_not_found():
+    """The claim checked the workspace, then waits for its row lock behind a transaction that
+    deletes it: once the delete commits, the lock finds no row and the claim answers "no such
+    workspace" (nothing written), not an error."""
+    company = CompanyFactory()
+    agent = AgentFactory(company=company)
+    workspace = ExecutionWorkspaceFactory(company=company)
+    with raw_connection(autocommit=False) as deleter:
+        deleter.execute("DELETE FROM execution_workspaces WHERE id = %s", [workspace.pk])
+        with ThreadPoolExecutor(max_workers=1) as pool:
+
+            def attempt():
+                try:
+                    return claim(workspace, agent)
+                finally:
+                    connection.close()
+
+            outcome = pool.submit(attempt)
+            assert wait_for_lock_waiters(
+                1, until=outcome.done, holder=deleter, table="execution_workspaces"
+            )
+            deleter.commit()
+            with pytest.raises(ExecutionWorkspaceNotFound):
+                outcome.result(timeout=30)
+    assert not WorkspaceRuntimeLease.objects.filter(execution_workspace_id=workspace.pk).exists()
