@@ -214,6 +214,61 @@ def test_repeated_sweeps_restore_the_hold_text_and_spend_no_attempts() -> None:
     assert row.details == {"fingerprint": owner_fingerprint(b.run.pk, prior)}
 
 
+def test_a_hold_for_another_owner_supersedes_the_live_one_as_the_finalization_controller() -> None:
+    """The hold names one physical owner: when the run's recorded owner changes, the sweep
+    cancels the old hold and records a new one (not an edit of the old), audited as the
+    finalization controller."""
+    first, second = receipt_for(hostname="pod-1.example"), receipt_for(hostname="pod-2.example")
+    b = make_binding(receipt=first)
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    old = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: second})
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    old.refresh_from_db()
+    new = IssueRecoveryAction.objects.get(source_issue=b.issue, status="active")
+    assert old.status == "cancelled"
+    assert new.fingerprint == owner_fingerprint(b.run.pk, second) != old.fingerprint
+    assert (new.owner_type, new.wake_policy) == ("board", None)
+    superseded = ActivityEvent.objects.get(action="recovery_action.superseded")
+    assert (superseded.actor_type, superseded.actor_id, superseded.entity_id) == (
+        "system",
+        "finalization-controller",
+        str(new.pk),
+    )
+
+
+def test_a_resolved_hold_is_not_restored_a_new_one_is_recorded() -> None:
+    prior = receipt_for(hostname="elsewhere.example")
+    b = make_binding(receipt=prior)
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    old = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    IssueRecoveryAction.objects.filter(pk=old.pk).update(
+        status="resolved", next_action="Start a replacement run."
+    )
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    live = IssueRecoveryAction.objects.get(source_issue=b.issue, status="active")
+    assert live.pk != old.pk
+    assert not ActivityEvent.objects.filter(action="recovery_action.owner_hold_restored").exists()
+
+
+def test_a_hold_whose_owner_stop_is_recorded_is_not_restored() -> None:
+    """Once the board has recorded the owner's stop on the hold, a sweep leaves its text alone."""
+    b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    hold = IssueRecoveryAction.objects.get(source_issue=b.issue)
+    evidence = {**hold.evidence, "workspaceOwnerStop": {"confirmedAt": "2026-12-01T00:00:00Z"}}
+    IssueRecoveryAction.objects.filter(pk=hold.pk).update(
+        next_action="Finalization queued.", evidence=evidence
+    )
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    hold.refresh_from_db()
+    assert (hold.next_action, hold.evidence) == ("Finalization queued.", evidence)
+    assert not ActivityEvent.objects.filter(action="recovery_action.owner_hold_restored").exists()
+
+
 def test_a_repeated_sweep_restores_the_hold_only_under_the_issues_recovery_key() -> None:
     """The single writer of an issue's live recovery action holds its per-issue key: a sweep
     that finds the hold to restore waits for that key and restores the hold once it is let go."""

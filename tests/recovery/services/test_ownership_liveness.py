@@ -458,8 +458,9 @@ def test_ownership_binds_only_this_companys_native_run_or_the_legacy_run_of_a_re
     b, repair = _retained_repair(receipt_for(hostname="elsewhere.example"))
     ran: list[int] = []
     args = {"run_id": b.run.pk, "action": lambda own: ran.append(1)}
-    with pytest.raises(FinalizationBindingMissing):  # the run, named under another company
+    with pytest.raises(FinalizationBindingMissing) as missing:  # named under another company
         with_finalization_ownership(company_id=CompanyFactory().pk, **args)
+    assert missing.value.details == {"run_id": str(b.run.pk)}
     HeartbeatRun.objects.filter(pk=b.run.pk).update(runtime_mode="legacy")
     with pytest.raises(FinalizationBindingMissing):  # a legacy run has no native finalization
         with_finalization_ownership(company_id=b.company.pk, **args)
