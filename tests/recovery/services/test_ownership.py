@@ -146,6 +146,20 @@ def test_a_finalization_key_held_outside_this_connection_alias_is_busy(holder: s
     assert OWNER_KEY not in _profile(b.run)
 
 
+def test_a_finished_finalization_leaves_no_owner_of_this_process_behind() -> None:
+    """After its receipt is released, this process no longer counts as the run's owner: a key
+    held elsewhere afterwards is `busy`, not `owner_active`."""
+    b = make_binding()
+    args = {"company_id": b.company.pk, "run_id": b.run.pk}
+    assert with_finalization_ownership(**args, action=lambda o: "done") == Acquired("done")
+    with raw_connection(autocommit=False) as other:
+        other.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [finalization_lock_key(b.company.pk, b.run.pk)],
+        )
+        assert with_finalization_ownership(**args, action=lambda o: 1) == NotAcquired("busy")
+
+
 def test_foreign_host_receipt_becomes_a_board_action_and_nothing_is_written() -> None:
     prior = receipt_for(hostname="build-worker-7.elsewhere.example")
     b = make_binding(receipt=prior)
