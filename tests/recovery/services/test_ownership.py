@@ -283,6 +283,21 @@ def test_a_hold_whose_owner_stop_is_recorded_is_not_restored() -> None:
     assert not ActivityEvent.objects.filter(action="recovery_action.owner_hold_restored").exists()
 
 
+def test_a_repeated_sweep_restores_its_own_issues_hold_not_the_companys_newest() -> None:
+    mine = make_binding(receipt=receipt_for(hostname="pod-1.example"))
+    theirs = make_binding(company=mine.company, receipt=receipt_for(hostname="pod-2.example"))
+    for b in (mine, theirs):  # their hold is the company's most recently updated one
+        with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    hold = IssueRecoveryAction.objects.get(source_issue=mine.issue)
+    IssueRecoveryAction.objects.filter(pk=hold.pk).update(next_action="Start a replacement run.")
+    with_finalization_ownership(company_id=mine.company.pk, run_id=mine.run.pk, action=lambda o: 1)
+    hold.refresh_from_db()
+    assert (hold.status, hold.attempt_count) == ("active", 1)  # restored, not a spent attempt
+    assert hold.next_action == OWNER_UNVERIFIED_NEXT_ACTION
+    restored = ActivityEvent.objects.get(action="recovery_action.owner_hold_restored")
+    assert restored.entity_id == str(hold.pk)
+
+
 def test_a_repeated_sweep_restores_the_hold_only_under_the_issues_recovery_key() -> None:
     """The single writer of an issue's live recovery action holds its per-issue key: a sweep
     that finds the hold to restore waits for that key and restores the hold once it is let go."""
