@@ -80,6 +80,26 @@ def test_a_first_claim_is_audited_with_the_receipt_it_wrote() -> None:
     assert claimed.details == {"owner": written, "priorToken": None, "takeoverBasis": None}
 
 
+def test_the_release_of_the_receipt_is_audited_with_its_token() -> None:
+    b = make_binding()
+    tokens: list[str] = []
+    with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: tokens.append(own.token)
+    )
+    released = ActivityEvent.objects.get(action="run.finalization_owner_released")
+    assert (released.company_id, released.actor_type, released.actor_id) == (
+        b.company.pk,
+        "system",
+        "finalization-controller",
+    )
+    assert (released.entity_type, released.entity_id, released.run_id) == (
+        "heartbeat_run",
+        str(b.run.pk),
+        b.run.pk,
+    )
+    assert released.details == {"token": tokens[0]}
+
+
 def test_a_non_native_run_is_a_binding_error() -> None:
     run = HeartbeatRunFactory(runtime_mode="legacy")
     with pytest.raises(FinalizationBindingMissing):
