@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -98,6 +99,19 @@ def test_the_release_of_the_receipt_is_audited_with_its_token() -> None:
         b.run.pk,
     )
     assert released.details == {"token": tokens[0]}
+
+
+def test_every_owner_gets_its_own_receipt_token() -> None:
+    """The receipt's token is what tells one owner from the next (the compare-and-set and the
+    release both match on it): two finalizations never share one."""
+    tokens: list[str] = []
+    for _ in range(2):
+        b = make_binding()
+        with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda own: tokens.append(own.token)
+        )
+    assert len(set(tokens)) == 2
+    assert all(str(uuid.UUID(token)) == token for token in tokens)
 
 
 def test_a_non_native_run_is_a_binding_error() -> None:
