@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
-from paperclip.receipts import OWNER_KEY
+from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key, recovery_source_key
 from recovery.models import IssueRecoveryAction
@@ -29,7 +29,7 @@ from recovery.services import ownership as ownership_module
 from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import CompanyFactory, HeartbeatRunFactory, IssueFactory
-from tests.recovery.factories import make_binding, receipt_for
+from tests.recovery.factories import RecoveryActionFactory, make_binding, receipt_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,12 +61,13 @@ def test_acquires_runs_the_action_with_our_receipt_and_removes_it_afterwards() -
 
 def test_a_first_claim_is_audited_with_the_receipt_it_wrote() -> None:
     b = make_binding()
-    written: dict[str, Any] = {}
+    profile: dict[str, Any] = {}
     with_finalization_ownership(
-        company_id=b.company.pk,
-        run_id=b.run.pk,
-        action=lambda own: written.update(_profile(b.run)[OWNER_KEY]),
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: profile.update(_profile(b.run))
     )
+    written = profile[OWNER_KEY]
+    # A claim without a platform stop proof records none (not even an empty one).
+    assert STOP_PROOF_KEY not in profile
     claimed = ActivityEvent.objects.get(action="run.finalization_owner_claimed")
     assert (claimed.company_id, claimed.actor_type, claimed.actor_id) == (
         b.company.pk,
@@ -544,6 +545,14 @@ def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner
             company_id=b.company.pk, run_id=b.run.pk, action=lambda o: "stolen"
         )
         assert second == NotAcquired("owner_active")
+        # A retained repair of the run is never told owner_active: it answers owner_unverified.
+        repair = RecoveryActionFactory(company=b.company, source_issue=b.issue)
+        assert with_finalization_ownership(
+            company_id=b.company.pk,
+            run_id=b.run.pk,
+            action=lambda o: "stolen",
+            retained_repair_action_id=repair.pk,
+        ) == NotAcquired("owner_unverified")
         assert _profile(b.run)[OWNER_KEY] == receipt
         checked.set()
         with pytest.raises(FinalizationOwnershipLost):

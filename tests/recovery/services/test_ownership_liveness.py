@@ -32,10 +32,10 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
-from paperclip.receipts import OWNER_KEY
+from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
 from paperclip.worker.jobs import pending_jobs
 from recovery.adapters.identity import current_controller_identity
-from recovery.adapters.platform import worker_stop_signature
+from recovery.adapters.platform import StopProofCheck, StopStatus, worker_stop_signature
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
@@ -395,6 +395,41 @@ def test_a_worker_whose_stop_is_not_reported_yet_is_platform_stop_pending(
         assert not holds.exists()
 
 
+class _PendingWithProof:
+    """A worker platform whose answer carries a proof although its status is not `verified`."""
+
+    status: StopStatus = "pending"
+
+    def current_worker(self) -> dict[str, Any] | None:
+        return None
+
+    def request_stop_proof(self, *, run_id: Any, owner_token: str, worker: Any) -> StopProofCheck:
+        return StopProofCheck(self.status, {"workerId": worker["id"]})
+
+
+class _UnverifiedWithProof(_PendingWithProof):
+    status: StopStatus = "unverified"
+
+
+@pytest.mark.parametrize(
+    ("platform", "reason"),
+    [("_PendingWithProof", "platform_stop_pending"), ("_UnverifiedWithProof", "owner_unverified")],
+)
+def test_only_a_verified_stop_check_authorises_a_takeover(platform: str, reason: str) -> None:
+    """The platform's status decides, not whether its answer carries a proof."""
+    prior = receipt_for(hostname="pod-7.cluster", worker={"id": "pod-7"})
+    b = make_binding(receipt=prior)
+    with override_settings(PAPERCLIP_WORKER_PLATFORM=f"{__name__}.{platform}"):
+        outcome = with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda own: "ran"
+        )
+    assert outcome == NotAcquired(reason)
+    profile = HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json
+    assert (profile[OWNER_KEY], STOP_PROOF_KEY in profile) == (prior, False)
+    hold = IssueRecoveryAction.objects.get(cause=OWNER_UNVERIFIED_CAUSE)
+    assert hold.fingerprint == owner_fingerprint(b.run.pk, prior)
+
+
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
 def test_platform_proof_takeover_finalizes_and_commits(tmp_path: Path) -> None:
     prior = receipt_for(hostname="pod-9.cluster", worker={"id": "pod-9"})
@@ -413,16 +448,20 @@ def test_platform_proof_takeover_finalizes_and_commits(tmp_path: Path) -> None:
 
 
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
-def test_platform_proof_takeover_stops_when_the_task_moves_on() -> None:
+@pytest.mark.parametrize("how", ["issue_rebound", "result_replaced"])
+def test_platform_proof_takeover_stops_when_the_task_moves_on(how: str) -> None:
     prior = receipt_for(hostname="pod-3.cluster", worker={"id": "pod-3"})
     b = make_binding(receipt=prior)
     _record_stop(b.run.pk, prior["token"], "pod-3")
-    newer = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
 
     def action(own: FinalizationOwnership) -> None:
         own.assert_held()
-        b.issue.execution_run = newer  # the task was handed to another run meanwhile
-        b.issue.save(update_fields=["execution_run"])
+        if how == "issue_rebound":  # the task was handed to another run meanwhile
+            newer = NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue)
+            Issue.objects.filter(pk=b.issue.pk).update(execution_run=newer)
+        else:  # another accepted result of this run now waits: not the one taken over for
+            other = NativeRunResultFactory(run=b.run, company=b.company, issue=b.issue)
+            NativeRunFinalization.objects.filter(pk=b.run.pk).update(result=other)
         own.assert_held()
 
     with pytest.raises(FinalizationOwnershipLost) as lost:
@@ -747,6 +786,9 @@ def test_a_platform_proof_takeover_is_audited_and_resumes_only_this_owners_live_
         b.run.pk,
     )
     assert verified.details["proof"]["workerId"] == "pod-8"
+    # The proof is stored with the receipt it authorised, and stays after the release.
+    stored = HeartbeatRun.objects.get(pk=b.run.pk).runner_profile_json
+    assert stored[STOP_PROOF_KEY] == verified.details["proof"]
     takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
     assert (takeover.company_id, takeover.actor_id, takeover.run_id) == (
         b.company.pk,
