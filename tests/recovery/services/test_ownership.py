@@ -125,8 +125,31 @@ def test_refuses_to_run_inside_a_transaction() -> None:
     b = make_binding()
     from django.db import transaction
 
-    with transaction.atomic(), pytest.raises(RuntimeError, match="must run outside transaction"):
+    with transaction.atomic(), pytest.raises(RuntimeError) as refused:
         with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    assert str(refused.value) == (
+        "with_finalization_ownership() must run outside transaction.atomic(): "
+        "its progress writes commit on their own"
+    )
+
+
+@pytest.mark.parametrize("worker_id", ["pod-3", ""])
+def test_the_receipt_names_this_processs_worker_when_the_platform_knows_it(
+    worker_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later controller asks the platform whether the worker named here has stopped; a
+    process outside any known worker names none (no `worker` key, not a null one)."""
+    monkeypatch.setenv("PAPERCLIP_WORKER_ID", worker_id)
+    b = make_binding()
+    profile: dict[str, Any] = {}
+    with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda own: profile.update(_profile(b.run))
+    )
+    receipt = profile[OWNER_KEY]
+    if worker_id:
+        assert receipt["worker"] == {"id": "pod-3", "platform": "signed-receipt"}
+    else:
+        assert "worker" not in receipt
 
 
 def test_same_process_second_controller_gets_owner_active() -> None:
