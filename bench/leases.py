@@ -15,7 +15,8 @@ and drops it at the end, also on failure. Single client, sequential requests, in
   (gthread, keep-alive, persistent DB connections), created and renewed paths.
 
 The paths take turns in ten interleaved rounds, so load from elsewhere on the machine hits
-them alike; the report prints ops/s, ratios to the baselines, the three targets, and where
+them alike (on a server running with autovacuum off, the bench stands in for it between rounds,
+at autovacuum's own cadence: paperclip.testing.servers.AutovacuumStandIn); the report prints ops/s, ratios to the baselines, the three targets, and where
 an HTTP renew's time goes (GET /healthz and GET /api/me on the same server as floors).
 
 Options: --iterations N (default 2000 per path), --keep-db;
@@ -39,6 +40,7 @@ from typing import Any
 import psycopg
 
 from paperclip.testing.servers import (
+    AutovacuumStandIn,
     free_port,
     stop_process,
     throwaway_database,
@@ -86,7 +88,14 @@ def run(bench_url: str, n: int) -> int:
     from leases.models import WorkspaceRuntimeLease
     from leases.services import RuntimeLeaseOwner, runtime_lease_claim
     from paperclip.credentials import agent_key_create
-    from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
+    from paperclip.models import (
+        ActivityEvent,
+        Agent,
+        Company,
+        ExecutionWorkspace,
+        HeartbeatRun,
+        Issue,
+    )
 
     log("migrating ...")
     call_command("migrate", verbosity=0)
@@ -257,7 +266,19 @@ def run(bench_url: str, n: int) -> int:
             ("http_me", "HTTP GET /api/me (auth only)", lambda: http_get("/api/me")),
             ("http_healthz", "HTTP GET /healthz (no DRF)", lambda: http_get("/healthz")),
         ]
-        results = measure_interleaved(paths, n)
+        vacuum = AutovacuumStandIn(
+            bench_url,
+            (
+                WorkspaceRuntimeLease._meta.db_table,
+                "bench_raw_leases",
+                ExecutionWorkspace._meta.db_table,
+                ActivityEvent._meta.db_table,
+            ),
+            log=log,
+        )
+        results = measure_interleaved(paths, n, between=vacuum.due)
+        if vacuum.active:
+            log(f"(the bench vacuumed the tables {vacuum.runs} times between rounds)")
         conn.close()
     finally:
         stop_process(server)
@@ -267,11 +288,16 @@ def run(bench_url: str, n: int) -> int:
 
 
 def measure_interleaved(
-    paths: list[tuple[str, str, Callable[[], Any]]], n: int, rounds: int = ROUNDS
+    paths: list[tuple[str, str, Callable[[], Any]]],
+    n: int,
+    rounds: int = ROUNDS,
+    *,
+    between: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """ops/s per path. The paths take turns in `rounds` slices of n/rounds operations, so a
     burst of load from elsewhere on the machine hits every path alike (the ratios are what
-    matter); the first WARMUP operations of each path are not timed."""
+    matter); the first WARMUP operations of each path are not timed. `between` runs after each
+    round, untimed (the autovacuum stand-in)."""
     log(f"warming up ({WARMUP} ops per path) ...")
     for _, _, op in paths:
         for _ in range(WARMUP):
@@ -288,6 +314,7 @@ def measure_interleaved(
             elapsed[key] += time.perf_counter() - started
             done[key] += count
         log(f"round {number + 1}/{rounds} done")
+        between()
     results = {}
     for key, label, _ in paths:
         results[key] = done[key] / elapsed[key]

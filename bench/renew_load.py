@@ -61,6 +61,7 @@ import psutil
 import psycopg
 
 from paperclip.testing.servers import (
+    AutovacuumStandIn,
     free_port,
     stop_process,
     throwaway_database,
@@ -324,6 +325,7 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
     from django.core.management import call_command
     from django.db import connection
 
+    from leases.models import WorkspaceRuntimeLease
     from leases.services import RuntimeLeaseOwner, runtime_lease_claim
     from paperclip.credentials import agent_key_create
     from paperclip.models import Agent, Company, ExecutionWorkspace
@@ -361,8 +363,11 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
 
     rates = [int(rate) for rate in args.rates.split(",")]
     results: dict[str, list[Step]] = {}
+    vacuum = AutovacuumStandIn(
+        bench_url, (WorkspaceRuntimeLease._meta.db_table, "bench_raw_leases"), log=log
+    )
     results["raw psycopg upsert"] = raw_ladder(
-        bench_url, company.pk, agent.pk, [int(r) for r in args.raw_rates.split(",")], args
+        bench_url, company.pk, agent.pk, [int(r) for r in args.raw_rates.split(",")], args, vacuum
     )
     env = {**os.environ}
     with tempfile.TemporaryDirectory(prefix="paperclip-bench-load-") as scratch:
@@ -376,7 +381,7 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
                 wait_for_server(port, server).close()
                 probe = UsageProbe(bench_url, server)
                 try:
-                    results[config.name] = http_ladder(port, requests, rates, args, probe)
+                    results[config.name] = http_ladder(port, requests, rates, args, probe, vacuum)
                 finally:
                     probe.close()
             finally:
@@ -441,6 +446,7 @@ def http_ladder(
     rates: list[int],
     args: argparse.Namespace,
     probe: UsageProbe,
+    vacuum: AutovacuumStandIn,
 ) -> list[Step]:
     async def make_sender() -> Send:
         sender = HttpSender(port, requests)
@@ -449,7 +455,7 @@ def http_ladder(
 
     async def ladder() -> list[Step]:
         await open_loop(100, 1.0, args.connections, make_sender)  # warm-up: connections, caches
-        return await climb(rates, args, make_sender, probe)
+        return await climb(rates, args, make_sender, probe, vacuum)
 
     return asyncio.run(ladder())
 
@@ -459,8 +465,10 @@ async def climb(
     args: argparse.Namespace,
     make_sender: Callable[[], Awaitable[Send]],
     probe: UsageProbe,
+    vacuum: AutovacuumStandIn,
 ) -> list[Step]:
-    """The ladder: each rate in turn until one saturates."""
+    """The ladder: each rate in turn until one saturates; between steps, the autovacuum
+    stand-in when it is due."""
     steps = []
     for rate in rates:
         before = probe.sample()
@@ -473,6 +481,7 @@ async def climb(
         steps.append(step)
         if step.saturated:
             break
+        vacuum.due()
         await asyncio.sleep(0.5)
     return steps
 
@@ -483,6 +492,7 @@ def raw_ladder(
     agent_id: uuid.UUID,
     rates: list[int],
     args: argparse.Namespace,
+    vacuum: AutovacuumStandIn,
 ) -> list[Step]:
     log("\nraw psycopg upsert (baseline): INSERT ... ON CONFLICT DO UPDATE, autocommit")
     with psycopg.connect(bench_url, autocommit=True) as setup:
@@ -518,7 +528,7 @@ def raw_ladder(
 
     async def ladder() -> list[Step]:
         await open_loop(200, 1.0, args.connections, make_sender)
-        return await climb(rates, args, make_sender, probe)
+        return await climb(rates, args, make_sender, probe, vacuum)
 
     probe = UsageProbe(bench_url, None)
     try:

@@ -98,3 +98,47 @@ def stop_process(process: subprocess.Popen[bytes], *, timeout: float = 15) -> No
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+class AutovacuumStandIn:
+    """What autovacuum would do to the bench's tables, for a server that runs without it.
+
+    This project's CI and development machines run PostgreSQL with `autovacuum = off`;
+    production servers never do. Without it, a table the bench updates without pause keeps
+    every dead row version (a renew is not a HOT update: it writes an entry into each index),
+    and its statistics stay those of the last explicit ANALYZE, so a prepared statement keeps
+    the generic plan it was given while the table was nearly empty (a Seq Scan) however far the
+    table grows. `due()` runs `VACUUM (ANALYZE)` on `tables` when the server's autovacuum is off
+    and at least `autovacuum_naptime` has passed since the last run: the launcher's own cadence,
+    not more often. On a server with autovacuum on it does nothing; the server does it.
+    """
+
+    def __init__(
+        self, url: str, tables: tuple[str, ...], *, log: Callable[[str], None] = print
+    ) -> None:
+        self._url = url
+        self._tables = tables
+        self._log = log
+        with psycopg.connect(url, autocommit=True) as conn:
+            on = conn.execute("SELECT current_setting('autovacuum')::bool").fetchone()
+            nap = conn.execute(
+                "SELECT extract(epoch FROM current_setting('autovacuum_naptime')::interval)"
+            ).fetchone()
+        self.active = not (on and on[0])
+        self.naptime = float(nap[0]) if nap else 60.0
+        self._last = time.monotonic()
+        self.runs = 0
+        if self.active:
+            log(
+                f"the server runs with autovacuum off: the bench vacuums {', '.join(tables)} "
+                f"itself, at most every {self.naptime:.0f} s (autovacuum_naptime)"
+            )
+
+    def due(self) -> None:
+        if not self.active or time.monotonic() - self._last < self.naptime:
+            return
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            for table in self._tables:
+                conn.execute(f"VACUUM (ANALYZE) {table}")
+        self._last = time.monotonic()
+        self.runs += 1
