@@ -16,7 +16,8 @@ and drops it at the end, also on failure. Single client, sequential requests, in
 
 The paths take turns in ten interleaved rounds, so load from elsewhere on the machine hits
 them alike (on a server running with autovacuum off, the bench stands in for it between rounds,
-at autovacuum's own cadence: paperclip.testing.servers.AutovacuumStandIn); the report prints ops/s, ratios to the baselines, the three targets, and where
+at autovacuum's own cadence: paperclip.testing.servers.AutovacuumStandIn); the report prints
+ops/s, ratios to the baselines, the three targets, and where
 an HTTP renew's time goes (GET /healthz and GET /api/me on the same server as floors).
 
 Options: --iterations N (default 2000 per path), --keep-db;
