@@ -80,6 +80,11 @@ def test_a_first_claim_is_audited_with_the_receipt_it_wrote() -> None:
         b.run.pk,
     )
     assert claimed.details == {"owner": written, "priorToken": None, "takeoverBasis": None}
+    # The claim and the release, nothing else (no owner-stop verification without a proof).
+    assert sorted(ActivityEvent.objects.values_list("action", flat=True)) == [
+        "run.finalization_owner_claimed",
+        "run.finalization_owner_released",
+    ]
 
 
 def test_the_release_of_the_receipt_is_audited_with_its_token() -> None:
