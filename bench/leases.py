@@ -8,6 +8,7 @@ and drops it at the end, also on failure. Single client, sequential requests, in
 
 - raw psycopg: `INSERT ... ON CONFLICT ... DO UPDATE` in its own transaction on an equivalent
   table (the floor: one statement, no framework);
+  both tables start with 10,000 leases of other agents (a table of realistic size to plan on);
 - straightforward ORM: `select_for_update()` + `update_or_create()` in `atomic()`;
 - `leases.services.runtime_lease_claim`, created and renewed paths (agent owner), and a
   renew by an issue owner naming its run too (the fast path judges both);
@@ -52,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 WARMUP = 100
+BACKGROUND = 10_000  # leases other agents hold, in both lease tables
 ROUNDS = 10
 
 
@@ -124,8 +126,23 @@ def run(bench_url: str, n: int) -> int:
         run_id=HeartbeatRun.objects.create(company=company, agent=agent, status="running").pk,
     )
     agent_key = f"agent:{agent.pk}"
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")  # fresh tables: plan as production would, with statistics
+    # A deployment's lease table is not empty: other agents hold BACKGROUND leases, so every
+    # statement is planned (and its prepared plan chosen) on a table of realistic size, not
+    # on a nearly empty one that the paths below then grow many times over.
+    others = Agent.objects.create(company=company, name="bench-others")
+    WorkspaceRuntimeLease.objects.bulk_create(
+        WorkspaceRuntimeLease(
+            company=company,
+            execution_workspace=workspace,
+            owner_key=f"agent:{others.pk}",
+            owner_agent=others,
+            last_action="start",
+            expires_at=timezone.now() + timedelta(minutes=30),
+        )
+        for workspace in ExecutionWorkspace.objects.bulk_create(
+            ExecutionWorkspace(company=company, name=f"other-{i}") for i in range(BACKGROUND)
+        )
+    )
 
     # --- raw psycopg baseline: the same columns, no framework -----------------------------
     raw = psycopg.connect(bench_url, autocommit=True)
@@ -137,6 +154,14 @@ def run(bench_url: str, n: int) -> int:
         " expires_at timestamptz NOT NULL, metadata jsonb,"
         " created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)"
     )
+    raw.execute(
+        "INSERT INTO bench_raw_leases SELECT gen_random_uuid(), %s, gen_random_uuid(), %s, %s,"
+        " 'start', 1, now(), now(), now() + interval '30 minutes', NULL, now(), now()"
+        " FROM generate_series(1, %s)",
+        (company.pk, f"agent:{others.pk}", others.pk, BACKGROUND),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # plan as production would, with statistics
     upsert = (
         "INSERT INTO bench_raw_leases VALUES (%s, %s, %s, %s, %s, %s, 1, now(), now(),"
         " now() + interval '30 minutes', NULL, now(), now())"
