@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHM = Path("/dev/shm")  # noqa: S108 - a private directory is made in it
 sys.path.insert(0, str(ROOT / "bench"))
 
-from copyback import make_tree  # noqa: E402 - after the path setup
+from copyback import SHM, log, make_tree  # noqa: E402 - after the path setup
 
 BACKEND = (
     "import sys, uuid; sys.path.insert(0, sys.argv[5]);"
@@ -45,14 +44,10 @@ BACKEND = (
 STARTUP = "import sys; sys.path.insert(0, sys.argv[1]); import recovery.adapters.copyback"
 
 
-def log(message: str) -> None:
-    print(message, flush=True)
-
-
 def backend(source: Path, destination: Path, *, threads: int, incremental: bool) -> list[str]:
     flag = "1" if incremental else "0"
-    return [sys.executable, "-c", BACKEND, str(source), str(destination), str(threads), flag,
-            str(ROOT)]  # fmt: skip
+    arguments = [str(source), str(destination), str(threads), flag, str(ROOT)]
+    return [sys.executable, "-c", BACKEND, *arguments]
 
 
 def timed(command: list[str]) -> tuple[float, float, float]:
@@ -110,7 +105,8 @@ def full(scratch: Path, files: int, rounds: int) -> None:
             results[name].append(timed(command(destination)))
             shutil.rmtree(destination)
     for name, runs in results.items():
-        line(name, tuple(statistics.median(run[i] for run in runs) for i in range(3)), files)  # type: ignore[arg-type]
+        wall, user, system = (statistics.median(column) for column in zip(*runs, strict=True))
+        line(name, (wall, user, system), files)
     startup = timed([sys.executable, "-c", STARTUP, str(ROOT)])
     log(f"  (of the backend's wall time, Python start-up and imports: {startup[0]:.2f} s)")
     for name in ("cp -a", "backend, 2 threads"):

@@ -118,7 +118,6 @@ class AutovacuumStandIn:
     ) -> None:
         self._url = url
         self._tables = tables
-        self._log = log
         with psycopg.connect(url, autocommit=True) as conn:
             on = conn.execute("SELECT current_setting('autovacuum')::bool").fetchone()
             nap = conn.execute(
