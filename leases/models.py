@@ -52,6 +52,10 @@ class WorkspaceRuntimeLease(TimestampedModel):
     expires_at = models.DateTimeField()
     metadata = models.JSONField(null=True, blank=True)
     generation = models.BigIntegerField(default=1)
+    # Whether the owner the key names is missing, hidden or ended: kept by database triggers
+    # on this table, issues and runs (docs/data-model.md#owner-stale-marker), never by Python.
+    # Only a filter for set-wide stale reads; the verdict itself is judged live.
+    owner_stale = models.BooleanField(db_default=False, editable=False)
 
     class Meta:
         db_table = "execution_workspace_runtime_leases"
@@ -62,6 +66,9 @@ class WorkspaceRuntimeLease(TimestampedModel):
             ),
             models.Index(fields=["company", "owner_key"], name="ws_rt_leases_company_owner_idx"),
             models.Index(fields=["expires_at"], name="ws_rt_leases_expires_at_idx"),
+            models.Index(
+                fields=["id"], condition=Q(owner_stale=True), name="ws_rt_leases_owner_stale_idx"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -18,7 +18,6 @@ from uuid import UUID
 from django.db.models import (
     BooleanField,
     Case,
-    Exists,
     F,
     Func,
     OuterRef,
@@ -29,7 +28,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast, Coalesce, Concat, Now, NullIf, Substr
+from django.db.models.functions import Cast, Coalesce, Now, NullIf, Substr
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import HeartbeatRun, Issue
@@ -285,38 +284,20 @@ def with_stale_reason(
 
 def stale_candidate_ids() -> QuerySet[WorkspaceRuntimeLease, UUID]:
     """Ids of a superset of the stale leases, found without judging every row: the expired
-    ones (through the `expires_at` index), and the `issue:` / `run:` owned ones whose owner
-    FK does not point at a live owner of the key in the lease's company (an anti-join).
+    ones (through the `expires_at` index) and those whose `owner_stale` marker is set
+    (through its partial index).
 
-    A lease whose owner is stale by `stale_reason_expression` is always among them (its key's
-    owner is missing, hidden or ended, so no live row matches both FK and key); set-wide reads
-    filter to these ids first and judge only them with the shared verdict, so "stale" still
-    means the same everywhere. The anti-join still reads every owned lease (what it costs at
-    scale is in docs/performance.md#cost-that-stays-flat).
+    The database keeps the marker for every write of a lease's key and every status change
+    of the owner it names (leases/migrations/0002_owner_stale_marker.py), so a lease whose
+    owner is stale by `stale_reason_expression` is always among them. Set-wide reads filter
+    to these ids first and judge only them with the shared verdict, so "stale" still means the
+    same everywhere; listing them reads only the stale rows, however many leases there are
+    (docs/performance.md#cost-that-stays-flat).
     """
     leases = WorkspaceRuntimeLease.objects.order_by()
-    live_issue = Issue.objects.filter(
-        pk=OuterRef("owner_issue_id"),
-        company_id=OuterRef("company_id"),
-        hidden_at__isnull=True,
-        status__in=ELIGIBLE_ISSUE_STATUSES,
-    )
-    live_run = HeartbeatRun.objects.filter(
-        pk=OuterRef("owner_run_id"), company_id=OuterRef("company_id")
-    ).exclude(status__in=TERMINAL_RUN_STATUSES)
-    parts = [
-        leases.filter(owner_key__startswith=f"{kind}:").exclude(
-            Exists(
-                live.annotate(
-                    key=Concat(Value(f"{kind}:"), Cast("pk", TextField()), output_field=TextField())
-                ).filter(key=OuterRef("owner_key"))
-            )
-        )
-        for kind, live in (("issue", live_issue), ("run", live_run))
-    ]
     expired = leases.filter(expires_at__lte=Now())
     return expired.values_list("pk", flat=True).union(
-        *(part.values_list("pk", flat=True) for part in parts)
+        leases.filter(owner_stale=True).values_list("pk", flat=True)
     )
 
 

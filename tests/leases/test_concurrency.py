@@ -441,9 +441,10 @@ def test_fenced_writes_racing_a_reclaim_never_land_under_a_superseded_generation
 def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accepted():
     """The holder renews and writes from several connections while another connection moves
     its issue to done, forced to overlap: a separate connection holds the lease row, every
-    attempt is seen queued for it, the change commits, then the row is let go. Those
-    in-flight attempts may land either side of the change; every attempt started after it
-    committed is refused as owner-ineligible, and the lease is reclaimable at once."""
+    attempt is seen queued for it, then the change (which queues for the row too: its trigger
+    marks the lease owner-stale), then the row is let go. Those in-flight attempts may land
+    either side of the change; every attempt started after it committed is refused as
+    owner-ineligible, and the lease is reclaimable at once."""
     company = CompanyFactory()
     workspace = ExecutionWorkspaceFactory(company=company)
     agent = AgentFactory(company=company)
@@ -475,13 +476,24 @@ def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accep
         except DomainError as exc:
             return exc.code
 
+    changed = threading.Event()
+
     def holder(i):
         act = renew if i % 2 == 0 else write
         try:
-            in_flight = attempt(act)  # queued behind the gate until after the change
+            in_flight = attempt(act)  # queued behind the gate, as is the change
+            assert changed.wait(timeout=TIMEOUT)
             return act.__name__, in_flight, [attempt(act) for _ in range(post_commit_attempts)]
         finally:
             connection.close()
+
+    def change():
+        with raw_connection() as other:  # autocommit: committed when execute returns
+            other.execute(
+                "UPDATE issues SET status = 'done', updated_at = now() WHERE id = %s",
+                [issue.pk],
+            )
+        changed.set()
 
     # Before the change every kind of attempt is accepted.
     assert (renew(), write()) == ("renewed", "accepted")
@@ -491,7 +503,7 @@ def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accep
             " WHERE execution_workspace_id = %s FOR UPDATE",
             [workspace.pk],
         )
-        with ThreadPoolExecutor(max_workers=holders) as pool:
+        with ThreadPoolExecutor(max_workers=holders + 1) as pool:
             futures = [pool.submit(holder, i) for i in range(holders)]
             all_waiting = wait_for_lock_waiters(
                 holders,
@@ -499,14 +511,18 @@ def test_once_the_holders_issue_is_done_no_renew_or_write_of_the_holder_is_accep
                 holder=gate,
                 table="execution_workspace_runtime_leases",
             )
-            with raw_connection() as other:  # autocommit: committed when execute returns
-                other.execute(
-                    "UPDATE issues SET status = 'done', updated_at = now() WHERE id = %s",
-                    [issue.pk],
-                )
+            changing = pool.submit(change)
+            change_waiting = wait_for_lock_waiters(
+                holders + 1,
+                until=changing.done,
+                holder=gate,
+                table="execution_workspace_runtime_leases",
+            )
             gate.rollback()
+            changing.result(timeout=TIMEOUT)
             results = [f.result(timeout=TIMEOUT) for f in futures]
     assert all_waiting, f"an attempt went past the held lease row: {results}"
+    assert change_waiting, "the issue's change did not wait for the lease row it marks"
 
     accepted_writes = 1  # the one before the change
     for kind, in_flight, after in results:
