@@ -6,7 +6,7 @@ It creates a throwaway database (`paperclip_bench_scale`, or $PAPERCLIP_BENCH_SC
 server of $DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres), migrates it and
 adds the small, near-empty state: 100 companies, 1,000 agents, the bench's own rows (users,
 sessions, an agent key, workspaces to claim) and one full first page of every list (1,000
-workspaces, issues, runs and leases, 10,000 activity rows, 100 recovery actions: both
+workspaces, issues, runs and leases, 10,000 activity rows, 1,000 recovery actions: both
 databases then render the same rows, so a ratio measures what the data's size costs, not the
 HTML of 100 rows against none). It copies that database (`CREATE DATABASE ... TEMPLATE`,
 suffix `_scale`) and grows the copy to the scale fixture with `INSERT ... SELECT
@@ -56,7 +56,7 @@ TARGET = 1.5
 COMPANIES = 100
 AGENTS = 1000
 # The small database holds one full first page of every list (1,000 leases: 10,000 activity
-# rows, 1,000 runs, 100 recovery actions), so both databases render the same number of rows
+# rows, 1,000 runs, 1,000 recovery actions), so both databases render the same number of rows
 # and a ratio measures what the data's size costs, not the HTML of 100 rows against none.
 BASE_LEASES = 1000
 # The staff user is a board member of this many companies (and the bench's own): a tenth of
@@ -289,7 +289,7 @@ def run(bench_url: str, scale_name: str, base: int, size: int, repeats: int, *, 
     log(f"loading the small fixture ({base:,} leases) ...")
     # The small database's rows all belong to the staff user's companies, so its pages are as
     # full as the superuser's.
-    load_fixture(1, base, companies=STAFF_COMPANIES)
+    load_fixture(1, base, companies=STAFF_COMPANIES, recovery_every=1)
     ops = bench.ops()
     small_name = connection.settings_dict["NAME"]
     connection.close()
@@ -298,7 +298,7 @@ def run(bench_url: str, scale_name: str, base: int, size: int, repeats: int, *, 
         use_database(scale_name)
         log(f"loading the scale fixture (to {size:,} leases) into {scale_name} ...")
         started = time.perf_counter()
-        load_fixture(base + 1, size)
+        load_fixture(base + 1, size, recovery_every=11)
         load_seconds = time.perf_counter() - started
         log(f"fixture loaded and analyzed in {load_seconds:.0f} s: {table_counts()}")
         log(f"timing {len(ops)} operations, {repeats} repeats on each database ...")
@@ -532,9 +532,10 @@ _AGENT_OF = (
 _COMPANY_OF = "md5('company' || (g % %(companies)s))::uuid"
 
 
-def load_fixture(first: int, last: int, *, companies: int = COMPANIES) -> None:
+def load_fixture(first: int, last: int, *, recovery_every: int, companies: int = COMPANIES) -> None:
     """Fixture rows first..last (workspaces, issues, runs and leases; ten activity rows each,
-    one recovery action per ten), spread over the first `companies` companies."""
+    a recovery action on every `recovery_every`-th issue), spread over the first `companies`
+    companies."""
     statements = [
         (
             "INSERT INTO execution_workspaces (id, company_id, mode, strategy_type, name, status,"
@@ -598,8 +599,9 @@ def load_fixture(first: int, last: int, *, companies: int = COMPANIES) -> None:
             " FROM generate_series(%(first)s * 10, %(last)s * 10 + 9) e"
         ),
         (
-            # One per ten issues; live ones (15%) on distinct source issues, as the unique
-            # index requires.
+            # One per `recovery_every` issues (the small database: one each, so that its
+            # status filters show a full page too; the growth: one per eleven, 10,000 in all);
+            # live ones (15%) on distinct source issues, as the unique index requires.
             "INSERT INTO issue_recovery_actions (id, company_id, source_issue_id, kind, status,"
             " owner_type, owner_agent_id, cause, fingerprint, evidence, next_action,"
             " attempt_count, stale, created_at, updated_at, resolved_at, outcome)"
@@ -613,7 +615,8 @@ def load_fixture(first: int, last: int, *, companies: int = COMPANIES) -> None:
             " now() - (g % 90) * interval '1 day', now() - (g % 90) * interval '1 day',"
             " CASE WHEN g / 10 % 20 > 3 THEN now() - (g % 90) * interval '1 day' END,"
             " CASE WHEN g / 10 % 20 > 3 THEN 'restored' END"
-            " FROM generate_series((%(first)s + 9) / 10 * 10, %(last)s, 10) g"
+            " FROM generate_series((%(first)s + %(every)s - 1) / %(every)s * %(every)s,"
+            " %(last)s, %(every)s) g"
         ),
     ]
     with connection_cursor() as cursor:
@@ -630,9 +633,12 @@ def load_fixture(first: int, last: int, *, companies: int = COMPANIES) -> None:
         for sql in statements:
             # `%` is SQL's modulo here; only the named placeholders are parameters.
             sql = sql.replace("%", "%%")
-            for name in ("first", "last", "companies"):
+            for name in ("first", "last", "companies", "every"):
                 sql = sql.replace(f"%%({name})s", f"%({name})s")
-            cursor.execute(sql, {"first": first, "last": last, "companies": companies})
+            cursor.execute(
+                sql,
+                {"first": first, "last": last, "companies": companies, "every": recovery_every},
+            )
         for _, definition in secondary:
             cursor.execute(definition)
         # As autovacuum leaves a table: statistics, and a visibility map for index-only scans.

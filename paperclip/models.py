@@ -561,6 +561,14 @@ class ActivityEvent(models.Model):
             # default order with its id tie-break), and per action in that order (its filter).
             models.Index(fields=["created_at", "id"], name="activity_created_idx"),
             models.Index(fields=["action", "created_at"], name="activity_action_created_idx"),
+            # A staff user's audit list filtered by action or entity type: its count and
+            # filter choices read only the matching rows of its companies.
+            models.Index(
+                fields=["company", "action", "created_at"], name="activity_company_action_idx"
+            ),
+            models.Index(
+                fields=["company", "entity_type", "created_at"], name="activity_company_entity_idx"
+            ),
         ]
 
     def __str__(self) -> str:
