@@ -27,6 +27,19 @@ from django.db import migrations, models
 
 UUID_RE = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 
+
+def _recompute_leases_naming(kind: str, owner_fk: str) -> str:
+    """The statement that recomputes the marker of the leases whose key (`<kind>:<uuid>`) or
+    FK names the owner row of the running trigger (`owner_id`, `owner_company`)."""
+    return f"""        UPDATE execution_workspace_runtime_leases l
+           SET owner_stale = runtime_lease_owner_stale(l.company_id, l.owner_key)
+         WHERE (l.{owner_fk} = owner_id
+                OR (l.company_id IN (OLD.company_id, owner_company)
+                    AND l.owner_key = '{kind}:' || owner_id::text))
+           AND l.owner_key LIKE '{kind}:%'
+           AND l.owner_stale IS DISTINCT FROM runtime_lease_owner_stale(l.company_id, l.owner_key);"""
+
+
 OWNER_STALE_FUNCTION = f"""
 CREATE FUNCTION runtime_lease_owner_stale(lease_company uuid, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
@@ -78,21 +91,9 @@ BEGIN
     -- The leases whose key names this owner: through the owner FK or the key itself (the FK
     -- is already NULL when Django deletes the owner), in the owner's old or new company.
     IF TG_TABLE_NAME = 'issues' THEN
-        UPDATE execution_workspace_runtime_leases l
-           SET owner_stale = runtime_lease_owner_stale(l.company_id, l.owner_key)
-         WHERE (l.owner_issue_id = owner_id
-                OR (l.company_id IN (OLD.company_id, owner_company)
-                    AND l.owner_key = 'issue:' || owner_id::text))
-           AND l.owner_key LIKE 'issue:%'
-           AND l.owner_stale IS DISTINCT FROM runtime_lease_owner_stale(l.company_id, l.owner_key);
+{_recompute_leases_naming("issue", "owner_issue_id")}
     ELSE
-        UPDATE execution_workspace_runtime_leases l
-           SET owner_stale = runtime_lease_owner_stale(l.company_id, l.owner_key)
-         WHERE (l.owner_run_id = owner_id
-                OR (l.company_id IN (OLD.company_id, owner_company)
-                    AND l.owner_key = 'run:' || owner_id::text))
-           AND l.owner_key LIKE 'run:%'
-           AND l.owner_stale IS DISTINCT FROM runtime_lease_owner_stale(l.company_id, l.owner_key);
+{_recompute_leases_naming("run", "owner_run_id")}
     END IF;
     RETURN NULL;
 END
