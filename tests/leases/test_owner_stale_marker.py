@@ -6,11 +6,14 @@ owner ends is marked whichever of the two commits first."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
+from leases.errors import RuntimeLeaseOwnerIneligible
 from leases.models import WorkspaceRuntimeLease
 from leases.selectors import ELIGIBLE_ISSUE_STATUSES, STALE, stale_candidate_ids
 from leases.selectors import with_stale_reason as judged
@@ -141,20 +144,6 @@ def _insert_lease(conn: Any, *, company_id: Any, workspace_id: Any, issue_id: An
     )
 
 
-def _in_thread(target: Any) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:  # re-raised by the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, errors
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("first", ["lease", "issue"])
 def test_a_lease_written_while_its_issue_ends_is_marked_whichever_commits_first(company, first):
@@ -174,15 +163,17 @@ def test_a_lease_written_while_its_issue_ends_is_marked_whichever_commits_first(
 
     writes = {"lease": write_lease, "issue": end_issue}
     second = "issue" if first == "lease" else "lease"
-    with raw_connection(autocommit=False) as holder, raw_connection() as contender:
+    with (
+        raw_connection(autocommit=False) as holder,
+        raw_connection() as contender,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
         writes[first](holder)
-        thread, errors = _in_thread(lambda: writes[second](contender))
+        written = pool.submit(writes[second], contender)
         # Either the second write queues behind the first (the lock works) or it finished.
-        wait_for_lock_waiters(until=lambda: not thread.is_alive())
+        wait_for_lock_waiters(until=written.done)
         holder.commit()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
-    assert not errors, errors
+        written.result(timeout=30)
     lease = WorkspaceRuntimeLease.objects.get(execution_workspace=workspace)
     assert owner_verdict(lease.pk) == "owner_issue_terminal"
     assert lease.owner_stale is True
@@ -194,24 +185,17 @@ def test_claims_racing_their_issue_to_done_are_all_swept(company):
     """Eight claims of one issue's workspaces through the real service and the board moving
     the issue to done, released together by a Barrier on separate connections: every lease
     that exists afterwards is stale by the verdict, and the sweep finds every one."""
-    from django.db import connection
-
     agent = AgentFactory(company=company)
     issue = IssueFactory(company=company)
     workspaces = [ExecutionWorkspaceFactory(company=company) for _ in range(8)]
     barrier = threading.Barrier(len(workspaces) + 1)
-    errors: list[BaseException] = []
 
     def claimant(workspace: Any) -> None:
         try:
             barrier.wait(timeout=30)
-            try:
-                claim(workspace, agent, issue_id=issue.pk)
-            except Exception as exc:  # refused once the issue is done: fine
-                if type(exc).__name__ != "RuntimeLeaseOwnerIneligible":
-                    raise
-        except BaseException as exc:
-            errors.append(exc)
+            claim(workspace, agent, issue_id=issue.pk)
+        except RuntimeLeaseOwnerIneligible:
+            pass  # refused once the issue is done: fine
         finally:
             connection.close()
 
@@ -219,18 +203,14 @@ def test_claims_racing_their_issue_to_done_are_all_swept(company):
         try:
             barrier.wait(timeout=30)
             Issue.objects.filter(pk=issue.pk).update(status=Issue.Status.DONE)
-        except BaseException as exc:
-            errors.append(exc)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=claimant, args=(ws,)) for ws in workspaces]
-    threads.append(threading.Thread(target=board))
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    with ThreadPoolExecutor(max_workers=len(workspaces) + 1) as pool:
+        futures = [pool.submit(claimant, workspace) for workspace in workspaces]
+        futures.append(pool.submit(board))
+        for future in futures:
+            future.result(timeout=60)  # re-raises what the thread raised
 
     leases = set(WorkspaceRuntimeLease.objects.values_list("pk", flat=True))
     stale = judged(WorkspaceRuntimeLease.objects.all()).filter(**STALE)
