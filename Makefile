@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
+# make test: pytest-xdist worker processes, each on its own test database (0: one process).
+# More workers than cores pays here: many tests wait on servers, processes and locks.
+PYTEST_WORKERS ?= 4
 BENCH_ARGS ?=
 # make chaos: seconds of load, and extra arguments for tests/chaos/run.py (--agents N ...).
 DURATION ?= 600
@@ -23,7 +26,8 @@ PYTEST_NO_TESTS_OK ?=
 help:
 	@echo "make run        create .venv if needed, migrate, seed demo data, serve on $(HOST):$(PORT)"
 	@echo "                with one worker (Ctrl-C stops both)"
-	@echo "make test       ruff, ruff format --check, mypy, then pytest (extra args: PYTEST_ARGS=...)"
+	@echo "make test       ruff, ruff format --check, mypy, then pytest on PYTEST_WORKERS=$(PYTEST_WORKERS)"
+	@echo "                processes (extra args: PYTEST_ARGS=...; docs/testing.md)"
 	@echo "make lint       ruff, ruff format --check, mypy (and mypy --strict on clients/python)"
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py,"
 	@echo "                bench/copyback.py, bench/renew_load.py, bench/scale.py (BENCH_ARGS=...)"
@@ -67,7 +71,7 @@ lint: $(STAMP)
 # Lint and tests both run, whatever the other's outcome; either failing fails the target.
 test: $(STAMP)
 	@lint=0; $(MAKE) --no-print-directory lint || lint=$$?; \
-	tests=0; $(PY) -m pytest $(PYTEST_ARGS) || tests=$$?; \
+	tests=0; $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) || tests=$$?; \
 	if [ "$$tests" = 5 ] && [ -n "$(PYTEST_NO_TESTS_OK)" ]; then \
 		echo "pytest collected no tests (accepted: PYTEST_NO_TESTS_OK is set)"; tests=0; \
 	fi; \

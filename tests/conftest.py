@@ -1,6 +1,6 @@
 """Shared fixtures: API clients authenticated as an agent or a board member, an admin client
 logged in as a superuser, fast password hashing, and the emptying of Procrastinate's tables
-after transactional tests."""
+after transactional tests; and the order tests start in (slow ones first)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ PROCRASTINATE_TABLES = (
     "procrastinate_jobs",
     "procrastinate_workers",
 )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the `slow` tests (servers, OS processes, mostly waiting) first: under
+    pytest-xdist they then overlap with the many short CPU-bound tests instead of forming a
+    tail at the end. A stable sort, after pytest-randomly's shuffle and pytest-django's
+    grouping, so the order within each part is still the seed's."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

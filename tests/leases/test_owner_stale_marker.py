@@ -5,7 +5,6 @@ owner ends is marked whichever of the two commits first."""
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -182,37 +181,44 @@ def test_a_lease_written_while_its_issue_ends_is_marked_whichever_commits_first(
 
 @pytest.mark.django_db(transaction=True)
 def test_claims_racing_their_issue_to_done_are_all_swept(company):
-    """Eight claims of one issue's workspaces through the real service and the board moving
-    the issue to done, released together by a Barrier on separate connections: every lease
-    that exists afterwards is stale by the verdict, and the sweep finds every one."""
+    """Eight claims of one issue's workspaces through the real service while the board's move
+    of the issue to done is written but not yet committed (a separate connection holds it):
+    each claim's eligibility check still reads the issue as live, so only the lease trigger's
+    FOR SHARE on the issue row orders the claim after the board. Every claim is seen queued
+    behind the board's row lock; once the board commits, every lease that exists is stale by
+    the verdict, marked, and swept. Without the FOR SHARE the claims do not queue and their
+    leases stay unmarked: the test fails on every run, not by luck."""
     agent = AgentFactory(company=company)
     issue = IssueFactory(company=company)
     workspaces = [ExecutionWorkspaceFactory(company=company) for _ in range(8)]
-    barrier = threading.Barrier(len(workspaces) + 1)
 
-    def claimant(workspace: Any) -> None:
+    def claimant(workspace: Any) -> str:
         try:
-            barrier.wait(timeout=30)
             claim(workspace, agent, issue_id=issue.pk)
+            return "claimed"
         except RuntimeLeaseOwnerIneligible:
-            pass  # refused once the issue is done: fine
+            return "refused"  # refused once the issue is done: fine
         finally:
             connection.close()
 
-    def board() -> None:
-        try:
-            barrier.wait(timeout=30)
-            Issue.objects.filter(pk=issue.pk).update(status=Issue.Status.DONE)
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(max_workers=len(workspaces) + 1) as pool:
+    with (
+        raw_connection(autocommit=False) as board,
+        ThreadPoolExecutor(max_workers=len(workspaces)) as pool,
+    ):
+        board.execute("UPDATE issues SET status = 'done' WHERE id = %s", [issue.pk])
         futures = [pool.submit(claimant, workspace) for workspace in workspaces]
-        futures.append(pool.submit(board))
-        for future in futures:
-            future.result(timeout=60)  # re-raises what the thread raised
+        queued = wait_for_lock_waiters(
+            len(workspaces),
+            until=lambda: any(f.done() for f in futures),
+            holder=board,
+            table="issues",
+        )
+        board.commit()
+        outcomes = [future.result(timeout=60) for future in futures]  # re-raises
+    assert queued, f"a claim went past the board's uncommitted change: {outcomes}"
 
     leases = set(WorkspaceRuntimeLease.objects.values_list("pk", flat=True))
+    assert len(leases) == outcomes.count("claimed")
     stale = judged(WorkspaceRuntimeLease.objects.all()).filter(**STALE)
     assert set(stale.values_list("pk", flat=True)) == leases
     marked_ids = WorkspaceRuntimeLease.objects.filter(owner_stale=True).values_list("pk", flat=True)
