@@ -15,7 +15,7 @@ from tests.checkpoints.factories import coordinator, expire_lease
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 @pytest.fixture

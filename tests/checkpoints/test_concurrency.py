@@ -25,7 +25,7 @@ from paperclip.models import ActivityEvent, NativeRunFinalization
 from tests.checkpoints.factories import coordinator, expire_lease, lease, owner_of
 from tests.helpers import raw_connection, wait_for_lock_waiters
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 
 
 def _write(fin: NativeRunFinalization, owner: CheckpointOwner, changed: dict[str, str]) -> None:

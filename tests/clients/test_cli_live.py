@@ -33,7 +33,12 @@ from tests.clients.conftest import World, make_world
 from tests.leases.factories import expire
 from tests.paperclip.worker.test_worker_processes import Worker
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.embedded,
+    pytest.mark.xdist_group("gunicorn"),
+]
 
 AGENT = str(Path(sys.executable).with_name("paperclip-agent"))
 TIMEOUT = 60.0

@@ -21,7 +21,7 @@ from paperclip.receipts import OWNER_KEY
 from tests.console.helpers import held, one_of_each, stale_lease
 from tests.paperclip.factories import CompanyFactory, UserFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 LEASES = reverse("admin:leases_workspaceruntimelease_changelist")
 ACTIONS = reverse("admin:recovery_issuerecoveryaction_changelist")

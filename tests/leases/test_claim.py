@@ -31,7 +31,7 @@ from tests.paperclip.factories import (
     UserFactory,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 def actions(workspace: ExecutionWorkspace) -> list[str]:

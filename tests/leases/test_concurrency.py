@@ -37,7 +37,7 @@ from tests.paperclip.factories import (
     IssueFactory,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 
 THREADS = 8
 TIMEOUT = 15

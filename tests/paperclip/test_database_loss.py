@@ -19,7 +19,7 @@ from tests.helpers import assert_error, raw_connection
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 
 
 def _terminate_the_waiter(stop: threading.Event, done: list[int]) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from paperclip.db.embedded import embedded_server_stop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.embedded]
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 45

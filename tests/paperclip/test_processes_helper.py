@@ -11,6 +11,8 @@ from django.db import connection
 
 from paperclip.testing.processes import child_env, database_url
 
+pytestmark = pytest.mark.embedded
+
 
 @pytest.mark.parametrize(
     ("settings_dict", "expected"),

@@ -46,7 +46,7 @@ from tests.paperclip.factories import (
     NativeRunResultFactory,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 ACQUIRE = "/api/environment-leases"
 

@@ -44,7 +44,7 @@ from tests.paperclip.factories import (
 )
 from tests.recovery.factories import make_binding
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 
 TIMEOUT = 40
 GATED = "tests.paperclip.worker.gated_copyback.GatedCopyback"

@@ -40,7 +40,7 @@ from tests.helpers import run_jobs
 from tests.paperclip.factories import UserFactory
 from tests.recovery.factories import make_binding
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 
 TIMEOUT = 30
 

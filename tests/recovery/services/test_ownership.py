@@ -31,7 +31,7 @@ from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import CompanyFactory, HeartbeatRunFactory, IssueFactory
 from tests.recovery.factories import RecoveryActionFactory, make_binding, receipt_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 
 
 def _profile(run: HeartbeatRun) -> dict[str, Any]:
