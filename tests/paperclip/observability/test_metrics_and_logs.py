@@ -1,13 +1,19 @@
 """Metrics and logs in one process: the request id, the counters each kind of event moves (by
 exactly one, and only once its transaction commits), /metrics' guard, the log formats, and that
-no secret or checkpoint content reaches a log line."""
+no secret or checkpoint content reaches a log line.
+
+The tests run inside the test's transaction, which never commits: `committed()` runs the
+on-commit callbacks registered in its block when the block ends, as a real commit would. Only
+the request-log test commits for real: an audit line carries the request id only when its
+transaction commits inside the request."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,7 +27,7 @@ from paperclip.observability.logs import ContextFilter, JsonFormatter
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def sample(name: str, **labels: str) -> float:
@@ -30,6 +36,15 @@ def sample(name: str, **labels: str) -> float:
 
 def claim_url(workspace: Any) -> str:
     return f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim"
+
+
+@pytest.fixture
+def committed(
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """A block whose on-commit callbacks run when it ends, as its transaction's commit would
+    run them (a callback of a rolled-back savepoint inside it is dropped, as on rollback)."""
+    return partial(django_capture_on_commit_callbacks, execute=True)
 
 
 @pytest.fixture
@@ -77,7 +92,7 @@ def test_every_response_carries_a_request_id_and_keeps_a_safe_incoming_one(
 
 
 def test_claims_count_by_outcome_and_conflicts_by_error_code(
-    agent_client: Any, make_agent_client: Any, workspace: Any
+    agent_client: Any, make_agent_client: Any, workspace: Any, committed: Any
 ) -> None:
     before = {
         outcome: sample("paperclip_runtime_lease_claims_total", outcome=outcome)
@@ -90,10 +105,12 @@ def test_claims_count_by_outcome_and_conflicts_by_error_code(
     requests = sample("paperclip_http_requests_total", route=route, method="POST", status="200")
 
     for _ in range(3):
-        response = agent_client.post(claim_url(workspace), {"action": "start"}, format="json")
+        with committed():
+            response = agent_client.post(claim_url(workspace), {"action": "start"}, format="json")
         assert response.status_code == 200
     rival = make_agent_client(AgentFactory(company=workspace.company))
-    refused = rival.post(claim_url(workspace), {"action": "stop"}, format="json")
+    with committed():
+        refused = rival.post(claim_url(workspace), {"action": "stop"}, format="json")
 
     assert_error(refused, 409, "workspace_runtime_lease_conflict")
     assert sample("paperclip_runtime_lease_claims_total", outcome="created") == (
@@ -111,7 +128,7 @@ def test_claims_count_by_outcome_and_conflicts_by_error_code(
     assert sample("paperclip_http_request_duration_seconds_count", route=route, method="POST") > 0
 
 
-def test_an_audit_row_moves_its_counters_only_when_it_commits(company: Any) -> None:
+def test_an_audit_row_moves_its_counters_only_when_it_commits(company: Any, committed: Any) -> None:
     def count() -> float:
         return sample("paperclip_runtime_lease_releases_total", kind="force_released")
 
@@ -126,11 +143,11 @@ def test_an_audit_row_moves_its_counters_only_when_it_commits(company: Any) -> N
         )
 
     before = count()
-    with contextlib.suppress(RuntimeError), transaction.atomic():
+    with committed(), contextlib.suppress(RuntimeError), transaction.atomic():
         record()
         raise RuntimeError("rolled back")
     assert count() == before
-    with transaction.atomic():
+    with committed(), transaction.atomic():
         record()
         assert count() == before  # not yet: the commit moves it
     assert count() == before + 1
@@ -159,6 +176,7 @@ def test_metrics_are_off_by_default_then_guarded_by_the_token(
     assert client.get("/metrics").status_code == 200  # enabled without a token: open
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_request_logs_one_json_line_with_its_context_and_no_secret(
     make_agent_client: Any, agent: Any, workspace: Any, log_lines: list[str]
 ) -> None:
@@ -191,7 +209,7 @@ def test_a_request_logs_one_json_line_with_its_context_and_no_secret(
 
 
 def test_checkpoint_contents_and_key_material_never_reach_a_log_line(
-    make_agent_client: Any, log_lines: list[str], settings: Any, tmp_path: Any
+    make_agent_client: Any, log_lines: list[str], settings: Any, tmp_path: Any, committed: Any
 ) -> None:
     """A checkpoint written and read back over the API: the counters move, and neither the
     parts' contents nor the checkpoint key appears in any line (request, audit or other)."""
@@ -207,9 +225,11 @@ def test_checkpoint_contents_and_key_material_never_reach_a_log_line(
     reads = sample("paperclip_checkpoint_operations_total", operation="read")
     acquired = sample("paperclip_controller_lease_operations_total", operation="acquired")
     renewed = sample("paperclip_controller_lease_operations_total", operation="renewed")
-    grant = runner.post(f"{base}/controller-lease", {"boot_id": "boot-a"}, format="json").json()
+    with committed():
+        grant = runner.post(f"{base}/controller-lease", {"boot_id": "boot-a"}, format="json").json()
     again = {"boot_id": "boot-a", "lease_owner": grant["lease_owner"]}
-    assert runner.post(f"{base}/controller-lease", again, format="json").status_code == 200
+    with committed():
+        assert runner.post(f"{base}/controller-lease", again, format="json").status_code == 200
     assert sample("paperclip_controller_lease_operations_total", operation="acquired") == (
         acquired + 1
     )
@@ -217,24 +237,27 @@ def test_checkpoint_contents_and_key_material_never_reach_a_log_line(
         renewed + 1
     )
     contents = "SECRET-CHECKPOINT-CONTENTS-41f9"
-    put = runner.put(
-        f"{base}/checkpoint",
-        {
-            "owner": {
-                "boot_id": grant["controller_boot_id"],
-                "lease_owner": grant["lease_owner"],
-                "generation": grant["generation"],
+    with committed():
+        put = runner.put(
+            f"{base}/checkpoint",
+            {
+                "owner": {
+                    "boot_id": grant["controller_boot_id"],
+                    "lease_owner": grant["lease_owner"],
+                    "generation": grant["generation"],
+                },
+                "reset": False,
+                "changed": {"header": contents, "log": contents * 2},
+                "removed": [],
+                "work_command_ids": [],
+                "predecessor": None,
             },
-            "reset": False,
-            "changed": {"header": contents, "log": contents * 2},
-            "removed": [],
-            "work_command_ids": [],
-            "predecessor": None,
-        },
-        format="json",
-    )
+            format="json",
+        )
     assert put.status_code == 200, put.json()
-    assert runner.get(f"{base}/checkpoint").json()["parts"]["header"] == contents
+    with committed():
+        read = runner.get(f"{base}/checkpoint")
+    assert read.json()["parts"]["header"] == contents
 
     assert sample("paperclip_checkpoint_operations_total", operation="write") == writes + 1
     assert sample("paperclip_checkpoint_bytes_total", operation="write") == (
@@ -314,7 +337,9 @@ def test_every_mapped_action_is_specified_here() -> None:
 
 
 @pytest.mark.parametrize("action", sorted(AUDITED))
-def test_each_audited_action_moves_its_counters_by_exactly_one(company: Any, action: str) -> None:
+def test_each_audited_action_moves_its_counters_by_exactly_one(
+    company: Any, action: str, committed: Any
+) -> None:
     """One committed audit row of `action` moves paperclip_audit_events_total and exactly the
     counters the operations guide names for it, each by one, and no other series."""
     names = {
@@ -326,7 +351,7 @@ def test_each_audited_action_moves_its_counters_by_exactly_one(company: Any, act
         ),
     }
     before = {name: _series(name) for name in names}
-    with transaction.atomic():
+    with committed(), transaction.atomic():
         activity_record(
             company_id=company.pk,
             actor_type="system",
