@@ -50,6 +50,7 @@ from paperclip.models import (
 from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY, OwnerReceipt, raw_owner, read_owner
 from recovery.adapters.identity import (
     ControllerIdentity,
+    TakeoverDecision,
     current_controller_identity,
     evaluate_controller_takeover,
 )
@@ -68,6 +69,7 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_follow_up_in_tx
+from recovery.takeover import RecordedOwner, takeover_ruling
 
 logger = logging.getLogger(__name__)
 
@@ -595,45 +597,56 @@ def _run_owned[T](
         )
 
     if raw_prior is not None:
-        same_boot = (
+        same_process = (
             prior is not None
             and prior.controller_boot_id == identity.boot_id
             and prior.pid == identity.pid
         )
         with _state:
-            prior_active = prior is not None and prior.token in _active_owner_tokens
-            prior_joined = prior is not None and prior.token in _joined_owner_tokens
-        if same_boot and prior_active:
-            # Our own live action whose lock connection died: still fenced by its receipt.
-            return NotAcquired("owner_unverified" if retained else _holder_reason(run_key, using))
-        if prior is not None and prior.worker is not None:
+            live_here = prior is not None and prior.token in _active_owner_tokens
+            joined_here = prior is not None and prior.token in _joined_owner_tokens
+
+        def stop_proof_verified() -> bool:
+            nonlocal proof, platform_pending
+            if prior is None or prior.worker is None:
+                return False
             check = request_worker_stop_proof(
                 run_id=run_id, owner_token=prior.token, worker=prior.worker
             )
             proof = check.proof if check.status == "verified" else None
             platform_pending = check.status == "pending"
-        if prior is None:
-            return require_stop_verification()
-        if proof is None and prior.hostname != identity.hostname:
-            return require_stop_verification()
-        known_joined_here = same_boot and prior_joined and not prior_active
-        if proof is not None:
-            basis = "platform_stop_proof"
-        elif known_joined_here:
-            basis = "same_boot_joined"
-        else:
-            decision = evaluate_controller_takeover(
-                pid=prior.pid, started_at=prior.process_started_at
-            )
-            if not decision.allowed:
-                return require_stop_verification()
+            return proof is not None
+
+        def process_check() -> TakeoverDecision:
+            if prior is None:  # never probed so: the rule asks only about a readable receipt
+                return TakeoverDecision(False, "controller_identity_missing")
+            return evaluate_controller_takeover(pid=prior.pid, started_at=prior.process_started_at)
+
+        def copyback_barrier() -> bool:
             # A dead parent may have orphaned copy children; only the durable succeeded
             # copy-back barrier proves they finished.
-            if issue_id is None or not _copyback_barrier_exists(
+            return issue_id is not None and _copyback_barrier_exists(
                 company_id=company_id, run_id=run_id, issue_id=issue_id
-            ):
-                return require_stop_verification()
-            basis = f"{decision.reason}+copyback_barrier"
+            )
+
+        ruling = takeover_ruling(
+            RecordedOwner(
+                readable=prior is not None,
+                same_host=prior is not None and prior.hostname == identity.hostname,
+                same_process=same_process,
+                live_here=live_here,
+                joined_here=joined_here,
+            ),
+            stop_proof=stop_proof_verified,
+            process=process_check,
+            copyback_barrier=copyback_barrier,
+        )
+        if ruling.verdict == "own_action_live":
+            # Our own live action whose lock connection died: still fenced by its receipt.
+            return NotAcquired("owner_unverified" if retained else _holder_reason(run_key, using))
+        if ruling.verdict == "verify_stop":
+            return require_stop_verification()
+        basis = ruling.basis
 
     token: str = owner["token"]
     # Remember the token before the write: if the commit reply is lost, cleanup still knows

@@ -126,6 +126,7 @@ def test_a_non_native_run_is_a_binding_error() -> None:
         with_finalization_ownership(company_id=run.company_id, run_id=run.pk, action=lambda o: 1)
 
 
+@pytest.mark.django_db  # refused before it touches anything: nothing to commit or flush
 def test_refuses_to_run_inside_a_transaction() -> None:
     b = make_binding()
     from django.db import transaction

@@ -1,0 +1,70 @@
+"""The takeover rule of finalization ownership (docs/recovery.md#owner-unverified-hold): may
+this controller take over a run whose receipt names another owner, and on what basis?
+
+- the recorded owner is this very process and its action still runs here: no (it is still
+  fenced by its receipt);
+- the worker platform proved, with a signed stop receipt, that the recorded worker stopped:
+  yes, on that proof;
+- the receipt is unreadable, or names another host without such a proof: no, the board must
+  verify the stop;
+- the recorded owner is this process and its action was joined here (it finished, its
+  receipt was left behind): yes;
+- otherwise (same host): only if its process is dead or its PID was recycled, and the durable
+  copy-back barrier (this run's succeeded finalize operation) proves its copy children
+  finished.
+
+Pure: it reads nothing itself. The three facts that cost a call (the platform's stop proof,
+the OS process table, the barrier row) come as probes, called only when the rule reaches them,
+at most once each; the tests hand it plain values (tests/recovery/test_takeover.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from recovery.adapters.identity import TakeoverDecision
+
+Verdict = Literal["own_action_live", "verify_stop", "take_over"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedOwner:
+    """What the receipt says of the owner, against this controller (no probe needed)."""
+
+    readable: bool  # the receipt parses into an owner
+    same_host: bool  # it names this controller's host
+    same_process: bool  # it names this very process (same boot id and PID)
+    live_here: bool  # its action is still running in this process
+    joined_here: bool  # its action was joined in this process and has finished
+
+
+@dataclass(frozen=True, slots=True)
+class Ruling:
+    verdict: Verdict
+    basis: str | None = None  # with take_over: why (audited with the claim)
+
+
+def takeover_ruling(
+    owner: RecordedOwner,
+    *,
+    stop_proof: Callable[[], bool],
+    process: Callable[[], TakeoverDecision],
+    copyback_barrier: Callable[[], bool],
+) -> Ruling:
+    """The ruling on `owner`: `stop_proof()` says whether the platform proved the recorded
+    worker stopped, `process()` whether its same-host process may be taken over, and
+    `copyback_barrier()` whether the run's copy-back is durably finished."""
+    if owner.same_process and owner.live_here:
+        return Ruling("own_action_live")
+    if owner.readable and stop_proof():
+        return Ruling("take_over", "platform_stop_proof")
+    if not owner.readable or not owner.same_host:
+        return Ruling("verify_stop")
+    if owner.same_process and owner.joined_here:
+        return Ruling("take_over", "same_boot_joined")
+    decision = process()
+    if not decision.allowed or not copyback_barrier():
+        return Ruling("verify_stop")
+    return Ruling("take_over", f"{decision.reason}+copyback_barrier")
