@@ -22,6 +22,7 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from leases.models import WorkspaceRuntimeLease
+from paperclip.admin_site import REFRESH_SECONDS
 from paperclip.models import ActivityEvent, BoardMembership, Company
 from tests.console.helpers import held, invalid_marker_lease, stale_lease
 from tests.paperclip.factories import CompanyFactory
@@ -145,10 +146,12 @@ def test_confirm_a_held_finalization_from_the_dashboard(page: Any) -> None:
 def test_the_dashboard_refreshes_in_place(page: Any) -> None:
     company = CompanyFactory()
     operator(company, username="ops")
+    page.clock.install()  # the page's timers run on a clock the test moves
     log_in(page, "ops")
     assert page.locator('a.console-tile[data-kind="finalization_held"]').count() == 0
     page.evaluate("window.__marker = 'same page'")
     held(company)
+    page.clock.fast_forward(REFRESH_SECONDS * 1000)  # the dashboard's own refresh timer fires
     page.wait_for_selector('a.console-tile[data-kind="finalization_held"]', timeout=30_000)
     assert page.evaluate("window.__marker") == "same page"  # no full reload
 
