@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
 from checkpoints.models import NativeRunnerCheckpoint
-from paperclip.admin import ReadOnlyAdmin, admin_id_link
+from paperclip.admin.toolkit import ReadOnlyAdmin, admin_id_link
 from paperclip.models import HeartbeatRun, Issue
 
 

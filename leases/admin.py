@@ -33,13 +33,13 @@ from leases.selectors import (
     with_stale_reason,
 )
 from leases.services import runtime_lease_force_release
-from paperclip.admin import (
+from paperclip.admin.lists import FlatCostListMixin
+from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
     DetailActionsMixin,
     admin_id_link,
 )
-from paperclip.admin_lists import FlatCostListMixin
 from paperclip.errors import DomainError
 from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
 from paperclip.templatetags.console import stamp

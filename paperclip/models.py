@@ -167,7 +167,7 @@ class ExecutionWorkspace(TimestampedModel):
         indexes: ClassVar[list[models.Index]] = [
             models.Index(fields=["company", "status"], name="exec_ws_company_status_idx"),
             models.Index(fields=["company", "source_issue"], name="exec_ws_company_src_issue_idx"),
-            # The admin's provider filter reads its choices from it (paperclip.admin_lists).
+            # The admin's provider filter reads its choices from it (paperclip.admin.lists).
             models.Index(fields=["provider_type"], name="exec_ws_provider_type_idx"),
         ]
 

@@ -1,5 +1,7 @@
-"""The layout's rules, checked on the code itself (README, "Layout and conventions").
+"""The layout's rules, checked on the code itself (docs/architecture.md).
 
+- Every app imports only the apps on the floors below it: the core (`paperclip`), then
+  `leases` and `checkpoints`, then `recovery`, then the console (`paperclip.console`).
 - The domain (models, services, selectors, locks, errors, adapters) never imports the API
   layer or the admin: views call services, not the other way round.
 - No private name is imported from another app.
@@ -63,6 +65,51 @@ def test_the_domain_never_imports_the_api_layer_or_the_admin() -> None:
         if {"api", "admin"} & set(target.split("."))
     ]
     assert offenders == []
+
+
+# The floors (docs/architecture.md#floors): an app may import its own modules and those of the
+# apps on lower floors, never one on its own floor or above. `leases.environment` is part of
+# `leases`; the console is a Django app of its own nested in the project package.
+FLOORS = {"paperclip": 0, "leases": 1, "checkpoints": 1, "recovery": 2, "paperclip.console": 3}
+
+
+def _app_of(module: str) -> str:
+    if module == "paperclip.console" or module.startswith("paperclip.console."):
+        return "paperclip.console"
+    return module.split(".")[0]
+
+
+def floor_violations(modules: dict[str, Path]) -> list[str]:
+    out = []
+    for module, path in modules.items():
+        own = _app_of(module)
+        for target, _, line in _imports(path):
+            other = _app_of(target)
+            if other != own and FLOORS[other] >= FLOORS[own]:
+                out.append(f"{module}:{line} imports {target} ({other} is not below {own})")
+    return out
+
+
+def test_every_app_imports_only_the_floors_below_it() -> None:
+    assert floor_violations(MODULES) == []
+
+
+def test_the_floor_rule_catches_an_upward_or_sideways_import(tmp_path: Path) -> None:
+    module = tmp_path / "bad.py"
+    module.write_text(
+        "from recovery.models import IssueRecoveryAction\n"
+        "def f():\n"
+        "    from checkpoints import selectors\n"  # a lazy import counts too
+    )
+    assert floor_violations({"paperclip.bad": module, "leases.bad": module}) == [
+        "paperclip.bad:1 imports recovery.models (recovery is not below paperclip)",
+        "paperclip.bad:3 imports checkpoints (checkpoints is not below paperclip)",
+        "leases.bad:1 imports recovery.models (recovery is not below leases)",
+        "leases.bad:3 imports checkpoints (checkpoints is not below leases)",
+    ]
+    console = tmp_path / "console.py"
+    console.write_text("import recovery.models\nfrom paperclip.console import site\n")
+    assert floor_violations({"paperclip.console.x": console}) == []
 
 
 def test_no_private_name_is_imported_from_another_app() -> None:

@@ -19,6 +19,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from leases.environment.attention import cleanup_attention, failed_cleanups
 from leases.environment.export_resume import (
     export_resume_has,
     export_resume_problem,
@@ -27,9 +28,8 @@ from leases.environment.export_resume import (
     stop_only_cleanup_problem,
 )
 from leases.models import EnvironmentLease
-from paperclip.admin import COMPANY_FILTER, AuditedAdmin, ReadOnlyAdmin, console_panel
+from paperclip.admin.toolkit import COMPANY_FILTER, AuditedAdmin, ReadOnlyAdmin, console_panel
 from paperclip.models import Environment
-from paperclip.selectors.attention import cleanup_attention, failed_cleanups
 
 
 class StopOnlyFilter(admin.SimpleListFilter):
@@ -62,7 +62,7 @@ class StopOnlyFilter(admin.SimpleListFilter):
 
 
 class CleanupAttentionFilter(admin.SimpleListFilter):
-    """The dashboard's cleanup tiles (paperclip.selectors.attention builders)."""
+    """The dashboard's cleanup tiles (leases.environment.attention builders)."""
 
     title = "needs attention"
     parameter_name = "attention"

@@ -7,6 +7,7 @@ Other apps import these to render core objects the same way everywhere, e.g.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -16,7 +17,6 @@ from rest_framework import serializers
 from paperclip.ids import parse_uuid
 from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
 from paperclip.receipts import owner_receipt_json
-from recovery.selectors.finalization import finalization_state
 
 
 def _json_type_error(field: serializers.Field[Any, Any, Any, Any], value: Any) -> str | None:
@@ -212,24 +212,16 @@ class FinalizationOwnerSerializer(serializers.Serializer[Any]):
     )
 
 
-@extend_schema_serializer(component_name="RunFinalization")
-class FinalizationStateSerializer(serializers.Serializer[Any]):
-    state = serializers.ChoiceField(
-        choices=[
-            "none",
-            "waiting",
-            "queued",
-            "running",
-            "retry_scheduled",
-            "held",
-            "failed",
-            "committed",
-        ]
-    )
-    reason = serializers.CharField(allow_null=True, help_text="The NotAcquired reason while held.")
-    attempts = serializers.IntegerField()
-    next_attempt_at = serializers.DateTimeField(allow_null=True)
-    last_error = serializers.CharField(allow_null=True)
+# Blocks of the Run JSON computed by the apps above the core (recovery's `finalization`),
+# registered when their app is ready: each is a read-only field over the whole run.
+_RUN_BLOCKS: dict[str, Callable[[], serializers.Field[Any, Any, Any, Any]]] = {}
+
+
+def run_block_register(
+    name: str, field: Callable[[], serializers.Field[Any, Any, Any, Any]]
+) -> None:
+    """Add the Run JSON block `name`, rendered by `field()` (read-only, `source="*"`)."""
+    _RUN_BLOCKS[name] = field
 
 
 class RunOutputSerializer(serializers.Serializer[HeartbeatRun]):
@@ -246,17 +238,17 @@ class RunOutputSerializer(serializers.Serializer[HeartbeatRun]):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     finalization_owner = serializers.SerializerMethodField()
-    finalization = serializers.SerializerMethodField()
 
     @staticmethod
     @extend_schema_field(FinalizationOwnerSerializer(allow_null=True))
     def get_finalization_owner(run: HeartbeatRun) -> dict[str, Any] | None:
         return owner_receipt_json(run.runner_profile_json)
 
-    @staticmethod
-    @extend_schema_field(FinalizationStateSerializer)
-    def get_finalization(run: HeartbeatRun) -> dict[str, Any]:
-        return dict(FinalizationStateSerializer(finalization_state(run).as_json()).data)
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        for name, field in _RUN_BLOCKS.items():
+            fields[name] = field()
+        return fields
 
 
 def company_to_json(company: Company) -> dict[str, Any]:

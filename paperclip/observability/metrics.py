@@ -16,11 +16,12 @@ durations, jobs) is counted where it happens.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Histogram
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _COPY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -212,3 +213,20 @@ def error_observed(code: str, status: int) -> None:
         FENCED_WRITES_REJECTED.labels(code).inc()
     elif code == "cleanup_attempt_stale":
         ENVIRONMENT_CLEANUPS.labels("stale_receipt").inc()
+
+
+# --- Collectors read at scrape time ---------------------------------------------------------
+# Gauges computed from the database when /metrics is read, contributed by the app that owns
+# what they count (the console's stuck-work gauges, registered when the app is ready): the
+# core serves them without importing the apps above it.
+_SCRAPE_COLLECTORS: list[Callable[[], Collector]] = []
+
+
+def scrape_collector_register(factory: Callable[[], Collector]) -> None:
+    """Add a collector built afresh for every scrape (idempotent)."""
+    if factory not in _SCRAPE_COLLECTORS:
+        _SCRAPE_COLLECTORS.append(factory)
+
+
+def scrape_collectors() -> list[Collector]:
+    return [factory() for factory in _SCRAPE_COLLECTORS]

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, mult
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from paperclip.api.errors import error_body, json_not_found
-from paperclip.observability.gauges import StuckWorkCollector
+from paperclip.observability.metrics import scrape_collectors
 
 
 def _authorized(request: HttpRequest) -> bool:
@@ -28,7 +28,7 @@ def _authorized(request: HttpRequest) -> bool:
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """The Prometheus text format: this host's processes' counters and histograms (summed over
-    PAPERCLIP_METRICS_DIR), then the stuck-work gauges read from the database now. 404 unless
+    PAPERCLIP_METRICS_DIR), then the gauges read from the database now (the stuck work). 404 unless
     PAPERCLIP_METRICS_ENABLED; with PAPERCLIP_METRICS_TOKEN set, 401 without that bearer."""
     if not settings.PAPERCLIP_METRICS_ENABLED:
         return json_not_found(request)  # as for any unknown path
@@ -47,7 +47,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         multiprocess.MultiProcessCollector(processes)  # type: ignore[no-untyped-call]
     else:  # the only process there is (metrics enabled after start-up, as in tests)
         processes = REGISTRY
-    stuck = CollectorRegistry(auto_describe=False)
-    stuck.register(StuckWorkCollector())
-    body = generate_latest(processes) + generate_latest(stuck)
+    read_now = CollectorRegistry(auto_describe=False)
+    for collector in scrape_collectors():
+        read_now.register(collector)
+    body = generate_latest(processes) + generate_latest(read_now)
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

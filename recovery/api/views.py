@@ -26,13 +26,13 @@ from paperclip.api.serializers import (
     INVALID_REQUEST,
     NOT_FOUND,
     RESOURCE_BUSY,
-    FinalizationStateSerializer,
     StrictInputSerializer,
     UUIDBodyField,
     error_responses,
 )
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
+from recovery.api.serializers import FinalizationStateSerializer
 from recovery.errors import FinalizationFailed, FinalizationNotAcquired
 from recovery.selectors.actions import recovery_action_list_for_issue
 from recovery.selectors.finalization import (

@@ -22,7 +22,7 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.admin_site import REFRESH_SECONDS
+from paperclip.console.site import REFRESH_SECONDS
 from paperclip.models import ActivityEvent, BoardMembership, Company
 from tests.console.helpers import held, invalid_marker_lease, stale_lease
 from tests.paperclip.factories import CompanyFactory

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
+from leases.attention import stale_runtime_leases
 from leases.models import WorkspaceRuntimeLease
 from leases.selectors import STALE, runtime_lease_stale_page, stale_candidate_ids
 from leases.selectors import with_stale_reason as judged
 from paperclip.models import HeartbeatRun, Issue
-from paperclip.selectors.attention import stale_runtime_leases
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
     AgentFactory,

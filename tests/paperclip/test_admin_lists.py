@@ -1,4 +1,4 @@
-"""Changelists whose cost stays flat (paperclip.admin_lists): the capped count, the indexed
+"""Changelists whose cost stays flat (paperclip.admin.lists): the capped count, the indexed
 "all values" filter and the *when* filter that stands in for date_hierarchy."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from paperclip.admin_lists import LIST_COUNT_CAP, distinct_values
+from paperclip.admin.lists import LIST_COUNT_CAP, distinct_values
 from paperclip.models import ActivityEvent, Company
 
 EVENTS = reverse("admin:paperclip_activityevent_changelist")

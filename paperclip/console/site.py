@@ -28,47 +28,16 @@ REFRESH_SECONDS = 15
 
 
 def member_company_ids(request: HttpRequest) -> list[UUID] | None:
-    """Companies the staff user may see in the console; None means all (superuser)."""
-    from paperclip.models import BoardMembership
+    from paperclip.admin.toolkit import member_company_ids as scope
 
-    user: Any = request.user
-    if user.is_superuser:
-        return None
-    return list(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))
-
-
-_TILE_LINKS: dict[str, tuple[str, dict[str, str]]] = {
-    "finalization_held": ("admin:recovery_issuerecoveryaction_changelist", {"hold": "board"}),
-    "finalization_failed": (
-        "admin:paperclip_nativerunfinalization_changelist",
-        {"attention": "failed"},
-    ),
-    "finalization_retrying": (
-        "admin:paperclip_nativerunfinalization_changelist",
-        {"attention": "retrying"},
-    ),
-    "authority_expired": (
-        "admin:paperclip_nativerunfinalization_changelist",
-        {"attention": "authority_expired"},
-    ),
-    "cleanup_failed": ("admin:leases_environmentlease_changelist", {"attention": "cleanup_failed"}),
-    "cleanup_claim_overdue": (
-        "admin:leases_environmentlease_changelist",
-        {"attention": "claim_overdue"},
-    ),
-    "cleanup_marker_invalid": (
-        "admin:leases_environmentlease_changelist",
-        {"stop_only": "invalid"},
-    ),
-    "job_failed": ("admin:procrastinate_procrastinatejob_changelist", {"status__exact": "failed"}),
-    "worker_heartbeat_stale": ("admin:paperclip_workerprocess_changelist", {}),
-}
+    return scope(request)
 
 
 def _tile_target(kind: str, detail: str | None) -> tuple[str, dict[str, str]]:
-    if kind == "runtime_lease_stale":
-        return "admin:leases_workspaceruntimelease_changelist", {"stale_reason": detail or ""}
-    return _TILE_LINKS[kind]
+    from paperclip.console.attention import SOURCES
+
+    source = next(source for source in SOURCES if kind in source.kinds)
+    return source.link(kind, detail)
 
 
 def tile_url(kind: str, detail: str | None) -> str:
@@ -93,7 +62,7 @@ class ConsoleAdminSite(admin.AdminSite):
         ]
 
     def _attention_context(self, request: HttpRequest) -> dict[str, Any]:
-        from paperclip.selectors.attention import attention_summary
+        from paperclip.console.attention import attention_summary
 
         user: Any = request.user
         summary = attention_summary(
@@ -140,7 +109,7 @@ class ConsoleAdminSite(admin.AdminSite):
     def search_view(self, request: HttpRequest) -> HttpResponse:
         """Find a run, issue, workspace, lease, recovery action or company by id (any of the
         operator's companies); one hit opens it, several are listed."""
-        from paperclip.selectors.lookup import console_lookup
+        from paperclip.console.lookup import console_lookup
 
         query = (request.GET.get("q") or "").strip()
         hits = console_lookup(query=query, company_ids=member_company_ids(request))
@@ -176,4 +145,4 @@ def _change_url(model: type[Any], pk: Any) -> str:
 
 
 class PaperclipAdminConfig(AdminConfig):
-    default_site = "paperclip.admin_site.ConsoleAdminSite"
+    default_site = "paperclip.console.site.ConsoleAdminSite"

@@ -19,24 +19,24 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from paperclip.access import board_actor
-from paperclip.admin import (
+from paperclip.admin.lists import FlatCostListMixin, IndexedValuesListFilter
+from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
     DetailActionsMixin,
     admin_id_link,
     admin_link,
+    member_company_ids,
 )
-from paperclip.admin_lists import FlatCostListMixin, IndexedValuesListFilter
-from paperclip.admin_site import member_company_ids
 from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
-from paperclip.selectors.attention import held_finalization_actions
 from paperclip.templatetags.console import stamp
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.attention import held_finalization_actions
 from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
@@ -111,7 +111,7 @@ class OwnerStopForm(forms.Form):
 
 class HoldFilter(admin.SimpleListFilter):
     """The dashboard's "held for the board" tile: owner-unverified holds not yet confirmed
-    (`paperclip.selectors.attention.held_finalization_actions`)."""
+    (`recovery.selectors.attention.held_finalization_actions`)."""
 
     title = "board hold"
     parameter_name = "hold"

@@ -1,0 +1,290 @@
+"""Admin for the core models.
+
+The board sets up companies, memberships, agents, issues and execution workspaces here as
+ordinary editable records (each save writes an audit row). Records whose state changes only
+through services (results, workspace operations, credentials) are read-only; credentials are
+revoked through an action that calls the service. Runs, coordinators and the audit log have
+their pages in the console and in recovery (they link to every app's rows).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
+from paperclip.admin.toolkit import (
+    COMPANY_FILTER,
+    AuditedAdmin,
+    CompanyListFilter,
+    ReadOnlyAdmin,
+)
+from paperclip.credentials import agent_key_revoke, board_token_revoke
+from paperclip.errors import DomainError
+from paperclip.models import (
+    Agent,
+    AgentApiKey,
+    BoardApiToken,
+    BoardMembership,
+    Company,
+    ExecutionWorkspace,
+    ExecutionWorkspaceSnapshot,
+    Issue,
+    NativeRunResult,
+    WorkspaceOperation,
+)
+from paperclip.services import absolute_path_error
+
+# Django's admin and form classes are not subscriptable at runtime (no django-stubs-ext patch).
+if TYPE_CHECKING:
+    _TabularInline = admin.TabularInline[Any, Any]
+    _ModelForm = forms.ModelForm[Any]
+else:
+    _TabularInline = admin.TabularInline
+    _ModelForm = forms.ModelForm
+
+
+@admin.register(Company)
+class CompanyAdmin(AuditedAdmin):
+    company_lookup = "id"
+    audit_entity = "company"
+    list_display = ("name", "id", "created_at")
+    search_fields = ("name", "id")
+    readonly_fields = ("id", "created_at", "updated_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # As in the API: only superusers create companies.
+        return bool(getattr(request.user, "is_superuser", False))
+
+
+@admin.register(BoardMembership)
+class BoardMembershipAdmin(AuditedAdmin):
+    audit_entity = "board_membership"
+    list_display = ("user", "company", "created_at")
+    list_filter = (COMPANY_FILTER,)
+    search_fields = ("user__username", "company__name")
+    autocomplete_fields = ("company",)
+    readonly_fields = ("created_at",)
+
+
+class AgentApiKeyInline(_TabularInline):
+    model = AgentApiKey
+    extra = 0
+    can_delete = False
+    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Agent)
+class AgentAdmin(AuditedAdmin):
+    audit_entity = "agent"
+    list_display = ("name", "company", "role", "status", "id", "created_at")
+    list_filter = ("role", "status", COMPANY_FILTER)
+    search_fields = ("name", "id")
+    autocomplete_fields = ("company",)
+    readonly_fields = ("id", "created_at", "updated_at")
+    inlines = (AgentApiKeyInline,)
+
+
+class _CredentialAdmin(ReadOnlyAdmin):
+    @admin.display(boolean=True, description="active")
+    def active(self, obj: AgentApiKey | BoardApiToken) -> bool:
+        return obj.revoked_at is None
+
+    def _revoke_each(self, request: HttpRequest, ids: list[Any], revoke: Any, arg: str) -> None:
+        revoked, unchanged, failed = 0, 0, []
+        for pk in ids:
+            try:
+                result = revoke(**{arg: pk}, actor_type="user", actor_id=str(request.user.pk))
+            except DomainError as exc:
+                failed.append(f"{pk}: {exc.code}")
+                continue
+            if result.changed:
+                revoked += 1
+            else:
+                unchanged += 1
+        level = messages.WARNING if failed else messages.SUCCESS
+        self.message_user(
+            request,
+            f"Revoked {revoked}; already revoked {unchanged}; "
+            f"failed: {', '.join(failed) or 'none'}",
+            level,
+        )
+
+
+@admin.register(AgentApiKey)
+class AgentApiKeyAdmin(_CredentialAdmin):
+    company_lookup = "agent__company_id"
+    list_display = ("__str__", "agent", "name", "active", "created_at", "last_used_at")
+    list_filter = (
+        ("revoked_at", admin.EmptyFieldListFilter),
+        ("agent__company", CompanyListFilter),
+    )
+    search_fields = ("prefix", "name", "agent__name", "agent__id")
+    list_select_related = ("agent",)
+    exclude = ("secret_sha256",)
+    actions = ("revoke_selected",)
+
+    @admin.action(description="Revoke selected agent keys", permissions=["revoke"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[AgentApiKey]) -> None:
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True))
+        self._revoke_each(request, ids, agent_key_revoke, "key_id")
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        # Visible keys belong to the user's companies (get_queryset); board staff may revoke them.
+        return bool(getattr(request.user, "is_staff", False))
+
+
+@admin.register(BoardApiToken)
+class BoardApiTokenAdmin(_CredentialAdmin):
+    list_display = ("__str__", "user", "name", "active", "created_at", "last_used_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("prefix", "name", "user__username")
+    list_select_related = ("user",)
+    exclude = ("secret_sha256",)
+    actions = ("revoke_selected",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[BoardApiToken]:
+        queryset = admin.ModelAdmin.get_queryset(self, request)
+        user: Any = request.user
+        return queryset if user.is_superuser else queryset.filter(user=user)
+
+    @admin.action(description="Revoke selected board tokens", permissions=["revoke"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[BoardApiToken]) -> None:
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True))
+        self._revoke_each(request, ids, board_token_revoke, "token_id")
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return bool(getattr(request.user, "is_staff", False))
+
+
+class IssueAdminForm(_ModelForm):
+    class Meta:
+        model = Issue
+        fields = (
+            "company",
+            "title",
+            "status",
+            "hidden_at",
+            "assignee_agent",
+            "execution_workspace",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        company = data.get("company")
+        for field in ("assignee_agent", "execution_workspace"):
+            related = data.get(field)
+            if related is not None and company is not None and related.company_id != company.pk:
+                self.add_error(field, "Must belong to the issue's company.")
+        return data
+
+
+@admin.register(Issue)
+class IssueAdmin(AuditedAdmin):
+    form = IssueAdminForm
+    audit_entity = "issue"
+    list_display = (
+        "title",
+        "company",
+        "status",
+        "assignee_agent",
+        "execution_run",
+        "hidden_at",
+        "updated_at",
+    )
+    list_filter = ("status", ("hidden_at", admin.EmptyFieldListFilter), COMPANY_FILTER)
+    search_fields = ("title", "id")
+    list_select_related = ("company", "assignee_agent")
+    autocomplete_fields = ("company", "assignee_agent", "execution_workspace")
+    # The execution lock moves only with run status changes (services).
+    readonly_fields = (
+        "id",
+        "execution_run",
+        "checkout_run",
+        "execution_locked_at",
+        "created_at",
+        "updated_at",
+    )
+
+
+class ExecutionWorkspaceAdminForm(_ModelForm):
+    class Meta:
+        model = ExecutionWorkspace
+        fields = (
+            "company",
+            "name",
+            "status",
+            "cwd",
+            "source_issue",
+            "mode",
+            "strategy_type",
+            "provider_type",
+            "provider_ref",
+            "metadata",
+        )
+
+    def clean_cwd(self) -> str | None:
+        cwd = self.cleaned_data.get("cwd") or None
+        if cwd is not None and (problem := absolute_path_error(cwd)):
+            raise forms.ValidationError(problem)
+        return cwd
+
+
+@admin.register(ExecutionWorkspace)
+class ExecutionWorkspaceAdmin(AuditedAdmin):
+    form = ExecutionWorkspaceAdminForm
+    audit_entity = "execution_workspace"
+    list_display = ("name", "company", "status", "cwd", "runtime_lease_generation", "last_used_at")
+    list_filter = ("status", ("provider_type", IndexedValuesListFilter), COMPANY_FILTER)
+    search_fields = ("name", "id", "cwd")
+    list_select_related = ("company",)
+    autocomplete_fields = ("company", "source_issue")
+    # The lease generation is a fencing counter owned by the lease service.
+    readonly_fields = ("id", "runtime_lease_generation", "opened_at", "created_at", "updated_at")
+
+
+@admin.register(ExecutionWorkspaceSnapshot)
+class ExecutionWorkspaceSnapshotAdmin(ReadOnlyAdmin):
+    list_display = ("id", "execution_workspace", "status", "created_at")
+    list_filter = ("status",)
+    search_fields = ("id", "execution_workspace__id")
+
+
+@admin.register(NativeRunResult)
+class NativeRunResultAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "run",
+        "schema_status",
+        "rejection_code",
+        "caller_result_id",
+        "created_at",
+    )
+    list_filter = ("schema_status", COMPANY_FILTER)
+    search_fields = ("id", "run__id", "caller_result_id", "server_fingerprint")
+
+
+@admin.register(WorkspaceOperation)
+class WorkspaceOperationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "phase",
+        "company",
+        "status",
+        "execution_workspace",
+        "heartbeat_run",
+        "lease_generation",
+        "exit_code",
+        "started_at",
+        "finished_at",
+    )
+    list_filter = ("phase", "status", recent_filter("started_at", "started"), COMPANY_FILTER)
+    search_fields = ("id", "heartbeat_run__id", "execution_workspace__id", "command")

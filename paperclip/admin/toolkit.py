@@ -1,0 +1,250 @@
+"""The admin toolkit every app's admin builds on: company scoping (a staff user who is not a
+superuser sees only the companies they are a board member of), the company filter, links to
+console pages, the activity timeline and detail actions of a change page, and the read-only
+and audited base admins.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+from uuid import UUID
+
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from paperclip.activity import activity_record
+from paperclip.admin.lists import FlatCostListMixin
+from paperclip.models import (
+    ActivityEvent,
+    BoardMembership,
+    Company,
+)
+
+# Django's admin and form classes are not subscriptable at runtime (no django-stubs-ext patch).
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+
+class CompanyListFilter(admin.RelatedFieldListFilter):
+    """The company filter, offering only the operator's companies (the stock one would list
+    every company's name to any staff user)."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[Any]:
+        ids = member_company_ids(request)
+        companies = Company.objects.order_by("name")
+        if ids is not None:
+            companies = companies.filter(pk__in=ids)
+        return [(c.pk, c.name) for c in companies]
+
+
+COMPANY_FILTER = ("company", CompanyListFilter)
+
+
+def console_panel(
+    *,
+    panel_id: str,
+    state: str,
+    title: str,
+    headline: str,
+    lines: list[str] | tuple[str, ...] = (),
+    ok: bool = False,
+) -> SafeString:
+    """A "why, in words" panel for the top of a detail page (rendered with autoescaping)."""
+    return SafeString(
+        render_to_string(
+            "admin/console/panel.html",
+            {
+                "panel_id": panel_id,
+                "state": state,
+                "title": title,
+                "headline": headline,
+                "lines": lines,
+                "ok": ok,
+            },
+        )
+    )
+
+
+def admin_link(obj: Any, label: Any = None) -> SafeString | str:
+    """A link to `obj`'s admin page (its change view); plain text if it has none. Pages are
+    company-scoped, so a link never shows more than the operator may see."""
+    if obj is None:
+        return "—"
+    opts = obj._meta
+    if not admin.site.is_registered(type(obj)):
+        return str(label if label is not None else obj)
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, label if label is not None else obj)
+
+
+def admin_id_link(model: Any, pk: Any, label: Any = None) -> SafeString | str:
+    """A link to the object of `model` with primary key `pk` (not loaded)."""
+    if pk is None:
+        return "—"
+    opts = model._meta
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    return format_html('<a href="{}">{}</a>', url, label if label is not None else pk)
+
+
+class ActivityTimelineMixin:
+    """The HISTORY page of a state-bearing object is its audit timeline: the ActivityEvent
+    rows naming it (`timeline_entity_ids`) or, for runs, carrying its run id."""
+
+    timeline_limit: int = 500
+
+    def timeline_entity_ids(self, obj: Any) -> list[str]:
+        return [str(obj.pk)]
+
+    def timeline_run_id(self, obj: Any) -> Any:
+        return None
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        model_admin: Any = self
+        obj = model_admin.get_object(request, unquote(object_id))
+        if obj is None:
+            return model_admin._get_obj_does_not_exist_redirect(
+                request, model_admin.model._meta, object_id
+            )
+        if not model_admin.has_view_or_change_permission(request, obj):
+            raise PermissionDenied
+        condition = Q(entity_id__in=self.timeline_entity_ids(obj))
+        run_id = self.timeline_run_id(obj)
+        if run_id is not None:
+            condition |= Q(run_id=run_id)
+        events = ActivityEvent.objects.filter(condition)
+        company_id = getattr(obj, "company_id", None)
+        if company_id is not None:
+            events = events.filter(company_id=company_id)
+        ids = member_company_ids(request)
+        if ids is not None:
+            events = events.filter(company_id__in=ids)
+        rows = list(events.order_by("-created_at", "-id")[: self.timeline_limit])
+        opts = model_admin.model._meta
+        context = {
+            **model_admin.admin_site.each_context(request),
+            "title": f"Activity of {obj}",
+            "subtitle": None,
+            "object": obj,
+            "opts": opts,
+            "events": [
+                (event, json.dumps(event.details, indent=2, sort_keys=True)) for event in rows
+            ],
+            "limit": self.timeline_limit,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/console/timeline.html", context)
+
+
+class DetailActionsMixin:
+    """Actions as buttons on the detail page: each button posts the object to the changelist's
+    own action (same confirmation page, same service, same permission), and panels that say
+    in words why the object needs attention appear above its fields."""
+
+    change_form_template: ClassVar[Any] = "admin/console/change_form.html"
+
+    def detail_actions(self, request: HttpRequest, obj: Any) -> list[dict[str, Any]]:
+        return []
+
+    def detail_panels(self, request: HttpRequest, obj: Any) -> list[SafeString]:
+        return []
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        model_admin: Any = self
+        obj = model_admin.get_object(request, unquote(object_id))
+        extra = dict(extra_context or {})
+        if obj is not None:
+            actions = model_admin.get_actions(request)
+            extra["console_actions"] = [
+                item for item in self.detail_actions(request, obj) if item["action"] in actions
+            ]
+            extra["console_panels"] = self.detail_panels(request, obj)
+        response: HttpResponse = super().change_view(  # type: ignore[misc]
+            request, object_id, form_url, extra
+        )
+        return response
+
+
+class CompanyScopedAdmin(FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
+    """Limits rows (and foreign-key choices) to the user's companies; lists count at most
+    LIST_COUNT_CAP rows (paperclip.admin.lists)."""
+
+    company_lookup = "company_id"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        ids = member_company_ids(request)
+        if ids is None:
+            return queryset
+        return queryset.filter(**{f"{self.company_lookup}__in": ids})
+
+    def formfield_for_foreignkey(
+        self, db_field: Any, request: HttpRequest, **kwargs: Any
+    ) -> forms.ModelChoiceField[Any] | None:
+        ids = member_company_ids(request)
+        if ids is not None:
+            related = db_field.related_model
+            if related is Company:
+                kwargs["queryset"] = Company.objects.filter(pk__in=ids)
+            elif any(f.name == "company" for f in related._meta.fields):
+                kwargs["queryset"] = related.objects.filter(company_id__in=ids)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+class ReadOnlyAdmin(CompanyScopedAdmin):
+    """State that changes only through services: browse, never add, edit or delete."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AuditedAdmin(CompanyScopedAdmin):
+    """Editable setup records: every admin save writes one audit row in its transaction."""
+
+    audit_entity: str = ""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        company_id = obj.pk if isinstance(obj, Company) else getattr(obj, "company_id", None)
+        activity_record(
+            company_id=company_id,
+            actor_type=ActivityEvent.ActorType.USER,
+            actor_id=str(request.user.pk),
+            action=f"{self.audit_entity}.{'updated' if change else 'created'}",
+            entity_type=self.audit_entity,
+            entity_id=str(obj.pk),
+            details={"via": "admin", "fields": sorted(form.changed_data)},
+        )
+
+
+def member_company_ids(request: HttpRequest) -> list[UUID] | None:
+    """Companies the staff user may see in the console; None means all (superuser)."""
+    user: Any = request.user
+    if user.is_superuser:
+        return None
+    return list(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))

@@ -1,0 +1,209 @@
+"""The console's pages that gather every app's rows: a run's page (its coordinator, leases,
+recovery actions, checkpoint parts, operations and audit rows, with "Finalize now") and the
+audit log, whose entity ids link to each app's page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString
+
+from leases.models import EnvironmentLease
+from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
+from paperclip.admin.toolkit import (
+    COMPANY_FILTER,
+    ReadOnlyAdmin,
+    admin_id_link,
+)
+from paperclip.console.run_related import run_related
+from paperclip.ids import parse_uuid
+from paperclip.models import (
+    ActivityEvent,
+    Agent,
+    Company,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    WorkspaceOperation,
+)
+from paperclip.templatetags.console import stamp
+from recovery.admin.finalization import FinalizeNowMixin
+from recovery.models import IssueRecoveryAction
+from recovery.selectors.finalization import finalization_state
+
+
+class NativePhaseFilter(admin.SimpleListFilter):
+    """The coordinator phases a native run records (a fixed list: the stock filter would read
+    the distinct values of every run)."""
+
+    title = "native phase"
+    parameter_name = "native_phase"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, str(label)) for value, label in NativeRunFinalization.Phase.choices]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[HeartbeatRun]
+    ) -> QuerySet[HeartbeatRun]:
+        value = self.value()
+        return queryset.filter(native_phase=value) if value else queryset
+
+
+@admin.register(HeartbeatRun)
+class HeartbeatRunAdmin(FinalizeNowMixin, ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "company",
+        "agent",
+        "issue",
+        "status",
+        "runtime_mode",
+        "native_phase",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = (
+        "status",
+        "runtime_mode",
+        NativePhaseFilter,
+        recent_filter("created_at", "created"),
+        COMPANY_FILTER,
+    )
+    search_fields = ("=id", "agent__name", "issue__title", "=issue__id")
+    list_select_related = ("company", "agent", "issue")
+    actions = ("finalize_now",)
+    readonly_fields = ("related_objects",)
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "company",
+                    "agent",
+                    "issue",
+                    "native_issue",
+                    "execution_workspace",
+                    "status",
+                    "runtime_mode",
+                    "native_phase",
+                    "native_phase_updated_at",
+                    "execution_stage",
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                )
+            },
+        ),
+        ("Related", {"fields": ("related_objects",)}),
+        (
+            "Controller and profile",
+            {
+                "classes": ("collapse",),
+                "fields": (
+                    "controller_boot_id",
+                    "controller_lease_expires_at",
+                    "process_pid",
+                    "process_started_at",
+                    "completion_contract_id",
+                    "native_session_id",
+                    "runner_profile_json",
+                    "context_snapshot",
+                    "result_json",
+                ),
+            },
+        ),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [
+            "related_objects",
+            *(f.name for f in HeartbeatRun._meta.fields),
+        ]
+
+    def timeline_run_id(self, obj: HeartbeatRun) -> Any:
+        return obj.pk
+
+    @admin.display(description="lease, actions, checkpoints, coordinator, operations, audit")
+    def related_objects(self, obj: HeartbeatRun) -> SafeString:
+        related = run_related(obj)
+        state = (
+            finalization_state(obj, coordinator=related.coordinator)
+            if related.coordinator is not None
+            else None
+        )
+        return SafeString(  # rendered through an autoescaping template
+            render_to_string(
+                "admin/console/run_related.html",
+                {"run": obj, "related": related, "finalization": state},
+            )
+        )
+
+    def detail_actions(self, request: HttpRequest, obj: HeartbeatRun) -> list[dict[str, Any]]:
+        if obj.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE:
+            return []
+        coordinator = NativeRunFinalization.objects.filter(run_id=obj.pk).first()
+        if coordinator is None or coordinator.result_id is None or coordinator.phase == "committed":
+            return []
+        return [{"action": "finalize_now", "label": "Finalize now", "primary": True}]
+
+    @admin.action(description="Finalize selected runs now", permissions=["finalize"])
+    def finalize_now(self, request: HttpRequest, queryset: QuerySet[HeartbeatRun]) -> None:
+        self._finalize_each(request, list(queryset.order_by("pk").values_list("company_id", "pk")))
+
+
+@admin.register(ActivityEvent)
+class ActivityEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "created",
+        "company",
+        "action",
+        "actor_type",
+        "actor_id",
+        "entity_type",
+        "entity",
+    )
+    list_select_related = ("company",)
+
+    @admin.display(description="when (UTC)", ordering="created_at")
+    def created(self, obj: ActivityEvent) -> SafeString | str:
+        return stamp(obj.created_at)
+
+    @admin.display(description="entity", ordering="entity_id")
+    def entity(self, obj: ActivityEvent) -> SafeString | str:
+        model = _ENTITY_MODELS.get(obj.entity_type)
+        if model is None or parse_uuid(obj.entity_id) is None:
+            return obj.entity_id
+        return admin_id_link(model, obj.entity_id)
+
+    # No date_hierarchy and no stock "all values" filters: their links read every row
+    # (paperclip.admin.lists).
+    list_filter = (
+        ("action", IndexedValuesListFilter),
+        "actor_type",
+        ("entity_type", IndexedValuesListFilter),
+        recent_filter("created_at", "when"),
+        COMPANY_FILTER,
+    )
+    search_fields = ("entity_id", "actor_id")
+
+
+# Audit rows' entity types whose id is the primary key of a console page (lease rows are named
+# by their workspace, whose page links on to the lease).
+_ENTITY_MODELS: dict[str, Any] = {
+    "company": Company,
+    "agent": Agent,
+    "issue": Issue,
+    "heartbeat_run": HeartbeatRun,
+    "execution_workspace": ExecutionWorkspace,
+    "native_run_finalization": NativeRunFinalization,
+    "workspace_operation": WorkspaceOperation,
+    "environment_lease": EnvironmentLease,
+    "issue_recovery_action": IssueRecoveryAction,
+}
