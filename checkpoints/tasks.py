@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-from procrastinate.contrib.django import app
-
 from checkpoints.services import expired_authorities_sweep
-from paperclip.worker.schedule import cron_every
+from paperclip.worker.schedule import maintenance_task
 
 
-@app.periodic(
-    cron=cron_every(
-        settings.PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS,
-        setting="PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS",
-    ),
-    periodic_id="expire_runner_authorities",
-)
-@app.task(
-    name="expire_runner_authorities",
-    queue="maintenance",
-    queueing_lock="expire_runner_authorities",
-)
+@maintenance_task("expire_runner_authorities", every="PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS")
 def expire_runner_authorities(timestamp: int) -> str:
     """`manage.py expire_runner_authorities`, every PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS."""
     sweep = expired_authorities_sweep()

@@ -12,26 +12,15 @@ from django.db.models.functions import Now
 from procrastinate import JobContext
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs as procrastinate_jobs
-from procrastinate.contrib.django import app
 
 from paperclip.models import JobError, WorkerProcess
-from paperclip.worker.schedule import cron_every
+from paperclip.worker.schedule import maintenance_task
 
 logger = logging.getLogger(__name__)
 
 
-@app.periodic(
-    cron=cron_every(
-        settings.PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS,
-        setting="PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS",
-    ),
-    periodic_id="recover_stalled_jobs",
-)
-@app.task(
-    name="recover_stalled_jobs",
-    queue="maintenance",
-    queueing_lock="recover_stalled_jobs",
-    pass_context=True,
+@maintenance_task(
+    "recover_stalled_jobs", every="PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS", pass_context=True
 )
 async def recover_stalled_jobs(context: JobContext, timestamp: int) -> str:
     """Retry the running jobs of workers whose heartbeat is older than
@@ -58,10 +47,7 @@ async def recover_stalled_jobs(context: JobContext, timestamp: int) -> str:
     return f"stalled {len(stalled)}: retried {retried}, closed {closed} (work already queued)"
 
 
-@app.periodic(cron="17 3 * * *", periodic_id="remove_old_jobs")
-@app.task(
-    name="remove_old_jobs", queue="maintenance", queueing_lock="remove_old_jobs", pass_context=True
-)
+@maintenance_task("remove_old_jobs", cron="17 3 * * *", pass_context=True)
 async def remove_old_jobs(context: JobContext, timestamp: int) -> str:
     """Daily: finished jobs older than PAPERCLIP_JOB_RETENTION_HOURS go (failed ones too, with
     their recorded errors), and so do registrations of workers stopped that long ago."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.conf import settings
 from procrastinate.contrib.django import app
 
-from paperclip.worker.schedule import cron_every
+from paperclip.worker.schedule import maintenance_task
 from recovery.errors import (
     FinalizationBindingMissing,
     FinalizationNotReady,
@@ -44,18 +43,7 @@ def finalize_run(company_id: str, run_id: str, explicit: bool = False) -> str:
     return value.status
 
 
-@app.periodic(
-    cron=cron_every(
-        settings.PAPERCLIP_RECONCILE_INTERVAL_SECONDS,
-        setting="PAPERCLIP_RECONCILE_INTERVAL_SECONDS",
-    ),
-    periodic_id="reconcile_finalizations",
-)
-@app.task(
-    name="reconcile_finalizations",
-    queue="maintenance",
-    queueing_lock="reconcile_finalizations",
-)
+@maintenance_task("reconcile_finalizations", every="PAPERCLIP_RECONCILE_INTERVAL_SECONDS")
 def reconcile_finalizations(timestamp: int) -> str:
     """`manage.py reconcile_finalizations`, every PAPERCLIP_RECONCILE_INTERVAL_SECONDS."""
     summary = finalizations_reconcile()

@@ -3,25 +3,11 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-from procrastinate.contrib.django import app
-
 from leases.environment.services import environment_cleanups_retry_due
-from paperclip.worker.schedule import cron_every
+from paperclip.worker.schedule import maintenance_task
 
 
-@app.periodic(
-    cron=cron_every(
-        settings.PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS,
-        setting="PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS",
-    ),
-    periodic_id="retry_environment_cleanups",
-)
-@app.task(
-    name="retry_environment_cleanups",
-    queue="maintenance",
-    queueing_lock="retry_environment_cleanups",
-)
+@maintenance_task("retry_environment_cleanups", every="PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS")
 def retry_environment_cleanups(timestamp: int) -> str:
     """Every PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS: failed cleanups past their back-off
     become pending again (claims before that get `cleanup_retry_not_due`)."""

@@ -1,8 +1,14 @@
-"""Interval settings as cron schedules (Procrastinate's periodic tasks run on cron)."""
+"""Interval settings as cron schedules (Procrastinate's periodic tasks run on cron), and the one
+decorator every periodic maintenance task is declared with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from procrastinate.contrib.django import app
 
 
 def cron_every(seconds: int, *, setting: str) -> str:
@@ -19,3 +25,25 @@ def cron_every(seconds: int, *, setting: str) -> str:
         f"{setting}={seconds}: use a number of seconds that divides a minute (1..60) or a "
         "whole number of minutes that divides an hour (120, 300, 600, 900, 1800, 3600)."
     )
+
+
+def maintenance_task(
+    name: str, *, every: str | None = None, cron: str | None = None, pass_context: bool = False
+) -> Callable[[Callable[..., Any]], Any]:
+    """A periodic task of the maintenance queue (docs/worker.md#tasks), named `name` as a task,
+    as a periodic schedule and as its queueing lock (so at most one run of it waits): every
+    `settings.<every>` seconds (refused at start-up unless `cron_every` accepts it), or on
+    `cron`."""
+    if (every is None) == (cron is None):
+        raise ValueError("give exactly one of every= and cron=")
+    schedule = cron or cron_every(getattr(settings, str(every)), setting=str(every))
+
+    def decorate(func: Callable[..., Any]) -> Any:
+        options: dict[str, Any] = {"name": name, "queue": "maintenance", "queueing_lock": name}
+        if pass_context:
+            task = app.task(**options, pass_context=True)(func)
+        else:
+            task = app.task(**options)(func)
+        return app.periodic(cron=schedule, periodic_id=name)(task)
+
+    return decorate
