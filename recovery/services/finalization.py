@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -95,6 +95,25 @@ class ReconcileSummary:
     already_queued: int = 0
     skipped_busy: int = 0
     skipped_held: int = 0
+
+
+def _run_phase_mirror(
+    run: HeartbeatRun, phase: str, *, also: Sequence[str] = (), touch: bool = True
+) -> None:
+    """The run mirrors its coordinator's phase: `native_phase` (with when it moved) and
+    `result_json.finalizationPhase`, which readers of the run alone look at. `also`: more
+    fields the caller set on `run`; `touch`: bump `updated_at` too."""
+    run.native_phase = phase
+    run.native_phase_updated_at = Now()
+    run.result_json = {
+        **(run.result_json if isinstance(run.result_json, dict) else {}),
+        "finalizationPhase": str(phase),
+    }
+    fields = ["native_phase", "native_phase_updated_at", "result_json", *also]
+    if touch:
+        run.updated_at = Now()
+        fields.append("updated_at")
+    run.save(update_fields=fields)
 
 
 def _max_attempts() -> int:
@@ -209,21 +228,8 @@ def result_accept(
         coordinator.next_attempt_at = None
         coordinator.updated_at = Now()
         coordinator.save()
-        run.native_phase = NativeRunFinalization.Phase.RESULT_ACCEPTED
-        run.native_phase_updated_at = Now()
-        run.result_json = {
-            **(run.result_json if isinstance(run.result_json, dict) else {}),
-            "finalizationPhase": "result_accepted",
-        }
-        run.updated_at = Now()
-        run.save(
-            update_fields=[
-                "native_phase",
-                "native_phase_updated_at",
-                "result_json",
-                "completion_contract_id",
-                "updated_at",
-            ]
+        _run_phase_mirror(
+            run, NativeRunFinalization.Phase.RESULT_ACCEPTED, also=["completion_contract_id"]
         )
         job_id = finalization_defer_in_tx(company_id=company_id, run_id=run_id)
         activity_record(
@@ -319,13 +325,7 @@ def _start_operation(
         coordinator.attempt += 1
         coordinator.updated_at = Now()
         coordinator.save(update_fields=["phase", "attempt", "updated_at"])
-        locked.native_phase = NativeRunFinalization.Phase.WORKSPACE_FINALIZING
-        locked.native_phase_updated_at = Now()
-        locked.result_json = {
-            **(locked.result_json if isinstance(locked.result_json, dict) else {}),
-            "finalizationPhase": "workspace_finalizing",
-        }
-        locked.save(update_fields=["native_phase", "native_phase_updated_at", "result_json"])
+        _run_phase_mirror(locked, NativeRunFinalization.Phase.WORKSPACE_FINALIZING, touch=False)
         operation = WorkspaceOperation.objects.create(
             company_id=run.company_id,
             execution_workspace_id=run.execution_workspace_id or issue.execution_workspace_id,
@@ -492,16 +492,7 @@ def _commit(
         coordinator.failure_detail = None
         coordinator.updated_at = Now()
         coordinator.save()
-        run.native_phase = NativeRunFinalization.Phase.COMMITTED
-        run.native_phase_updated_at = Now()
-        run.result_json = {
-            **(run.result_json if isinstance(run.result_json, dict) else {}),
-            "finalizationPhase": "committed",
-        }
-        run.updated_at = Now()
-        run.save(
-            update_fields=["native_phase", "native_phase_updated_at", "result_json", "updated_at"]
-        )
+        _run_phase_mirror(run, NativeRunFinalization.Phase.COMMITTED)
         # The run's own lifecycle step (terminal status, freeing the issue's execution and
         # checkout slots, its status_changed audit row) is the core service's, shared with PATCH.
         if not run.is_terminal:
