@@ -658,55 +658,19 @@ def _run_owned[T](
     try:
         if before_claim_hook is not None:
             before_claim_hook()
-        automatic_result_id: UUID | None = None
-        with transaction.atomic(using=using, durable=True):
-            if proof is not None:
-                # A stop receipt proves the worker exited, not that its task is still current:
-                # recheck under row locks, atomically with the swap.
-                if retained and issue_id is not None and retained_repair_action_id is not None:
-                    current_ok = _retained_repair_current(
-                        company_id=company_id,
-                        run_id=run_id,
-                        issue_id=issue_id,
-                        action_id=retained_repair_action_id,
-                    )
-                    automatic_result_id = None
-                else:
-                    automatic_result_id = _current_recovery_result_id(
-                        company_id=company_id, run_id=run_id, lock=True
-                    )
-                    current_ok = automatic_result_id is not None
-                swapped = current_ok and _cas_claim(
-                    company_id=company_id,
-                    run_id=run_id,
-                    modes=modes,
-                    owner=owner,
-                    raw_prior=raw_prior,
-                    prior=prior,
-                    proof=proof,
-                )
-            else:
-                swapped = _cas_claim(
-                    company_id=company_id,
-                    run_id=run_id,
-                    modes=modes,
-                    owner=owner,
-                    raw_prior=raw_prior,
-                    prior=prior,
-                    proof=None,
-                )
-            if swapped:
-                _audit_claim(
-                    company_id=company_id, run_id=run_id, owner=owner, prior=prior, basis=basis
-                )
-                if proof is not None and issue_id is not None:
-                    _record_platform_takeover(
-                        company_id=company_id,
-                        run_id=run_id,
-                        issue_id=issue_id,
-                        raw_prior=raw_prior,
-                        proof=proof,
-                    )
+        swapped, automatic_result_id = _claim_in_tx(
+            company_id=company_id,
+            run_id=run_id,
+            issue_id=issue_id,
+            modes=modes,
+            owner=owner,
+            raw_prior=raw_prior,
+            prior=prior,
+            proof=proof,
+            basis=basis,
+            retained_repair_action_id=retained_repair_action_id,
+            using=using,
+        )
         if not swapped:
             with _state:
                 _active_owner_tokens.discard(token)
@@ -741,6 +705,65 @@ def _run_owned[T](
     finally:
         if claimed:
             _release_receipt(company_id=company_id, run_id=run_id, token=token, run_key=run_key)
+
+
+def _claim_in_tx(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    issue_id: UUID | None,
+    modes: tuple[str, ...],
+    owner: dict[str, Any],
+    raw_prior: Any,
+    prior: OwnerReceipt | None,
+    proof: dict[str, Any] | None,
+    basis: str | None,
+    retained_repair_action_id: UUID | None,
+    using: str,
+) -> tuple[bool, UUID | None]:
+    """The receipt compare-and-swap in one durable transaction, audited. A platform stop proof
+    proves the worker exited, not that its task is still current: with one, the swap happens
+    only while the retained repair (or the run's automatic recovery result) is current,
+    rechecked under row locks, and the proof-based takeover is recorded. Returns whether the
+    swap happened and the automatic result it was checked against."""
+    automatic_result_id: UUID | None = None
+    with transaction.atomic(using=using, durable=True):
+        current_ok = True
+        if proof is not None:
+            if issue_id is not None and retained_repair_action_id is not None:
+                current_ok = _retained_repair_current(
+                    company_id=company_id,
+                    run_id=run_id,
+                    issue_id=issue_id,
+                    action_id=retained_repair_action_id,
+                )
+            else:
+                automatic_result_id = _current_recovery_result_id(
+                    company_id=company_id, run_id=run_id, lock=True
+                )
+                current_ok = automatic_result_id is not None
+        swapped = current_ok and _cas_claim(
+            company_id=company_id,
+            run_id=run_id,
+            modes=modes,
+            owner=owner,
+            raw_prior=raw_prior,
+            prior=prior,
+            proof=proof,
+        )
+        if swapped:
+            _audit_claim(
+                company_id=company_id, run_id=run_id, owner=owner, prior=prior, basis=basis
+            )
+            if proof is not None and issue_id is not None:
+                _record_platform_takeover(
+                    company_id=company_id,
+                    run_id=run_id,
+                    issue_id=issue_id,
+                    raw_prior=raw_prior,
+                    proof=proof,
+                )
+    return swapped, automatic_result_id
 
 
 def _binding_recheck(
