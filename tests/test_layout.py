@@ -1,4 +1,4 @@
-"""The layout's rules, checked on the code itself (README, "Layout and conventions").
+"""The layout's rules, checked on the code itself (docs/README.md#conventions).
 
 - The domain (models, services, selectors, locks, errors, adapters) never imports the API
   layer or the admin: views call services, not the other way round.
