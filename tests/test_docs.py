@@ -42,6 +42,11 @@ def _code_files() -> list[Path]:
     return [*files, ROOT / "Makefile", ROOT / "pyproject.toml"]
 
 
+def _doc_files() -> list[Path]:
+    """README.md and every page under docs/, its subfolders (docs/reports/) included."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def test_anchor_rule() -> None:
     assert anchor("Owner receipt CAS") == "owner-receipt-cas"
     assert anchor("`finalize` and `?wait=`") == "finalize-and-wait"
@@ -59,9 +64,7 @@ def test_every_docs_citation_in_the_code_resolves() -> None:
     assert broken == []
 
 
-@pytest.mark.parametrize(
-    "doc", sorted(p.relative_to(ROOT) for p in [ROOT / "README.md", *ROOT.glob("docs/*.md")])
-)
+@pytest.mark.parametrize("doc", sorted(p.relative_to(ROOT) for p in _doc_files()))
 def test_every_relative_link_in_the_docs_resolves(doc: Path) -> None:
     source = ROOT / doc
     broken = []
@@ -78,7 +81,7 @@ def test_nothing_cites_files_outside_the_repository() -> None:
     outside = re.compile("|".join(names))
     offenders = [
         str(path.relative_to(ROOT))
-        for path in [*_code_files(), ROOT / "README.md", *ROOT.glob("docs/*.md")]
+        for path in [*_code_files(), *_doc_files()]
         if outside.search(path.read_text())
     ]
     assert offenders == []

@@ -1,4 +1,5 @@
-"""The layout's rules, checked on the code itself (docs/architecture.md).
+"""The layout's rules, checked on the code itself (docs/architecture.md, and the conventions
+in docs/README.md#conventions).
 
 - Every app imports only the apps on the floors below it: the core (`paperclip`), then
   `leases` and `checkpoints`, then `recovery`, then the console (`paperclip.console`).

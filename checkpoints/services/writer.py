@@ -164,7 +164,7 @@ def _owner_validate(
     # A legitimate successor on the same controller boot: a native coordinator with an
     # unexpired lease, or a legacy run still preparing under an unexpired controller lease
     # and without a coordinator. The controller boot is the presenting owner's (this server
-    # has no controller process of its own; see the README, "Runner checkpoints").
+    # has no controller process of its own: docs/checkpoints.md#successor-rule).
     native_successor = NativeRunFinalization.objects.filter(
         run_id=OuterRef("execution_run_id"),
         company_id=binding.company_id,

@@ -7,7 +7,7 @@ historical-source evidence, and every lease must be bound to that exact run. Che
 fixed order (docs/recovery.md#recovery-source-checks-in-order) and the first failure wins, so an
 operator always sees the most fundamental problem first.
 
-Decisions this service makes itself (for operators: README, "Environment leases"):
+Decisions this service makes itself (docs/recovery.md#recovery-source-checks-in-order):
 - Executing in this process (`adapterExecutionControls`): this service hosts no in-process
   adapters, so nothing registers and a run is never "executing here". The registry below
   (`adapter_execution_control`) exists for any future in-process executor; it is per process.

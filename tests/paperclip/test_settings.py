@@ -119,7 +119,7 @@ def test_who_gets_the_development_defaults(
 
 @pytest.mark.slow
 def test_gunicorn_in_production_mode_exits_with_the_message(tmp_path: Path) -> None:
-    """The README's production command, with DATABASE_URL forgotten: it must not serve."""
+    """gunicorn (docs/setup.md#serving) with DATABASE_URL forgotten: it must not serve."""
     gunicorn = str(Path(sys.executable).with_name("gunicorn"))
     env = _env(DJANGO_DEBUG="false", DJANGO_SECRET_KEY="s" * 50, PAPERCLIP_DATA_DIR=str(tmp_path))
     done = _run([gunicorn, "paperclip.wsgi", "--bind", "127.0.0.1:0", "--workers", "1"], env)

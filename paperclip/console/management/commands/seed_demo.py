@@ -84,7 +84,8 @@ HELD_TITLE = "Publish the nightly export"
 # The README's agent quickstart: paperclip-agent runs a command for this issue in this workspace.
 CLI_ISSUE = "Fix the flaky lease test"
 CLI_WORKDIR = "/tmp/paperclip-demo/agent-run"  # noqa: S108 - demo paths only
-# The README's provider worker's guide leases a sandbox to this issue's running run.
+# The provider worker's guide (docs/environment.md#provider-workers-guide) leases a sandbox to
+# this issue's running run.
 PROVIDER_RUN_ISSUE = "Encrypt runner checkpoints"
 STALE_TITLE = "Retire the staging sandbox"
 # A failed native run whose retained sandbox lease is a recovery source the console can inspect.
