@@ -24,7 +24,7 @@ def checkpoint_keys_check(app_configs: Any = None, **kwargs: Any) -> list[checks
             checks.Error(
                 str(exc),
                 hint="Each entry of PAPERCLIP_CHECKPOINT_KEYS is 32 bytes as base64 or 64 hex "
-                "digits; the first is the primary key. See the README, section Runner checkpoints.",
+                "digits; the first is the primary key. See docs/checkpoints.md#key-management.",
                 id="checkpoints.E001",
             )
         ]

@@ -217,7 +217,7 @@ class Command(BaseCommand):
         )
         if environment is not None and run is not None:
             self.stdout.write(
-                "Provider worker, in another terminal (README: Provider worker's guide):"
+                "Provider worker, in another terminal (docs/environment.md, its worker's guide):"
             )
             self.stdout.write(
                 f"  export PAPERCLIP_URL={url} PROVIDER_KEY={keys[-1]}"
