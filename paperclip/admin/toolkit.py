@@ -210,8 +210,8 @@ class CompanyScopedAdmin(FlatCostListMixin, DetailActionsMixin, ActivityTimeline
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
 
-class ReadOnlyAdmin(CompanyScopedAdmin):
-    """State that changes only through services: browse, never add, edit or delete."""
+class NoWritesMixin:
+    """Browse only: the admin never adds, edits or deletes these rows."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -221,6 +221,10 @@ class ReadOnlyAdmin(CompanyScopedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyAdmin(NoWritesMixin, CompanyScopedAdmin):
+    """State that changes only through services: browse, never add, edit or delete."""
 
 
 class AuditedAdmin(CompanyScopedAdmin):

@@ -24,27 +24,19 @@ from procrastinate.contrib.django.models import (
     ProcrastinateWorker,
 )
 
+from paperclip.admin.toolkit import NoWritesMixin
 from paperclip.models import (
     JobError,
     WorkerProcess,
 )
 
 
-class _SuperuserReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
+class _SuperuserReadOnly(NoWritesMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     def has_module_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_superuser)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.has_module_permission(request)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 def _job_link(job_id: int | None) -> str:
