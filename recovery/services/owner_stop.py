@@ -153,6 +153,16 @@ def recovery_owner_stop_confirm(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """The rows a confirmation reads and writes, locked in the lock order."""
+
+    issue: Issue
+    coordinator: NativeRunFinalization
+    run: HeartbeatRun
+    action: IssueRecoveryAction
+
+
 def _confirm_in_tx(
     *,
     actor: Actor,
@@ -169,7 +179,33 @@ def _confirm_in_tx(
     if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
         raise WorkspaceCopybackActive(run_id=str(run_id))
     set_local_lock_timeout()
-    stale = WorkspaceOwnerRecoveryStale
+    bound = _lock_binding(
+        company_id=company_id, issue_id=issue_id, action_id=action_id, run_id=run_id
+    )
+    replay = _replay(
+        action=bound.action,
+        run=bound.run,
+        coordinator=bound.coordinator,
+        run_id=run_id,
+        owner_token=owner_token,
+    )
+    if replay is not None:
+        return replay
+    result_id = _require_hold_current(bound, company_id=company_id, run_id=run_id)
+    raw = _require_owner_stoppable(bound, owner_token=owner_token)
+    return _record_confirmation(
+        bound,
+        actor=actor,
+        company_id=company_id,
+        result_id=result_id,
+        raw_owner=raw,
+        stop_evidence=stop_evidence,
+    )
+
+
+def _lock_binding(*, company_id: UUID, issue_id: UUID, action_id: UUID, run_id: UUID) -> _Binding:
+    """Lock issue, coordinator, run and recovery action (the lock order); any missing is a
+    stale confirmation (`binding_missing`)."""
     issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
     coordinator = (
         coordinators_for_update()
@@ -183,12 +219,16 @@ def _confirm_in_tx(
         .first()
     )
     if issue is None or coordinator is None or run is None or action is None:
-        raise stale(reason="binding_missing")
-    replay = _replay(
-        action=action, run=run, coordinator=coordinator, run_id=run_id, owner_token=owner_token
-    )
-    if replay is not None:
-        return replay
+        raise WorkspaceOwnerRecoveryStale(reason="binding_missing")
+    return _Binding(issue, coordinator, run, action)
+
+
+def _require_hold_current(bound: _Binding, *, company_id: UUID, run_id: UUID) -> UUID:
+    """The hold, the run, its coordinator, the issue and the accepted result are all still
+    the ones the hold was recorded for, and no newer run of the issue exists; otherwise the
+    confirmation is stale, naming the first check that failed. Returns the accepted result."""
+    issue, coordinator, run, action = bound.issue, bound.coordinator, bound.run, bound.action
+    stale = WorkspaceOwnerRecoveryStale
     evidence: dict[str, Any] = action.evidence if isinstance(action.evidence, dict) else {}
     if (
         action.cause != OWNER_UNVERIFIED_CAUSE
@@ -241,10 +281,20 @@ def _confirm_in_tx(
     )
     if newer_run:
         raise stale(reason="newer_run")
-    raw = raw_owner(run.runner_profile_json)
+    return coordinator.result_id
+
+
+def _require_owner_stoppable(bound: _Binding, *, owner_token: str) -> Any:
+    """The run's receipt is still the owner the hold recorded (`owner_changed` otherwise) and,
+    when it ran on this host, its process is dead (`WorkspaceControllerAlive` otherwise).
+    Returns the raw receipt."""
+    evidence: dict[str, Any] = (
+        bound.action.evidence if isinstance(bound.action.evidence, dict) else {}
+    )
+    raw = raw_owner(bound.run.runner_profile_json)
     receipt = read_owner(raw)
     if receipt is None or receipt.token != owner_token or raw != evidence.get("owner"):
-        raise stale(reason="owner_changed")
+        raise WorkspaceOwnerRecoveryStale(reason="owner_changed")
     if receipt.hostname == current_hostname():
         decision = evaluate_controller_takeover(
             pid=receipt.pid, started_at=receipt.process_started_at
@@ -253,14 +303,31 @@ def _confirm_in_tx(
             raise WorkspaceControllerAlive(
                 hostname=receipt.hostname, pid=receipt.pid, reason=decision.reason
             )
+    return raw
+
+
+def _record_confirmation(
+    bound: _Binding,
+    *,
+    actor: Actor,
+    company_id: UUID,
+    result_id: UUID,
+    raw_owner: Any,
+    stop_evidence: str,
+) -> OwnerStopConfirmation:
+    """Release the stopped owner's receipt, record the stop on the hold, defer the
+    finalization (an explicit request: attempted now, whatever retry time or spent budget the
+    coordinator shows) and write the audit row."""
+    issue, run, action = bound.issue, bound.run, bound.action
     released = HeartbeatRun.objects.filter(pk=run.pk).update(
         runner_profile_json=_without_owner(run.runner_profile_json), updated_at=Now()
     )
     if released != 1:  # pragma: no cover - the row is locked
-        raise stale(reason="owner_changed")
+        raise WorkspaceOwnerRecoveryStale(reason="owner_changed")
+    evidence: dict[str, Any] = action.evidence if isinstance(action.evidence, dict) else {}
     stop = {
-        "owner": raw,
-        "resultId": str(coordinator.result_id),
+        "owner": raw_owner,
+        "resultId": str(result_id),
         "actorId": actor.actor_id,
         "stopEvidence": stop_evidence,
         "confirmedAt": db_now_iso(),
@@ -273,8 +340,6 @@ def _confirm_in_tx(
     action.save(
         update_fields=["evidence", "next_action", "wake_policy", "monitor_policy", "updated_at"]
     )
-    # The board's confirmation is an explicit request: attempt it now, whatever retry time
-    # or spent budget the coordinator shows.
     job_id = finalization_defer_in_tx(company_id=company_id, run_id=run.pk, explicit=True)
     activity_record(
         company_id=company_id,
@@ -286,13 +351,13 @@ def _confirm_in_tx(
         run_id=run.pk,
         details={
             "recoveryActionId": str(action.pk),
-            "resultId": str(coordinator.result_id),
-            "owner": raw,
+            "resultId": str(result_id),
+            "owner": raw_owner,
             "stopEvidence": stop_evidence,
             "finalizationJobId": job_id,
         },
     )
-    return OwnerStopConfirmation(run_id=run.pk, result_id=coordinator.result_id)
+    return OwnerStopConfirmation(run_id=run.pk, result_id=result_id)
 
 
 def _without_owner(profile: Any) -> dict[str, Any]:

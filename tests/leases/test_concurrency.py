@@ -92,7 +92,7 @@ def test_eight_agents_racing_for_a_free_workspace_get_one_winner():
 
     assert outcomes == ["created"] + ["workspace_runtime_lease_conflict"] * (THREADS - 1)
     assert WorkspaceRuntimeLease.objects.filter(execution_workspace=workspace).count() == 1
-    assert WorkspaceRuntimeLease.objects.get().generation == 1
+    assert WorkspaceRuntimeLease.objects.get(execution_workspace=workspace).generation == 1
     workspace.refresh_from_db()
     assert workspace.runtime_lease_generation == 1
 
@@ -105,7 +105,7 @@ def test_the_same_owner_racing_itself_creates_once_and_renews():
     outcomes = race(workspace, [agent] * THREADS)
 
     assert outcomes == ["created"] + ["renewed"] * (THREADS - 1)
-    assert WorkspaceRuntimeLease.objects.get().generation == 1
+    assert WorkspaceRuntimeLease.objects.get(execution_workspace=workspace).generation == 1
 
 
 def test_eight_agents_racing_to_reclaim_a_stale_lease_get_one_new_generation():
@@ -193,7 +193,7 @@ def test_eight_processes_racing_for_a_workspace_get_one_winner():
     assert all_waiting, f"a child's claim went past the held workspace row: {outcomes}"
     assert outcomes == ["created"] + ["workspace_runtime_lease_conflict"] * (THREADS - 1)
     assert WorkspaceRuntimeLease.objects.filter(execution_workspace=workspace).count() == 1
-    assert WorkspaceRuntimeLease.objects.get().generation == 1
+    assert WorkspaceRuntimeLease.objects.get(execution_workspace=workspace).generation == 1
 
 
 def test_a_release_between_insert_conflict_and_row_lock_is_contended():
