@@ -9,6 +9,7 @@ owner is still eligible (the same verdict that refuses its claims).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Final
 from uuid import UUID, uuid4
 
@@ -20,6 +21,7 @@ from leases.errors import (
     RuntimeLeaseOwnerIneligible,
     RuntimeLeaseSuperseded,
 )
+from leases.selectors import RuntimeLease, StaleReason
 from leases.services.shared import audit, preconditions, str_or_none
 from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner, WorkspaceOperationRecord
 from paperclip.db.locking import busy_on_lock_timeout
@@ -78,62 +80,22 @@ def workspace_operation_create_fenced(
                     owner_run_id=owner.run_id,
                 )
                 current, ineligible = (None, None) if locked is None else locked
-                if (
-                    owner_key is None
-                    or current is None
-                    or current.owner_key != owner_key
-                    or current.generation != generation
-                ):
-                    raise RuntimeLeaseSuperseded(
-                        execution_workspace_id=str(execution_workspace_id),
-                        requested_owner_key=owner_key,
-                        requested_generation=generation,
-                        current_generation=None if current is None else current.generation,
-                        owner_key=None if current is None else current.owner_key,
-                    )
-                if ineligible is not None:
-                    # Holds the lease, but its own issue/run says it may no longer act.
-                    raise RuntimeLeaseOwnerIneligible(
-                        execution_workspace_id=str(execution_workspace_id),
-                        owner_key=owner_key,
-                        reason=ineligible,
-                    )
-                operation_id = uuid4()
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        _OPERATION_INSERT_SQL,
-                        [
-                            operation_id,
-                            company_id,
-                            execution_workspace_id,
-                            owner.run_id,
-                            owner.agent_id,
-                            owner.run_id,
-                            owner.issue_id,
-                            phase,
-                            command,
-                            status,
-                            exit_code,
-                            generation,
-                            status,
-                        ],
-                    )
-                    inserted = cursor.fetchone()
-                assert inserted is not None  # noqa: S101 - INSERT ... RETURNING of one row
-                started_at, finished_at = inserted
-                audit(
-                    owner_actor=(owner.actor_type, owner.actor_id),
+                require_fence(
+                    execution_workspace_id=execution_workspace_id,
+                    owner_key=owner_key,
+                    generation=generation,
+                    current=current,
+                    ineligible=ineligible,
+                )
+                operation_id, started_at, finished_at = _insert_operation_in_tx(
                     company_id=company_id,
                     execution_workspace_id=execution_workspace_id,
-                    action="workspace_operation.recorded",
-                    run_id=owner.run_id,
-                    details={
-                        "operation_id": str(operation_id),
-                        "phase": phase,
-                        "status": status,
-                        "lease_generation": generation,
-                        "owner_key": owner_key,
-                    },
+                    owner=owner,
+                    generation=generation,
+                    phase=phase,
+                    status=status,
+                    command=command,
+                    exit_code=exit_code,
                 )
         except (RuntimeLeaseSuperseded, RuntimeLeaseOwnerIneligible) as exc:
             _record_rejected_write(
@@ -164,6 +126,93 @@ def workspace_operation_create_fenced(
         started_at=started_at,
         finished_at=finished_at,
     )
+
+
+def require_fence(
+    *,
+    execution_workspace_id: UUID,
+    owner_key: str | None,
+    generation: int,
+    current: RuntimeLease | None,
+    ineligible: StaleReason | None,
+) -> None:
+    """The fence of a write (a plain function of the locked lease): the writer's key must hold
+    the lease at exactly its generation (RuntimeLeaseSuperseded otherwise, naming the current
+    holder, if any), and the holder's own issue or run must not be stale (`ineligible`, the
+    stale reason: RuntimeLeaseOwnerIneligible)."""
+    if (
+        owner_key is None
+        or current is None
+        or current.owner_key != owner_key
+        or current.generation != generation
+    ):
+        raise RuntimeLeaseSuperseded(
+            execution_workspace_id=str(execution_workspace_id),
+            requested_owner_key=owner_key,
+            requested_generation=generation,
+            current_generation=None if current is None else current.generation,
+            owner_key=None if current is None else current.owner_key,
+        )
+    if ineligible is not None:
+        # Holds the lease, but its own issue/run says it may no longer act.
+        raise RuntimeLeaseOwnerIneligible(
+            execution_workspace_id=str(execution_workspace_id),
+            owner_key=owner_key,
+            reason=ineligible,
+        )
+
+
+def _insert_operation_in_tx(
+    *,
+    company_id: UUID,
+    execution_workspace_id: UUID,
+    owner: RuntimeLeaseOwner,
+    generation: int,
+    phase: str,
+    status: str,
+    command: str | None,
+    exit_code: int | None,
+) -> tuple[UUID, datetime, datetime | None]:
+    """Insert the operation (the lease row held FOR SHARE by the caller) and audit it; its id,
+    start and finish times."""
+    operation_id = uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _OPERATION_INSERT_SQL,
+            [
+                operation_id,
+                company_id,
+                execution_workspace_id,
+                owner.run_id,
+                owner.agent_id,
+                owner.run_id,
+                owner.issue_id,
+                phase,
+                command,
+                status,
+                exit_code,
+                generation,
+                status,
+            ],
+        )
+        inserted = cursor.fetchone()
+    assert inserted is not None  # noqa: S101 - INSERT ... RETURNING of one row
+    started_at, finished_at = inserted
+    audit(
+        owner_actor=(owner.actor_type, owner.actor_id),
+        company_id=company_id,
+        execution_workspace_id=execution_workspace_id,
+        action="workspace_operation.recorded",
+        run_id=owner.run_id,
+        details={
+            "operation_id": str(operation_id),
+            "phase": phase,
+            "status": status,
+            "lease_generation": generation,
+            "owner_key": owner.owner_key,
+        },
+    )
+    return operation_id, started_at, finished_at
 
 
 _REJECTED_WRITE_ACTIONS: Final[dict[type[DomainError], str]] = {

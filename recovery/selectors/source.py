@@ -343,15 +343,58 @@ def _ambiguous() -> SourceFailure:
     return SourceFailure("allocation_ownership_ambiguous", "service_required")
 
 
-def _inspect(  # one linear list of checks, in the documented order
+def _inspect(
     company_id: UUID,
     issue_id: UUID,
     run_id: UUID,
     action_id: UUID,
     maximum_sources: int | None,
 ) -> RecoverySourceInspection:
+    """The checks, in the documented order (docs/recovery.md), one step each."""
+    run, action, evidence = _bound_run_and_action(company_id, issue_id, run_id, action_id)
+    refs = _workspace_references(company_id, run)  # 1. the run's own workspace references
+    lease_ids = _recorded_lease_ids(  # 2. which leases the run recorded as its source
+        run, action, evidence, refs.recovery_reference, maximum_sources
+    )
+    now = db_now()
+    coordinator = _require_nobody_driving(company_id, run, now)  # 3. nobody drives the run
+    accepted_export = _accepted_export(  # 4. a completed native result still owed copy-back
+        company_id, issue_id, run, action, coordinator, refs.recovery_reference
+    )
+    sources = tuple(  # 5. every recorded lease, strictly
+        _inspect_lease(
+            lease_key,
+            company_id=company_id,
+            issue_id=issue_id,
+            run=run,
+            refs=refs,
+            accepted_export=accepted_export,
+            now=now,
+        )
+        for lease_key in lease_ids
+    )
+    return RecoverySourceInspection(run=run, action=action, sources=sources)
+
+
+@dataclass(frozen=True, slots=True)
+class _References:
+    """The workspace references the run recorded in its runner profile."""
+
+    reference: NativeWorkspaceSyncReference | None  # a legacy native sync reference
+    remote: RemoteWorkspaceReference | None  # a remote workspace reference
+    remote_workspace: ExecutionWorkspace | None
+    authority: RemoteWorkspaceAuthority | None
+
+    @property
+    def recovery_reference(self) -> NativeWorkspaceSyncReference | RemoteWorkspaceReference | None:
+        return self.reference or self.remote
+
+
+def _bound_run_and_action(
+    company_id: UUID, issue_id: UUID, run_id: UUID, action_id: UUID
+) -> tuple[HeartbeatRun, IssueRecoveryAction, dict[str, Any]]:
+    """The terminal run and the recovery action that names it, both bound to the issue."""
     invalid = binding_failure
-    issue_key = str(issue_id)
     run = HeartbeatRun.objects.filter(company_id=company_id, pk=run_id).first()
     action = IssueRecoveryAction.objects.filter(
         company_id=company_id, source_issue_id=issue_id, pk=action_id
@@ -368,10 +411,15 @@ def _inspect(  # one linear list of checks, in the documented order
     bound_issue: object = run.native_issue_id or run.issue_id
     if bound_issue is None:
         bound_issue = _as_dict(run.context_snapshot).get("issueId")
-    if bound_issue is None or str(bound_issue) != issue_key:
+    if bound_issue is None or str(bound_issue) != str(issue_id):
         raise invalid("source_issue_mismatch")
+    return run, action, evidence
 
-    # 1. The run's own workspace references.
+
+def _workspace_references(company_id: UUID, run: HeartbeatRun) -> _References:
+    """At most one well-formed reference; a remote one must agree with its workspace's
+    authority and, once saved, name a committed snapshot."""
+    invalid = binding_failure
     profile = _as_dict(run.runner_profile_json)
     raw_reference = profile.get("nativeWorkspaceSync")
     reference = read_native_workspace_sync_reference(raw_reference)
@@ -381,7 +429,6 @@ def _inspect(  # one linear list of checks, in the documented order
     remote = read_remote_workspace_reference(raw_remote)
     if (raw_remote is not None and remote is None) or (reference and remote):
         raise invalid("native_reference_invalid")
-    recovery_reference = reference or remote
     remote_workspace: ExecutionWorkspace | None = None
     authority: RemoteWorkspaceAuthority | None = None
     if remote is not None:
@@ -404,8 +451,19 @@ def _inspect(  # one linear list of checks, in the documented order
             )
             if not committed:
                 raise invalid("workspace_reference_mismatch")
+    return _References(reference, remote, remote_workspace, authority)
 
-    # 2. Which leases the run recorded as its source.
+
+def _recorded_lease_ids(
+    run: HeartbeatRun,
+    action: IssueRecoveryAction,
+    evidence: dict[str, Any],
+    recovery_reference: NativeWorkspaceSyncReference | RemoteWorkspaceReference | None,
+    maximum_sources: int | None,
+) -> list[str]:
+    """The lease ids the run recorded: its restore record, else an export's own reference,
+    else the action's historical source; distinct UUIDs that include the reference's."""
+    invalid = binding_failure
     recorded = _as_dict(run.result_json).get("workspaceRestoreRecovery")
     if recorded is not None and _as_dict(recorded).get("schema") != RESTORE_RECOVERY_SCHEMA:
         raise invalid("restore_reference_invalid")
@@ -432,9 +490,14 @@ def _inspect(  # one linear list of checks, in the documented order
         or (recovery_reference is not None and recovery_reference.lease_id not in lease_ids)
     ):
         raise invalid("lease_reference_invalid")
+    return lease_ids
 
-    # 3. Nobody may still be driving the run.
-    now = db_now()
+
+def _require_nobody_driving(
+    company_id: UUID, run: HeartbeatRun, now: Any
+) -> NativeRunFinalization | None:
+    """No finalization lease, no executing adapter, no live controller lease: the run's
+    coordinator, if any."""
     coordinator = NativeRunFinalization.objects.filter(company_id=company_id, run_id=run.pk).first()
     if (
         (coordinator is not None and coordinator.lease_owner)
@@ -442,10 +505,20 @@ def _inspect(  # one linear list of checks, in the documented order
         or (run.controller_lease_expires_at is not None and run.controller_lease_expires_at > now)
     ):
         raise SourceFailure("agent_stop_unconfirmed", "recheck_evidence")
+    return coordinator
 
-    # 4. Reusable allocations can still owe copy-back for a completed native result. This
-    # authorizes preservation of the exact descriptor only, never reuse for agent execution.
-    accepted_export = bool(
+
+def _accepted_export(
+    company_id: UUID,
+    issue_id: UUID,
+    run: HeartbeatRun,
+    action: IssueRecoveryAction,
+    coordinator: NativeRunFinalization | None,
+    recovery_reference: NativeWorkspaceSyncReference | RemoteWorkspaceReference | None,
+) -> bool:
+    """Reusable allocations can still owe copy-back for a completed native result. This
+    authorizes preservation of the exact descriptor only, never reuse for agent execution."""
+    return bool(
         recovery_reference is not None
         and action.cause in WORKSPACE_EXPORT_CAUSES
         and run.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE
@@ -464,106 +537,116 @@ def _inspect(  # one linear list of checks, in the documented order
         ).exists()
     )
 
-    # 5. Every recorded lease, strictly.
-    sources: list[RecoverySource] = []
-    for lease_key in lease_ids:
-        lease = EnvironmentLease.objects.filter(
-            company_id=company_id, pk=UUID(lease_key), heartbeat_run_id=run.pk
-        ).first()
-        legacy_descriptor = reference if reference and reference.lease_id == lease_key else None
-        remote_descriptor = remote if remote and remote.lease_id == lease_key else None
-        descriptor = legacy_descriptor or remote_descriptor
-        if lease is None:
-            raise invalid("source_lease_not_bound")
-        metadata = _as_dict(lease.metadata)
-        remote_cwd = metadata.get("remoteCwd")
-        if lease.issue_id != issue_id:
-            raise invalid("lease_issue_mismatch")
-        if lease.environment_id is None:
-            raise invalid("lease_environment_missing")
-        if not lease.provider_lease_id:
-            raise invalid("lease_allocation_missing")
-        if not lease.provider or lease.provider == "local":
-            raise invalid("lease_provider_invalid")
-        reusable_export = (
-            descriptor is not None
-            and (accepted_export or (remote_descriptor is not None and authority is not None))
-            and lease.lease_policy in REUSABLE_POLICIES
-        )
-        if lease.lease_policy not in RETAINED_POLICIES and not reusable_export:
-            raise invalid("lease_policy_not_retained", lease.lease_policy)
-        if not isinstance(remote_cwd, str) or not remote_cwd.startswith("/"):
-            raise invalid("lease_cwd_invalid")
-        if descriptor is not None and lease.provider_lease_id != descriptor.provider_lease_id:
-            raise invalid("allocation_reference_mismatch")
-        if descriptor is not None and remote_cwd != descriptor.remote_cwd:
-            raise invalid("cwd_reference_mismatch")
-        if (
-            descriptor is not None
-            and lease.execution_workspace_id is not None
-            and str(lease.execution_workspace_id) != descriptor.workspace_id
-        ):
+
+def _inspect_lease(
+    lease_key: str,
+    *,
+    company_id: UUID,
+    issue_id: UUID,
+    run: HeartbeatRun,
+    refs: _References,
+    accepted_export: bool,
+    now: Any,
+) -> RecoverySource:
+    """One recorded lease, strictly: bound to the run and issue, retained (or a reusable
+    export), matching the descriptor, its allocation's history unambiguous, no writer active
+    on the workspace, and its environment present."""
+    invalid = binding_failure
+    reference, remote, authority = refs.reference, refs.remote, refs.authority
+    lease = EnvironmentLease.objects.filter(
+        company_id=company_id, pk=UUID(lease_key), heartbeat_run_id=run.pk
+    ).first()
+    legacy_descriptor = reference if reference and reference.lease_id == lease_key else None
+    remote_descriptor = remote if remote and remote.lease_id == lease_key else None
+    descriptor = legacy_descriptor or remote_descriptor
+    if lease is None:
+        raise invalid("source_lease_not_bound")
+    metadata = _as_dict(lease.metadata)
+    remote_cwd = metadata.get("remoteCwd")
+    if lease.issue_id != issue_id:
+        raise invalid("lease_issue_mismatch")
+    if lease.environment_id is None:
+        raise invalid("lease_environment_missing")
+    if not lease.provider_lease_id:
+        raise invalid("lease_allocation_missing")
+    if not lease.provider or lease.provider == "local":
+        raise invalid("lease_provider_invalid")
+    reusable_export = (
+        descriptor is not None
+        and (accepted_export or (remote_descriptor is not None and authority is not None))
+        and lease.lease_policy in REUSABLE_POLICIES
+    )
+    if lease.lease_policy not in RETAINED_POLICIES and not reusable_export:
+        raise invalid("lease_policy_not_retained", lease.lease_policy)
+    if not isinstance(remote_cwd, str) or not remote_cwd.startswith("/"):
+        raise invalid("lease_cwd_invalid")
+    if descriptor is not None and lease.provider_lease_id != descriptor.provider_lease_id:
+        raise invalid("allocation_reference_mismatch")
+    if descriptor is not None and remote_cwd != descriptor.remote_cwd:
+        raise invalid("cwd_reference_mismatch")
+    if (
+        descriptor is not None
+        and lease.execution_workspace_id is not None
+        and str(lease.execution_workspace_id) != descriptor.workspace_id
+    ):
+        raise invalid("workspace_reference_mismatch")
+    if remote_descriptor is not None:
+        location = authority.location if authority is not None else None
+        if location is None or str(lease.environment_id) != location.environment_id:
             raise invalid("workspace_reference_mismatch")
-        if remote_descriptor is not None:
-            location = authority.location if authority is not None else None
-            if location is None or str(lease.environment_id) != location.environment_id:
-                raise invalid("workspace_reference_mismatch")
 
-        history = list(
-            EnvironmentLease.objects.exclude(pk=lease.pk).filter(
-                provider=lease.provider, provider_lease_id=lease.provider_lease_id
-            )
+    history = list(
+        EnvironmentLease.objects.exclude(pk=lease.pk).filter(
+            provider=lease.provider, provider_lease_id=lease.provider_lease_id
         )
-        predecessors = retired_reusable_lease_predecessors(lease, history)
-        if predecessors is None:
-            raise _ambiguous()
-        if predecessors:
-            if (
-                (run.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE and remote_descriptor is None)
-                or descriptor is None
-                or metadata.get("agentId") != str(run.agent_id)
-            ):
-                raise _ambiguous()
-            _check_predecessors(
-                predecessors,
-                company_id=company_id,
-                issue_id=issue_id,
-                run=run,
-                descriptor=descriptor,
-                remote_descriptor=remote_descriptor,
-                provider_lease_id=lease.provider_lease_id,
-                remote_cwd=remote_cwd,
-                now=now,
-            )
-
-        # Snapshot export writes only a new staging directory; a native baseline merge also
-        # needs exclusive ownership of its host destination.
-        if descriptor is not None and _writer_active(
-            company_id=company_id,
-            issue_key=issue_key,
-            run=run,
-            workspace_id=descriptor.workspace_id,
+    )
+    predecessors = retired_reusable_lease_predecessors(lease, history)
+    if predecessors is None:
+        raise _ambiguous()
+    if predecessors:
+        if (
+            (run.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE and remote_descriptor is None)
+            or descriptor is None
+            or metadata.get("agentId") != str(run.agent_id)
         ):
-            raise SourceFailure("workspace_writer_active", "recheck_evidence")
+            raise _ambiguous()
+        _check_predecessors(
+            predecessors,
+            company_id=company_id,
+            issue_id=issue_id,
+            run=run,
+            descriptor=descriptor,
+            remote_descriptor=remote_descriptor,
+            provider_lease_id=lease.provider_lease_id,
+            remote_cwd=remote_cwd,
+            now=now,
+        )
 
-        environment = Environment.objects.filter(pk=lease.environment_id).first()
-        if environment is None:
-            raise SourceFailure("source_unavailable", "service_required")
-        preservation_only = legacy_descriptor is not None and has_migrated_legacy_workspace_source(
-            company_id=company_id, run=run, reference=legacy_descriptor
-        )
-        sources.append(
-            RecoverySource(
-                lease=lease,
-                environment=environment,
-                reference=legacy_descriptor,
-                preservation_only=preservation_only,
-                remote_reference=remote_descriptor,
-                remote_workspace=remote_workspace if remote_descriptor is not None else None,
-                remote_cwd=remote_cwd,
-            )
-        )
-    return RecoverySourceInspection(run=run, action=action, sources=tuple(sources))
+    # Snapshot export writes only a new staging directory; a native baseline merge also
+    # needs exclusive ownership of its host destination.
+    if descriptor is not None and _writer_active(
+        company_id=company_id,
+        issue_key=str(issue_id),
+        run=run,
+        workspace_id=descriptor.workspace_id,
+    ):
+        raise SourceFailure("workspace_writer_active", "recheck_evidence")
+
+    environment = Environment.objects.filter(pk=lease.environment_id).first()
+    if environment is None:
+        raise SourceFailure("source_unavailable", "service_required")
+    preservation_only = legacy_descriptor is not None and has_migrated_legacy_workspace_source(
+        company_id=company_id, run=run, reference=legacy_descriptor
+    )
+    return RecoverySource(
+        lease=lease,
+        environment=environment,
+        reference=legacy_descriptor,
+        preservation_only=preservation_only,
+        remote_reference=remote_descriptor,
+        remote_workspace=refs.remote_workspace if remote_descriptor is not None else None,
+        remote_cwd=remote_cwd,
+    )
 
 
 def _check_predecessors(
