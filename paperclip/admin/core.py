@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -22,9 +22,10 @@ from paperclip.admin.toolkit import (
     AuditedAdmin,
     CompanyListFilter,
     ReadOnlyAdmin,
+    act_on_each,
+    report_each,
 )
 from paperclip.credentials import agent_key_revoke, board_token_revoke
-from paperclip.errors import DomainError
 from paperclip.models import (
     Agent,
     AgentApiKey,
@@ -100,23 +101,17 @@ class _CredentialAdmin(ReadOnlyAdmin):
         return obj.revoked_at is None
 
     def _revoke_each(self, request: HttpRequest, ids: list[Any], revoke: Any, arg: str) -> None:
-        revoked, unchanged, failed = 0, 0, []
-        for pk in ids:
-            try:
-                result = revoke(**{arg: pk}, actor_type="user", actor_id=str(request.user.pk))
-            except DomainError as exc:
-                failed.append(f"{pk}: {exc.code}")
-                continue
-            if result.changed:
-                revoked += 1
-            else:
-                unchanged += 1
-        level = messages.WARNING if failed else messages.SUCCESS
-        self.message_user(
+        def act(pk: Any) -> str:
+            result = revoke(**{arg: pk}, actor_type="user", actor_id=str(request.user.pk))
+            return "revoked" if result.changed else "unchanged"
+
+        done = act_on_each(ids, act, name=lambda pk: pk)
+        report_each(
+            self,
             request,
-            f"Revoked {revoked}; already revoked {unchanged}; "
-            f"failed: {', '.join(failed) or 'none'}",
-            level,
+            f"Revoked {done.counts['revoked']}; already revoked {done.counts['unchanged']}; "
+            "failed: ",
+            done.failed,
         )
 
 

@@ -7,11 +7,14 @@ and audited base admins.
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 from uuid import UUID
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
@@ -24,6 +27,7 @@ from django.utils.safestring import SafeString
 
 from paperclip.activity import activity_record
 from paperclip.admin.lists import FlatCostListMixin
+from paperclip.errors import DomainError
 from paperclip.models import (
     ActivityEvent,
     BoardMembership,
@@ -252,3 +256,33 @@ def member_company_ids(request: HttpRequest) -> list[UUID] | None:
     if user.is_superuser:
         return None
     return list(BoardMembership.objects.filter(user=user).values_list("company_id", flat=True))
+
+
+@dataclass(frozen=True, slots=True)
+class EachOutcome:
+    """What an admin action did to each selected item: how many ended each way, and the ones
+    that failed, each named with its error code."""
+
+    counts: Counter[str]
+    failed: list[str]
+
+
+def act_on_each[T](
+    items: Iterable[T], act: Callable[[T], str], *, name: Callable[[T], object]
+) -> EachOutcome:
+    """Apply `act` (a service call returning how it ended) to every item, one after another.
+    A DomainError fails that item alone, named `name(item): code`; the others go on."""
+    counts: Counter[str] = Counter()
+    failed: list[str] = []
+    for item in items:
+        try:
+            counts[act(item)] += 1
+        except DomainError as exc:
+            failed.append(f"{name(item)}: {exc.code}")
+    return EachOutcome(counts, failed)
+
+
+def report_each(model_admin: Any, request: HttpRequest, text: str, failed: list[str]) -> None:
+    """The action's one message: `text`, then its failures (a warning when there are any)."""
+    level = messages.WARNING if failed else messages.SUCCESS
+    model_admin.message_user(request, f"{text}{', '.join(failed) or 'none'}", level)

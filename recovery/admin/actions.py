@@ -24,11 +24,12 @@ from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
     DetailActionsMixin,
+    act_on_each,
     admin_id_link,
     admin_link,
     member_company_ids,
+    report_each,
 )
-from paperclip.errors import DomainError
 from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
@@ -82,6 +83,10 @@ _ALL_FIELDS = (
     "updated_at",
     "resolved_at",
 )
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 class OwnerStopForm(forms.Form):
@@ -382,33 +387,38 @@ class IssueRecoveryActionAdmin(
         form = OwnerStopForm(request.POST if "apply" in request.POST else None)
         if "apply" in request.POST and form.is_valid():
             actor = board_actor(request.user)
-            done, failed = 0, []
-            for hold in holds:
-                evidence = hold.evidence if isinstance(hold.evidence, dict) else {}
-                raw = evidence.get("owner")
+
+            def run_of(hold: IssueRecoveryAction) -> Any:
+                return parse_uuid(_as_dict(hold.evidence).get("runId"))
+
+            def confirm(hold: IssueRecoveryAction) -> str:
+                raw = _as_dict(hold.evidence).get("owner")
                 owner: dict[str, Any] = raw if isinstance(raw, dict) else {}
-                run_id = parse_uuid(evidence.get("runId"))
-                if run_id is None:
-                    failed.append(f"{hold.pk}: invalid_request (the hold names no run)")
-                    continue
-                try:
-                    recovery_owner_stop_confirm(
-                        actor=actor,
-                        issue_id=hold.source_issue_id,
-                        action_id=hold.pk,
-                        run_id=run_id,
-                        owner_token=str(owner.get("token", "")),
-                        stop_evidence=form.cleaned_data["stop_evidence"],
-                        controller_and_copyback_stopped=form.cleaned_data["confirmed"],
-                    )
-                    done += 1
-                except DomainError as exc:
-                    failed.append(f"{hold.pk}: {exc.code}")
-            self.message_user(
+                recovery_owner_stop_confirm(
+                    actor=actor,
+                    issue_id=hold.source_issue_id,
+                    action_id=hold.pk,
+                    run_id=run_of(hold),
+                    owner_token=str(owner.get("token", "")),
+                    stop_evidence=form.cleaned_data["stop_evidence"],
+                    controller_and_copyback_stopped=form.cleaned_data["confirmed"],
+                )
+                return "confirmed"
+
+            unbound = [
+                f"{hold.pk}: invalid_request (the hold names no run)"
+                for hold in holds
+                if run_of(hold) is None
+            ]
+            done = act_on_each(
+                [hold for hold in holds if run_of(hold) is not None], confirm, name=lambda h: h.pk
+            )
+            report_each(
+                self,
                 request,
-                f"Confirmed {done}; finalization queued for the worker. Failed: "
-                f"{', '.join(failed) or 'none'}",
-                messages.SUCCESS if not failed else messages.WARNING,
+                f"Confirmed {done.counts['confirmed']}; finalization queued for the worker. "
+                "Failed: ",
+                unbound + done.failed,
             )
             return None
         context = {

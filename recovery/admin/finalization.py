@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
@@ -15,10 +15,11 @@ from checkpoints.attention import expired_authority_coordinators
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ReadOnlyAdmin,
+    act_on_each,
     admin_id_link,
     console_panel,
+    report_each,
 )
-from paperclip.errors import DomainError
 from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
@@ -36,28 +37,23 @@ class FinalizeNowMixin:
         return bool(request.user.is_active and request.user.is_staff)
 
     def _finalize_each(self, request: HttpRequest, runs: list[tuple[Any, Any]]) -> None:
-        model_admin: Any = self
-        queued, unchanged, failed = 0, 0, []
-        for company_id, run_id in runs:
-            try:
-                answer = finalization_request(
-                    company_id=company_id,
-                    run_id=run_id,
-                    actor_type="user",
-                    actor_id=str(request.user.pk),
-                )
-            except DomainError as exc:
-                failed.append(f"{run_id}: {exc.code}")
-                continue
-            if answer.created:
-                queued += 1
-            else:
-                unchanged += 1
-        model_admin.message_user(
+        def act(run: tuple[Any, Any]) -> str:
+            company_id, run_id = run
+            answer = finalization_request(
+                company_id=company_id,
+                run_id=run_id,
+                actor_type="user",
+                actor_id=str(request.user.pk),
+            )
+            return "queued" if answer.created else "unchanged"
+
+        done = act_on_each(runs, act, name=lambda run: run[1])
+        report_each(
+            self,
             request,
-            f"Finalization queued for {queued}; already queued or committed {unchanged}; "
-            f"failed: {', '.join(failed) or 'none'}",
-            messages.WARNING if failed else messages.SUCCESS,
+            f"Finalization queued for {done.counts['queued']}; already queued or committed "
+            f"{done.counts['unchanged']}; failed: ",
+            done.failed,
         )
 
 
