@@ -57,6 +57,20 @@ else:
     _ActionAdmin = _ReceiptAdmin = admin.ModelAdmin
 
 
+# The "Details" fieldset: what every recovery action's page shows below its summary.
+_DETAIL_FIELDS = (
+    "evidence_pretty",
+    "fingerprint",
+    "attempt_count",
+    "max_attempts",
+    "return_owner_agent",
+    "owner_agent",
+    "wake_policy",
+    "resolution_note",
+    "created_at",
+    "updated_at",
+    "resolved_at",
+)
 _ALL_FIELDS = (
     "company",
     "run",
@@ -71,17 +85,7 @@ _ALL_FIELDS = (
     "current_receipt",
     "owner_stop",
     "recovery_source",
-    "evidence_pretty",
-    "fingerprint",
-    "attempt_count",
-    "max_attempts",
-    "return_owner_agent",
-    "owner_agent",
-    "wake_policy",
-    "resolution_note",
-    "created_at",
-    "updated_at",
-    "resolved_at",
+    *_DETAIL_FIELDS,
 )
 
 
@@ -132,24 +136,7 @@ class HoldFilter(admin.SimpleListFilter):
         return queryset
 
 
-_DETAILS_FIELDSET: tuple[str, Any] = (
-    "Details",
-    {
-        "fields": (
-            "evidence_pretty",
-            "fingerprint",
-            "attempt_count",
-            "max_attempts",
-            "return_owner_agent",
-            "owner_agent",
-            "wake_policy",
-            "resolution_note",
-            "created_at",
-            "updated_at",
-            "resolved_at",
-        )
-    },
-)
+_DETAILS_FIELDSET: tuple[str, Any] = ("Details", {"fields": _DETAIL_FIELDS})
 
 
 def _is_owner_hold(obj: IssueRecoveryAction | None) -> bool:
