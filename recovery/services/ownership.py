@@ -69,7 +69,7 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_follow_up_in_tx
-from recovery.takeover import RecordedOwner, takeover_ruling
+from recovery.takeover import RecordedOwner, Ruling, takeover_ruling
 
 logger = logging.getLogger(__name__)
 
@@ -559,6 +559,73 @@ def with_finalization_ownership[T](
             session.end()
 
 
+@dataclass(frozen=True, slots=True)
+class _PriorJudged:
+    ruling: Ruling
+    proof: dict[str, Any] | None  # the platform's verified stop proof, when it was asked
+    platform_pending: bool  # the platform has not reported the recorded worker stopped yet
+
+
+def _judge_prior(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    issue_id: UUID | None,
+    prior: OwnerReceipt | None,
+    identity: ControllerIdentity,
+) -> _PriorJudged:
+    """The takeover rule (recovery/takeover.py) applied to the owner a run's receipt records,
+    with this process's probes: the platform's stop proof, the OS process table and the
+    copy-back barrier, each asked only when the rule reaches it."""
+    same_process = (
+        prior is not None
+        and prior.controller_boot_id == identity.boot_id
+        and prior.pid == identity.pid
+    )
+    with _state:
+        live_here = prior is not None and prior.token in _active_owner_tokens
+        joined_here = prior is not None and prior.token in _joined_owner_tokens
+    proof: dict[str, Any] | None = None
+    platform_pending = False
+
+    def stop_proof_verified() -> bool:
+        nonlocal proof, platform_pending
+        if prior is None or prior.worker is None:
+            return False
+        check = request_worker_stop_proof(
+            run_id=run_id, owner_token=prior.token, worker=prior.worker
+        )
+        proof = check.proof if check.status == "verified" else None
+        platform_pending = check.status == "pending"
+        return proof is not None
+
+    def process_check() -> TakeoverDecision:
+        if prior is None:  # never probed so: the rule asks only about a readable receipt
+            return TakeoverDecision(False, "controller_identity_missing")
+        return evaluate_controller_takeover(pid=prior.pid, started_at=prior.process_started_at)
+
+    def copyback_barrier() -> bool:
+        # A dead parent may have orphaned copy children; only the durable succeeded
+        # copy-back barrier proves they finished.
+        return issue_id is not None and _copyback_barrier_exists(
+            company_id=company_id, run_id=run_id, issue_id=issue_id
+        )
+
+    ruling = takeover_ruling(
+        RecordedOwner(
+            readable=prior is not None,
+            same_host=prior is not None and prior.hostname == identity.hostname,
+            same_process=same_process,
+            live_here=live_here,
+            joined_here=joined_here,
+        ),
+        stop_proof=stop_proof_verified,
+        process=process_check,
+        copyback_barrier=copyback_barrier,
+    )
+    return _PriorJudged(ruling, proof, platform_pending)
+
+
 def _run_owned[T](
     *,
     company_id: UUID,
@@ -597,56 +664,16 @@ def _run_owned[T](
         )
 
     if raw_prior is not None:
-        same_process = (
-            prior is not None
-            and prior.controller_boot_id == identity.boot_id
-            and prior.pid == identity.pid
+        judged = _judge_prior(
+            company_id=company_id, run_id=run_id, issue_id=issue_id, prior=prior, identity=identity
         )
-        with _state:
-            live_here = prior is not None and prior.token in _active_owner_tokens
-            joined_here = prior is not None and prior.token in _joined_owner_tokens
-
-        def stop_proof_verified() -> bool:
-            nonlocal proof, platform_pending
-            if prior is None or prior.worker is None:
-                return False
-            check = request_worker_stop_proof(
-                run_id=run_id, owner_token=prior.token, worker=prior.worker
-            )
-            proof = check.proof if check.status == "verified" else None
-            platform_pending = check.status == "pending"
-            return proof is not None
-
-        def process_check() -> TakeoverDecision:
-            if prior is None:  # never probed so: the rule asks only about a readable receipt
-                return TakeoverDecision(False, "controller_identity_missing")
-            return evaluate_controller_takeover(pid=prior.pid, started_at=prior.process_started_at)
-
-        def copyback_barrier() -> bool:
-            # A dead parent may have orphaned copy children; only the durable succeeded
-            # copy-back barrier proves they finished.
-            return issue_id is not None and _copyback_barrier_exists(
-                company_id=company_id, run_id=run_id, issue_id=issue_id
-            )
-
-        ruling = takeover_ruling(
-            RecordedOwner(
-                readable=prior is not None,
-                same_host=prior is not None and prior.hostname == identity.hostname,
-                same_process=same_process,
-                live_here=live_here,
-                joined_here=joined_here,
-            ),
-            stop_proof=stop_proof_verified,
-            process=process_check,
-            copyback_barrier=copyback_barrier,
-        )
-        if ruling.verdict == "own_action_live":
+        proof, platform_pending = judged.proof, judged.platform_pending
+        if judged.ruling.verdict == "own_action_live":
             # Our own live action whose lock connection died: still fenced by its receipt.
             return NotAcquired("owner_unverified" if retained else _holder_reason(run_key, using))
-        if ruling.verdict == "verify_stop":
+        if judged.ruling.verdict == "verify_stop":
             return require_stop_verification()
-        basis = ruling.basis
+        basis = judged.ruling.basis
 
     token: str = owner["token"]
     # Remember the token before the write: if the commit reply is lost, cleanup still knows
