@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Model
 
 from paperclip.db.locking import require_transaction
 from paperclip.models import ActivityEvent
@@ -38,3 +39,13 @@ def activity_record(
     )
     transaction.on_commit(partial(audit_committed, event))
     return event
+
+
+def row_update_audited(instance: Model, values: dict[str, Any], **event: Any) -> None:
+    """Update `instance`'s row with `values` (database expressions allowed), write the one
+    audit row `event` describes (activity_record's arguments) in the same transaction, and
+    reload the fields the update set."""
+    require_transaction()
+    type(instance)._default_manager.filter(pk=instance.pk).update(**values)
+    activity_record(**event)
+    instance.refresh_from_db(fields=list(values))

@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models.functions import Now
 
-from paperclip.activity import activity_record
+from paperclip.activity import activity_record, row_update_audited
 from paperclip.errors import BoardUserInactive, NotFoundError
 from paperclip.locks import agent_keys_for_update, board_tokens_for_update, users_for_update
 from paperclip.models import Agent, AgentApiKey, BoardApiToken
@@ -93,8 +93,9 @@ def agent_key_revoke(*, key_id: UUID, actor_type: str, actor_id: str) -> Credent
             raise NotFoundError()
         changed = key.revoked_at is None
         if changed:
-            AgentApiKey.objects.filter(pk=key.pk).update(revoked_at=Now())
-            activity_record(
+            row_update_audited(
+                key,
+                {"revoked_at": Now()},
                 company_id=key.agent.company_id,
                 actor_type=actor_type,
                 actor_id=actor_id,
@@ -103,7 +104,6 @@ def agent_key_revoke(*, key_id: UUID, actor_type: str, actor_id: str) -> Credent
                 entity_id=key.pk,
                 details={"agent_id": str(key.agent_id), "prefix": key.prefix},
             )
-            key.refresh_from_db(fields=["revoked_at"])
     return CredentialRevocation(
         id=key.pk, prefix=key.prefix, revoked_at=_revoked_at(key.revoked_at), changed=changed
     )
@@ -117,8 +117,9 @@ def board_token_revoke(*, token_id: UUID, actor_type: str, actor_id: str) -> Cre
             raise NotFoundError()
         changed = token.revoked_at is None
         if changed:
-            BoardApiToken.objects.filter(pk=token.pk).update(revoked_at=Now())
-            activity_record(
+            row_update_audited(
+                token,
+                {"revoked_at": Now()},
                 company_id=None,
                 actor_type=actor_type,
                 actor_id=actor_id,
@@ -127,7 +128,6 @@ def board_token_revoke(*, token_id: UUID, actor_type: str, actor_id: str) -> Cre
                 entity_id=token.pk,
                 details={"user_id": str(token.user_id), "prefix": token.prefix},
             )
-            token.refresh_from_db(fields=["revoked_at"])
     return CredentialRevocation(
         id=token.pk, prefix=token.prefix, revoked_at=_revoked_at(token.revoked_at), changed=changed
     )

@@ -40,7 +40,7 @@ from leases.environment.export_resume import (
 )
 from leases.environment.locks import environment_leases_for_update
 from leases.models import EnvironmentLease
-from paperclip.activity import activity_record
+from paperclip.activity import activity_record, row_update_audited
 from paperclip.db.clock import db_now
 from paperclip.db.locking import bounded_lock_wait
 
@@ -131,8 +131,9 @@ def environment_lease_cleanup_claim(
             pendingCleanupInFlight=True,
             pendingCleanupLeaseExpiresAtMs=expires_ms,
         )
-        EnvironmentLease.objects.filter(pk=lease.pk).update(metadata=metadata, updated_at=Now())
-        activity_record(
+        row_update_audited(
+            lease,
+            {"metadata": metadata, "updated_at": Now()},
             company_id=lease.company_id,
             actor_type=actor_type,
             actor_id=actor_id,
@@ -147,7 +148,6 @@ def environment_lease_cleanup_claim(
                 "reclaimedExpiredClaim": in_flight,
             },
         )
-        lease.refresh_from_db()
     return CleanupClaim(
         attempt_id=attempt,
         lease=lease,

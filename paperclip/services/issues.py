@@ -14,6 +14,7 @@ from django.db.models.functions import Now
 
 from paperclip import selectors
 from paperclip.access import Actor
+from paperclip.activity import row_update_audited
 from paperclip.db.locking import busy_on_lock_timeout, set_local_lock_timeout
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.locks import issues_for_update
@@ -108,16 +109,17 @@ def issue_update(
             changes["hidden"] = {"from": not hidden, "to": hidden}
             values["hidden_at"] = Now() if hidden else None
         if values:
-            Issue.objects.filter(pk=issue.pk).update(**values, updated_at=Now())
-            audit(
-                actor,
+            row_update_audited(
+                issue,
+                {**values, "updated_at": Now()},
                 company_id=issue.company_id,
+                actor_type=actor.actor_type,
+                actor_id=actor.actor_id,
                 action="issue.updated",
                 entity_type="issue",
                 entity_id=issue.pk,
                 details=changes,
             )
-            issue.refresh_from_db()
     return IssueUpdate(issue=issue, changed=bool(values))
 
 

@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 
 from paperclip import selectors
 from paperclip.access import Actor
-from paperclip.activity import activity_record
+from paperclip.activity import row_update_audited
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import (
     AgentNotActive,
@@ -301,10 +301,9 @@ def _run_start_in_tx(
             execution_run=run, checkout_run=run, execution_locked_at=Now(), updated_at=Now()
         )
         issue.refresh_from_db()
-    HeartbeatRun.objects.filter(pk=run.pk).update(
-        status=RunStatus.RUNNING, started_at=Now(), updated_at=Now()
-    )
-    activity_record(
+    row_update_audited(
+        run,
+        {"status": RunStatus.RUNNING, "started_at": Now(), "updated_at": Now()},
         company_id=run.company_id,
         actor_type=actor_type,
         actor_id=actor_id,
@@ -314,7 +313,6 @@ def _run_start_in_tx(
         run_id=run.pk,
         details={"from": from_status, "to": RunStatus.RUNNING},
     )
-    run.refresh_from_db()
 
 
 def run_finish_in_tx(
@@ -337,11 +335,9 @@ def run_finish_in_tx(
     if to_status not in HeartbeatRun.TERMINAL_STATUSES:
         raise ValueError(f"{to_status!r} is not a terminal run status")
     from_status = run.status
-    HeartbeatRun.objects.filter(pk=run.pk).update(
-        status=to_status, finished_at=Now(), updated_at=Now()
-    )
-    issue_slots_release_in_tx(run_id=run.pk)
-    activity_record(
+    row_update_audited(
+        run,
+        {"status": to_status, "finished_at": Now(), "updated_at": Now()},
         company_id=run.company_id,
         actor_type=actor_type,
         actor_id=actor_id,
@@ -351,7 +347,7 @@ def run_finish_in_tx(
         run_id=run.pk,
         details={**(details or {}), "from": from_status, "to": to_status},
     )
-    run.refresh_from_db()
+    issue_slots_release_in_tx(run_id=run.pk)
 
 
 def issue_slots_release_in_tx(*, run_id: UUID) -> bool:
