@@ -21,6 +21,8 @@ from django.utils.safestring import SafeString
 
 from leases.environment.attention import cleanup_attention, failed_cleanups
 from leases.environment.export_resume import (
+    STOP_ONLY_KEYS,
+    STOP_ONLY_READ_FIELDS,
     export_resume_has,
     export_resume_problem,
     export_resume_read,
@@ -47,17 +49,13 @@ class StopOnlyFilter(admin.SimpleListFilter):
     ) -> QuerySet[EnvironmentLease]:
         if self.value() == "invalid":
             # Validity is the Python reader's verdict; scan only rows that carry an intent.
-            candidates = queryset.filter(
-                metadata__has_any_keys=["nativeWorkspaceExportResume", "sandboxStopAndRetain"]
-            ).only(
-                "id", "company_id", "heartbeat_run_id", "provider", "provider_lease_id", "metadata"
+            candidates = queryset.filter(metadata__has_any_keys=list(STOP_ONLY_KEYS)).only(
+                *STOP_ONLY_READ_FIELDS
             )
             ids = [lease.pk for lease in candidates if stop_only_cleanup_problem(lease)]
             return queryset.filter(pk__in=ids)
         if self.value() == "any":
-            return queryset.filter(
-                metadata__has_any_keys=["nativeWorkspaceExportResume", "sandboxStopAndRetain"]
-            )
+            return queryset.filter(metadata__has_any_keys=list(STOP_ONLY_KEYS))
         return queryset
 
 

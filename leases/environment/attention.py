@@ -12,8 +12,8 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
 
 from leases.environment.export_resume import (
-    EXPORT_RESUME_KEY,
-    STOP_AND_RETAIN_KEY,
+    STOP_ONLY_KEYS,
+    STOP_ONLY_READ_FIELDS,
     stop_only_cleanup_problem,
 )
 from leases.models import EnvironmentLease
@@ -48,8 +48,7 @@ def _cleanup_candidates(queryset: QuerySet[EnvironmentLease]) -> QuerySet[Enviro
     """Pending cleanups with a claim in flight or a stop-only intent: the only rows whose
     metadata the two Python checks below need to read."""
     return queryset.filter(status=EnvironmentLease.Status.PENDING_CLEANUP).filter(
-        Q(metadata__pendingCleanupInFlight=True)
-        | Q(metadata__has_any_keys=[EXPORT_RESUME_KEY, STOP_AND_RETAIN_KEY])
+        Q(metadata__pendingCleanupInFlight=True) | Q(metadata__has_any_keys=list(STOP_ONLY_KEYS))
     )
 
 
@@ -78,16 +77,7 @@ def cleanup_attention(
     }
     rows = (
         _cleanup_candidates(base)
-        .only(
-            "id",
-            "company_id",
-            "heartbeat_run_id",
-            "provider",
-            "provider_lease_id",
-            "metadata",
-            "released_at",
-            "updated_at",
-        )
+        .only(*STOP_ONLY_READ_FIELDS, "released_at", "updated_at")
         .order_by("pk")[:CLEANUP_CANDIDATE_LIMIT]
     )
     for lease in rows:

@@ -42,6 +42,17 @@ EXPORT_RESUME_V1: Final = "paperclip.workspace-export-resume.v1"
 EXPORT_RESUME_V2: Final = "paperclip.workspace-export-resume.v2"
 EXPORT_RESUME_SCHEMAS: Final = frozenset({EXPORT_RESUME_V1, EXPORT_RESUME_V2})
 STOP_AND_RETAIN_KEY: Final = "sandboxStopAndRetain"
+# The metadata keys that carry a stop-only intent, and the columns `stop_only_cleanup_problem`
+# reads: a query that judges many leases loads only these.
+STOP_ONLY_KEYS: Final = (EXPORT_RESUME_KEY, STOP_AND_RETAIN_KEY)
+STOP_ONLY_READ_FIELDS: Final = (
+    "id",
+    "company_id",
+    "heartbeat_run_id",
+    "provider",
+    "provider_lease_id",
+    "metadata",
+)
 STOP_AND_RETAIN_SCHEMA: Final = "paperclip.sandbox-stop-and-retain.v1"
 REMOTE_TERMINATION_KEY: Final = "remoteExecutionTermination"
 REMOTE_TERMINATION_SCHEMA: Final = "paperclip.remote-termination.v1"
