@@ -51,9 +51,10 @@ class Group:
 GROUPS: dict[str, Group] = {
     # The lease fence (row locks, share lock) and the stale verdict.
     "leases": Group(
-        modules=("leases/locks.py", "leases/selectors.py"),
+        modules=("leases/locks.py", "leases/selectors.py", "leases/services/operations.py"),
         tests=(
             "tests/leases/test_claim.py",
+            "tests/leases/test_fence.py",
             "tests/leases/test_concurrency.py",
             "tests/leases/test_owner_eligibility.py",
             "tests/leases/test_sweep.py",
@@ -62,12 +63,17 @@ GROUPS: dict[str, Group] = {
     ),
     # Finalization ownership (advisory lock, receipt compare-and-swap) and owner-stop admission.
     "recovery": Group(
-        modules=("recovery/services/ownership.py", "recovery/services/owner_stop.py"),
+        modules=(
+            "recovery/services/ownership.py",
+            "recovery/services/owner_stop.py",
+            "recovery/takeover.py",
+        ),
         # Not tests/recovery/api, processes, adapters: on this 2-core machine they would
         # triple the run; the services and the source selector reach every function here.
         tests=(
             "tests/recovery/services/",
             "tests/recovery/selectors/",
+            "tests/recovery/test_takeover.py",
         ),
     ),
     # The checkpoint fence (coordinator lock, writer owner check) and the crypto binding.
