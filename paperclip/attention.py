@@ -2,7 +2,7 @@
 
 Each app that owns a kind of stuck work contributes its tiles as `TileSource`s built from its
 own queryset builders (recovery's held finalizations, leases' stale leases, ...); the console
-(paperclip/console/attention.py) reads them in one table and adds nothing of its own, so a
+(recovery/console/attention.py) reads them in one table and adds nothing of its own, so a
 tile's count and the admin list filter it links to always use the same builder. A source reads
 a fixed number of queries whatever the number of rows and writes nothing. Database time
 (`now()`) is the clock.

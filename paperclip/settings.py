@@ -84,7 +84,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "paperclip.console.site.PaperclipAdminConfig",
+    "recovery.console.site.PaperclipAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -99,7 +99,7 @@ INSTALLED_APPS = [
     "leases.environment",
     "recovery",
     "checkpoints",
-    "paperclip.console",
+    "recovery.console",
 ]
 
 MIDDLEWARE = [

@@ -2,7 +2,7 @@
 in docs/README.md#conventions).
 
 - Every app imports only the apps on the floors below it: the core (`paperclip`), then
-  `leases` and `checkpoints`, then `recovery`, then the console (`paperclip.console`).
+  `leases` and `checkpoints`, then `recovery`, then the console (`recovery.console`).
 - The domain (models, services, selectors, locks, errors, adapters) never imports the API
   layer or the admin: views call services, not the other way round.
 - No private name is imported from another app.
@@ -70,13 +70,14 @@ def test_the_domain_never_imports_the_api_layer_or_the_admin() -> None:
 
 # The floors (docs/architecture.md#floors): an app may import its own modules and those of the
 # apps on lower floors, never one on its own floor or above. `leases.environment` is part of
-# `leases`; the console is a Django app of its own nested in the project package.
-FLOORS = {"paperclip": 0, "leases": 1, "checkpoints": 1, "recovery": 2, "paperclip.console": 3}
+# `leases`; the console is a Django app of its own nested in `recovery`'s folder, a floor above it
+# (nothing else of `recovery` may import it).
+FLOORS = {"paperclip": 0, "leases": 1, "checkpoints": 1, "recovery": 2, "recovery.console": 3}
 
 
 def _app_of(module: str) -> str:
-    if module == "paperclip.console" or module.startswith("paperclip.console."):
-        return "paperclip.console"
+    if module == "recovery.console" or module.startswith("recovery.console."):
+        return "recovery.console"
     return module.split(".")[0]
 
 
@@ -109,8 +110,12 @@ def test_the_floor_rule_catches_an_upward_or_sideways_import(tmp_path: Path) -> 
         "leases.bad:3 imports checkpoints (checkpoints is not below leases)",
     ]
     console = tmp_path / "console.py"
-    console.write_text("import recovery.models\nfrom paperclip.console import site\n")
-    assert floor_violations({"paperclip.console.x": console}) == []
+    console.write_text("import recovery.models\nfrom recovery.console import site\n")
+    assert floor_violations({"recovery.console.x": console}) == []
+    # The rest of recovery is below its console.
+    assert floor_violations({"recovery.services.x": console}) == [
+        "recovery.services.x:2 imports recovery.console (recovery.console is not below recovery)"
+    ]
 
 
 def test_no_private_name_is_imported_from_another_app() -> None:

@@ -22,8 +22,8 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.console.site import REFRESH_SECONDS
 from paperclip.models import ActivityEvent, BoardMembership, Company
+from recovery.console.site import REFRESH_SECONDS
 from tests.console.helpers import held, invalid_marker_lease, stale_lease
 from tests.paperclip.factories import CompanyFactory
 

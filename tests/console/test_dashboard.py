@@ -14,9 +14,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from paperclip.console.attention import attention_summary
-from paperclip.console.site import tile_url
 from paperclip.models import ActivityEvent, BoardMembership, Company
+from recovery.console.attention import attention_summary
+from recovery.console.site import tile_url
 from tests.console.helpers import one_of_each
 from tests.paperclip.factories import CompanyFactory, UserFactory
 

@@ -11,8 +11,8 @@ from django.core.management import call_command
 
 from leases.environment.export_resume import export_resume_read, stop_only_cleanup_problem
 from leases.models import EnvironmentLease
-from paperclip.console.attention import attention_summary
 from paperclip.models import ActivityEvent, Agent, Environment
+from recovery.console.attention import attention_summary
 from recovery.models import IssueRecoveryAction
 from recovery.services import recovery_source_inspect
 from tests.paperclip.helpers import bearer_client

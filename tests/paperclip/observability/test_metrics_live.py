@@ -188,7 +188,7 @@ def test_counters_of_every_process_reach_metrics_exactly(
     # The stuck-work gauges are the dashboard's tiles: one stale lease, seen by both (the job
     # worker stopped first, or its periodic sweep would remove the lease in between).
     worker.stop()
-    from paperclip.console.attention import attention_summary
+    from recovery.console.attention import attention_summary
     from tests.leases.factories import claim as lease_claim
     from tests.leases.factories import expire
 

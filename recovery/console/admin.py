@@ -20,7 +20,6 @@ from paperclip.admin.toolkit import (
     ReadOnlyAdmin,
     admin_id_link,
 )
-from paperclip.console.run_related import run_related
 from paperclip.ids import parse_uuid
 from paperclip.models import (
     ActivityEvent,
@@ -34,6 +33,7 @@ from paperclip.models import (
 )
 from paperclip.templatetags.console import stamp
 from recovery.admin.finalization import FinalizeNowMixin
+from recovery.console.run_related import run_related
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
 

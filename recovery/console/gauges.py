@@ -1,5 +1,5 @@
 """Gauges of what is stuck, computed from the database at scrape time by the selectors of the
-console's dashboard (paperclip/console/attention.py), so that the two never disagree: every
+console's dashboard (recovery/console/attention.py), so that the two never disagree: every
 host's /metrics answers the same numbers (aggregate them with max(), not sum()), and they can
 never drift from the rows they describe."""
 
@@ -12,7 +12,7 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from paperclip.console.attention import attention_summary
+from recovery.console.attention import attention_summary
 
 
 class StuckWorkCollector(Collector):

@@ -34,7 +34,7 @@ def member_company_ids(request: HttpRequest) -> list[UUID] | None:
 
 
 def _tile_target(kind: str, detail: str | None) -> tuple[str, dict[str, str]]:
-    from paperclip.console.attention import SOURCES
+    from recovery.console.attention import SOURCES
 
     source = next(source for source in SOURCES if kind in source.kinds)
     return source.link(kind, detail)
@@ -62,7 +62,7 @@ class ConsoleAdminSite(admin.AdminSite):
         ]
 
     def _attention_context(self, request: HttpRequest) -> dict[str, Any]:
-        from paperclip.console.attention import attention_summary
+        from recovery.console.attention import attention_summary
 
         user: Any = request.user
         summary = attention_summary(
@@ -109,7 +109,7 @@ class ConsoleAdminSite(admin.AdminSite):
     def search_view(self, request: HttpRequest) -> HttpResponse:
         """Find a run, issue, workspace, lease, recovery action or company by id (any of the
         operator's companies); one hit opens it, several are listed."""
-        from paperclip.console.lookup import console_lookup
+        from recovery.console.lookup import console_lookup
 
         query = (request.GET.get("q") or "").strip()
         hits = console_lookup(query=query, company_ids=member_company_ids(request))
@@ -145,4 +145,4 @@ def _change_url(model: type[Any], pk: Any) -> str:
 
 
 class PaperclipAdminConfig(AdminConfig):
-    default_site = "paperclip.console.site.ConsoleAdminSite"
+    default_site = "recovery.console.site.ConsoleAdminSite"
