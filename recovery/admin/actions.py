@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from django import forms
 from django.contrib import admin, messages
@@ -217,7 +218,7 @@ class IssueRecoveryActionAdmin(
         return [str(obj.pk)]
 
     def timeline_run_id(self, obj: IssueRecoveryAction) -> Any:
-        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        evidence = _as_dict(obj.evidence)
         return parse_uuid(evidence.get("runId"))
 
     def detail_panels(self, request: HttpRequest, obj: IssueRecoveryAction) -> list[SafeString]:
@@ -260,7 +261,7 @@ class IssueRecoveryActionAdmin(
 
     @admin.display(description="run")
     def run(self, obj: IssueRecoveryAction) -> SafeString | str:
-        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        evidence = _as_dict(obj.evidence)
         run_id = parse_uuid(evidence.get("runId"))
         return admin_id_link(HeartbeatRun, run_id) if run_id is not None else "—"
 
@@ -304,7 +305,7 @@ class IssueRecoveryActionAdmin(
 
     @admin.display(description="recorded owner")
     def recorded_owner(self, obj: IssueRecoveryAction) -> str:
-        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        evidence = _as_dict(obj.evidence)
         owner = evidence.get("owner")
         if owner is None:
             return "—"
@@ -313,7 +314,7 @@ class IssueRecoveryActionAdmin(
 
     @admin.display(description="run's current receipt")
     def current_receipt(self, obj: IssueRecoveryAction) -> SafeString | str:
-        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        evidence = _as_dict(obj.evidence)
         run_id = evidence.get("runId")
         run = (
             HeartbeatRun.objects.filter(pk=run_id, company_id=obj.company_id).first()
@@ -337,7 +338,7 @@ class IssueRecoveryActionAdmin(
 
     @admin.display(description="owner stop confirmation")
     def owner_stop(self, obj: IssueRecoveryAction) -> str:
-        evidence = obj.evidence if isinstance(obj.evidence, dict) else {}
+        evidence = _as_dict(obj.evidence)
         stop = evidence.get("workspaceOwnerStop")
         if not isinstance(stop, dict):
             return "not confirmed"
@@ -375,30 +376,31 @@ class IssueRecoveryActionAdmin(
         if "apply" in request.POST and form.is_valid():
             actor = board_actor(request.user)
 
-            def run_of(hold: IssueRecoveryAction) -> Any:
-                return parse_uuid(_as_dict(hold.evidence).get("runId"))
-
-            def confirm(hold: IssueRecoveryAction) -> str:
+            def confirm(bound: tuple[IssueRecoveryAction, UUID]) -> str:
+                hold, run_id = bound
                 raw = _as_dict(hold.evidence).get("owner")
-                owner: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                owner = _as_dict(raw)
                 recovery_owner_stop_confirm(
                     actor=actor,
                     issue_id=hold.source_issue_id,
                     action_id=hold.pk,
-                    run_id=run_of(hold),
+                    run_id=run_id,
                     owner_token=str(owner.get("token", "")),
                     stop_evidence=form.cleaned_data["stop_evidence"],
                     controller_and_copyback_stopped=form.cleaned_data["confirmed"],
                 )
                 return "confirmed"
 
+            runs = [(hold, parse_uuid(_as_dict(hold.evidence).get("runId"))) for hold in holds]
             unbound = [
                 f"{hold.pk}: invalid_request (the hold names no run)"
-                for hold in holds
-                if run_of(hold) is None
+                for hold, run_id in runs
+                if run_id is None
             ]
             done = act_on_each(
-                [hold for hold in holds if run_of(hold) is not None], confirm, name=lambda h: h.pk
+                [(hold, run_id) for hold, run_id in runs if run_id is not None],
+                confirm,
+                name=lambda bound: bound[0].pk,
             )
             report_each(
                 self,
@@ -457,7 +459,7 @@ def source_panel_html(action: IssueRecoveryAction) -> str:
     """The inspection of `action`'s recorded source as safe HTML for its admin page: the
     sources, or the failure with its code, reason and disposition. The run is the one named
     by `action.evidence.runId`."""
-    evidence = action.evidence if isinstance(action.evidence, dict) else {}
+    evidence = _as_dict(action.evidence)
     raw_run = evidence.get("runId")
     context: dict[str, Any] = {"action": action, "run_id": raw_run}
     run_id = parse_uuid(raw_run)

@@ -162,6 +162,12 @@ class _Binding:
     run: HeartbeatRun
     action: IssueRecoveryAction
 
+    @property
+    def evidence(self) -> dict[str, Any]:
+        """The hold's evidence (an empty dict when it is not an object)."""
+        evidence = self.action.evidence
+        return evidence if isinstance(evidence, dict) else {}
+
 
 def _confirm_in_tx(
     *,
@@ -229,7 +235,7 @@ def _require_hold_current(bound: _Binding, *, company_id: UUID, run_id: UUID) ->
     confirmation is stale, naming the first check that failed. Returns the accepted result."""
     issue, coordinator, run, action = bound.issue, bound.coordinator, bound.run, bound.action
     stale = WorkspaceOwnerRecoveryStale
-    evidence: dict[str, Any] = action.evidence if isinstance(action.evidence, dict) else {}
+    evidence = bound.evidence
     if (
         action.cause != OWNER_UNVERIFIED_CAUSE
         or action.owner_type != IssueRecoveryAction.OwnerType.BOARD
@@ -288,9 +294,7 @@ def _require_owner_stoppable(bound: _Binding, *, owner_token: str) -> Any:
     """The run's receipt is still the owner the hold recorded (`owner_changed` otherwise) and,
     when it ran on this host, its process is dead (`WorkspaceControllerAlive` otherwise).
     Returns the raw receipt."""
-    evidence: dict[str, Any] = (
-        bound.action.evidence if isinstance(bound.action.evidence, dict) else {}
-    )
+    evidence = bound.evidence
     raw = raw_owner(bound.run.runner_profile_json)
     receipt = read_owner(raw)
     if receipt is None or receipt.token != owner_token or raw != evidence.get("owner"):
@@ -324,7 +328,6 @@ def _record_confirmation(
     )
     if released != 1:  # pragma: no cover - the row is locked
         raise WorkspaceOwnerRecoveryStale(reason="owner_changed")
-    evidence: dict[str, Any] = action.evidence if isinstance(action.evidence, dict) else {}
     stop = {
         "owner": raw_owner,
         "resultId": str(result_id),
@@ -332,7 +335,7 @@ def _record_confirmation(
         "stopEvidence": stop_evidence,
         "confirmedAt": db_now_iso(),
     }
-    action.evidence = {**evidence, "workspaceOwnerStop": stop}
+    action.evidence = {**bound.evidence, "workspaceOwnerStop": stop}
     action.next_action = QUEUED_NEXT_ACTION
     action.wake_policy = None
     action.monitor_policy = None
