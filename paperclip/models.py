@@ -161,6 +161,15 @@ class ExecutionWorkspace(TimestampedModel):
     runtime_lease_generation = models.BigIntegerField(default=0)
     opened_at = models.DateTimeField(db_default=Now())
     last_used_at = models.DateTimeField(db_default=Now())
+    # The workspace's content in the content-addressed store (docs/snapshots.md): the head tree
+    # (null: empty), the run that published it and when; `cwd_tree` is the tree the `cwd` was
+    # last made equal to (null: unknown or never), so materialization knows what to touch.
+    head_tree = models.TextField(null=True, blank=True)
+    head_run = models.ForeignKey(
+        "HeartbeatRun", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    head_committed_at = models.DateTimeField(null=True, blank=True)
+    cwd_tree = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "execution_workspaces"
@@ -360,6 +369,80 @@ class HeartbeatRun(TimestampedModel):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL_STATUSES
+
+
+class CasBlob(models.Model):
+    """A blob of a company's content-addressed store (docs/snapshots.md#the-store): its name is
+    the sha256 of its bytes. The bytes live in the backend (`PAPERCLIP_CAS_BACKEND`): files
+    under the data directory, or `CasBlobChunk` rows. `referenced_at` moves whenever an
+    upload or a snapshot names the blob; the collector keeps anything younger than the grace."""
+
+    id = models.BigAutoField(primary_key=True)
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    digest = models.TextField()
+    size = models.BigIntegerField()
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    referenced_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "cas_blobs"
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(fields=["company", "digest"], name="cas_blobs_company_digest")
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["referenced_at"], name="cas_blobs_referenced_idx")
+        ]
+
+    def __str__(self) -> str:
+        return self.digest
+
+
+class CasBlobChunk(models.Model):
+    """The bytes of a blob in the `postgres` backend, in pieces of at most 1 MiB."""
+
+    id = models.BigAutoField(primary_key=True)
+    blob = models.ForeignKey(CasBlob, on_delete=models.CASCADE, related_name="chunks")
+    seq = models.IntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        db_table = "cas_blob_chunks"
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(fields=["blob", "seq"], name="cas_blob_chunks_blob_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.blob_id}#{self.seq}"
+
+
+class RunSnapshot(models.Model):
+    """A tree a run's agent registered (docs/snapshots.md#snapshots), fenced by the runtime
+    lease it held; `base` is the head its checkout started from (null: empty)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey("HeartbeatRun", on_delete=models.CASCADE, related_name="snapshots")
+    execution_workspace = models.ForeignKey(
+        ExecutionWorkspace, on_delete=models.CASCADE, related_name="run_snapshots"
+    )
+    tree = models.TextField()
+    base = models.TextField(null=True, blank=True)
+    files = models.BigIntegerField()
+    bytes = models.BigIntegerField()
+    lease_generation = models.BigIntegerField()
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "run_snapshots"
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(fields=["run", "tree"], name="run_snapshots_run_tree")
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["company", "tree"], name="run_snapshots_company_tree_idx")
+        ]
+
+    def __str__(self) -> str:
+        return self.tree
 
 
 class WorkspaceOperation(TimestampedModel):

@@ -1,0 +1,326 @@
+"""Workspace trees as Merkle directories (docs/snapshots.md#trees), as plain functions.
+
+A directory is a blob of canonical JSON `{"entries": [...], "schema": "paperclip.dir.v1"}`
+(keys sorted, separators `,` `:`, UTF-8, no whitespace), its entries sorted by the UTF-8 bytes
+of their names. A tree is the name of its root directory blob. Nothing here touches the
+database or a filesystem: `walk` reads blobs through the `load` function it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+SCHEMA: Final = "paperclip.dir.v1"
+MAX_DEPTH: Final = 256
+MAX_NAME_BYTES: Final = 255
+MAX_MODE: Final = 0o7777
+MAX_SYMLINK_HOPS: Final = 40
+BLOB_NAME = re.compile(r"sha256:[0-9a-f]{64}")
+EMPTY_DIR: Final = b'{"entries":[],"schema":"paperclip.dir.v1"}'
+
+type EntryType = Literal["file", "dir", "symlink"]
+
+
+class TreeInvalid(ValueError):
+    """A tree or one of its directories breaks a rule: `path` names where (`""` is the root),
+    `reason` is a stable snake_case word."""
+
+    def __init__(self, path: str, reason: str, detail: str = "") -> None:
+        super().__init__(f"{path or '/'}: {reason}" + (f" ({detail})" if detail else ""))
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    name: str
+    type: EntryType
+    mode: int = 0
+    size: int = 0
+    digest: str | None = None  # a file's content, or a dir's blob
+    chunks: tuple[str, ...] | None = None  # a large file's content, in order
+    target: str = ""  # a symlink's
+
+    def as_json(self) -> dict[str, Any]:
+        if self.type == "symlink":
+            return {"name": self.name, "type": "symlink", "target": self.target}
+        if self.type == "dir":
+            return {"name": self.name, "type": "dir", "mode": self.mode, "digest": self.digest}
+        content: dict[str, Any] = (
+            {"chunks": list(self.chunks)} if self.chunks is not None else {"digest": self.digest}
+        )
+        return {"name": self.name, "type": "file", "mode": self.mode, "size": self.size, **content}
+
+    def blobs(self) -> tuple[str, ...]:
+        """The content blobs this entry names itself (a dir's own blob included)."""
+        if self.chunks is not None:
+            return self.chunks
+        return (self.digest,) if self.digest is not None else ()
+
+    def same_as(self, other: Entry | None) -> bool:
+        """Equal for a merge: type, mode and content (a directory by type and mode alone; what
+        is inside it is compared path by path)."""
+        if other is None or other.type != self.type:
+            return False
+        if self.type == "dir":
+            return self.mode == other.mode
+        return self.as_json() | {"name": ""} == other.as_json() | {"name": ""}
+
+
+def blob_name(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _name_key(entry: Entry) -> bytes:
+    return entry.name.encode("utf-8", "surrogatepass")
+
+
+def encode_dir(entries: Iterable[Entry]) -> bytes:
+    """The canonical bytes of a directory holding `entries` (sorted here)."""
+    ordered = sorted(entries, key=_name_key)
+    return canonical_json({"schema": SCHEMA, "entries": [e.as_json() for e in ordered]})
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name` cannot name an entry, or None."""
+    if not isinstance(name, str):
+        return "bad_name"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "bad_name"
+    if not 1 <= size <= MAX_NAME_BYTES or name in (".", "..") or "/" in name or "\0" in name:
+        return "bad_name"
+    return None
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def _int(value: object, low: int, high: int) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return None
+    return value
+
+
+_KEYS: Final[Mapping[str, tuple[frozenset[str], ...]]] = {
+    "file": (
+        frozenset({"name", "type", "mode", "size", "digest"}),
+        frozenset({"name", "type", "mode", "size", "chunks"}),
+    ),
+    "dir": (frozenset({"name", "type", "mode", "digest"}),),
+    "symlink": (frozenset({"name", "type", "target"}),),
+}
+
+
+def _entry(raw: object, path: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise TreeInvalid(path, "bad_entry")
+    problem = name_problem(raw.get("name"))
+    if problem:
+        raise TreeInvalid(path, problem)
+    name: str = raw["name"]
+    where = _join(path, name)
+    kind = raw.get("type")
+    if not isinstance(kind, str) or kind not in _KEYS:
+        raise TreeInvalid(where, "bad_type")
+    if frozenset(raw) not in _KEYS[kind]:
+        raise TreeInvalid(where, "bad_fields", ", ".join(sorted(raw)))
+    if kind == "symlink":
+        target = raw["target"]
+        if not isinstance(target, str) or not target or "\0" in target:
+            raise TreeInvalid(where, "bad_symlink")
+        if target.startswith("/"):
+            raise TreeInvalid(where, "absolute_symlink")
+        return Entry(name=name, type="symlink", target=target)
+    mode = _int(raw["mode"], 0, MAX_MODE)
+    if mode is None:
+        raise TreeInvalid(where, "bad_mode")
+    if kind == "dir":
+        digest = raw["digest"]
+        if not isinstance(digest, str) or not BLOB_NAME.fullmatch(digest):
+            raise TreeInvalid(where, "bad_digest")
+        return Entry(name=name, type="dir", mode=mode, digest=digest)
+    size = _int(raw["size"], 0, 2**53)
+    if size is None:
+        raise TreeInvalid(where, "bad_size")
+    if "chunks" in raw:
+        chunks = raw["chunks"]
+        if (
+            not isinstance(chunks, list)
+            or len(chunks) < 2
+            or not all(isinstance(c, str) and BLOB_NAME.fullmatch(c) for c in chunks)
+        ):
+            raise TreeInvalid(where, "bad_chunks")
+        return Entry(name=name, type="file", mode=mode, size=size, chunks=tuple(chunks))
+    digest = raw["digest"]
+    if not isinstance(digest, str) or not BLOB_NAME.fullmatch(digest):
+        raise TreeInvalid(where, "bad_digest")
+    return Entry(name=name, type="file", mode=mode, size=size, digest=digest)
+
+
+def decode_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
+    """The entries of one directory blob, validated strictly: canonical bytes, the schema,
+    known fields of the right types, good and unique names (TreeInvalid otherwise)."""
+    try:
+        value = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TreeInvalid(path, "not_json", str(exc)[:200]) from exc
+    if not isinstance(value, dict) or set(value) != {"schema", "entries"}:
+        raise TreeInvalid(path, "not_a_directory")
+    if value["schema"] != SCHEMA:
+        raise TreeInvalid(path, "unknown_schema")
+    if not isinstance(value["entries"], list):
+        raise TreeInvalid(path, "not_a_directory")
+    entries = tuple(_entry(raw, path) for raw in value["entries"])
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.name in seen:
+            raise TreeInvalid(_join(path, entry.name), "duplicate_name")
+        seen.add(entry.name)
+    if encode_dir(entries) != data:
+        raise TreeInvalid(path, "not_canonical")
+    return entries
+
+
+@dataclass(slots=True)
+class Walk:
+    """A tree read through: `entries` by path (directories included, the root not), the
+    blobs it reaches (directory blobs, file contents and chunks), and the names it reached
+    that `load` could not find (a missing directory is not descended into)."""
+
+    root: str
+    entries: dict[str, Entry] = field(default_factory=dict)
+    directories: dict[str, str] = field(default_factory=dict)  # dir blob name → a path to it
+    contents: set[str] = field(default_factory=set)
+    missing: list[str] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+
+    def reached(self) -> set[str]:
+        return {self.root, *self.directories, *self.contents}
+
+
+def walk(
+    root: str,
+    load: Callable[[str], bytes | None],
+    *,
+    max_entries: int = 2_000_000,
+    contents: Callable[[Iterable[str]], Iterable[str]] | None = None,
+) -> Walk:
+    """Read the tree `root` through `load(name)` (None: not stored), validating every
+    directory, the depth (at most 256 directories), cycles and symlinks (a target must stay
+    inside the tree, also through the tree's other symlinks). `contents(names)`, when given,
+    answers which file blobs are missing (checked in batches); else none are looked up.
+    Raises TreeInvalid."""
+    if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
+        raise TreeInvalid("", "bad_digest")
+    result = Walk(root=root)
+    stack: list[tuple[str, str, int, tuple[str, ...]]] = [("", root, 0, ())]
+    while stack:
+        path, digest, depth, chain = stack.pop()
+        if digest in chain:
+            raise TreeInvalid(path, "cycle")
+        if depth > MAX_DEPTH:
+            raise TreeInvalid(path, "too_deep")
+        data = load(digest)
+        if data is None:
+            result.missing.append(digest)
+            continue
+        if blob_name(data) != digest:
+            raise TreeInvalid(path, "digest_mismatch")
+        result.directories.setdefault(digest, path)
+        for entry in decode_dir(data, path):
+            where = _join(path, entry.name)
+            result.entries[where] = entry
+            if len(result.entries) > max_entries:
+                raise TreeInvalid(where, "too_many_entries")
+            if entry.type == "dir":
+                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                stack.append((where, entry.digest, depth + 1, (*chain, digest)))
+            elif entry.type == "file":
+                result.files += 1
+                result.bytes += entry.size
+                result.contents.update(entry.blobs())
+    check_symlinks(result.entries)
+    if contents is not None:
+        result.missing.extend(contents(sorted(result.contents)))
+    return result
+
+
+def check_symlinks(entries: Mapping[str, Entry]) -> None:
+    """Every symlink's target resolves inside the tree: lexically, and through the tree's own
+    symlinks (a link to `..` inside a subdirectory is fine; two links that together climb out
+    are not). A target that names nothing in the tree is fine while it stays inside."""
+    for path, entry in entries.items():
+        if entry.type == "symlink":
+            parent = path.rpartition("/")[0]
+            _resolve(entries, parent, entry.target, path, hops=0)
+
+
+def _resolve(entries: Mapping[str, Entry], parent: str, target: str, link: str, hops: int) -> str:
+    if hops > MAX_SYMLINK_HOPS:
+        raise TreeInvalid(link, "symlink_loop")
+    parts = [p for p in parent.split("/") if p]
+    components = [c for c in target.split("/") if c not in ("", ".")]
+    for index, component in enumerate(components):
+        if component == "..":
+            if not parts:
+                raise TreeInvalid(link, "escaping_symlink")
+            parts.pop()
+            continue
+        parts.append(component)
+        here = "/".join(parts)
+        entry = entries.get(here)
+        if entry is not None and entry.type == "symlink" and index < len(components) - 1:
+            resolved = _resolve(entries, "/".join(parts[:-1]), entry.target, link, hops + 1)
+            parts = [p for p in resolved.split("/") if p]
+    return "/".join(parts)
+
+
+def build(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes]]:
+    """The tree holding `entries` (by path; a directory's own entry gives its mode, and its
+    digest is recomputed here): its root name and every directory blob by name."""
+    children: dict[str, list[str]] = {"": []}
+    for path in entries:
+        children.setdefault(path.rpartition("/")[0], []).append(path)
+        if entries[path].type == "dir":
+            children.setdefault(path, [])
+    for parent in children:
+        if parent and (parent not in entries or entries[parent].type != "dir"):
+            raise TreeInvalid(parent, "not_a_directory")
+    blobs: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
+    # Deepest first, so each directory's children have their digests when it is encoded.
+    order = sorted(children, key=lambda p: p.count("/") + (1 if p else 0), reverse=True)
+    for directory in order:
+        own: list[Entry] = []
+        for path in children[directory]:
+            entry, name = entries[path], path.rpartition("/")[2]
+            if entry.type == "dir":
+                entry = Entry(name=name, type="dir", mode=entry.mode, digest=digests[path])
+            elif entry.name != name:
+                entry = replace(entry, name=name)
+            own.append(entry)
+        data = encode_dir(own)
+        name = blob_name(data)
+        blobs[name] = data
+        digests[directory] = name
+    return digests[""], blobs
