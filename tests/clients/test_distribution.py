@@ -1,5 +1,6 @@
-"""The client is its own distribution: httpx is its only runtime dependency, it imports nothing
-of the server (no Django), it ships py.typed and the paperclip-agent entry point."""
+"""The client is its own distribution: httpx and pathspec are its only runtime dependencies, it
+imports nothing of the server (no Django), it ships py.typed and the paperclip-agent entry
+point."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from django.conf import settings
 CLIENT = Path(settings.BASE_DIR) / "clients" / "python"
 
 
-def test_pyproject_declares_httpx_alone_and_the_cli() -> None:
+def test_pyproject_declares_httpx_and_pathspec_and_the_cli() -> None:
     project = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
     assert project["name"] == "paperclip-client"
-    assert [d.split(">")[0].split("=")[0] for d in project["dependencies"]] == ["httpx"]
+    assert [d.split(">")[0].split("=")[0] for d in project["dependencies"]] == ["httpx", "pathspec"]
     assert project["scripts"] == {"paperclip-agent": "paperclip_client.cli:entry"}
     assert (CLIENT / "paperclip_client" / "py.typed").exists()
 

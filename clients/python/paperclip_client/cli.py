@@ -1,17 +1,24 @@
-"""`paperclip-agent run`: run one command under the workspace's runtime lease, checkpoint it
-and finalize it.
+"""`paperclip-agent run`: run one command under the workspace's runtime lease, checkpoint it,
+publish its workdir as a snapshot and finalize it.
 
 Steps: create the native run (its `workspace_dir` is where the command runs), claim the
 workspace's runtime lease as `run:<id>` (waiting out a live holder until it turns stale),
 move the run to `running` (a predecessor run of the same agent and workspace whose lease was
-taken over is marked `interrupted`), take the run's controller lease, restore `--resume`'s
-checkpoint, record the fenced `start` operation, run the command in its own process group,
-checkpoint `--session-dir` every `--checkpoint-every` seconds and at exit, record the fenced
-`exit` operation, post the result and wait until the run is committed.
+taken over is marked `interrupted`), check the workspace head out into the workdir (the head
+read once the lease is held is the snapshot's `base`; local work that checkout would overwrite
+stops the run unless `--discard-local-changes`), take the run's controller lease, restore
+`--resume`'s checkpoint, record the fenced `start` operation, run the command in its own
+process group, checkpoint `--session-dir` every `--checkpoint-every` seconds and at exit,
+record the fenced `exit` operation, snapshot the workdir (uploading only the blobs the server
+lacks) and register it (fenced by the lease's generation), post the result with that
+`workspace_tree` and wait until the run is committed: the server then publishes the tree to
+the workspace head (merging it with other runs' changes, or holding the run for the board on
+a conflict).
 
 Exit status: the command's own; 75 when a lease was lost (the command is stopped and nothing
 more is written); 2 for bad usage; 69 when the server cannot be reached; 70 when the run did
-not commit; 1 when the server refused a step before the command ran.
+not commit (held for the board included); 1 when a step was refused before the command ran
+(local changes in the way of the checkout included).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from typing import IO, Any, NoReturn, TypeVar
 from paperclip_client.client import Client
 from paperclip_client.errors import (
     ApiError,
+    ConflictError,
+    FinalizationNotAcquired,
     IssueExecutionLocked,
     OutcomeUnknown,
     PaperclipError,
@@ -42,6 +51,15 @@ from paperclip_client.errors import (
 )
 from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
 from paperclip_client.session import CheckpointError, SessionCheckpointer, restore
+from paperclip_client.trees import TreeError
+from paperclip_client.workdir import (
+    ClientStore,
+    SnapshotResult,
+    WorkdirError,
+    checkout,
+    commit_snapshot,
+    snapshot,
+)
 
 T = TypeVar("T")
 EXIT_LOST = 75
@@ -86,6 +104,11 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--resume", metavar="RUN", help="restore this run's checkpoint first")
     run.add_argument("--workdir", help="where COMMAND runs (default: the current directory)")
+    run.add_argument(
+        "--discard-local-changes",
+        action="store_true",
+        help="let checkout overwrite local changes in the workdir",
+    )
     run.add_argument("--url", default=os.environ.get("PAPERCLIP_URL"), help="$PAPERCLIP_URL")
     run.add_argument(
         "--key", default=os.environ.get("PAPERCLIP_AGENT_KEY"), help="$PAPERCLIP_AGENT_KEY"
@@ -96,6 +119,10 @@ def parser() -> argparse.ArgumentParser:
 
 def say(line: str) -> None:
     print(f"{PROG}: {line}", flush=True)
+
+
+def warn(line: str) -> None:
+    print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
 
 
 def fail(line: str) -> None:
@@ -150,6 +177,7 @@ class Runner:
         self.run_id: str | None = None
         self.session_id: str | None = None
         self.result_posted = False
+        self.base: str | None = None  # the workspace head the checkout started from
 
     def on_lost(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -174,7 +202,7 @@ class Runner:
             fail("interrupted")
             self._abort_run()
             return 130
-        except (ApiError, OutcomeUnknown, CheckpointError, OSError) as exc:
+        except (ApiError, OutcomeUnknown, CheckpointError, WorkdirError, TreeError, OSError) as exc:
             if self.lost.is_set():
                 return self._lost(self.lost_reason)
             self._stop_child()
@@ -323,6 +351,7 @@ class Runner:
         workdir: Path,
     ) -> int:
         args = self.args
+        self._checkout(workdir)
         checkpointer: SessionCheckpointer | None = None
         if args.session_dir:
             session_dir = Path(args.session_dir).resolve()
@@ -363,6 +392,7 @@ class Runner:
         )
         state = "succeeded" if code == 0 else "failed"
         summary = b"".join(self.tail).decode("utf-8", "replace")
+        taken = self._patient("snapshot", lambda: self._snapshot(run_id, runtime, workdir), runtime)
 
         def post() -> None:
             runtime.ensure_held()
@@ -371,6 +401,7 @@ class Runner:
                 result={"summary": summary, "exit_code": code, "command": command_text[:20000]},
                 run_terminal_state=state,
                 caller_result_id=f"{PROG}:{run_id}",
+                workspace_tree=taken.tree,
             )
 
         self._patient("result", post, runtime)
@@ -391,11 +422,55 @@ class Runner:
                 ),
                 None,
             )
+        except FinalizationNotAcquired as exc:
+            reason = exc.details.get("reason") or "held"
+            say(
+                f"finalization: held for the board ({reason}); the run's tree {taken.tree} is"
+                " not published until the board resolves it"
+            )
+            return EXIT_NOT_COMMITTED
         except (ApiError, TimeoutError, ServerUnreachable) as exc:
             fail(f"run {run_id} did not commit: {exc}")
             return EXIT_NOT_COMMITTED
-        say(f"finalization: committed; {workdir} copied back to the workspace")
+        say(f"finalization: committed; the run's tree {taken.tree} published to the workspace head")
         return code
+
+    def _checkout(self, workdir: Path) -> None:
+        """Make the workdir hold the workspace head read now, with the lease held (that head
+        is the snapshot's base: what this run's work starts from)."""
+        head = self.client.workspace_head(self.args.workspace)
+        self.base = head.tree
+        done = checkout(
+            ClientStore(self.client),
+            workdir,
+            head.tree,
+            server=self.client.base_url,
+            workspace=self.args.workspace,
+            discard_local_changes=self.args.discard_local_changes,
+            say=say,
+        )
+        say(f"checkout: {done.tree or 'empty'} {done.files} files, {done.fetched} bytes fetched")
+
+    def _snapshot(self, run_id: str, runtime: RuntimeLeaseKeeper, workdir: Path) -> SnapshotResult:
+        """Snapshot the workdir, upload what the server lacks, register it (fenced); the
+        index is written only once the server holds the snapshot."""
+        taken = snapshot(ClientStore(self.client), workdir, say=say, warn=warn)
+        runtime.ensure_held()
+        try:
+            self.client.snapshot_register(
+                run_id, tree=taken.tree, base=self.base, generation=runtime.generation
+            )
+        except ConflictError as exc:
+            if exc.code.startswith("workspace_runtime_lease_"):
+                runtime.mark_lost(f"the snapshot was refused: {exc.code}")
+                raise LeaseLost(runtime.lost_reason or exc.code) from exc
+            raise
+        commit_snapshot(workdir, taken, server=self.client.base_url, workspace=self.args.workspace)
+        say(
+            f"snapshot: {taken.tree} {taken.files} files, {taken.bytes} bytes,"
+            f" {taken.uploaded} bytes uploaded"
+        )
+        return taken
 
     def _patient(self, what: str, step: Callable[[], T], keeper: RuntimeLeaseKeeper | None) -> T:
         """`step()`, repeated while the server cannot be reached (the request never got

@@ -16,16 +16,19 @@ Transport rules (why each call may or may not be repeated):
 
 from __future__ import annotations
 
+import hashlib
+import io
 import random
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, TypeVar, cast
 
 import httpx
 
 from paperclip_client import models
 from paperclip_client.errors import (
     ApiError,
+    BlobCorrupt,
     DatabaseUnavailable,
     OutcomeUnknown,
     ResourceBusy,
@@ -36,6 +39,8 @@ from paperclip_client.errors import (
 F = TypeVar("F", bound=Callable[..., Any])
 RETRYABLE_ERRORS = (DatabaseUnavailable, ResourceBusy, WorkspaceRuntimeLeaseContended)
 USER_AGENT = "paperclip-client/0.1"
+FIND_MISSING_MAX = 10_000
+PIECE_BYTES = 1024 * 1024
 
 
 def operation(operation_id: str) -> Callable[[F], F]:
@@ -115,22 +120,26 @@ class Client:
         params: Mapping[str, Any] | None = None,
         idempotent: bool,
         timeout: float | None = None,
+        content: Callable[[], bytes | Iterator[bytes]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        receive: Callable[[httpx.Response], Any] | None = None,
     ) -> Any:
         """Send one API call and return its decoded JSON body; raise the error class of its
-        code. `idempotent`: whether a request sent without an answer may be repeated."""
+        code. `idempotent`: whether a request sent without an answer may be repeated.
+        `content()` gives a raw body for each attempt (bytes or an iterator of chunks, sent
+        with the `Content-Length` of `headers`); `receive(response)` reads a successful
+        answer as a stream (it must start over when called again) and gives the result."""
         attempt = 0
         while True:
             delay: float | None = None
             try:
-                response = self._http.request(
-                    method,
-                    path,
-                    json=json,
-                    params=params,
-                    timeout=None
-                    if timeout is None
-                    else httpx.Timeout(timeout, connect=self.connect_timeout),
-                )
+                response = self._send(method, path, json, params, timeout, content, headers)
+                try:
+                    if receive is not None and response.status_code < 400:
+                        return receive(response)
+                    response.read()
+                finally:
+                    response.close()
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 if attempt >= self.retries:
                     raise ServerUnreachable(self.base_url, _reason(exc)) from exc
@@ -153,6 +162,30 @@ class Client:
             pause = min(self.backoff_cap, self.backoff * 2 ** (attempt - 1))
             pause = pause * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
             time.sleep(min(self.backoff_cap, max(pause, delay or 0.0)))
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        params: Mapping[str, Any] | None,
+        timeout: float | None,
+        content: Callable[[], bytes | Iterator[bytes]] | None,
+        headers: Mapping[str, str] | None,
+    ) -> httpx.Response:
+        request = self._http.build_request(
+            method,
+            path,
+            json=json,
+            params=params,
+            content=None if content is None else content(),
+            headers=headers,
+            # None would mean "no timeout" to httpx: the client's default applies instead.
+            timeout=httpx.USE_CLIENT_DEFAULT
+            if timeout is None
+            else httpx.Timeout(timeout, connect=self.connect_timeout),
+        )
+        return self._http.send(request, stream=True)
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, params=params, idempotent=True)
@@ -382,14 +415,18 @@ class Client:
         result: Mapping[str, Any],
         run_terminal_state: str,
         caller_result_id: str | None = None,
+        workspace_tree: str | None = None,
     ) -> models.NativeResult:
         """Report the run's result. Repeated without an answer only with a
-        `caller_result_id` (the server then answers a repeat with the same result)."""
+        `caller_result_id` (the server then answers a repeat with the same result).
+        `workspace_tree`: a snapshot this run registered, which finalization publishes to the
+        workspace head (without it, the workdir is copied back as before)."""
         body = _drop_none(
             {
                 "result": dict(result),
                 "terminal": {"run_terminal_state": run_terminal_state},
                 "caller_result_id": caller_result_id,
+                "workspace_tree": workspace_tree,
             }
         )
         data = self.request(
@@ -431,6 +468,145 @@ class Client:
                 progress(answer)
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} not committed after {timeout:.0f} s")
+
+    # --- content-addressed store and workspace snapshots -------------------------------------
+
+    @operation("cas_config")
+    def cas_config(self) -> models.CasConfig:
+        """The store's limits: what a client needs to plan uploads."""
+        return models.build(models.CasConfig, self._get("/api/cas"))
+
+    @operation("cas_find_missing")
+    def cas_find_missing(
+        self, digests: Sequence[str], *, batch: int = FIND_MISSING_MAX
+    ) -> list[str]:
+        """The names among `digests` the store lacks (for this company), in order; asked in
+        requests of at most `batch` names."""
+        missing: list[str] = []
+        for start in range(0, len(digests), batch):
+            data = self.request(
+                "POST",
+                "/api/cas/find-missing",
+                json={"digests": list(digests[start : start + batch])},
+                idempotent=True,
+            )
+            missing.extend(str(d) for d in data["missing"])
+        return missing
+
+    @operation("cas_blob_put")
+    def cas_put(
+        self, name: str, content: IO[bytes] | Iterator[bytes] | bytes, size: int
+    ) -> models.CasPut:
+        """Store one blob, streamed: `content` is a binary file (read from its current
+        position, `size` bytes, in pieces; re-read from there on a retry), an iterator of
+        chunks (not repeated once started) or bytes. Repeatable: a blob is named by its
+        content. `BlobDigestMismatch` when the bytes are not `name`'s; `BlobTooLarge`."""
+        body: Callable[[], bytes | Iterator[bytes]]
+        if isinstance(content, bytes):
+            data = content
+            body = lambda: data  # noqa: E731
+        elif hasattr(content, "seek") and hasattr(content, "read"):
+            stream = cast(IO[bytes], content)
+            start = stream.tell()
+
+            def body() -> Iterator[bytes]:
+                stream.seek(start)
+                return _read_pieces(stream, size)
+        else:
+            pieces = content
+            used: list[bool] = []
+
+            def body() -> Iterator[bytes]:
+                if used:
+                    raise httpx.ConnectError("an iterator body cannot be sent twice")
+                used.append(True)
+                return pieces
+
+        data_ = self.request(
+            "PUT",
+            f"/api/cas/blobs/{name}",
+            content=body,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+            idempotent=True,
+        )
+        return models.build(models.CasPut, data_)
+
+    @operation("cas_batch")
+    def cas_put_batch(self, frames: Sequence[tuple[str, bytes]]) -> models.CasBatch:
+        """Store many small blobs in one request, all or nothing: the body is, for each blob,
+        the ASCII line `<name> <size>\n` then exactly `size` bytes. Keep it under the store's
+        `max_batch_bytes` and `max_batch_blobs` (`cas_config()`)."""
+        parts: list[bytes] = []
+        for name, data in frames:
+            parts.append(f"{name} {len(data)}\n".encode("ascii"))
+            parts.append(data)
+        body = b"".join(parts)
+        data_ = self.request(
+            "POST",
+            "/api/cas/batch",
+            content=lambda: body,
+            headers={"Content-Type": "application/octet-stream"},
+            idempotent=True,
+        )
+        return models.build(models.CasBatch, data_)
+
+    @operation("cas_blob_get")
+    def cas_get(self, name: str, dest: IO[bytes]) -> int:
+        """Stream the blob `name` into the binary file `dest` (from its current position,
+        which a retry goes back to, truncating what follows) and check its digest; the number
+        of bytes written. `NotFound` for a name the store lacks; `BlobCorrupt` when the bytes
+        received are not `name`'s."""
+        start = dest.tell()
+
+        def receive(response: httpx.Response) -> int:
+            dest.seek(start)
+            dest.truncate()
+            digest = hashlib.sha256()
+            written = 0
+            for piece in response.iter_bytes(PIECE_BYTES):
+                digest.update(piece)
+                dest.write(piece)
+                written += len(piece)
+            if "sha256:" + digest.hexdigest() != name:
+                raise BlobCorrupt(name, written)
+            return written
+
+        return int(self.request("GET", f"/api/cas/blobs/{name}", idempotent=True, receive=receive))
+
+    def cas_get_bytes(self, name: str) -> bytes:
+        """A small blob (a directory) in memory, checked."""
+        buffer = io.BytesIO()
+        self.cas_get(name, buffer)
+        return buffer.getvalue()
+
+    @operation("heartbeat_run_snapshot_create")
+    def snapshot_register(
+        self,
+        run_id: str,
+        *,
+        tree: str,
+        base: str | None,
+        generation: int,
+        fence: int | None = None,
+    ) -> models.Snapshot:
+        """Register the tree `tree` (every blob it reaches already stored) as the run's
+        snapshot, started from the workspace head `base`; fenced by the runtime lease's
+        `generation` (`WorkspaceRuntimeLeaseSuperseded`). `SnapshotBlobsMissing` (with
+        `details["missing"]`), `SnapshotTreeInvalid` (`details["path"]`, `["reason"]`).
+        Repeatable: the same registration again is answered 200."""
+        body: dict[str, Any] = {"tree": tree, "base": base, "generation": generation}
+        if fence is not None:
+            body["fence"] = fence
+        data = self.request(
+            "POST", f"/api/heartbeat-runs/{run_id}/snapshots", json=body, idempotent=True
+        )
+        return models.build(models.Snapshot, data)
+
+    @operation("execution_workspace_head")
+    def workspace_head(self, workspace_id: str) -> models.WorkspaceHead:
+        """The workspace's published tree (`tree` None: empty), the run that published it."""
+        data = self._get(f"/api/execution-workspaces/{workspace_id}/head")
+        return models.build(models.WorkspaceHead, data)
 
     # --- recovery and environment cleanup ----------------------------------------------------
 
@@ -521,6 +697,16 @@ class Client:
             idempotent=False,
         )
         return models.build(models.EnvironmentLease, data)
+
+
+def _read_pieces(stream: IO[bytes], size: int) -> Iterator[bytes]:
+    left = size
+    while left > 0:
+        piece = stream.read(min(PIECE_BYTES, left))
+        if not piece:
+            break  # the file shrank: the server answers blob_digest_mismatch
+        left -= len(piece)
+        yield piece
 
 
 def _decode(response: httpx.Response) -> Any:

@@ -36,6 +36,15 @@ class OutcomeUnknown(PaperclipError):
         self.reason = reason
 
 
+class BlobCorrupt(PaperclipError):
+    """A blob downloaded from the store does not hash to its name (nothing was kept)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        super().__init__(f"the {size} bytes received for {name} do not match that name")
+        self.name = name
+        self.size = size
+
+
 class ApiError(PaperclipError):
     """An error answer of the API. `code` is stable; `message` is human text; `details`
     is documented per code; `remediation` says what to do, when the server knows."""
@@ -277,6 +286,36 @@ class NativeRunnerCheckpointUnreadable(RuleViolation):
     """A stored part failed to decrypt (`details["part"]`, `details["reason"]`)."""
 
     code = "native_runner_checkpoint_unreadable"
+
+
+class SnapshotBlobsMissing(ConflictError):
+    """A snapshot names blobs the store lacks (`details["missing"]`, at most 1,000)."""
+
+    code = "snapshot_blobs_missing"
+
+
+class SnapshotNotRegistered(ConflictError):
+    """A result names a `workspace_tree` the run did not register."""
+
+    code = "snapshot_not_registered"
+
+
+class BlobDigestMismatch(InvalidRequest):
+    """The uploaded bytes do not hash to the blob's name (`details["digest"]`)."""
+
+    code = "blob_digest_mismatch"
+
+
+class SnapshotTreeInvalid(InvalidRequest):
+    """A malformed or hostile tree (`details["path"]`, `details["reason"]`)."""
+
+    code = "snapshot_tree_invalid"
+
+
+class BlobTooLarge(ApiError):
+    """413: a blob over the store's limit (`details["max_bytes"]`)."""
+
+    code = "blob_too_large"
 
 
 class FinalizationBindingMissing(RuleViolation):

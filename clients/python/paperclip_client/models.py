@@ -265,3 +265,39 @@ class CleanupClaim:
     expires_at: datetime
     stop_only: bool
     lease: EnvironmentLease
+
+
+@dataclass(frozen=True, slots=True)
+class CasConfig:
+    max_blob_bytes: int
+    max_batch_bytes: int
+    max_batch_blobs: int
+    max_find_missing: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class CasPut:
+    digest: str
+    size: int
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CasBatch:
+    stored: list[str]
+    existing: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    tree: str
+    base: str | None
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceHead:
+    tree: str | None
+    run_id: str | None
+    committed_at: datetime | None

@@ -1,0 +1,577 @@
+"""The client's workdir snapshots and checkouts, against a local in-memory store: the trees it
+writes are the server's (`paperclip.snapshots.trees` decodes and rebuilds them), the ignore
+rules, the stat cache, chunking, checkout into an empty and an older workdir, the local-work
+rule and symlink safety. The transport is tested with the live server elsewhere."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from paperclip.snapshots import trees as server_trees
+from paperclip_client import trees, workdir
+from paperclip_client.workdir import Limits, LocalChanges
+
+SERVER, WORKSPACE = "http://testserver", "ws-1"
+
+
+class FakeStore:
+    def __init__(self, max_blob_bytes: int = 64 * 1024 * 1024) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.config = Limits(
+            max_blob_bytes=max_blob_bytes, max_batch_bytes=16 * 1024 * 1024, max_batch_blobs=10_000
+        )
+        self.gets = 0
+        self.got: list[str] = []
+        self.got_bytes = 0
+        self.put_bytes = 0
+
+    def limits(self) -> Limits:
+        return self.config
+
+    def find_missing(self, names: Sequence[str]) -> list[str]:
+        return [n for n in names if n not in self.blobs]
+
+    def _store(self, name: str, data: bytes) -> None:
+        assert trees.blob_name(data) == name
+        assert len(data) <= self.config.max_blob_bytes
+        self.blobs[name] = data
+        self.put_bytes += len(data)
+
+    def put(self, name: str, stream: IO[bytes], size: int) -> None:
+        self._store(name, stream.read(size))
+
+    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None:
+        for name, data in frames:
+            self._store(name, data)
+
+    def get(self, name: str, dest: IO[bytes]) -> int:
+        data = self.blobs[name]
+        self.gets += 1
+        self.got.append(name)
+        self.got_bytes += len(data)
+        dest.write(data)
+        return len(data)
+
+
+def old(path: Path) -> None:
+    """Date a file back, so that the stat cache is not racy about it."""
+    os.utime(path, ns=(time.time_ns() - 10**10, time.time_ns() - 10**10), follow_symlinks=False)
+
+
+def make(root: Path, files: dict[str, str | bytes], links: dict[str, str] | None = None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    for rel, target in (links or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, root / rel)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            old(Path(dirpath) / name)
+
+
+def take(store: FakeStore, root: Path, warnings: list[str] | None = None) -> workdir.SnapshotResult:
+    sink = warnings if warnings is not None else []
+    result = workdir.snapshot(store, root, say=lambda _: None, warn=sink.append)
+    workdir.commit_snapshot(root, result, server=SERVER, workspace=WORKSPACE)
+    return result
+
+
+def check_out(
+    store: FakeStore, root: Path, head: str | None, *, discard: bool = False
+) -> workdir.CheckoutResult:
+    root.mkdir(parents=True, exist_ok=True)
+    return workdir.checkout(
+        store,
+        root,
+        head,
+        server=SERVER,
+        workspace=WORKSPACE,
+        discard_local_changes=discard,
+        say=lambda _: None,
+    )
+
+
+def listing(root: Path) -> dict[str, object]:
+    """What a directory holds (files by content and mode, symlinks by target, dirs)."""
+    found: dict[str, object] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        dirnames[:] = [d for d in dirnames if not (rel == Path(".") and d == ".paperclip")]
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            key = str(rel / name) if str(rel) != "." else name
+            if path.is_symlink():
+                found[key] = ("link", os.readlink(path))
+            elif path.is_dir():
+                found[key] = ("dir", stat.S_IMODE(path.lstat().st_mode))
+            else:
+                found[key] = (path.read_bytes(), stat.S_IMODE(path.lstat().st_mode))
+    return found
+
+
+def store_dirs(store: FakeStore) -> list[str]:
+    return [n for n, d in store.blobs.items() if d.startswith(b'{"entries":')]
+
+
+def server_walk(store: FakeStore, tree: str) -> server_trees.Walk:
+    return server_trees.walk(tree, store.blobs.get, contents=lambda names: [
+        n for n in names if n not in store.blobs
+    ])  # fmt: skip
+
+
+# --- scanning and the tree format ------------------------------------------------------------
+
+
+def test_a_scanned_tree_is_the_servers_encoding(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(
+        root,
+        {"a.txt": "alpha", "sub/b.bin": b"\x00\xff" * 100, "sub/deep/c": "", "é/ü.md": "x"},
+        links={"sub/to-a": "../a.txt", "sub/deep/up": "../b.bin"},
+    )
+    (root / "empty").mkdir()
+    (root / "a.txt").chmod(0o751)
+    store = FakeStore()
+    result = take(store, root)
+    walked = server_walk(store, result.tree)
+    assert walked.missing == []
+    assert walked.files == result.files == 4
+    assert walked.bytes == result.bytes == 5 + 200 + 0 + 1
+    assert walked.entries["a.txt"].mode == 0o751
+    assert walked.entries["sub/to-a"].target == "../a.txt"
+    assert walked.entries["empty"].type == "dir"
+    # The server's build of the same entries gives the same root.
+    entries = {
+        p: server_trees.Entry(**{k: v for k, v in e.as_json().items() if k != "chunks"})
+        for p, e in walked.entries.items()
+    }
+    assert server_trees.build(entries)[0] == result.tree
+    for name, data in result.scan.dirs.items():
+        server_trees.decode_dir(data)  # strict: canonical bytes
+        ours = [e.as_json() for e in trees.decode_dir(data)]
+        assert ours == [e.as_json() for e in server_trees.decode_dir(data)]
+        assert trees.blob_name(data) == name
+
+
+def test_the_empty_workdir_is_the_empty_tree(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    result = take(FakeStore(), tmp_path / "w")
+    assert result.tree == trees.EMPTY_TREE == server_trees.blob_name(server_trees.EMPTY_DIR)
+    assert (result.files, result.bytes) == (0, 0)
+
+
+def test_large_files_are_chunked_at_the_blob_limit(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"big": b"0123456789" * 250 + b"abcde", "exact": b"x" * 1000, "small": b"s"})
+    store = FakeStore(max_blob_bytes=1000)
+    result = take(store, root)
+    walked = server_walk(store, result.tree)
+    assert walked.missing == []
+    big = walked.entries["big"]
+    assert big.chunks is not None
+    assert (len(big.chunks), big.size) == (3, 2505)
+    assert walked.entries["exact"].digest is not None
+    assert walked.entries["exact"].chunks is None
+    assert [len(store.blobs[c]) for c in big.chunks] == [1000, 1000, 505]
+    # and back, chunk by chunk
+    other = tmp_path / "o"
+    done = check_out(store, other, result.tree)
+    assert listing(other) == listing(root)
+    assert done.fetched == store.got_bytes
+    assert set(store.got) - set(store_dirs(store)) == {
+        *big.chunks,
+        *walked.entries["exact"].blobs(),
+        *walked.entries["small"].blobs(),
+    }
+
+
+def test_ignore_rules_and_the_state_directory(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(
+        root,
+        {
+            ".paperclipignore": "build/\n*.log\n!keep.log\n/top-only\n",
+            "build/out.o": "o",
+            "src/build/nested.o": "o",
+            "a.log": "l",
+            "keep.log": "k",
+            "top-only": "t",
+            "src/top-only": "kept",
+            "src/main.c": "c",
+            ".paperclip/private": "never",
+        },
+    )
+    result = take(FakeStore(), root)
+    assert sorted(p for p, e in result.scan.entries.items() if e.type == "file") == [
+        ".paperclipignore",
+        "keep.log",
+        "src/main.c",
+        "src/top-only",
+    ]
+
+
+def test_symlinks_are_recorded_never_followed_and_escaping_ones_left_out(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    make(outside, {"secret": "s"})
+    root = tmp_path / "w"
+    make(
+        root,
+        {"d/f": "f"},
+        links={
+            "inside": "d/f",
+            "to-dir": "d",
+            "absolute": str(outside / "secret"),
+            "escapes": "../outside/secret",
+            "d/hop": "..",
+            "d/through": "hop/../x",  # climbs out through the other link
+            "dangling": "nowhere",
+        },
+    )
+    warnings: list[str] = []
+    result = take(FakeStore(), root, warnings)
+    entries = result.scan.entries
+    assert entries["inside"].target == "d/f"
+    assert entries["to-dir"].type == "symlink"
+    assert "to-dir/f" not in entries
+    assert entries["dangling"].target == "nowhere"
+    assert entries["d/hop"].target == ".."
+    for left_out in ("absolute", "escapes", "d/through"):
+        assert left_out not in entries
+        assert any(w.startswith(left_out + ":") for w in warnings), warnings
+
+
+def test_non_utf8_names_and_special_files_are_left_out_with_a_warning(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"ok": "ok"})
+    with open(os.path.join(os.fsencode(root), b"bad-\xff"), "wb") as handle:
+        handle.write(b"x")
+    os.mkfifo(root / "fifo")
+    warnings: list[str] = []
+    result = take(FakeStore(), root, warnings)
+    assert list(result.scan.entries) == ["ok"]
+    assert any("not UTF-8" in w for w in warnings)
+    assert any(w.startswith("fifo:") for w in warnings)
+
+
+# --- the stat cache --------------------------------------------------------------------------
+
+
+def test_the_stat_cache_skips_unchanged_files_and_catches_changed_ones(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"a": "one", "b": "two", "c/d": "three"})
+    store = FakeStore()
+    first = take(store, root)
+    assert first.scan.hashed == 3
+    index = workdir.load_index(root)
+    assert index is not None
+    assert index.tree == first.tree
+    assert set(index.files) == {"a", "b", "c/d"}
+    assert index.files["a"][4] == trees.blob_name(b"one")
+
+    again = workdir.scan(root, max_blob_bytes=10**6, index=index, warn=print)
+    assert again.hashed == 0
+    assert again.tree == first.tree
+
+    (root / "a").write_bytes(b"one")  # touched, same content: read again, same digest
+    (root / "b").write_bytes(b"TWO")  # same size, new content
+    for name in ("a", "b"):
+        old(root / name)
+        os.utime(root / name, ns=(time.time_ns() - 5 * 10**9,) * 2)
+    after = workdir.scan(root, max_blob_bytes=10**6, index=index, warn=print)
+    assert after.hashed == 2
+    assert after.entries["a"].digest == trees.blob_name(b"one")
+    assert after.entries["b"].digest == trees.blob_name(b"TWO")
+
+
+def test_a_racily_clean_entry_is_read_again(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"a": "one"})
+    take(FakeStore(), root)
+    index = workdir.load_index(root)
+    assert index is not None
+    index.written_ns = os.lstat(root / "a").st_mtime_ns  # written in the same tick as the file
+    assert workdir.scan(root, max_blob_bytes=10**6, index=index, warn=print).hashed == 1
+
+
+def test_a_missing_or_broken_index_means_hash_everything(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"a": "one"})
+    take(FakeStore(), root)
+    (root / ".paperclip" / "index.json").write_text("{not json")
+    assert workdir.load_index(root) is None
+    assert workdir.scan(root, max_blob_bytes=10**6, index=None, warn=print).hashed == 1
+
+
+def test_upload_sends_only_what_the_store_lacks(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"a": "one", "b": "two"})
+    store = FakeStore()
+    first = take(store, root)
+    assert first.uploaded == store.put_bytes > 0
+    (root / "c").write_bytes(b"three")
+    second = take(store, root)
+    # the new file and the root directory blob
+    assert second.uploaded == 5 + len(second.scan.dirs[second.tree])
+
+
+# --- checkout --------------------------------------------------------------------------------
+
+
+def test_checkout_into_an_empty_workdir_then_again_at_the_head(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    make(source, {"a": "alpha", "d/b": "beta", "d/e/c": "gamma"}, links={"d/l": "b"})
+    (source / "d" / "b").chmod(0o700)
+    (source / "empty").mkdir(mode=0o750)
+    store = FakeStore()
+    tree = take(store, source).tree
+    target = tmp_path / "dst"
+    done = check_out(store, target, tree)
+    assert listing(target) == listing(source)
+    assert (done.tree, done.files, done.fetched) == (tree, 3, store.got_bytes)
+    assert store.got_bytes > 5 + 4 + 5
+    index = workdir.load_index(target)
+    assert index is not None
+    assert index.tree == tree
+    # At the head: nothing fetched, nothing read, nothing written.
+    gets = store.gets
+    again = check_out(store, target, tree)
+    assert (again.files, again.fetched, again.written, store.gets) == (3, 0, 0, gets)
+    # Snapshotting it reads nothing either and gives the same tree.
+    for name in ("a", "d/b", "d/e/c"):
+        old(target / name)
+    index = workdir.load_index(target)
+    assert index is not None
+    index.written_ns = time.time_ns()
+    rescanned = workdir.scan(target, max_blob_bytes=10**6, index=index, warn=print)
+    assert rescanned.tree == tree
+
+
+def test_checkout_into_an_older_workdir_touches_only_what_changed(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(
+        one,
+        {"same": "s" * 100, "edit": "v1", "gone": "bye", "moved": "m" * 50, "todir": "f"},
+        links={"link": "same"},
+    )
+    (one / "fromdir").mkdir()
+    (one / "fromdir" / "x").write_bytes(b"x")
+    t1 = take(store, one).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, t1)
+    assert listing(agent) == listing(one)
+
+    # Another workdir moves on from t1.
+    two = tmp_path / "two"
+    check_out(store, two, t1)
+    (two / "edit").write_bytes(b"v2")
+    (two / "gone").unlink()
+    (two / "moved").rename(two / "renamed")
+    (two / "todir").unlink()
+    (two / "todir").mkdir()
+    (two / "todir" / "in").write_bytes(b"in")
+    (two / "fromdir" / "x").unlink()
+    (two / "fromdir").rmdir()
+    (two / "fromdir").write_bytes(b"now a file")
+    (two / "link").unlink()
+    os.symlink("edit", two / "link")
+    (two / "same").chmod(0o600)
+    t2 = take(store, two).tree
+
+    inode = os.lstat(agent / "same").st_ino
+    store.got_bytes, store.got = 0, []
+    done = check_out(store, agent, t2)
+    assert listing(agent) == listing(two)
+    # "renamed" was copied from the local "moved", "same" only changed mode.
+    assert done.fetched == store.got_bytes
+    contents = [n for n in store.got if n not in store_dirs(store)]
+    assert sorted(contents) == sorted(trees.blob_name(d) for d in (b"v2", b"in", b"now a file"))
+    assert os.lstat(agent / "same").st_ino == inode
+    index = workdir.load_index(agent)
+    assert index is not None
+    assert index.tree == t2
+    assert set(index.files) == {"same", "edit", "renamed", "todir/in", "fromdir"}
+
+
+def test_checkout_refuses_to_overwrite_local_work(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(one, {"a": "a1", "b": "b1", "c": "c1"})
+    t1 = take(store, one).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, t1)
+    two = tmp_path / "two"
+    check_out(store, two, t1)
+    (two / "a").write_bytes(b"a2")
+    (two / "new").write_bytes(b"theirs")
+    (two / "c").unlink()
+    t2 = take(store, two).tree
+
+    (agent / "a").write_bytes(b"mine")  # head changes it too: conflict
+    (agent / "new").write_bytes(b"mine")  # untracked where head adds one: conflict
+    (agent / "c").write_bytes(b"c-mine")  # head deletes it: conflict
+    (agent / "b").write_bytes(b"b-mine")  # head does not touch it: kept
+    before = listing(agent)
+    with pytest.raises(LocalChanges) as refused:
+        check_out(store, agent, t2)
+    assert refused.value.paths == ["a", "c", "new"]
+    assert "--discard-local-changes" in str(refused.value)
+    assert listing(agent) == before  # nothing written
+    index = workdir.load_index(agent)
+    assert index is not None
+    assert index.tree == t1
+
+    # A local change that equals the head is no conflict.
+    (agent / "a").write_bytes(b"a2")
+    (agent / "new").write_bytes(b"theirs")
+    (agent / "c").unlink()
+    done = check_out(store, agent, t2)
+    assert done.tree == t2
+    assert (agent / "b").read_bytes() == b"b-mine"
+
+
+def test_discard_local_changes_overwrites_them(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(one, {"a": "a1", "d/x": "x"})
+    t1 = take(store, one).tree
+    two = tmp_path / "two"
+    check_out(store, two, t1)
+    (two / "a").write_bytes(b"a2")
+    (two / "d").rename(two / "gone")
+    (two / "d").write_bytes(b"d is a file now")
+    (two / "gone" / "x").unlink()
+    (two / "gone").rmdir()
+    t2 = take(store, two).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, t1)
+    (agent / "a").write_bytes(b"mine")
+    (agent / "d" / "untracked").write_bytes(b"u")
+    with pytest.raises(LocalChanges) as refused:
+        check_out(store, agent, t2)
+    assert refused.value.paths == ["a", "d/untracked"]
+    check_out(store, agent, t2, discard=True)
+    assert listing(agent) == listing(two)
+
+
+def test_a_first_checkout_into_a_non_empty_directory_keeps_what_differs(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(one, {"a": "a1", "b": "b1"})
+    t1 = take(store, one).tree
+    agent = tmp_path / "agent"
+    make(agent, {"a": "a1", "b": "someone's file", "c": "unrelated"})
+    with pytest.raises(LocalChanges) as refused:
+        check_out(store, agent, t1)
+    assert refused.value.paths == ["b"]
+
+
+def test_checkout_never_writes_through_a_symlink_in_the_workdir(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(one, {"d/x": "x1"})
+    t1 = take(store, one).tree
+    two = tmp_path / "two"
+    check_out(store, two, t1)
+    (two / "d" / "x").write_bytes(b"x2")
+    (two / "d" / "y").write_bytes(b"y2")
+    t2 = take(store, two).tree
+
+    outside = tmp_path / "outside"
+    make(outside, {"x": "x1"})
+    agent = tmp_path / "agent"
+    check_out(store, agent, t1)
+    (agent / "d" / "x").unlink()
+    (agent / "d").rmdir()
+    os.symlink(outside, agent / "d")  # a local change: d is now a link out of the workdir
+    with pytest.raises(LocalChanges) as refused:
+        check_out(store, agent, t2)
+    assert refused.value.paths == ["d", "d/x"]
+    check_out(store, agent, t2, discard=True)
+    assert listing(agent) == listing(two)
+    assert list(listing(outside)) == ["x"]  # untouched
+    assert (outside / "x").read_bytes() == b"x1"
+
+
+def test_an_interrupted_checkout_is_finished_by_the_next(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(one, {f"f{i}": f"content {i}" for i in range(20)})
+    t1 = take(store, one).tree
+    agent = tmp_path / "agent"
+
+    class Dying(FakeStore):
+        def get(self, name: str, dest: IO[bytes]) -> int:
+            if self.gets >= 5:
+                dest.write(b"partial")
+                raise KeyboardInterrupt
+            return super().get(name, dest)
+
+    dying = Dying()
+    dying.blobs = store.blobs
+    with pytest.raises(KeyboardInterrupt):
+        check_out(dying, agent, t1)
+    assert workdir.load_index(agent) is None
+    # A leftover temporary file, as a kill -9 would leave it:
+    (agent / ".paperclip-tmp-leftover").write_bytes(b"partial")
+    done = check_out(store, agent, t1)
+    assert done.tree == t1
+    assert listing(agent) == listing(one)
+
+
+def test_checkout_of_an_empty_head_removes_tracked_files_only(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    make(one, {"a": "a", "d/b": "b"})
+    t1 = take(store, one).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, t1)
+    (agent / "d" / "mine").write_bytes(b"untracked")
+    done = check_out(store, agent, None)
+    assert (done.tree, done.files) == (None, 0)
+    assert listing(agent) == {"d": listing(agent)["d"], "d/mine": listing(agent)["d/mine"]}
+
+
+def test_a_hostile_head_is_refused_before_writing(tmp_path: Path) -> None:
+    store = FakeStore()
+    bad = trees.canonical_json(
+        {
+            "schema": "paperclip.dir.v1",
+            "entries": [{"name": "x", "type": "symlink", "target": "../../etc"}],
+        }
+    )
+    name = trees.blob_name(bad)
+    store.blobs[name] = bad
+    agent = tmp_path / "agent"
+    with pytest.raises(trees.TreeError):
+        check_out(store, agent, name)
+    assert not (agent / "x").exists()
+    bad = trees.canonical_json(
+        {
+            "schema": "paperclip.dir.v1",
+            "entries": [{"name": "..", "type": "dir", "mode": 493, "digest": name}],
+        }
+    )
+    store.blobs[trees.blob_name(bad)] = bad
+    with pytest.raises(trees.TreeError):
+        check_out(store, agent, trees.blob_name(bad))
+
+
+def test_progress_is_said_at_most_every_interval() -> None:
+    lines: list[str] = []
+    progress = workdir.Progress(lines.append, "upload", 100, every=0.0)
+    progress.add(10)
+    assert lines == ["upload: 10/100 bytes"]
+    slow = workdir.Progress(lines.append, "upload", 100, every=3600)
+    slow.add(10)
+    assert len(lines) == 1
