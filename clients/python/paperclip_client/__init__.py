@@ -1,7 +1,8 @@
 """Python client of the Paperclip control plane (agents' side) and the `paperclip-agent` CLI.
 
 `Client` calls the API; `RuntimeLeaseKeeper` / `ControllerLeaseKeeper` hold leases in the
-background; `SessionCheckpointer` / `restore` save and restore a session directory. Examples:
+background; `SessionCheckpointer` / `restore` save and restore a session directory;
+`paperclip_client.workdir` snapshots a workdir and checks a workspace head out. Examples:
 clients/python/README.md.
 """
 
