@@ -1,0 +1,74 @@
+"""The store's client methods on the wire (a mock transport; the live server is tested in the
+CLI's live tests): the PUT body is streamed with its Content-Length, the batch body is framed
+`<name> <size>\\n` + bytes, a download is checked against its name, find-missing is batched."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import httpx
+import pytest
+
+from paperclip_client import Client
+from paperclip_client.errors import BlobCorrupt, BlobDigestMismatch
+
+
+def name(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def client(handler: httpx.MockTransport) -> Client:
+    return Client("http://testserver", "k", transport=handler, retries=1, backoff=0.0)
+
+
+def test_put_streams_the_file_with_its_length_and_maps_a_mismatch() -> None:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        seen.append(request)
+        if name(body) != request.url.path.rsplit("/", 1)[1]:
+            error = {"code": "blob_digest_mismatch", "message": "no", "details": {}}
+            return httpx.Response(400, json={"error": error})
+        return httpx.Response(201, json={"digest": name(body), "size": len(body), "created": True})
+
+    data = b"x" * (3 * 1024 * 1024 + 5)
+    stream = io.BytesIO(b"skip" + data)
+    stream.seek(4)
+    with client(httpx.MockTransport(handle)) as c:
+        answer = c.cas_put(name(data), stream, len(data))
+        assert answer.created
+        assert answer.size == len(data)
+        assert seen[0].headers["content-length"] == str(len(data))
+        with pytest.raises(BlobDigestMismatch):
+            c.cas_put(name(b"other"), b"not it", 6)
+
+
+def test_batch_frames_and_find_missing_batches() -> None:
+    bodies: list[bytes] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        bodies.append(request.read())
+        if request.url.path == "/api/cas/find-missing":
+            return httpx.Response(200, json={"missing": json.loads(bodies[-1])["digests"][:1]})
+        return httpx.Response(200, json={"stored": [], "existing": []})
+
+    with client(httpx.MockTransport(handle)) as c:
+        c.cas_put_batch([(name(b"a"), b"a"), (name(b""), b"")])
+        assert bodies[0] == f"{name(b'a')} 1\na{name(b'')} 0\n".encode()
+        missing = c.cas_find_missing([name(bytes([i])) for i in range(5)], batch=2)
+        assert missing == [name(b"\x00"), name(b"\x02"), name(b"\x04")]
+
+
+def test_get_checks_the_digest() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"hello")
+
+    with client(httpx.MockTransport(handle)) as c:
+        out = io.BytesIO()
+        assert c.cas_get(name(b"hello"), out) == 5
+        assert out.getvalue() == b"hello"
+        with pytest.raises(BlobCorrupt):
+            c.cas_get(name(b"other"), io.BytesIO())
