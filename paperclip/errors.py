@@ -56,6 +56,12 @@ class RuleViolationError(DomainError):  # 422: well-formed but not allowed
     status_code = 422
 
 
+class PayloadTooLargeError(DomainError):  # 413: a body or a part of it over a size limit
+    code = "payload_too_large"
+    message = "The content is larger than the server accepts."
+    status_code = 413
+
+
 class ResourceBusy(ConflictError):
     code = "resource_busy"
     message = "The resource is locked by another request; retry shortly."

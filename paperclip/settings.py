@@ -307,6 +307,18 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int(
     "DJANGO_DATA_UPLOAD_MAX_MEMORY_SIZE", default=2 * PAPERCLIP_CHECKPOINT_MAX_WRITE_BYTES + 2**20
 )
 
+# --- Workspace snapshots: the content-addressed store (docs/snapshots.md) -------------------
+# `filesystem` keeps blobs under PAPERCLIP_CAS_DIR (one node, or a shared volume); `postgres`
+# keeps them in the database (`cas_blob_chunks`), so every node sees them with no shared disk.
+PAPERCLIP_CAS_BACKEND = env.str("PAPERCLIP_CAS_BACKEND", default="filesystem")
+if PAPERCLIP_CAS_BACKEND not in ("filesystem", "postgres"):
+    raise ImproperlyConfigured("PAPERCLIP_CAS_BACKEND must be `filesystem` or `postgres`")
+PAPERCLIP_CAS_DIR = Path(env.str("PAPERCLIP_CAS_DIR", default=str(DATA_DIR / "cas")))
+PAPERCLIP_CAS_MAX_BLOB_BYTES = env.int("PAPERCLIP_CAS_MAX_BLOB_BYTES", default=64 * 1024 * 1024)
+PAPERCLIP_CAS_MAX_BATCH_BYTES = env.int("PAPERCLIP_CAS_MAX_BATCH_BYTES", default=16 * 1024 * 1024)
+# Unreferenced blobs younger than this (uploaded or referenced since) are never collected.
+PAPERCLIP_CAS_GRACE_SECONDS = env.int("PAPERCLIP_CAS_GRACE_SECONDS", default=86400)
+
 # --- The worker (Procrastinate; docs/worker.md) ----------------------------------------------
 # Tasks live in each app's `tasks.py` (Procrastinate's autodiscovery). Intervals are in seconds
 # and must divide a minute (1..60) or be whole minutes dividing an hour: they become cron
@@ -320,6 +332,9 @@ PAPERCLIP_AUTHORITY_EXPIRY_INTERVAL_SECONDS = env.int(
 )
 PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS = env.int(
     "PAPERCLIP_CLEANUP_RETRY_INTERVAL_SECONDS", default=30
+)
+PAPERCLIP_CAS_COLLECT_INTERVAL_SECONDS = env.int(
+    "PAPERCLIP_CAS_COLLECT_INTERVAL_SECONDS", default=3600
 )
 PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS = env.int(
     "PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS", default=30

@@ -1,5 +1,5 @@
 """The worker's own upkeep (docs/worker.md#stalled-jobs): jobs of vanished workers are retried,
-and old finished jobs are removed."""
+and old finished jobs are removed; and the content-addressed store's collection."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs as procrastinate_jobs
 
 from paperclip.models import JobError, WorkerProcess
+from paperclip.snapshots.collect import cas_collect
 from paperclip.worker.schedule import maintenance_task
 
 logger = logging.getLogger(__name__)
+
+COLLECT_BATCH_SIZE = 500
 
 
 @maintenance_task(
@@ -57,3 +60,14 @@ async def remove_old_jobs(context: JobContext, timestamp: int) -> str:
     errors, _ = await sync_to_async(JobError.objects.filter(occurred_at__lt=cutoff).delete)()
     workers, _ = await sync_to_async(WorkerProcess.objects.filter(stopped_at__lt=cutoff).delete)()
     return f"removed jobs older than {hours} h, {errors} job error(s), {workers} worker record(s)"
+
+
+@maintenance_task("cas_collect", every="PAPERCLIP_CAS_COLLECT_INTERVAL_SECONDS")
+def cas_collect_blobs(timestamp: int) -> str:
+    """`manage.py cas_collect`, every PAPERCLIP_CAS_COLLECT_INTERVAL_SECONDS: unreferenced
+    blobs older than the grace go (docs/snapshots.md#collection)."""
+    summary = cas_collect(batch_size=COLLECT_BATCH_SIZE)
+    return (
+        f"deleted {summary.deleted} blob(s), {summary.bytes} bytes, in {summary.batches} "
+        f"batch(es) over {summary.companies} company(ies); skipped {len(summary.skipped_companies)}"
+    )

@@ -6,6 +6,7 @@ Path ids use Django's `uuid` converter, so a malformed id never reaches a view: 
 
 from django.urls import URLPattern, path
 
+from paperclip.api import cas_views
 from paperclip.api import core_views as views
 from paperclip.api import schema as _schema  # noqa: F401  (registers auth extensions)
 
@@ -31,6 +32,16 @@ urlpatterns: list[URLPattern] = [
         views.ExecutionWorkspaceGetApi.as_view(),
         name="execution-workspace-detail",
     ),
+    path(
+        "execution-workspaces/<uuid:workspace_id>/head",
+        cas_views.ExecutionWorkspaceHeadApi.as_view(),
+        name="execution-workspace-head",
+    ),
     path("heartbeat-runs", views.RunCreateApi.as_view(), name="heartbeat-run-create"),
     path("heartbeat-runs/<uuid:run_id>", views.RunDetailApi.as_view(), name="heartbeat-run-detail"),
+    # The content-addressed store (docs/snapshots.md#the-store); a bad blob name is a 400.
+    path("cas", cas_views.CasLimitsApi.as_view(), name="cas-limits"),
+    path("cas/find-missing", cas_views.CasFindMissingApi.as_view(), name="cas-find-missing"),
+    path("cas/blobs/<str:name>", cas_views.CasBlobApi.as_view(), name="cas-blob"),
+    path("cas/batch", cas_views.CasBatchApi.as_view(), name="cas-batch"),
 ]

@@ -1,0 +1,260 @@
+"""Collection of unreferenced blobs (docs/snapshots.md#collection).
+
+A blob is kept while it is young (uploaded, or referenced by an upload, a find-missing answer
+or a snapshot registration, within `PAPERCLIP_CAS_GRACE_SECONDS` on the database clock) or
+reachable from a root of its company: a workspace's head (and the tree its `cwd` was last made
+equal to), or the tree and base of a snapshot of a live run (not terminal, or its finalization
+coordinator exists and has not settled: committed, terminal failure, applied).
+
+Per company: one reachability pass (reading directory blobs through `trees.walk`), then the
+old unreachable rows are deleted in batches, each batch one transaction that re-checks the
+age on the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a blob after the
+reachability pass (it holds the row, or has committed a young `referenced_at`) wins. The bytes
+go in the same transaction, before its commit, while the deleted rows are still locked.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Literal
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from paperclip.activity import activity_record
+from paperclip.db.prepared import prepared_cursor
+from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
+from paperclip.snapshots import trees
+from paperclip.snapshots.cas import _Filesystem, cas_load
+
+logger = logging.getLogger(__name__)
+
+# Coordinator phases after which a run's snapshots can no longer be published.
+SETTLED_PHASES: Final = frozenset(
+    {
+        NativeRunFinalization.Phase.COMMITTED,
+        NativeRunFinalization.Phase.TERMINAL_FAILURE,
+        NativeRunFinalization.Phase.APPLIED,
+    }
+)
+AUDIT_ACTION: Final = "cas.blobs_collected"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectProgress:
+    """One step of a collection, for progress lines (and tests that pause it)."""
+
+    company_id: UUID
+    phase: Literal["reached", "deleted"]
+    reachable: int = 0  # blobs reachable from the company's roots
+    candidates: int = 0  # old blobs not reachable
+    batch: int = 0
+    deleted: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CollectSummary:
+    dry_run: bool
+    companies: int = 0  # companies with old blobs, examined
+    skipped_companies: tuple[UUID, ...] = ()  # a root could not be walked: nothing deleted
+    candidates: int = 0  # old and unreachable (what a dry run would delete)
+    deleted: int = 0
+    bytes: int = 0
+    batches: int = 0
+    by_company: dict[str, int] = field(default_factory=dict)
+
+
+def _live_snapshot_filter() -> Q:
+    live_phases = [p for p in NativeRunFinalization.Phase.values if p not in SETTLED_PHASES]
+    return ~Q(run__status__in=HeartbeatRun.TERMINAL_STATUSES) | Q(
+        run__finalization__phase__in=live_phases
+    )
+
+
+def _roots(company_id: UUID) -> set[str]:
+    roots: set[str] = set()
+    for head, cwd in ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
+        "head_tree", "cwd_tree"
+    ):
+        roots.update(t for t in (head, cwd) if t)
+    snapshots = RunSnapshot.objects.filter(company_id=company_id).filter(_live_snapshot_filter())
+    for tree, base in snapshots.values_list("tree", "base"):
+        roots.update(t for t in (tree, base) if t)
+    return roots
+
+
+def cas_reachable(company_id: UUID) -> set[str]:
+    """Every blob name reachable from the company's roots (names it lacks included). Raises
+    TreeInvalid when a root cannot be read as a tree."""
+    cache: dict[str, bytes | None] = {}
+    max_bytes = settings.PAPERCLIP_CAS_MAX_BLOB_BYTES
+
+    def load(name: str) -> bytes | None:
+        if name not in cache:
+            cache[name] = cas_load(company_id=company_id, digest=name, max_bytes=max_bytes)
+        return cache[name]
+
+    reached: set[str] = set()
+    for root in sorted(_roots(company_id)):
+        reached |= trees.walk(root, load).reached()
+    return reached
+
+
+def _old() -> str:
+    return (
+        "referenced_at < now() - make_interval(secs => %(grace)s::double precision) "
+        "AND created_at < now() - make_interval(secs => %(grace)s::double precision)"
+    )
+
+
+def _companies_with_old_blobs(grace: int) -> list[UUID]:
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"SELECT DISTINCT company_id FROM cas_blobs WHERE {_old()} ORDER BY company_id",  # noqa: S608 - constant text
+            {"grace": grace},
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _old_blobs(company_id: UUID, grace: int) -> list[tuple[int, str]]:
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, digest FROM cas_blobs WHERE company_id = %(company)s AND {_old()} "  # noqa: S608 - constant text
+            "ORDER BY id",
+            {"company": company_id, "grace": grace},
+        )
+        return [(int(r[0]), r[1]) for r in cursor.fetchall()]
+
+
+_DELETE: Final = f"""
+    DELETE FROM cas_blobs WHERE id IN (
+        SELECT id FROM cas_blobs
+        WHERE id = ANY(%(ids)s::bigint[]) AND company_id = %(company)s AND {_old()}
+        ORDER BY id FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id, digest, size
+"""  # noqa: S608 - constant text
+
+
+def _delete_batch(
+    *, company_id: UUID, ids: list[int], grace: int, collection_id: str, number: int
+) -> tuple[int, int]:
+    """Delete those of `ids` that are still old and not locked, their bytes with them, and
+    write the batch's audit row; (deleted, bytes)."""
+    with transaction.atomic(durable=True):
+        with prepared_cursor() as cursor:
+            cursor.execute(_DELETE, {"ids": ids, "company": company_id, "grace": grace})
+            rows: list[tuple[int, str, int]] = cursor.fetchall()
+            if not rows:
+                return 0, 0
+            # Both backends' bytes: a store that changed backend keeps no orphans either.
+            cursor.execute(
+                "DELETE FROM cas_blob_chunks WHERE blob_id = ANY(%s::bigint[])",
+                [[r[0] for r in rows]],
+            )
+        files = _Filesystem()
+        for _, digest, _size in rows:
+            files.unplace(company_id=company_id, digest=digest)
+        total = sum(r[2] for r in rows)
+        activity_record(
+            company_id=company_id,
+            actor_type="system",
+            actor_id="cas_collect",
+            action=AUDIT_ACTION,
+            entity_type="company",
+            entity_id=company_id,
+            details={
+                "collection_id": collection_id,
+                "batch": number,
+                "deleted": len(rows),
+                "bytes": total,
+            },
+        )
+    return len(rows), total
+
+
+def cas_collect(
+    *,
+    batch_size: int,
+    progress: Callable[[CollectProgress], None] | None = None,
+    dry_run: bool = False,
+) -> CollectSummary:
+    """Delete every company's blobs that are older than PAPERCLIP_CAS_GRACE_SECONDS (both
+    `created_at` and `referenced_at`, database clock) and unreachable from its roots (module
+    docstring), `batch_size` rows per transaction. A company with a root that cannot be walked
+    as a tree is skipped whole (logged). Calls `progress` after each company's reachability
+    pass (`reached`) and after each batch (`deleted`). Locks: the batch's rows, `SKIP LOCKED`
+    (a row an upload or a registration holds is young by the time it commits). Writes one
+    audit row (`cas.blobs_collected`, actor system) per batch that deleted something, in its
+    transaction, sharing the collection's `collection_id`."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    grace = int(settings.PAPERCLIP_CAS_GRACE_SECONDS)
+    collection_id = str(uuid.uuid4())
+    companies = _companies_with_old_blobs(grace)
+    skipped: list[UUID] = []
+    candidates_total = deleted_total = bytes_total = batches = 0
+    by_company: dict[str, int] = {}
+    for company_id in companies:
+        old = _old_blobs(company_id, grace)
+        try:
+            reachable = cas_reachable(company_id)
+        except trees.TreeInvalid as exc:
+            logger.warning(
+                "cas collection skips company %s: a root is not a tree (%s)", company_id, exc
+            )
+            skipped.append(company_id)
+            continue
+        candidates = [blob_id for blob_id, digest in old if digest not in reachable]
+        candidates_total += len(candidates)
+        if progress is not None:
+            progress(
+                CollectProgress(
+                    company_id=company_id,
+                    phase="reached",
+                    reachable=len(reachable),
+                    candidates=len(candidates),
+                )
+            )
+        if dry_run:
+            by_company[str(company_id)] = len(candidates)
+            continue
+        for start in range(0, len(candidates), batch_size):
+            batches += 1
+            deleted, size = _delete_batch(
+                company_id=company_id,
+                ids=candidates[start : start + batch_size],
+                grace=grace,
+                collection_id=collection_id,
+                number=batches,
+            )
+            deleted_total += deleted
+            bytes_total += size
+            if deleted:
+                by_company[str(company_id)] = by_company.get(str(company_id), 0) + deleted
+            if progress is not None:
+                progress(
+                    CollectProgress(
+                        company_id=company_id,
+                        phase="deleted",
+                        batch=batches,
+                        deleted=deleted,
+                        bytes=size,
+                    )
+                )
+    return CollectSummary(
+        dry_run=dry_run,
+        companies=len(companies),
+        skipped_companies=tuple(skipped),
+        candidates=candidates_total,
+        deleted=deleted_total,
+        bytes=bytes_total,
+        batches=batches,
+        by_company=by_company,
+    )
