@@ -1,0 +1,487 @@
+"""Materialization: make a directory hold exactly a tree (docs/snapshots.md#materialization).
+
+Plain filesystem code: no database. The caller passes the tree as `Walk.entries` maps (path →
+Entry, directories included), a function that opens a blob, and a `check` that raises to stop.
+
+- Only entries whose type, mode or content differ on disk are touched. With `previous` (the
+  tree the destination last held) an entry equal in both trees is trusted when `lstat` still
+  shows its type, size and mode; without it, a regular file of the right size is hashed.
+- Every file is written to a temporary sibling `.<name>.pcl-tmp-<16 hex>` in its directory
+  and renamed onto its path (a symlink likewise): no partly written file is ever at a path.
+- Symlinks in the destination are never followed: directories are walked through file
+  descriptors opened with `O_NOFOLLOW`, every create, rename and unlink is relative to one, and
+  whatever is on disk where the tree wants something else (a symlink or file where it wants a
+  directory, a directory where it wants a file) is removed, not descended into. A file with
+  several hard links is replaced, never changed in place.
+- A crash part way leaves a mix of old and new entries and at most stray temporary siblings;
+  the next call with the same arguments finishes the tree and removes those siblings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import BinaryIO, Final
+
+from paperclip.snapshots.trees import (
+    MAX_MODE,
+    Entry,
+    TreeInvalid,
+    blob_name,
+    check_symlinks,
+    encode_dir,
+    name_problem,
+)
+
+CHUNK_BYTES: Final = 1 << 20
+TEMP_MARK: Final = ".pcl-tmp-"
+_TEMP_NAME = re.compile(r"\..*\.pcl-tmp-[0-9a-f]{16}", re.DOTALL)
+_TEMP_OVERHEAD: Final = len(".") + len(TEMP_MARK) + 16
+_NAME_MAX: Final = 255
+_EMPTY_BLOB: Final = blob_name(b"")
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializeReport:
+    written: int  # files written (new or replaced), each through a temporary sibling
+    bytes_written: int
+    symlinks: int  # symlinks created or replaced
+    directories: int  # directories created
+    modes: int  # files and directories whose mode alone was changed, in place
+    removed: int  # paths removed (each entry inside a removed directory counted)
+    unchanged: int  # files, symlinks and directories left exactly as they were
+    temporaries: int  # stray temporary siblings (of an interrupted attempt) removed
+
+
+def _nothing() -> None:
+    return None
+
+
+def materialize(
+    *,
+    destination: str,
+    target: Mapping[str, Entry],
+    previous: Mapping[str, Entry] | None,
+    open_blob: Callable[[str], BinaryIO],
+    check: Callable[[], None] = _nothing,
+    check_every: float = 0.2,
+    durable: bool = False,
+) -> MaterializeReport:
+    """Make `destination` (created if missing; its own mode is left alone) hold exactly
+    `target`, touching only entries whose type, mode or content differ.
+
+    `previous` is the tree the destination last held (None: unknown, compare with the disk).
+    `open_blob(name)` returns a readable binary stream of a blob (closed here). `check()` is
+    called before the first change and then at most every `check_every` seconds of work;
+    whatever it raises stops the work and propagates. `durable` fsyncs every written file
+    before its rename and every changed directory. Raises TreeInvalid, before touching
+    anything, for a target that is not a tree (a bad name, an entry whose parent is not a
+    directory, an escaping symlink), and TreeInvalid(path, "size_mismatch") when a file's
+    blobs do not add up to its size (that file is left as it was)."""
+    children = _children(target)
+    os.makedirs(destination, exist_ok=True)
+    # The destination itself is the caller's configured path and may be a symlink; nothing
+    # below it is followed.
+    root = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        work = _Materializer(children, previous, open_blob, check, check_every, durable)
+        work.check()
+        work.directory(root, "")
+    finally:
+        os.close(root)
+    return work.report()
+
+
+def _children(target: Mapping[str, Entry]) -> dict[str, dict[str, Entry]]:
+    """The target's entries by parent path and name, after checking it is a tree."""
+    children: dict[str, dict[str, Entry]] = {}
+    for path, entry in target.items():
+        if not isinstance(path, str) or any(name_problem(p) for p in path.split("/")):
+            raise TreeInvalid(str(path), "bad_name")
+        parent, _, name = path.rpartition("/")
+        if parent and (parent not in target or target[parent].type != "dir"):
+            raise TreeInvalid(path, "not_a_directory")
+        _check_entry(path, entry)
+        children.setdefault(parent, {})[name] = entry
+    check_symlinks(target)
+    return children
+
+
+def _check_entry(path: str, entry: Entry) -> None:
+    if entry.type == "symlink":
+        if not entry.target or "\0" in entry.target or entry.target.startswith("/"):
+            raise TreeInvalid(path, "bad_symlink")
+        return
+    if entry.type not in ("file", "dir"):
+        raise TreeInvalid(path, "bad_type")
+    if not 0 <= entry.mode <= MAX_MODE:
+        raise TreeInvalid(path, "bad_mode")
+    if entry.type == "file" and (entry.size < 0 or not entry.blobs()):
+        raise TreeInvalid(path, "bad_digest")
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    """A descriptor of the directory `name` (never through a symlink)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        # Not running as root and the directory is not readable (an earlier tree gave it
+        # mode 0o000, say): give its owner rwx through a handle that cannot follow a link.
+        handle = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+        try:
+            mode = stat.S_IMODE(os.fstat(handle).st_mode)
+            os.chmod(f"/proc/self/fd/{handle}", mode | 0o700)
+        finally:
+            os.close(handle)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def temp_name(name: str) -> str:
+    """The temporary sibling a file or symlink `name` is written to before its rename."""
+    room = _NAME_MAX - _TEMP_OVERHEAD
+    base = name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
+    return f".{base}{TEMP_MARK}{secrets.token_hex(8)}"
+
+
+def is_temp_name(name: str) -> bool:
+    return _TEMP_NAME.fullmatch(name) is not None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _Materializer:
+    def __init__(
+        self,
+        children: dict[str, dict[str, Entry]],
+        previous: Mapping[str, Entry] | None,
+        open_blob: Callable[[str], BinaryIO],
+        check: Callable[[], None],
+        check_every: float,
+        durable: bool,
+    ) -> None:
+        self.children = children
+        self.previous = previous
+        self.open_blob = open_blob
+        self._check = check
+        self.check_every = check_every
+        self.durable = durable
+        self.last_check = 0.0
+        self.written = self.bytes_written = self.symlinks = self.directories = 0
+        self.modes = self.removed = self.unchanged = self.temporaries = 0
+
+    def report(self) -> MaterializeReport:
+        return MaterializeReport(
+            written=self.written,
+            bytes_written=self.bytes_written,
+            symlinks=self.symlinks,
+            directories=self.directories,
+            modes=self.modes,
+            removed=self.removed,
+            unchanged=self.unchanged,
+            temporaries=self.temporaries,
+        )
+
+    def check(self) -> None:
+        self.last_check = time.monotonic()
+        self._check()
+
+    def tick(self) -> None:
+        if time.monotonic() - self.last_check >= self.check_every:
+            self.check()
+
+    def directory(self, fd: int, path: str) -> None:
+        """Make the open directory `fd` (at `path`) hold exactly its target entries."""
+        wanted = self.children.get(path, {})
+        changed = False
+        for name in sorted(os.listdir(fd)):
+            if name in wanted:
+                continue
+            found = _lstat(name, fd)
+            if found is None:
+                continue
+            self.tick()
+            count = self.remove(fd, name, found)
+            changed = True
+            if is_temp_name(name):
+                self.temporaries += count
+            else:
+                self.removed += count
+        for name in sorted(wanted):
+            entry, where = wanted[name], _join(path, name)
+            found = _lstat(name, fd)
+            if entry.type == "dir":
+                changed |= self.dir_entry(fd, name, where, entry, found)
+            elif entry.type == "file":
+                changed |= self.file_entry(fd, name, where, entry, found)
+            else:
+                changed |= self.symlink_entry(fd, name, entry, found)
+        if changed and self.durable:
+            os.fsync(fd)
+
+    def remove(self, fd: int, name: str, found: os.stat_result) -> int:
+        """Remove `name` (a whole directory tree, never following a link): paths removed."""
+        if not stat.S_ISDIR(found.st_mode):
+            os.unlink(name, dir_fd=fd)
+            return 1
+        count = 1
+        child = _open_dir(name, fd)
+        try:
+            if stat.S_IMODE(found.st_mode) & 0o700 != 0o700:
+                os.fchmod(child, 0o700)  # to list it and remove what it holds
+            for sub in os.listdir(child):
+                inner = _lstat(sub, child)
+                if inner is not None:
+                    self.tick()
+                    count += self.remove(child, sub, inner)
+        finally:
+            os.close(child)
+        os.rmdir(name, dir_fd=fd)
+        return count
+
+    def dir_entry(
+        self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result | None
+    ) -> bool:
+        changed = False
+        if found is not None and not stat.S_ISDIR(found.st_mode):
+            self.tick()
+            self.removed += self.remove(fd, name, found)
+            found, changed = None, True
+        if found is None:
+            self.tick()
+            os.mkdir(name, 0o700, dir_fd=fd)
+            self.directories += 1
+            changed = True
+        child = _open_dir(name, fd)
+        try:
+            mode = stat.S_IMODE(os.fstat(child).st_mode)
+            if mode & 0o700 != 0o700:
+                # Its final mode may not let us list, create or remove inside it: that mode is
+                # set once what it holds is done (a crash before leaves this one; rerun fixes).
+                os.fchmod(child, mode | 0o700)
+            self.directory(child, path)
+            if mode != entry.mode or mode & 0o700 != 0o700:
+                os.fchmod(child, entry.mode)
+            if found is not None:
+                if mode != entry.mode:
+                    self.modes += 1
+                    changed = True
+                else:
+                    self.unchanged += 1
+        finally:
+            os.close(child)
+        return changed
+
+    def file_entry(
+        self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result | None
+    ) -> bool:
+        if found is not None and stat.S_ISDIR(found.st_mode):
+            self.tick()
+            self.removed += self.remove(fd, name, found)
+            found = None
+        if (
+            found is not None
+            and stat.S_ISREG(found.st_mode)
+            and self.same_content(fd, name, path, entry, found)
+        ):
+            if stat.S_IMODE(found.st_mode) == entry.mode:
+                self.unchanged += 1
+                return False
+            if found.st_nlink == 1 and self.chmod_file(fd, name, found, entry.mode):
+                self.modes += 1
+                return True
+        self.tick()
+        self.write_file(fd, name, path, entry)
+        return True
+
+    def same_content(
+        self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result
+    ) -> bool:
+        """Whether the regular file `name` holds `entry`'s content, as cheaply as allowed."""
+        if found.st_size != entry.size:
+            return False
+        if self.previous is not None:
+            before = self.previous.get(path)
+            if before is None or before.type != "file" or before.blobs() != entry.blobs():
+                return False  # changed since the destination was written: write it
+            if stat.S_IMODE(found.st_mode) in (before.mode, entry.mode):
+                return True
+            # Someone changed it on disk since: compare by content.
+        if entry.chunks is not None:
+            return False  # the piece size is not known here, so the pieces cannot be hashed
+        return self.hash_file(fd, name, found) == entry.digest
+
+    def hash_file(self, fd: int, name: str, found: os.stat_result) -> str | None:
+        try:
+            source = os.open(name, _READ_FLAGS, dir_fd=fd)
+        except OSError:
+            return None  # not readable (or gone): it is rewritten
+        try:
+            now = os.fstat(source)
+            if not stat.S_ISREG(now.st_mode) or now.st_ino != found.st_ino:
+                return None
+            digest = hashlib.sha256()
+            while data := os.read(source, CHUNK_BYTES):
+                digest.update(data)
+                self.tick()
+        finally:
+            os.close(source)
+        return "sha256:" + digest.hexdigest()
+
+    def chmod_file(self, fd: int, name: str, found: os.stat_result, mode: int) -> bool:
+        try:
+            handle = os.open(name, _READ_FLAGS, dir_fd=fd)
+        except OSError:
+            return False  # not readable: it is rewritten instead
+        try:
+            now = os.fstat(handle)
+            if not stat.S_ISREG(now.st_mode) or now.st_ino != found.st_ino or now.st_nlink != 1:
+                return False
+            os.fchmod(handle, mode)
+        finally:
+            os.close(handle)
+        return True
+
+    def write_file(self, fd: int, name: str, path: str, entry: Entry) -> None:
+        temporary = temp_name(name)
+        out = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=fd)
+        try:
+            size = 0
+            if entry.size or entry.digest != _EMPTY_BLOB:
+                for blob in entry.blobs():
+                    with self.open_blob(blob) as source:
+                        while data := source.read(CHUNK_BYTES):
+                            size += len(data)
+                            if size > entry.size:
+                                break
+                            _write_all(out, data)
+                            self.tick()
+            if size != entry.size:
+                raise TreeInvalid(path, "size_mismatch", f"{size} bytes, {entry.size} expected")
+            os.fchmod(out, entry.mode)
+            if self.durable:
+                os.fsync(out)
+        except BaseException:
+            os.close(out)
+            os.unlink(temporary, dir_fd=fd)
+            raise
+        os.close(out)
+        os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+        self.written += 1
+        self.bytes_written += size
+
+    def symlink_entry(self, fd: int, name: str, entry: Entry, found: os.stat_result | None) -> bool:
+        if (
+            found is not None
+            and stat.S_ISLNK(found.st_mode)
+            and os.readlink(name, dir_fd=fd) == entry.target
+        ):
+            self.unchanged += 1
+            return False
+        if found is not None and stat.S_ISDIR(found.st_mode):
+            self.tick()
+            self.removed += self.remove(fd, name, found)
+        self.tick()
+        temporary = temp_name(name)
+        os.symlink(entry.target, temporary, dir_fd=fd)
+        os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+        self.symlinks += 1
+        return True
+
+
+def read_tree(root: str, *, max_blob_bytes: int | None = None) -> dict[str, Entry]:
+    """The entries of the directory `root` by path, as `Walk.entries` has them for the same
+    tree (directory digests included; a file larger than `max_blob_bytes`, when given, in
+    chunks of that size). Symlinks are read, never followed. Raises TreeInvalid for anything
+    a tree cannot hold (a FIFO, a socket, a device, a name that is not UTF-8)."""
+    entries: dict[str, Entry] = {}
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _read_dir(fd, "", entries, max_blob_bytes)
+    finally:
+        os.close(fd)
+    return entries
+
+
+def _read_dir(
+    fd: int, path: str, entries: dict[str, Entry], max_blob_bytes: int | None
+) -> list[Entry]:
+    own: list[Entry] = []
+    for name in sorted(os.listdir(fd)):
+        where = _join(path, name)
+        if name_problem(name):
+            raise TreeInvalid(where, "bad_name")
+        found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        mode = stat.S_IMODE(found.st_mode)
+        if stat.S_ISDIR(found.st_mode):
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                inner = _read_dir(child, where, entries, max_blob_bytes)
+            finally:
+                os.close(child)
+            entry = Entry(name=name, type="dir", mode=mode, digest=blob_name(encode_dir(inner)))
+        elif stat.S_ISREG(found.st_mode):
+            pieces = _hash_pieces(name, fd, max_blob_bytes)
+            entry = Entry(
+                name=name,
+                type="file",
+                mode=mode,
+                size=found.st_size,
+                digest=pieces[0] if len(pieces) == 1 else None,
+                chunks=tuple(pieces) if len(pieces) > 1 else None,
+            )
+        elif stat.S_ISLNK(found.st_mode):
+            entry = Entry(name=name, type="symlink", target=os.readlink(name, dir_fd=fd))
+        else:
+            raise TreeInvalid(where, "unsupported_type")
+        entries[where] = entry
+        own.append(entry)
+    return own
+
+
+def _hash_pieces(name: str, dir_fd: int, piece: int | None) -> list[str]:
+    """The blob names of a file's content: one, or pieces of `piece` bytes when larger."""
+    source = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    pieces: list[str] = []
+    try:
+        digest, filled = hashlib.sha256(), 0
+        while data := os.read(source, CHUNK_BYTES if piece is None else min(CHUNK_BYTES, piece)):
+            view = memoryview(data)
+            while view:
+                take = len(view) if piece is None else min(len(view), piece - filled)
+                digest.update(view[:take])
+                filled += take
+                view = view[take:]
+                if piece is not None and filled == piece:
+                    pieces.append("sha256:" + digest.hexdigest())
+                    digest, filled = hashlib.sha256(), 0
+    finally:
+        os.close(source)
+    if filled or not pieces:
+        pieces.append("sha256:" + digest.hexdigest())
+    return pieces
