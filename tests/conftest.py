@@ -41,6 +41,13 @@ def _fast_password_hashing(settings: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _cas_dir_per_test(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The filesystem store of blobs (paperclip/snapshots/cas.py) in a temporary directory,
+    # never the checkout's data directory.
+    settings.PAPERCLIP_CAS_DIR = tmp_path_factory.mktemp("cas")
+
+
+@pytest.fixture(autouse=True)
 def _procrastinate_tables_emptied(request: pytest.FixtureRequest) -> Iterator[None]:
     """Procrastinate's tables are unmanaged, so Django's flush after a transactional test
     leaves their rows behind; empty them so that no job outlives its test."""

@@ -6,6 +6,8 @@ conf: a new route without a case here fails the test."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import re
 import uuid
@@ -17,6 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.credentials import agent_key_create
+from paperclip.snapshots.cas import cas_put
 from tests.leases.environment.factories import EnvironmentLeaseFactory, ProviderAgentFactory
 from tests.leases.factories import claim
 from tests.paperclip.factories import ExecutionWorkspaceFactory, IssueFactory
@@ -24,6 +27,7 @@ from tests.recovery.factories import RecoveryActionFactory, make_binding
 
 pytestmark = pytest.mark.django_db
 
+BLOB_RE = re.compile(r"sha256:[0-9a-f]{64}")
 UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
@@ -62,7 +66,15 @@ def _world(prefix: str) -> dict[str, Any]:
         "lease_id": lease.pk,
         "spare_issue": IssueFactory(company=b.company).pk,
         "spare_workspace": ExecutionWorkspaceFactory(company=b.company).pk,
+        "name": _stored_blob(b.company.pk, prefix),
     }
+
+
+def _stored_blob(company_id: Any, prefix: str) -> str:
+    data = f"{prefix}'s blob".encode()
+    name = "sha256:" + hashlib.sha256(data).hexdigest()
+    cas_put(company_id=company_id, digest=name, stream=io.BytesIO(data), length=len(data))
+    return name
 
 
 def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
@@ -114,19 +126,24 @@ def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
             "work_command_ids": [],
             "predecessor": None,
         },
+        # A blob name of the other company, with bytes that are not its: refused alike.
+        "api/cas/blobs/<str:name>": {},
         "_issue_for_body": issue,
     }
 
 
 def _url(route: str, ids: dict[str, Any]) -> str:
     def fill(match: re.Match[str]) -> str:
-        return str(ids.get(match.group(1), uuid.uuid4()))
+        value = str(ids.get(match.group(2), uuid.uuid4()))
+        if match.group(1) == "str" and not BLOB_RE.fullmatch(value):  # a blob name, anywhere
+            value = "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+        return value
 
-    return "/" + re.sub(r"<uuid:(\w+)>", fill, route)
+    return "/" + re.sub(r"<(uuid|str):(\w+)>", fill, route)
 
 
 def _normalized(response: Any) -> tuple[int, Any]:
-    text = UUID_RE.sub("<id>", response.content.decode())
+    text = BLOB_RE.sub("<blob>", UUID_RE.sub("<id>", response.content.decode()))
     return response.status_code, json.loads(text) if text else None
 
 

@@ -27,7 +27,9 @@ def kept(company_id: UUID | str, name: str) -> dict[str, Any]:
     row = CasBlob.objects.filter(company_id=company_id, digest=name).first()
     return {
         "row": row is not None,
-        "chunks": CasBlobChunk.objects.filter(blob__digest=name).exists(),
+        "chunks": CasBlobChunk.objects.filter(
+            blob__company_id=company_id, blob__digest=name
+        ).exists(),
         "file": blob_path(company_id, name).exists(),
     }
 

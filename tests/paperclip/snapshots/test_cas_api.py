@@ -21,9 +21,7 @@ OCTETS = "application/octet-stream"
 
 
 def put(client: APIClient, data: bytes, name: str | None = None, query: str = "") -> Any:
-    return client.put(
-        f"/api/cas/blobs/{name or name_of(data)}{query}", data, content_type=OCTETS
-    )
+    return client.put(f"/api/cas/blobs/{name or name_of(data)}{query}", data, content_type=OCTETS)
 
 
 def get_bytes(client: APIClient, name: str, query: str = "") -> tuple[int, bytes, Any]:
@@ -173,9 +171,7 @@ def test_a_batch_with_one_bad_frame_keeps_nothing(agent_client: APIClient, agent
     assert not CasBlob.objects.exists()
 
 
-def test_a_batch_with_an_oversized_blob_is_413(
-    agent_client: APIClient, settings: Any
-) -> None:
+def test_a_batch_with_an_oversized_blob_is_413(agent_client: APIClient, settings: Any) -> None:
     settings.PAPERCLIP_CAS_MAX_BLOB_BYTES = 10
     response = agent_client.post("/api/cas/batch", frames(b"a", b"b" * 11), content_type=OCTETS)
     assert assert_error(response, 413, "blob_too_large")["details"]["max_bytes"] == 10

@@ -1,0 +1,267 @@
+"""The collector of unreferenced blobs, on both backends (docs/snapshots.md#collection)."""
+
+from __future__ import annotations
+
+import threading
+from io import BytesIO, StringIO
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.db.models.expressions import RawSQL
+
+from paperclip.models import ActivityEvent, CasBlob, Company, HeartbeatRun, RunSnapshot
+from paperclip.snapshots import trees
+from paperclip.snapshots.cas import cas_put, cas_touch
+from paperclip.snapshots.collect import CollectProgress, cas_collect
+from tests.helpers import raw_connection
+from tests.paperclip.factories import (
+    CompanyFactory,
+    ExecutionWorkspaceFactory,
+    HeartbeatRunFactory,
+    NativeRunFinalizationFactory,
+)
+from tests.paperclip.snapshots.helpers import NOTHING, kept, name_of
+
+pytestmark = pytest.mark.usefixtures("backend")
+DAY = 86_400
+
+
+def store(company_id: UUID, data: bytes) -> str:
+    name = name_of(data)
+    cas_put(company_id=company_id, digest=name, stream=BytesIO(data), length=len(data))
+    return name
+
+
+def age(*names: str, seconds: int = 2 * DAY) -> None:
+    CasBlob.objects.filter(digest__in=names).update(
+        created_at=_ago(seconds), referenced_at=_ago(seconds)
+    )
+
+
+def _ago(seconds: int) -> Any:
+    return RawSQL("now() - make_interval(secs => %s)", [seconds])
+
+
+def tree_of(company_id: UUID, files: dict[str, bytes]) -> tuple[str, list[str]]:
+    """Store a tree of `files` (and its directories); its root and every blob it reaches."""
+    entries: dict[str, trees.Entry] = {}
+    names: list[str] = []
+    for path, data in files.items():
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            directory = "/".join(parts[:depth])
+            entries[directory] = trees.Entry(name=parts[depth - 1], type="dir", mode=0o755)
+        names.append(store(company_id, data))
+        entries[path] = trees.Entry(
+            name=parts[-1], type="file", mode=0o644, size=len(data), digest=names[-1]
+        )
+    root, blobs = trees.build(entries)
+    for data in blobs.values():
+        names.append(store(company_id, data))
+    return root, names
+
+
+@pytest.mark.django_db
+def test_old_unreachable_blobs_go_with_their_bytes_young_ones_stay(company: Company) -> None:
+    old, young = store(company.pk, b"old garbage"), store(company.pk, b"young")
+    age(old)
+    summary = cas_collect(batch_size=10)
+    assert summary.deleted == 1
+    assert summary.bytes == len(b"old garbage")
+    assert kept(company.pk, old) == NOTHING
+    assert kept(company.pk, young)["row"]
+    event = ActivityEvent.objects.get(action="cas.blobs_collected")
+    assert event.actor_type == "system"
+    assert event.details["deleted"] == 1
+    # Nothing left to do: no second audit row.
+    assert cas_collect(batch_size=10).deleted == 0
+    assert ActivityEvent.objects.filter(action="cas.blobs_collected").count() == 1
+
+
+@pytest.mark.django_db
+def test_the_grace_counts_from_the_last_reference(company: Company, settings: Any) -> None:
+    blob = store(company.pk, b"referenced lately")
+    CasBlob.objects.filter(digest=blob).update(created_at=_ago(2 * DAY))  # referenced now
+    assert cas_collect(batch_size=10).deleted == 0
+    settings.PAPERCLIP_CAS_GRACE_SECONDS = 3600
+    age(blob, seconds=3000)
+    assert cas_collect(batch_size=10).deleted == 0
+    age(blob, seconds=4000)
+    assert cas_collect(batch_size=10).deleted == 1
+
+
+@pytest.mark.django_db
+def test_what_a_head_reaches_is_kept(company: Company) -> None:
+    root, reached = tree_of(company.pk, {"a.txt": b"A", "src/b.py": b"B", "src/deep/c": b"C"})
+    garbage = store(company.pk, b"garbage")
+    ExecutionWorkspaceFactory(company=company, head_tree=root)
+    age(*reached, garbage)
+    summary = cas_collect(batch_size=2)
+    assert summary.deleted == 1
+    assert all(kept(company.pk, name)["row"] for name in reached)
+    assert kept(company.pk, garbage) == NOTHING
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("status", "phase", "live"),
+    [
+        (HeartbeatRun.Status.RUNNING, None, True),
+        (HeartbeatRun.Status.SUCCEEDED, None, False),
+        (HeartbeatRun.Status.FAILED, "result_accepted", True),
+        (HeartbeatRun.Status.SUCCEEDED, "workspace_finalizing", True),
+        (HeartbeatRun.Status.SUCCEEDED, "committed", False),
+    ],
+)
+def test_what_a_live_runs_snapshot_reaches_is_kept(
+    company: Company, status: str, phase: str | None, live: bool
+) -> None:
+    root, reached = tree_of(company.pk, {"x": b"run work", "d/y": b"more"})
+    base, base_reached = tree_of(company.pk, {"x": b"before"})
+    workspace = ExecutionWorkspaceFactory(company=company)
+    if phase is None:
+        run = HeartbeatRunFactory(company=company, status=status)
+    else:
+        run = NativeRunFinalizationFactory(run__company=company, phase=phase).run
+        HeartbeatRun.objects.filter(pk=run.pk).update(status=status)
+    RunSnapshot.objects.create(
+        company=company,
+        run=run,
+        execution_workspace=workspace,
+        tree=root,
+        base=base,
+        files=2,
+        bytes=12,
+        lease_generation=1,
+    )
+    age(*reached, *base_reached)
+    cas_collect(batch_size=100)
+    assert all(kept(company.pk, n)["row"] == live for n in reached + base_reached)
+    if not live:
+        assert all(kept(company.pk, n) == NOTHING for n in reached)
+
+
+@pytest.mark.django_db
+def test_companies_are_apart_and_a_dry_run_changes_nothing(company: Company) -> None:
+    other = CompanyFactory()
+    root, reached = tree_of(company.pk, {"shared": b"same bytes"})
+    ExecutionWorkspaceFactory(company=company, head_tree=root)
+    theirs = store(other.pk, b"same bytes")  # the same name in another company: not reached
+    age(*reached, theirs)
+    out = StringIO()
+    call_command("cas_collect", "--dry-run", stdout=out)
+    assert "Dry run: would delete 1 blob(s)" in out.getvalue()
+    assert kept(other.pk, theirs)["row"]
+    out = StringIO()
+    call_command("cas_collect", "--batch-size", "1", stdout=out)
+    assert "deleted 1 blob(s)" in out.getvalue()
+    assert "batch 1: deleted 1" in out.getvalue()
+    assert kept(other.pk, theirs) == NOTHING
+    assert kept(company.pk, name_of(b"same bytes"))["row"]
+
+
+@pytest.mark.django_db
+def test_a_company_with_an_unreadable_root_is_skipped(company: Company) -> None:
+    not_a_dir = store(company.pk, b"not a directory")
+    garbage = store(company.pk, b"garbage")
+    ExecutionWorkspaceFactory(company=company, head_tree=not_a_dir)
+    age(not_a_dir, garbage)
+    summary = cas_collect(batch_size=10)
+    assert summary.skipped_companies == (company.pk,)
+    assert kept(company.pk, garbage)["row"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reference_registered_after_the_reachability_pass_wins(company: Company) -> None:
+    """The forced race: the collector's reachability pass sees the blob unreferenced; before
+    its DELETE, another connection touches the blob (as snapshot registration does) and
+    commits; the DELETE re-checks the age on the row, so the blob survives, bytes and all."""
+    blob = store(company.pk, b"about to be referenced")
+    age(blob)
+    reached = threading.Event()
+    registered = threading.Event()
+    errors: list[BaseException] = []
+
+    def pause(step: CollectProgress) -> None:
+        if step.phase == "reached":
+            assert step.candidates == 1
+            reached.set()
+            assert registered.wait(timeout=10)
+
+    def register() -> None:
+        try:
+            assert reached.wait(timeout=10)
+            with transaction.atomic(durable=True):
+                assert cas_touch(company_id=company.pk, digests=[blob]) == []
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            registered.set()
+            connection.close()
+
+    thread = threading.Thread(target=register)
+    thread.start()
+    summary = cas_collect(batch_size=10, progress=pause)
+    thread.join(timeout=10)
+    assert errors == []
+    assert summary.candidates == 1
+    assert summary.deleted == 0
+    assert kept(company.pk, blob)["row"]
+    with raw_connection() as observer:
+        row = observer.execute(
+            "SELECT referenced_at > now() - interval '1 minute' FROM cas_blobs WHERE digest = %s",
+            [blob],
+        ).fetchone()
+    assert row == (True,)
+    assert b"".join(_read(company.pk, blob)) == b"about to be referenced"
+
+
+def _read(company_id: UUID, name: str) -> Any:
+    from paperclip.snapshots.cas import cas_open
+
+    reader = cas_open(company_id=company_id, digest=name)
+    assert reader is not None
+    return reader.chunks
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_upload_while_the_collector_holds_the_row_recreates_it_with_bytes(
+    company: Company,
+) -> None:
+    """An upload of a blob the collector is deleting waits for it, then stores the blob
+    afresh: the row it commits has its bytes."""
+    data = b"collected and uploaded again"
+    blob = store(company.pk, data)
+    age(blob)
+    reached = threading.Event()
+    uploaded = threading.Event()
+    results: list[Any] = []
+
+    def pause(step: CollectProgress) -> None:
+        if step.phase == "reached":
+            reached.set()
+
+    def upload() -> None:
+        try:
+            assert reached.wait(timeout=10)
+            results.append(
+                cas_put(company_id=company.pk, digest=blob, stream=BytesIO(data), length=len(data))
+            )
+        except BaseException as exc:
+            results.append(exc)
+        finally:
+            uploaded.set()
+            connection.close()
+
+    thread = threading.Thread(target=upload)
+    thread.start()
+    cas_collect(batch_size=10, progress=pause)
+    thread.join(timeout=10)
+    assert len(results) == 1
+    assert not isinstance(results[0], BaseException), results
+    # Whichever came first, the blob is there with its bytes.
+    assert kept(company.pk, blob)["row"]
+    assert b"".join(_read(company.pk, blob)) == data
