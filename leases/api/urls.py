@@ -3,6 +3,7 @@
 from django.urls import URLPattern, path
 
 from leases.api.views import (
+    RunSnapshotRegisterApi,
     RuntimeLeaseClaimApi,
     RuntimeLeaseDetailApi,
     RuntimeLeaseReleaseApi,
@@ -29,5 +30,10 @@ urlpatterns: list[URLPattern] = [
         "execution-workspaces/<uuid:workspace_id>/operations",
         WorkspaceOperationCreateApi.as_view(),
         name="workspace-operation-create",
+    ),
+    path(
+        "heartbeat-runs/<uuid:run_id>/snapshots",
+        RunSnapshotRegisterApi.as_view(),
+        name="run-snapshot-register",
     ),
 ]

@@ -31,7 +31,7 @@ from rest_framework.views import APIView
 from leases import services
 from leases.selectors import STALE_REASONS, RuntimeLease
 from leases.services.shared import iso
-from paperclip.access import Actor
+from paperclip.access import Actor, scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, actor_for
 from paperclip.api.serializers import (
     AUTH_ERRORS,
@@ -363,4 +363,74 @@ class WorkspaceOperationCreateApi(APIView):
         return Response(
             shared_serializer(self.OutputSerializer).to_representation(record),
             status=status.HTTP_201_CREATED,
+        )
+
+
+class RunSnapshotRegisterApi(APIView):
+    """The run's agent registers the tree of its workdir, fenced by the runtime lease."""
+
+    permission_classes: tuple[type[BasePermission], ...] = (IsAgent,)
+
+    @extend_schema_serializer(component_name="RunSnapshotInput")
+    class InputSerializer(StrictInputSerializer):
+        tree = serializers.CharField(max_length=71)
+        base = serializers.CharField(max_length=71, allow_null=True)
+        generation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+        fence = serializers.IntegerField(
+            required=False, allow_null=True, min_value=1, max_value=2**63 - 1
+        )
+
+    @extend_schema_serializer(component_name="RunSnapshot")
+    class OutputSerializer(serializers.Serializer[Any]):
+        tree = serializers.CharField()
+        base = serializers.CharField(allow_null=True)
+        files = serializers.IntegerField()
+        bytes = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="run_snapshot_register",
+        summary="Register a snapshot of the run's workdir (a tree in the store)",
+        description=(
+            "Accepted only while the run (or its issue) holds the workspace's runtime lease at "
+            "`generation`, and only when every blob the tree and its `base` reach is stored "
+            "(409 `snapshot_blobs_missing` with `details.missing`). A malformed tree is 400 "
+            "`snapshot_tree_invalid` with `details.path` and `details.reason`. A repeat is 200."
+        ),
+        request=InputSerializer,
+        responses={
+            201: OutputSerializer,
+            200: OutputSerializer,
+            **error_responses(
+                *COMMON_ERRORS,
+                (400, "snapshot_tree_invalid"),
+                (409, "snapshot_blobs_missing"),
+                (409, "workspace_runtime_lease_superseded"),
+                (409, "workspace_runtime_lease_owner_ineligible"),
+            ),
+        },
+    )
+    def post(self, request: Request, run_id: UUID) -> Response:
+        actor = actor_for(request)
+        run = scoped_get(HeartbeatRun.objects.all(), actor, run_id)
+        if run.agent_id != actor.agent_id:
+            raise PermissionDenied("Only the run's own agent may register its snapshots.")
+        values = validated_body(self.InputSerializer, request.data)
+        registered = services.run_snapshot_register(
+            company_id=run.company_id,
+            run_id=run.pk,
+            agent_id=run.agent_id,
+            tree=values["tree"],
+            base=values["base"],
+            generation=values["generation"],
+            fence=values.get("fence"),
+        )
+        snapshot = registered.snapshot
+        return Response(
+            {
+                "tree": snapshot.tree,
+                "base": snapshot.base,
+                "files": snapshot.files,
+                "bytes": snapshot.bytes,
+            },
+            status=status.HTTP_201_CREATED if registered.created else status.HTTP_200_OK,
         )

@@ -28,6 +28,7 @@ What lives where:
 - `release`: `runtime_lease_release`, `runtime_lease_force_release`;
 - `operations`: `workspace_operation_create_fenced` (generation-fenced writes);
 - `sweep`: `runtime_lease_sweep`, `runtime_lease_sweep_batch`;
+- `snapshots`: `run_snapshot_register` (lease-fenced snapshot registration), `snapshot_walk`;
 - `shared`: what several of them use (precondition check, audit helper, lease fetch);
 - reads re-exported from `leases.selectors`: `runtime_lease_get`,
   `runtime_lease_evaluate_stale`, `RuntimeLease`, `RuntimeLeaseView`, `STALE_REASONS`.
@@ -48,6 +49,7 @@ from leases.selectors import (
 from leases.services.claim import runtime_lease_claim
 from leases.services.operations import workspace_operation_create_fenced
 from leases.services.release import runtime_lease_force_release, runtime_lease_release
+from leases.services.snapshots import SnapshotRegistration, run_snapshot_register, snapshot_walk
 from leases.services.sweep import runtime_lease_sweep, runtime_lease_sweep_batch
 from leases.services.types import (
     LEASED_ACTIONS,
@@ -75,7 +77,9 @@ __all__ = [
     "RuntimeLeaseSweepBatch",
     "RuntimeLeaseSweepReport",
     "RuntimeLeaseView",
+    "SnapshotRegistration",
     "WorkspaceOperationRecord",
+    "run_snapshot_register",
     "runtime_lease_claim",
     "runtime_lease_evaluate_stale",
     "runtime_lease_force_release",
@@ -83,5 +87,6 @@ __all__ = [
     "runtime_lease_release",
     "runtime_lease_sweep",
     "runtime_lease_sweep_batch",
+    "snapshot_walk",
     "workspace_operation_create_fenced",
 ]

@@ -1,0 +1,182 @@
+"""Snapshot registration: a run's agent names the tree of its workdir, fenced by the runtime
+lease it holds (docs/snapshots.md#registering-a-snapshot).
+
+The tree is read and validated outside the transaction (it may be large); inside it the lease
+row is share-locked and the fence checked as for any fenced write, and every blob the tree and
+its base reach is touched (`referenced_at = now()`), which both proves they are stored and
+keeps the collector away from them (docs/snapshots.md#collection). Nothing is written on any
+error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from leases import locks
+from leases.errors import (
+    RuntimeLeaseContended,
+    SnapshotBlobsMissing,
+    SnapshotTreeInvalid,
+)
+from leases.services.operations import require_fence
+from leases.services.shared import audit, preconditions
+from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner
+from paperclip.db.locking import busy_on_lock_timeout
+from paperclip.errors import InvalidRequest
+from paperclip.models import HeartbeatRun, RunSnapshot
+from paperclip.snapshots.cas import cas_find_missing, cas_load, cas_touch
+from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk
+
+MAX_MISSING_LISTED: Final = 1000
+# Directory blobs are read whole; one this large is not a directory anyone meant.
+MAX_DIRECTORY_BYTES: Final = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRegistration:
+    snapshot: RunSnapshot
+    created: bool  # False for a repeat of the same tree
+
+
+def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
+    """Read and validate `tree` from the company's store; `missing` lists what is not stored
+    (directory blobs, file contents and chunks). Raises SnapshotTreeInvalid."""
+
+    def load(name: str) -> bytes | None:
+        return cas_load(company_id=company_id, digest=name, max_bytes=MAX_DIRECTORY_BYTES)
+
+    def contents(names: list[str]) -> list[str]:
+        return cas_find_missing(company_id=company_id, digests=names)
+
+    try:
+        return walk(
+            tree,
+            load,
+            contents=lambda names: contents(list(names)),
+            max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
+        )
+    except TreeInvalid as exc:
+        raise SnapshotTreeInvalid(path=exc.path, reason=exc.reason) from exc
+
+
+def _name(field: str, value: str | None) -> None:
+    if value is not None and not BLOB_NAME.fullmatch(value):
+        raise InvalidRequest(fields={field: ["A blob name: sha256: and 64 lowercase hex digits."]})
+
+
+def run_snapshot_register(
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    agent_id: UUID,
+    tree: str,
+    base: str | None,
+    generation: int,
+    fence: int | None = None,
+) -> SnapshotRegistration:
+    """Register `tree` (the run's workdir, started from `base`, the head its checkout fetched)
+    for the run's agent, fenced by the runtime lease of the run's workspace.
+
+    The lease must be held at `generation` by the run (`run:<id>`) or by the run's issue
+    (`issue:<id>`). Locks: the lease row FOR SHARE (as every fenced write), then the blob rows
+    the trees reach. Raises InvalidRequest, SnapshotTreeInvalid (400), SnapshotBlobsMissing
+    (409, at most 1,000 names), RuntimeLeaseSuperseded / RuntimeLeaseOwnerIneligible (409),
+    the lease's 404/403s, ResourceBusy. Audited once; a repeat of a registered tree writes
+    nothing.
+    """
+    _name("tree", tree)
+    _name("base", base)
+    run = (
+        HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
+        .values("agent_id", "execution_workspace_id", "issue_id", "native_issue_id")
+        .first()
+    )
+    if run is None or run["agent_id"] != agent_id:
+        raise InvalidRequest("The run is not this agent's.")  # the API 404s before this
+    workspace_id: UUID | None = run["execution_workspace_id"]
+    if workspace_id is None:
+        raise InvalidRequest(
+            "The run has no execution workspace, so it has no lease to fence the snapshot.",
+            fields={"run_id": ["The run names no execution workspace."]},
+        )
+    issue_id: UUID | None = run["native_issue_id"] or run["issue_id"]
+    walked = snapshot_walk(company_id=company_id, tree=tree)
+    based = snapshot_walk(company_id=company_id, tree=base) if base is not None else None
+    _raise_missing([*walked.missing, *(based.missing if based else [])])
+    reached = sorted(walked.reached() | (based.reached() if based else set()))
+    owner = RuntimeLeaseOwner.for_agent(agent_id, run_id=run_id)
+    with busy_on_lock_timeout(BUSY_MESSAGE):
+        try:
+            with transaction.atomic(durable=True):
+                preconditions(
+                    company_id=company_id, execution_workspace_id=workspace_id, owner=owner
+                )
+                locked = locks.runtime_lease_for_share(
+                    execution_workspace_id=workspace_id,
+                    company_id=company_id,
+                    owner_issue_id=issue_id,
+                    owner_run_id=run_id,
+                )
+                current, ineligible = (None, None) if locked is None else locked
+                key = owner.owner_key
+                if current is not None and issue_id and current.owner_key == f"issue:{issue_id}":
+                    key = current.owner_key  # a runner that claimed for the run's issue
+                require_fence(
+                    execution_workspace_id=workspace_id,
+                    owner_key=key,
+                    generation=generation,
+                    current=current,
+                    ineligible=ineligible,
+                )
+                # `fence` is accepted for callers written against leases that carry one; the
+                # generation alone fences until then (docs/snapshots.md#registering-a-snapshot).
+                del fence
+                existing = RunSnapshot.objects.filter(run_id=run_id, tree=tree).first()
+                if existing is not None and existing.base == base:
+                    return SnapshotRegistration(existing, created=False)
+                if existing is not None:
+                    raise InvalidRequest(
+                        "This run registered the tree already, from another base.",
+                        fields={"base": [f"The tree was registered with base {existing.base}."]},
+                    )
+                _raise_missing(cas_touch(company_id=company_id, digests=reached))
+                snapshot = RunSnapshot.objects.create(
+                    company_id=company_id,
+                    run_id=run_id,
+                    execution_workspace_id=workspace_id,
+                    tree=tree,
+                    base=base,
+                    files=walked.files,
+                    bytes=walked.bytes,
+                    lease_generation=generation,
+                )
+                audit(
+                    owner_actor=(owner.actor_type, owner.actor_id),
+                    company_id=company_id,
+                    execution_workspace_id=workspace_id,
+                    action="run.snapshot_registered",
+                    run_id=run_id,
+                    details={
+                        "tree": tree,
+                        "base": base,
+                        "files": walked.files,
+                        "bytes": walked.bytes,
+                        "generation": generation,
+                    },
+                )
+        except IntegrityError as exc:  # the same tree registered concurrently
+            raise RuntimeLeaseContended(
+                execution_workspace_id=str(workspace_id), requested_action="snapshot"
+            ) from exc
+    return SnapshotRegistration(snapshot, created=True)
+
+
+def _raise_missing(missing: list[str]) -> None:
+    if missing:
+        unique = list(dict.fromkeys(missing))
+        raise SnapshotBlobsMissing(missing=unique[:MAX_MISSING_LISTED], count=len(unique))
