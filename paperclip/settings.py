@@ -355,3 +355,5 @@ PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_BASE_SEC
 PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS", default=900)
 # Finished jobs are kept this long for the admin, then removed by a daily task.
 PAPERCLIP_JOB_RETENTION_HOURS = env.int("PAPERCLIP_JOB_RETENTION_HOURS", default=72)
+# Workspace snapshots (docs/snapshots.md): the most entries one snapshot's tree may hold.
+PAPERCLIP_SNAPSHOT_MAX_ENTRIES = env.int("PAPERCLIP_SNAPSHOT_MAX_ENTRIES", default=2_000_000)

@@ -63,6 +63,17 @@ class CopybackSourceMissing(RuleViolationError):
     message = "The run has no usable workspace directory or destination to copy back."
 
 
+class SnapshotNotRegistered(ConflictError):
+    code = "snapshot_not_registered"
+    message = "The result names a workspace tree this run has not registered."
+    remediation = "Register the snapshot (POST .../snapshots) first, then post the result."
+
+
+class WorkspaceConflictStale(ConflictError):
+    code = "workspace_conflict_stale"
+    message = "The workspace conflict hold is not live for this run any more."
+
+
 class RecoveryActionNotFound(NotFoundError):
     code = "not_found"
     message = "Recovery action not found."

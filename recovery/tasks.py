@@ -1,5 +1,5 @@
-"""The recovery app's worker tasks (docs/worker.md#tasks): finalizing one run, and the periodic
-reconciler that defers finalization jobs for waiting runs."""
+"""The recovery app's worker tasks (docs/worker.md#tasks): finalizing one run, materializing a
+workspace's head into its cwd, and the periodic reconcilers that defer both."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from recovery.errors import (
 )
 from recovery.services import NotAcquired, finalizations_reconcile, run_finalize
 from recovery.services.finalization_jobs import FINALIZE_TASK
+from recovery.services.heads import (
+    MATERIALIZE_TASK,
+    materializations_reconcile,
+    workspace_materialize,
+)
 
 
 @app.task(name=FINALIZE_TASK, queue="finalization")
@@ -51,3 +56,22 @@ def reconcile_finalizations(timestamp: int) -> str:
         f"examined {summary.examined}, deferred {summary.deferred}, already queued "
         f"{summary.already_queued}, busy {summary.skipped_busy}, held {summary.skipped_held}"
     )
+
+
+@app.task(name=MATERIALIZE_TASK, queue="finalization")
+def materialize_workspace(workspace_id: str) -> str:
+    """Make the workspace's cwd hold its head (docs/snapshots.md#materialization)."""
+    outcome = workspace_materialize(workspace_id=UUID(workspace_id))
+    if outcome.report is None:
+        return f"{outcome.status} {outcome.tree or ''}".strip()
+    report = outcome.report
+    return (
+        f"{outcome.status} {outcome.tree} ({report.written} written, {report.removed} removed,"
+        f" {report.unchanged} unchanged)"
+    )
+
+
+@maintenance_task("reconcile_workspace_heads", every="PAPERCLIP_RECONCILE_INTERVAL_SECONDS")
+def reconcile_workspace_heads(timestamp: int) -> str:
+    """Defer a materialization for every workspace whose cwd is behind its head."""
+    return f"deferred {materializations_reconcile()} materialization(s)"

@@ -8,6 +8,7 @@ from recovery.api.views import (
     RunFinalizeApi,
     RunResultAcceptApi,
     WorkerStopRecordApi,
+    WorkspaceConflictResolveApi,
 )
 
 urlpatterns: list[URLPattern] = [
@@ -30,6 +31,11 @@ urlpatterns: list[URLPattern] = [
         "issues/<uuid:issue_id>/recovery-actions/resume-workspace-finalization",
         OwnerStopConfirmApi.as_view(),
         name="issue-recovery-resume-workspace-finalization",
+    ),
+    path(
+        "issues/<uuid:issue_id>/recovery-actions/resolve-workspace-conflict",
+        WorkspaceConflictResolveApi.as_view(),
+        name="issue-recovery-resolve-workspace-conflict",
     ),
     path("platform/worker-stops", WorkerStopRecordApi.as_view(), name="platform-worker-stops"),
 ]

@@ -29,9 +29,11 @@ from paperclip.api.serializers import (
     StrictInputSerializer,
     UUIDBodyField,
     error_responses,
+    validated_body,
 )
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
+from paperclip.snapshots.trees import BLOB_NAME
 from recovery.api.serializers import FinalizationStateSerializer
 from recovery.errors import FinalizationFailed, FinalizationNotAcquired
 from recovery.selectors.actions import recovery_action_list_for_issue
@@ -41,6 +43,7 @@ from recovery.selectors.finalization import (
     finalization_state,
 )
 from recovery.services import recovery_owner_stop_confirm, result_accept
+from recovery.services.conflicts import workspace_conflict_resolve
 from recovery.services.finalization_jobs import finalization_request
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
@@ -80,6 +83,9 @@ class RunResultAcceptApi(APIView):
         caller_result_id = serializers.CharField(
             required=False, allow_null=True, max_length=200, allow_blank=False
         )
+        workspace_tree = serializers.RegexField(
+            BLOB_NAME.pattern, required=False, allow_null=True, max_length=71
+        )
 
     @extend_schema(
         request=InputSerializer,
@@ -92,6 +98,7 @@ class RunResultAcceptApi(APIView):
                 NOT_FOUND,
                 (409, "native_result_conflict"),
                 (409, "run_not_finalizable"),
+                (409, "snapshot_not_registered"),
                 (422, "finalization_binding_missing"),
             ),
         },
@@ -111,6 +118,7 @@ class RunResultAcceptApi(APIView):
             result=data.validated_data["result"],
             run_terminal_state=data.validated_data["terminal"]["run_terminal_state"],
             caller_result_id=data.validated_data.get("caller_result_id"),
+            workspace_tree=data.validated_data.get("workspace_tree"),
         )
         return Response(
             NativeResultOutput(accepted.result).data,
@@ -244,6 +252,65 @@ class IssueRecoveryActionListApi(APIView):
             raise PermissionDenied("Only the issue's assignee agent or the board may read this.")
         actions = recovery_action_list_for_issue(company_id=issue.company_id, issue_id=issue.pk)
         return Response({"results": RecoveryActionOutput(actions, many=True).data})
+
+
+class WorkspaceConflictResolveApi(APIView):
+    """A board member resolves a workspace head conflict: publish the run's tree or discard it;
+    the run's finalization is queued."""
+
+    permission_classes = (IsBoard,)
+
+    @extend_schema_serializer(component_name="WorkspaceConflictResolveInput")
+    class InputSerializer(StrictInputSerializer):
+        action_id = UUIDBodyField()
+        run_id = UUIDBodyField()
+        resolution = serializers.ChoiceField(choices=("publish", "discard"))
+        note = serializers.CharField(trim_whitespace=False, max_length=MAX_STOP_EVIDENCE_CHARS)
+
+    @extend_schema_serializer(component_name="WorkspaceConflictResolveOutput")
+    class OutputSerializer(serializers.Serializer[Any]):
+        run_id = serializers.UUIDField()
+        action_id = serializers.UUIDField()
+        resolution = serializers.CharField()
+        status = serializers.CharField()
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            202: OutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                (409, "workspace_conflict_stale"),
+                RESOURCE_BUSY,
+            ),
+        },
+        summary="Resolve a workspace head conflict (publish or discard the run's tree)",
+    )
+    def post(self, request: Request, issue_id: UUID) -> Response:
+        actor = actor_for(request)
+        scoped_get(Issue.objects.all(), actor, issue_id)
+        values = validated_body(self.InputSerializer, request.data)
+        resolved = workspace_conflict_resolve(
+            actor=actor,
+            issue_id=issue_id,
+            action_id=values["action_id"],
+            run_id=values["run_id"],
+            resolution=values["resolution"],
+            note=values["note"],
+        )
+        return Response(
+            self.OutputSerializer(
+                {
+                    "run_id": resolved.run_id,
+                    "action_id": resolved.action_id,
+                    "resolution": resolved.resolution,
+                    "status": resolved.status,
+                }
+            ).data,
+            status=status.HTTP_202_ACCEPTED,
+        )
 
 
 class OwnerStopConfirmApi(APIView):

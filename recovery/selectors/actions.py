@@ -13,6 +13,8 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 
 OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"
 WAITING_PHASES = ("result_accepted", "workspace_finalizing")
+# The coordinator's failure code while the run is held over a workspace head conflict.
+HEAD_CONFLICT_CODE = "workspace_head_conflict"
 
 
 def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecoveryAction | None:
@@ -52,9 +54,12 @@ def run_issue_id(run: HeartbeatRun) -> UUID | None:
 
 def finalizations_waiting(*, after_run_id: UUID | None, limit: int) -> list[tuple[UUID, UUID]]:
     """(company_id, run_id) of coordinators waiting for finalization, in run-id order after
-    `after_run_id`: phase result_accepted/workspace_finalizing and no future retry time."""
-    qs = NativeRunFinalization.objects.filter(phase__in=WAITING_PHASES).filter(
-        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())
+    `after_run_id`: phase result_accepted/workspace_finalizing and no future retry time; a run
+    held for the board over a workspace head conflict waits for the board, not for a job."""
+    qs = (
+        NativeRunFinalization.objects.filter(phase__in=WAITING_PHASES)
+        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now()))
+        .exclude(failure_code=HEAD_CONFLICT_CODE)
     )
     if after_run_id is not None:
         qs = qs.filter(run_id__gt=after_run_id)

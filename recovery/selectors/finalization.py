@@ -22,7 +22,7 @@ from paperclip.receipts import raw_owner
 from paperclip.worker.jobs import PendingJob, job_status, pending_jobs
 from recovery.locks import finalization_lock_key, finalization_queueing_lock
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES
+from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, WAITING_PHASES
 
 FinalizationStateName = Literal[
     "none", "waiting", "queued", "running", "retry_scheduled", "held", "failed", "committed"
@@ -87,7 +87,8 @@ def finalization_state(
     - `running`: a live owner holds the finalization lock, or a worker with a fresh heartbeat
       runs its job;
     - `held`: waiting for the board (reason `owner_unverified`, or `platform_stop_pending`
-      while the worker platform has not reported the prior worker stopped);
+      while the worker platform has not reported the prior worker stopped, or
+      `workspace_head_conflict` when the run's changes overlap another run's);
     - `queued`: a job will start it now; `retry_scheduled`: a retry waits for
       `next_attempt_at` (database clock);
     - `failed`: the retry budget is spent, waiting for an explicit finalize;
@@ -107,6 +108,8 @@ def finalization_state(
     waiting = next((j for j in jobs if j.status == "todo"), None)
     if running is not None or advisory_lock_held(finalization_lock_key(run.company_id, run.pk)):
         return FinalizationState("running", None, attempts, None, error, running)
+    if coordinator.failure_code == HEAD_CONFLICT_CODE:
+        return FinalizationState("held", HEAD_CONFLICT_CODE, attempts, None, error, waiting)
     if owner_hold_live(company_id=run.company_id, run_id=run.pk):
         receipt = raw_owner(run.runner_profile_json)
         pending_platform = isinstance(receipt, dict) and receipt.get("worker") is not None

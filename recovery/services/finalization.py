@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID, uuid4
@@ -17,11 +17,14 @@ from django.db.models.functions import Now
 from paperclip.activity import activity_record
 from paperclip.db.advisory import advisory_lock_held
 from paperclip.db.locking import require_transaction
+from paperclip.errors import DomainError
 from paperclip.models import (
+    ExecutionWorkspace,
     HeartbeatRun,
     Issue,
     NativeRunFinalization,
     NativeRunResult,
+    RunSnapshot,
     WorkspaceOperation,
 )
 from paperclip.observability import metrics
@@ -35,6 +38,7 @@ from recovery.errors import (
     FinalizationOwnershipLost,
     NativeResultConflict,
     RunNotFinalizable,
+    SnapshotNotRegistered,
 )
 from recovery.locks import (
     coordinators_for_update,
@@ -45,6 +49,7 @@ from recovery.locks import (
 )
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import (
+    HEAD_CONFLICT_CODE,
     OWNER_UNVERIFIED_CAUSE,
     WAITING_PHASES,
     finalizations_waiting,
@@ -52,7 +57,15 @@ from recovery.selectors.actions import (
 )
 from recovery.selectors.finalization import owner_hold_live
 from recovery.services.actions import resolve_in_tx
+from recovery.services.conflicts import conflict_hold_in_tx, conflict_mode
 from recovery.services.finalization_jobs import finalization_defer_in_tx
+from recovery.services.heads import (
+    HeadMoved,
+    PublishError,
+    PublishPlan,
+    head_publish_in_tx,
+    publish_plan,
+)
 from recovery.services.ownership import (
     Acquired,
     FinalizationOwnership,
@@ -66,6 +79,8 @@ TERMINAL_SCHEMA = "paperclip.prp.terminal.v1"
 FINALIZER = "native_workspace_finalizer"
 RETRY_BASE_SECONDS = 30
 RETRY_CAP_SECONDS = 900
+# Plans made again when other runs keep moving the head between a plan and its commit.
+MAX_HEAD_RACES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +93,7 @@ class ResultAcceptance:
 class FinalizeOutcome:
     run_id: UUID
     status: Literal[
-        "committed", "already_committed", "retry_scheduled", "retry_exhausted", "not_due"
+        "committed", "already_committed", "retry_scheduled", "retry_exhausted", "not_due", "held"
     ]
     phase: str
     result_id: UUID | None
@@ -86,6 +101,7 @@ class FinalizeOutcome:
     operation_id: UUID | None = None
     copied: CopybackReport | None = None
     failure_code: str | None = None
+    published: PublishPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +171,16 @@ def result_accept(
     result: dict[str, Any],
     run_terminal_state: str,
     caller_result_id: str | None = None,
+    workspace_tree: str | None = None,
 ) -> ResultAcceptance:
     """Accept the runner's result for a native run and queue its workspace finalization.
 
     Stores `{result, terminal: {schema, runTerminalState}}` with sha256 fingerprints of its
     canonical JSON; moves the coordinator (created if missing) to `result_accepted` and
     mirrors the phase on the run. Idempotent on `caller_result_id` (and on identical content).
+    With `workspace_tree` (a snapshot this run registered, else SnapshotNotRegistered),
+    finalization publishes that tree instead of copying a directory back
+    (docs/snapshots.md#publishing).
     Locks issue → coordinator → run. Raises FinalizationBindingMissing, RunNotFinalizable
     (run terminal or already committed), NativeResultConflict (another result was accepted,
     or the same caller id was used for different content). Audited; the finalization job is
@@ -168,16 +188,23 @@ def result_accept(
     """
     if run_terminal_state not in HeartbeatRun.TERMINAL_STATUSES:
         raise ValueError(f"unknown run terminal state {run_terminal_state!r}")
-    result_json = {
+    result_json: dict[str, Any] = {
         "result": result,
         "terminal": {"schema": TERMINAL_SCHEMA, "runTerminalState": run_terminal_state},
     }
+    if workspace_tree is not None:
+        result_json["workspaceTree"] = workspace_tree
     canonical = canonical_sha256(result_json)
     fingerprint = canonical_sha256({"runId": str(run_id), "resultJson": result_json})
     with transaction.atomic(durable=True):
         issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
         if run.agent_id != agent_id:
             raise FinalizationBindingMissing(run_id=str(run_id))
+        if (
+            workspace_tree is not None
+            and not RunSnapshot.objects.filter(run_id=run_id, tree=workspace_tree).exists()
+        ):
+            raise SnapshotNotRegistered(workspace_tree=workspace_tree)
         existing = None
         if caller_result_id is not None:
             existing = NativeRunResult.objects.filter(
@@ -244,6 +271,7 @@ def result_accept(
                 "resultId": str(accepted.pk),
                 "callerResultId": caller_result_id,
                 "runTerminalState": run_terminal_state,
+                "workspaceTree": workspace_tree,
                 "finalizationJobId": job_id,
             },
         )
@@ -280,6 +308,8 @@ def _start_operation(
     issue: Issue,
     source: str | None,
     destination: str | None,
+    command: str = "copy-back",
+    observation: str | None = None,
 ) -> WorkspaceOperation:
     """Record `workspace_finalize` (running) and move the coordinator to workspace_finalizing."""
     with transaction.atomic(durable=True):
@@ -333,12 +363,13 @@ def _start_operation(
             actor_run_id=run.pk,
             issue_id=issue.pk,
             phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
-            command="copy-back",
+            command=command,
             cwd=destination,
             status=WorkspaceOperation.Status.RUNNING,
             metadata={
                 "owningService": FINALIZER,
-                "observation": "workspace_directory" if source else "no_workspace_directory",
+                "observation": observation
+                or ("workspace_directory" if source else "no_workspace_directory"),
                 "source": source,
                 "destination": destination,
                 "ownerToken": ownership.token,
@@ -362,30 +393,37 @@ def _finish_operation(
     *, operation: WorkspaceOperation, succeeded: bool, metadata: dict[str, Any]
 ) -> None:
     with transaction.atomic(durable=True):
-        updated = WorkspaceOperation.objects.filter(
-            pk=operation.pk, status=WorkspaceOperation.Status.RUNNING
-        ).update(
-            status=WorkspaceOperation.Status.SUCCEEDED
+        _finish_operation_in_tx(operation=operation, succeeded=succeeded, metadata=metadata)
+
+
+def _finish_operation_in_tx(
+    *, operation: WorkspaceOperation, succeeded: bool, metadata: dict[str, Any]
+) -> None:
+    require_transaction()
+    updated = WorkspaceOperation.objects.filter(
+        pk=operation.pk, status=WorkspaceOperation.Status.RUNNING
+    ).update(
+        status=WorkspaceOperation.Status.SUCCEEDED
+        if succeeded
+        else WorkspaceOperation.Status.FAILED,
+        exit_code=0 if succeeded else 1,
+        finished_at=Now(),
+        updated_at=Now(),
+        metadata={**(operation.metadata or {}), **metadata},
+    )
+    if updated:
+        activity_record(
+            company_id=operation.company_id,
+            actor_type="system",
+            actor_id=FINALIZER,
+            action="run.workspace_finalize_succeeded"
             if succeeded
-            else WorkspaceOperation.Status.FAILED,
-            exit_code=0 if succeeded else 1,
-            finished_at=Now(),
-            updated_at=Now(),
-            metadata={**(operation.metadata or {}), **metadata},
+            else "run.workspace_finalize_failed",
+            entity_type="workspace_operation",
+            entity_id=operation.pk,
+            run_id=operation.heartbeat_run_id,
+            details=metadata,
         )
-        if updated:
-            activity_record(
-                company_id=operation.company_id,
-                actor_type="system",
-                actor_id=FINALIZER,
-                action="run.workspace_finalize_succeeded"
-                if succeeded
-                else "run.workspace_finalize_failed",
-                entity_type="workspace_operation",
-                entity_id=operation.pk,
-                run_id=operation.heartbeat_run_id,
-                details=metadata,
-            )
 
 
 def _schedule_retry(
@@ -468,9 +506,14 @@ def _commit(
     run_id: UUID,
     operation_id: UUID | None,
     copied: CopybackReport | None,
+    publish: PublishPlan | None = None,
+    operation: WorkspaceOperation | None = None,
 ) -> FinalizeOutcome:
     """Coordinator and run → committed, the run reaches its terminal status, the issue's
-    execution lock is cleared and the owner-unverified hold (if any) resolves."""
+    execution lock is cleared and the owner-unverified hold (if any) resolves. With `publish`,
+    the workspace head moves in this same transaction (HeadMoved when another run moved it
+    since the plan) and `operation` is marked succeeded with it; after a local copy-back
+    (`copied`), the cwd no longer holds any tree of the store."""
     with transaction.atomic(durable=True):
         issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
         if coordinator is None:
@@ -480,6 +523,14 @@ def _commit(
         _require_receipt(run, ownership)
         if coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
             return _outcome(coordinator, run, "already_committed")
+        if publish is not None:
+            head_publish_in_tx(company_id=company_id, run_id=run_id, plan=publish)
+            if operation is not None:
+                _finish_operation_in_tx(
+                    operation=operation, succeeded=True, metadata={"published": publish.as_json()}
+                )
+        elif copied is not None and (workspace_id := _workspace_id(run, issue)) is not None:
+            ExecutionWorkspace.objects.filter(pk=workspace_id).update(cwd_tree=None)
         result = (
             NativeRunResult.objects.filter(pk=coordinator.result_id).first()
             if coordinator.result_id is not None
@@ -542,7 +593,8 @@ def _commit(
             )
         run.refresh_from_db()
         coordinator.refresh_from_db()
-        return _outcome(coordinator, run, "committed", operation_id=operation_id, copied=copied)
+        outcome = _outcome(coordinator, run, "committed", operation_id=operation_id, copied=copied)
+        return replace(outcome, published=publish)
 
 
 def _not_due(run_id: UUID) -> bool:
@@ -577,6 +629,9 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
         # nothing.
         return _outcome(coordinator, run, "not_due")
     issue = Issue.objects.select_related("execution_workspace").get(pk=coordinator.issue_id)
+    tree = _workspace_tree(coordinator)
+    if tree is not None:
+        return _publish_owned(ownership, run=run, issue=issue, coordinator=coordinator, tree=tree)
     barrier = WorkspaceOperation.objects.filter(
         company_id=company_id,
         heartbeat_run_id=run_id,
@@ -652,6 +707,134 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
         operation_id=operation.pk,
         copied=report,
     )
+
+
+def _workspace_id(run: HeartbeatRun, issue: Issue) -> UUID | None:
+    return run.execution_workspace_id or issue.execution_workspace_id
+
+
+def _workspace_tree(coordinator: NativeRunFinalization) -> str | None:
+    """The tree the accepted result names (`workspace_tree`), if any."""
+    if coordinator.result_id is None:
+        return None
+    data = (
+        NativeRunResult.objects.filter(pk=coordinator.result_id)
+        .values_list("result_json", flat=True)
+        .first()
+    )
+    tree = data.get("workspaceTree") if isinstance(data, dict) else None
+    return tree if isinstance(tree, str) else None
+
+
+def _publish_owned(
+    ownership: FinalizationOwnership,
+    *,
+    run: HeartbeatRun,
+    issue: Issue,
+    coordinator: NativeRunFinalization,
+    tree: str,
+) -> FinalizeOutcome:
+    """Publish the run's snapshot as the workspace head in the commit
+    (docs/snapshots.md#publishing): plan (fast-forward, merge, or the board's resolution),
+    then commit with the head moved by compare-and-set; a head moved meanwhile is planned
+    again, a conflict is held for the board."""
+    company_id, run_id = ownership.company_id, ownership.run_id
+    mode = conflict_mode(company_id=company_id, run_id=run_id)
+    if mode == "held":
+        return _outcome(coordinator, run, "held", failure_code=HEAD_CONFLICT_CODE)
+    workspace_id = _workspace_id(run, issue)
+    snapshot = RunSnapshot.objects.filter(run_id=run_id, tree=tree).first()
+    operation = _start_operation(
+        ownership=ownership,
+        run=run,
+        issue=issue,
+        source=None,
+        destination=_destination(run, issue),
+        command="publish",
+        observation="snapshot",
+    )
+    try:
+        if workspace_id is None or snapshot is None:
+            raise PublishError(
+                "snapshot_binding_missing", "The run's snapshot or workspace is gone."
+            )
+        for _ in range(MAX_HEAD_RACES):
+            ownership.assert_held()
+            plan = publish_plan(
+                company_id=company_id,
+                workspace_id=workspace_id,
+                tree=tree,
+                base=snapshot.base,
+                resolution=mode,
+            )
+            ownership.assert_held()
+            if plan.kind == "conflict":
+                _finish_operation(
+                    operation=operation,
+                    succeeded=False,
+                    metadata={"error": HEAD_CONFLICT_CODE, "publish": plan.as_json()},
+                )
+                return _hold_conflict(ownership, issue=issue, plan=plan)
+            try:
+                return _commit(
+                    ownership=ownership,
+                    company_id=company_id,
+                    run_id=run_id,
+                    operation_id=operation.pk,
+                    copied=None,
+                    publish=plan,
+                    operation=operation,
+                )
+            except HeadMoved:
+                continue  # another run published meanwhile: plan against its head
+        raise PublishError("workspace_head_busy", "The head kept moving; retrying later.")
+    except FinalizationOwnershipLost:
+        _finish_operation(
+            operation=operation, succeeded=False, metadata={"error": "ownership_lost"}
+        )
+        raise
+    except (PublishError, DomainError, OSError) as exc:
+        code = getattr(exc, "code", "publish_io_error")
+        _finish_operation(
+            operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
+        )
+        return _schedule_retry(
+            ownership=ownership, company_id=company_id, run_id=run_id, code=code, detail=str(exc)
+        )
+
+
+def _hold_conflict(
+    ownership: FinalizationOwnership, *, issue: Issue, plan: PublishPlan
+) -> FinalizeOutcome:
+    """Hold the run for the board: nothing is published, no retry is spent."""
+    with transaction.atomic(durable=True):
+        _issue, coordinator, run = _locked_binding(
+            company_id=ownership.company_id, run_id=ownership.run_id
+        )
+        _require_receipt(run, ownership)
+        if coordinator is None:
+            raise FinalizationNotReady(run_id=str(ownership.run_id))
+        conflict_hold_in_tx(
+            company_id=ownership.company_id,
+            issue_id=issue.pk,
+            run_id=run.pk,
+            agent_id=run.agent_id,
+            plan=plan,
+        )
+        coordinator.failure_code = HEAD_CONFLICT_CODE
+        coordinator.failure_detail = {
+            "code": HEAD_CONFLICT_CODE,
+            "detail": f"{plan.conflict_count} conflicting path(s)",
+            "conflictingPaths": list(plan.conflicts[:20]),
+        }
+        coordinator.next_attempt_at = None
+        coordinator.updated_at = Now()
+        coordinator.save(
+            update_fields=["failure_code", "failure_detail", "next_attempt_at", "updated_at"]
+        )
+        return replace(
+            _outcome(coordinator, run, "held", failure_code=HEAD_CONFLICT_CODE), published=plan
+        )
 
 
 def run_finalize(

@@ -24,7 +24,7 @@ from paperclip.models import NativeRunFinalization
 from paperclip.worker.jobs import job_cancel_in_tx, job_defer_in_tx, pending_jobs
 from recovery.errors import FinalizationNotReady
 from recovery.locks import coordinators_for_update, finalization_queueing_lock
-from recovery.selectors.actions import WAITING_PHASES
+from recovery.selectors.actions import HEAD_CONFLICT_CODE, WAITING_PHASES
 
 FINALIZE_TASK = "finalize_run"
 # A follow-up deferred by an owner as it lets go starts no sooner than this, so that it finds
@@ -57,10 +57,15 @@ def finalization_defer_in_tx(
 def finalization_follow_up_in_tx(*, company_id: UUID, run_id: UUID) -> int | None:
     """As an owner lets go: if the run still waits for finalization (a retry was scheduled,
     or the owner stopped before committing), defer the job that carries on, at the retry time
-    (database clock). Nothing for a committed run or a spent retry budget."""
+    (database clock). Nothing for a committed run, a spent retry budget or a run held over a
+    workspace head conflict (the board's resolution defers its own job)."""
     require_transaction()
     coordinator = NativeRunFinalization.objects.filter(run_id=run_id, company_id=company_id).first()
-    if coordinator is None or coordinator.phase not in WAITING_PHASES:
+    if (
+        coordinator is None
+        or coordinator.phase not in WAITING_PHASES
+        or coordinator.failure_code == HEAD_CONFLICT_CODE
+    ):
         return None
     earliest = db_now() + FOLLOW_UP_DELAY
     due = coordinator.next_attempt_at

@@ -1,0 +1,375 @@
+"""Publishing a run's snapshot as its workspace's head, and materializing the head into the
+workspace's `cwd` (docs/snapshots.md#publishing).
+
+The head moves only in the transaction that commits the run, by compare-and-set on the head
+the plan was made against: a publisher that lost the race plans again. The plan is made
+outside that transaction (trees are read from the store): the head still equal to the run's
+`base` becomes the run's tree; a head another run moved is merged path by path with the run's
+changes since `base` (`paperclip.snapshots.merge`), and overlapping changes are held for the
+board (`workspace_head_conflict`) instead of published.
+
+Materialization follows the head, not the run: `cwd_tree` records what the `cwd` holds, and a
+job (one at a time per workspace, under an advisory lock on a dedicated connection) makes the
+`cwd` equal to the head, touching only what differs. A crash part way leaves `cwd_tree` at the
+old tree, so the next attempt (the job retried, or the reconciler's) redoes the same diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, BinaryIO, Final, Literal
+from uuid import UUID
+
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from paperclip.activity import activity_record
+from paperclip.db.advisory import dedicated_connection
+from paperclip.db.locking import require_transaction
+from paperclip.models import ExecutionWorkspace
+from paperclip.snapshots.cas import cas_load, cas_open, cas_put
+from paperclip.snapshots.materialize import MaterializeReport, materialize
+from paperclip.snapshots.merge import merge3
+from paperclip.snapshots.trees import Entry, TreeInvalid, build, walk
+from paperclip.worker.jobs import job_defer_in_tx
+
+logger = logging.getLogger(__name__)
+
+MATERIALIZE_TASK: Final = "materialize_workspace"
+MAX_DIRECTORY_BYTES: Final = 64 * 1024 * 1024
+PUBLISHER: Final = "workspace_publisher"
+
+
+class PublishError(Exception):
+    """Publishing cannot proceed now (a tree unreadable from the store): retried later."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HeadMoved(Exception):
+    """Another run moved the head after the plan was made: plan again."""
+
+
+type PublishKind = Literal["fast_forward", "merged", "unchanged", "conflict", "forced", "discarded"]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishPlan:
+    kind: PublishKind
+    workspace_id: UUID
+    tree: str  # the run's snapshot
+    base: str | None
+    expected_head: str | None  # the head the plan was made against
+    new_head: str | None
+    conflicts: tuple[str, ...] = field(default_factory=tuple)
+    conflict_count: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "tree": self.tree,
+            "base": self.base,
+            "previousHead": self.expected_head,
+            "head": self.new_head,
+            "conflictCount": self.conflict_count,
+        }
+
+
+def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
+    """The entries of a stored tree by path (an empty dict for None). Raises PublishError when
+    a directory blob is gone or the tree breaks a rule."""
+    if tree is None:
+        return {}
+
+    def load(name: str) -> bytes | None:
+        return cas_load(company_id=company_id, digest=name, max_bytes=MAX_DIRECTORY_BYTES)
+
+    try:
+        walked = walk(tree, load)
+    except TreeInvalid as exc:
+        raise PublishError("snapshot_tree_invalid", f"tree {tree}: {exc}") from exc
+    if walked.missing:
+        raise PublishError(
+            "snapshot_blobs_missing", f"tree {tree}: {len(walked.missing)} blob(s) not stored"
+        )
+    return walked.entries
+
+
+def _store(company_id: UUID, blobs: dict[str, bytes]) -> None:
+    for name, data in blobs.items():
+        cas_put(company_id=company_id, digest=name, stream=io.BytesIO(data), length=len(data))
+
+
+def publish_plan(
+    *,
+    company_id: UUID,
+    workspace_id: UUID,
+    tree: str,
+    base: str | None,
+    resolution: Literal["merge", "publish", "discard"] = "merge",
+) -> PublishPlan:
+    """What committing the run will do to the head, read now (no lock): fast-forward, merge
+    (the merged tree's directories are stored here), nothing, or a conflict. `resolution` is
+    the board's answer to an earlier conflict: `publish` replaces the head with the run's tree,
+    `discard` leaves it."""
+    head = (
+        ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
+        .values_list("head_tree", flat=True)
+        .first()
+    )
+
+    def plan(
+        kind: PublishKind, new_head: str | None, conflicts: tuple[str, ...] = (), count: int = 0
+    ) -> PublishPlan:
+        return PublishPlan(
+            kind=kind,
+            workspace_id=workspace_id,
+            tree=tree,
+            base=base,
+            expected_head=head,
+            new_head=new_head,
+            conflicts=conflicts,
+            conflict_count=count,
+        )
+
+    if resolution == "discard":
+        return plan("discarded", head)
+    if resolution == "publish":
+        return plan("forced", tree)
+    if head == tree:
+        return plan("unchanged", head)
+    if head == base:
+        return plan("fast_forward", tree)
+    merged = merge3(
+        tree_entries(company_id, base),
+        tree_entries(company_id, tree),
+        tree_entries(company_id, head),
+    )
+    if merged.entries is None:
+        return plan("conflict", None, merged.conflicts, merged.conflict_count)
+    root, blobs = build(merged.entries)
+    _store(company_id, blobs)
+    return plan("merged", root)
+
+
+def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> bool:
+    """Move the head to `plan.new_head` if it still is `plan.expected_head` (HeadMoved
+    otherwise); defers the materialization when the workspace has a cwd. Returns whether the
+    head changed. Audited when it did."""
+    require_transaction()
+    if plan.new_head == plan.expected_head:
+        if plan.kind != "discarded":
+            # Nothing to move, but the head must still be what the plan saw.
+            still = ExecutionWorkspace.objects.filter(
+                pk=plan.workspace_id, head_tree=plan.expected_head
+            ).exists() or (
+                plan.expected_head is None
+                and ExecutionWorkspace.objects.filter(
+                    pk=plan.workspace_id, head_tree__isnull=True
+                ).exists()
+            )
+            if not still:
+                raise HeadMoved
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE execution_workspaces SET head_tree = %s, head_run_id = %s,"
+            " head_committed_at = now(), updated_at = now()"
+            " WHERE id = %s AND company_id = %s AND head_tree IS NOT DISTINCT FROM %s"
+            " RETURNING cwd",
+            [plan.new_head, run_id, plan.workspace_id, company_id, plan.expected_head],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise HeadMoved
+    activity_record(
+        company_id=company_id,
+        actor_type="system",
+        actor_id=PUBLISHER,
+        action="workspace.head_published",
+        entity_type="execution_workspace",
+        entity_id=plan.workspace_id,
+        run_id=run_id,
+        details=plan.as_json(),
+    )
+    if row[0]:
+        materialize_defer_in_tx(workspace_id=plan.workspace_id)
+    return True
+
+
+def materialize_queueing_lock(workspace_id: UUID) -> str:
+    return f"materialize-workspace:{workspace_id}"
+
+
+def materialize_defer_in_tx(*, workspace_id: UUID) -> int | None:
+    """Defer the workspace's materialization job (None when one is already waiting)."""
+    require_transaction()
+    return job_defer_in_tx(
+        MATERIALIZE_TASK,
+        queueing_lock=materialize_queueing_lock(workspace_id),
+        workspace_id=str(workspace_id),
+    )
+
+
+def materializations_reconcile() -> int:
+    """Defer a materialization for every workspace whose cwd is behind its head (a crash part
+    way, a lost job); returns how many were deferred."""
+    behind = list(
+        ExecutionWorkspace.objects.filter(cwd__isnull=False, head_tree__isnull=False)
+        .exclude(cwd="")
+        .filter(Q(cwd_tree__isnull=True) | ~Q(head_tree=F("cwd_tree")))
+        .values_list("pk", flat=True)
+    )
+    deferred = 0
+    for workspace_id in behind:
+        with transaction.atomic(durable=True):
+            if materialize_defer_in_tx(workspace_id=workspace_id) is not None:
+                deferred += 1
+    return deferred
+
+
+class _ChunkStream(io.RawIOBase):
+    """A blob's pieces as a readable stream (for `materialize`, which reads files in pieces)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            piece = next(self._chunks, None)
+            if piece is None:
+                return 0
+            self._pending = piece
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        super().close()
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializeOutcome:
+    status: Literal["materialized", "current", "busy", "no_cwd"]
+    tree: str | None = None
+    report: MaterializeReport | None = None
+    rounds: int = 0
+
+
+def _without_special_bits(entries: dict[str, Entry]) -> dict[str, Entry]:
+    """Permission bits only: an agent's tree never makes a setuid, setgid or sticky entry in a
+    cwd written by a worker that may run as root."""
+    return {
+        path: entry if entry.type == "symlink" else replace(entry, mode=entry.mode & 0o777)
+        for path, entry in entries.items()
+    }
+
+
+def materialize_lock_key(workspace_id: UUID) -> str:
+    return f"workspace-materialize:{workspace_id}"
+
+
+def workspace_materialize(
+    *, workspace_id: UUID, on_round: Callable[[str], None] | None = None
+) -> MaterializeOutcome:
+    """Make the workspace's cwd hold its head, until it does (the head may move meanwhile).
+
+    One materializer per workspace: a transaction-scoped advisory lock held on a dedicated
+    connection for the whole work (`busy` when another holds it: that one carries on to the
+    head). Each round diffs the head against `cwd_tree` (what the cwd last held), writes only
+    what changed, then records the new `cwd_tree` (audited). A crash or an error part way
+    leaves `cwd_tree` as it was, so the next attempt finishes exactly the same target.
+    """
+    last: MaterializeOutcome = MaterializeOutcome("current")
+    with dedicated_connection(application_name="paperclip-materialize") as lock:
+        held = lock.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+            [materialize_lock_key(workspace_id)],
+        ).fetchone()
+        if not held or not held[0]:
+            return MaterializeOutcome("busy")
+
+        def check() -> None:
+            lock.execute("SELECT 1")  # raises when the lock connection is gone
+
+        for rounds in range(1, 101):
+            row = (
+                ExecutionWorkspace.objects.filter(pk=workspace_id)
+                .values("company_id", "cwd", "head_tree", "cwd_tree")
+                .first()
+            )
+            if row is None or not row["cwd"]:
+                return MaterializeOutcome("no_cwd")
+            head, previous_tree = row["head_tree"], row["cwd_tree"]
+            if head is None or head == previous_tree:
+                return last if rounds > 1 else MaterializeOutcome("current", tree=head)
+            company_id: UUID = row["company_id"]
+            target = _without_special_bits(tree_entries(company_id, head))
+            try:
+                previous = (
+                    _without_special_bits(tree_entries(company_id, previous_tree))
+                    if previous_tree
+                    else None
+                )
+            except PublishError:
+                previous = None  # collected since: compare with what is on disk instead
+            if on_round is not None:
+                on_round(head)
+
+            def open_blob(digest: str, company_id: UUID = company_id) -> BinaryIO:
+                reader = cas_open(company_id=company_id, digest=digest)
+                if reader is None:
+                    raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")
+                return io.BufferedReader(_ChunkStream(reader.chunks), 1 << 20)
+
+            report = materialize(
+                destination=row["cwd"],
+                target=target,
+                previous=previous,
+                open_blob=open_blob,
+                check=check,
+            )
+            with transaction.atomic(durable=True):
+                updated = ExecutionWorkspace.objects.filter(
+                    pk=workspace_id, cwd=row["cwd"], cwd_tree=previous_tree
+                ).update(cwd_tree=head, updated_at=Now())
+                if not updated and previous_tree is None:
+                    updated = ExecutionWorkspace.objects.filter(
+                        pk=workspace_id, cwd=row["cwd"], cwd_tree__isnull=True
+                    ).update(cwd_tree=head, updated_at=Now())
+                if updated:
+                    activity_record(
+                        company_id=company_id,
+                        actor_type="system",
+                        actor_id=PUBLISHER,
+                        action="workspace.materialized",
+                        entity_type="execution_workspace",
+                        entity_id=workspace_id,
+                        details={
+                            "tree": head,
+                            "previousTree": previous_tree,
+                            "cwd": row["cwd"],
+                            **asdict(report),
+                        },
+                    )
+            last = MaterializeOutcome("materialized", tree=head, report=report, rounds=rounds)
+    return last
+
+
+def conflict_fingerprint(run_id: UUID, tree: str, head: str | None) -> str:
+    return hashlib.sha256(f"{run_id}:{tree}:{head}".encode()).hexdigest()
