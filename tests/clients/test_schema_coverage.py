@@ -26,6 +26,7 @@ BOARD_ONLY = {
     "environment_lease_list",
     "recovery_source_inspect",
     "issues_recovery_actions_resume_workspace_finalization_create",
+    "issues_recovery_actions_resolve_workspace_conflict_create",
     "platform_worker_stops_create",  # the worker platform, signed by HMAC
 }
 CODE = re.compile(r"\b[a-z]+(?:_[a-z]+)+\b|\b(?:conflict|not_found)\b")

@@ -471,7 +471,7 @@ class Client:
 
     # --- content-addressed store and workspace snapshots -------------------------------------
 
-    @operation("cas_config")
+    @operation("cas_limits")
     def cas_config(self) -> models.CasConfig:
         """The store's limits: what a client needs to plan uploads."""
         return models.build(models.CasConfig, self._get("/api/cas"))
@@ -531,7 +531,7 @@ class Client:
         )
         return models.build(models.CasPut, data_)
 
-    @operation("cas_batch")
+    @operation("cas_batch_upload")
     def cas_put_batch(self, frames: Sequence[tuple[str, bytes]]) -> models.CasBatch:
         """Store many small blobs in one request, all or nothing: the body is, for each blob,
         the ASCII line `<name> <size>\n` then exactly `size` bytes. Keep it under the store's
@@ -579,7 +579,7 @@ class Client:
         self.cas_get(name, buffer)
         return buffer.getvalue()
 
-    @operation("heartbeat_run_snapshot_create")
+    @operation("run_snapshot_register")
     def snapshot_register(
         self,
         run_id: str,

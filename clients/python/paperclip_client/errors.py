@@ -318,6 +318,13 @@ class BlobTooLarge(ApiError):
     code = "blob_too_large"
 
 
+class RequestTooLarge(ApiError):
+    """413: a request body over the server's limit (`details["max_bytes"]`), e.g. a batch
+    upload larger than `max_batch_bytes`."""
+
+    code = "request_too_large"
+
+
 class FinalizationBindingMissing(RuleViolation):
     code = "finalization_binding_missing"
 
