@@ -126,6 +126,17 @@ def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
             "work_command_ids": [],
             "predecessor": None,
         },
+        "api/heartbeat-runs/<uuid:run_id>/snapshots": {
+            "tree": "sha256:" + "0" * 64,
+            "base": None,
+            "generation": 1,
+        },
+        "api/issues/<uuid:issue_id>/recovery-actions/resolve-workspace-conflict": {
+            "action_id": str(ids["action_id"]),
+            "run_id": run,
+            "resolution": "discard",
+            "note": "the other run's change wins",
+        },
         # A blob name of the other company, with bytes that are not its: refused alike.
         "api/cas/blobs/<str:name>": {},
         "_issue_for_body": issue,

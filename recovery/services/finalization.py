@@ -63,6 +63,7 @@ from recovery.services.heads import (
     HeadMoved,
     PublishError,
     PublishPlan,
+    head_adopt_cwd,
     head_publish_in_tx,
     publish_plan,
 )
@@ -758,6 +759,8 @@ def _publish_owned(
             raise PublishError(
                 "snapshot_binding_missing", "The run's snapshot or workspace is gone."
             )
+        if mode == "merge":
+            head_adopt_cwd(company_id=company_id, workspace_id=workspace_id)
         for _ in range(MAX_HEAD_RACES):
             ownership.assert_held()
             plan = publish_plan(

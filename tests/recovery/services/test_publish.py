@@ -232,3 +232,39 @@ def test_publishing_works_the_same_with_blobs_in_the_database(tmp_path: Path) ->
     assert _finalize(b).status == "committed"
     workspace_materialize(workspace_id=b.workspace.pk)
     assert (tmp_path / "cwd" / "src" / "main.py").read_bytes() == b"print('hi')\n"
+
+
+def test_files_already_in_a_cwd_without_a_head_are_adopted_and_merged_not_wiped(
+    tmp_path: Path,
+) -> None:
+    cwd = tmp_path / "cwd"
+    (cwd / "docs").mkdir(parents=True)
+    (cwd / "docs" / "guide.md").write_text("existing work\n")
+    (cwd / "README.md").write_text("hello\n")
+    b = _binding(
+        tmp_path, {"README.md": b"hello\n", "new.txt": b"run's work\n"}, base=None, head=None
+    )
+
+    outcome = _finalize(b)
+
+    assert outcome.published.kind == "merged"
+    assert audit_count("workspace.head_adopted") == 1
+    assert _head_files(b) == {
+        "README.md": b"hello\n",
+        "docs/guide.md": b"existing work\n",
+        "new.txt": b"run's work\n",
+    }
+    workspace_materialize(workspace_id=b.workspace.pk)
+    assert (cwd / "docs" / "guide.md").read_text() == "existing work\n"
+    assert (cwd / "new.txt").read_text() == "run's work\n"
+
+
+def test_an_adopted_cwd_that_disagrees_with_the_first_run_is_a_conflict(tmp_path: Path) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "README.md").write_text("the operator's version\n")
+    b = _binding(tmp_path, {"README.md": b"the agent's version\n"}, base=None, head=None)
+    assert _finalize(b).status == "held"
+    hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
+    assert hold.evidence["conflictingPaths"] == ["README.md"]
+    assert (cwd / "README.md").read_text() == "the operator's version\n"
