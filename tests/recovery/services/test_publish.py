@@ -238,8 +238,8 @@ def test_files_already_in_a_cwd_without_a_head_are_adopted_and_merged_not_wiped(
     tmp_path: Path,
 ) -> None:
     cwd = tmp_path / "cwd"
-    (cwd / "docs").mkdir(parents=True)
-    (cwd / "docs" / "guide.md").write_text("existing work\n")
+    (cwd / "notes").mkdir(parents=True)
+    (cwd / "notes" / "guide.md").write_text("existing work\n")
     (cwd / "README.md").write_text("hello\n")
     b = _binding(
         tmp_path, {"README.md": b"hello\n", "new.txt": b"run's work\n"}, base=None, head=None
@@ -251,11 +251,11 @@ def test_files_already_in_a_cwd_without_a_head_are_adopted_and_merged_not_wiped(
     assert audit_count("workspace.head_adopted") == 1
     assert _head_files(b) == {
         "README.md": b"hello\n",
-        "docs/guide.md": b"existing work\n",
+        "notes/guide.md": b"existing work\n",
         "new.txt": b"run's work\n",
     }
     workspace_materialize(workspace_id=b.workspace.pk)
-    assert (cwd / "docs" / "guide.md").read_text() == "existing work\n"
+    assert (cwd / "notes" / "guide.md").read_text() == "existing work\n"
     assert (cwd / "new.txt").read_text() == "run's work\n"
 
 
