@@ -31,17 +31,19 @@ from paperclip.admin.toolkit import (
     member_company_ids,
     report_each,
 )
+from paperclip.errors import InvalidRequest
 from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun
 from paperclip.receipts import owner_line, raw_owner
 from paperclip.templatetags.console import stamp
 from recovery.errors import SourceFailure, SourceInspectionLimit
-from recovery.models import IssueRecoveryAction, WorkerStopReceipt
+from recovery.models import LIVE_STATUSES, IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.attention import held_finalization_actions
 from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
+from recovery.services.conflicts import CONFLICT_CAUSE, workspace_conflict_resolve
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
     MIN_STOP_EVIDENCE_CHARS,
@@ -119,6 +121,23 @@ class OwnerStopForm(forms.Form):
         return value
 
 
+class ConflictResolutionForm(forms.Form):
+    resolution = forms.ChoiceField(
+        label="Resolution",
+        choices=(
+            ("publish", "Publish the run's tree (it replaces the head, overlapping changes too)"),
+            ("discard", "Discard the run's tree (commit the run, leave the head as it is)"),
+        ),
+        widget=forms.RadioSelect,
+    )
+    note = forms.CharField(
+        label="Note",
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=MAX_STOP_EVIDENCE_CHARS,
+        help_text="Why: recorded in the hold's evidence and the audit log.",
+    )
+
+
 class HoldFilter(admin.SimpleListFilter):
     """The dashboard's "held for the board" tile: owner-unverified holds not yet confirmed
     (`recovery.selectors.attention.held_finalization_actions`)."""
@@ -171,7 +190,7 @@ class IssueRecoveryActionAdmin(
     list_select_related = ("company", "source_issue")
     search_fields = ("=id", "cause", "fingerprint", "next_action", "source_issue__title")
     ordering = ("-updated_at",)
-    actions = ("confirm_owner_stop",)
+    actions = ("confirm_owner_stop", "resolve_workspace_conflict")
     fieldsets = (
         (
             None,
@@ -236,6 +255,14 @@ class IssueRecoveryActionAdmin(
     def detail_actions(
         self, request: HttpRequest, obj: IssueRecoveryAction
     ) -> list[dict[str, Any]]:
+        if obj.cause == CONFLICT_CAUSE and obj.status in LIVE_STATUSES:
+            return [
+                {
+                    "action": "resolve_workspace_conflict",
+                    "label": "Resolve workspace conflict (publish or discard the run's tree)…",
+                    "primary": True,
+                }
+            ]
         if not held_finalization_actions().filter(pk=obj.pk).exists():
             return []
         return [
@@ -288,6 +315,9 @@ class IssueRecoveryActionAdmin(
         self, request: HttpRequest, obj: IssueRecoveryAction | None = None
     ) -> bool:
         return False  # read-only: no Save buttons; state moves only through the actions
+
+    def has_resolve_workspace_conflict_permission(self, request: HttpRequest) -> bool:
+        return self.has_confirm_owner_stop_permission(request)
 
     def has_confirm_owner_stop_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
@@ -427,6 +457,60 @@ class IssueRecoveryActionAdmin(
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/recovery/confirm_owner_stop.html", context)
+
+    @admin.action(
+        description="Resolve workspace conflict (publish or discard the run's tree)",
+        permissions=["resolve_workspace_conflict"],
+    )
+    def resolve_workspace_conflict(
+        self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
+    ) -> HttpResponse | None:
+        holds = list(queryset.filter(cause=CONFLICT_CAUSE).order_by("pk"))
+        if not holds:
+            self.message_user(
+                request,
+                f"Select a workspace head conflict (cause {CONFLICT_CAUSE}).",
+                messages.WARNING,
+            )
+            return None
+        form = ConflictResolutionForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            actor = board_actor(request.user)
+            resolution = form.cleaned_data["resolution"]
+
+            def resolve(hold: IssueRecoveryAction) -> str:
+                run_id = parse_uuid(_as_dict(hold.evidence).get("runId"))
+                if run_id is None:
+                    raise InvalidRequest("The hold names no run.")
+                answer = workspace_conflict_resolve(
+                    actor=actor,
+                    issue_id=hold.source_issue_id,
+                    action_id=hold.pk,
+                    run_id=run_id,
+                    resolution=resolution,
+                    note=form.cleaned_data["note"],
+                )
+                return "repeated" if answer.replayed else "resolved"
+
+            done = act_on_each(holds, resolve, name=lambda hold: hold.pk)
+            report_each(
+                self,
+                request,
+                f"Resolved {done.counts['resolved']} ({resolution}), "
+                f"{done.counts['repeated']} already resolved so; the runs' finalization is queued "
+                "for the worker (the run pages show it). Failed: ",
+                done.failed,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Resolve workspace conflict",
+            "holds": [(hold, _as_dict(hold.evidence)) for hold in holds],
+            "form": form,
+            "opts": self.model._meta,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/recovery/resolve_workspace_conflict.html", context)
 
 
 @admin.register(WorkerStopReceipt)

@@ -268,3 +268,33 @@ def test_an_adopted_cwd_that_disagrees_with_the_first_run_is_a_conflict(tmp_path
     hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
     assert hold.evidence["conflictingPaths"] == ["README.md"]
     assert (cwd / "README.md").read_text() == "the operator's version\n"
+
+
+def test_the_console_resolves_a_conflict_with_the_same_service(
+    tmp_path: Path, superuser_client: Any
+) -> None:
+    b, ours, _theirs = _conflicted(tmp_path)
+    _finalize(b)
+    hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
+    url = "/admin/recovery/issuerecoveryaction/"
+    page = superuser_client.post(
+        url, {"action": "resolve_workspace_conflict", "_selected_action": [str(hold.pk)]}
+    )
+    assert page.status_code == 200
+    assert b"README.md" in page.content  # the conflicting path is shown before deciding
+    done = superuser_client.post(
+        url,
+        {
+            "action": "resolve_workspace_conflict",
+            "_selected_action": [str(hold.pk)],
+            "apply": "1",
+            "resolution": "publish",
+            "note": "the reviewer approved this run",
+        },
+        follow=True,
+    )
+    assert b"Resolved 1 (publish)" in done.content
+    run_jobs()
+    assert ExecutionWorkspace.objects.get(pk=b.workspace.pk).head_tree == ours
+    detail = superuser_client.get(f"{url}{hold.pk}/change/")
+    assert b"Resolve workspace conflict" not in detail.content  # resolved: no button any more
