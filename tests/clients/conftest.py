@@ -34,7 +34,7 @@ class World:
     key: str
     issue: Issue
     workspace: ExecutionWorkspace
-    dest: Path  # the workspace's cwd: where finalization copies a run's directory
+    dest: Path  # the workspace's cwd: where its head is materialized (or a run copied back)
 
 
 def make_world(tmp_path: Path, name: str = "w") -> World:
@@ -73,10 +73,19 @@ def client(world: World) -> Iterator[Client]:
 
 
 @pytest.fixture(scope="session")
+def live_cas_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The filesystem store of blobs that the live gunicorn and the live workers share (a
+    temporary directory, never the checkout's data directory): pass it to every `Worker`
+    as `PAPERCLIP_CAS_DIR`."""
+    return tmp_path_factory.mktemp("live-cas")
+
+
+@pytest.fixture(scope="session")
 def gunicorn_url(
     django_db_setup: None,
     django_db_blocker: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
+    live_cas_dir: Path,
 ) -> Iterator[str]:
     """A gunicorn (2 workers x 4 threads) on the test database, for the whole session."""
     workdir = tmp_path_factory.mktemp("gunicorn")
@@ -85,6 +94,7 @@ def gunicorn_url(
             DJANGO_DEBUG="false",
             DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
             DJANGO_LOG_LEVEL="ERROR",
+            PAPERCLIP_CAS_DIR=str(live_cas_dir),
         )
     server = GunicornServer(Config(gunicorn_workers=2, gunicorn_threads=4), env, workdir)
     try:

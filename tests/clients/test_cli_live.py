@@ -1,5 +1,6 @@
 """`paperclip-agent run` as real processes against a live multi-worker gunicorn and a real
-`manage.py run_worker`, with real child commands: the happy path with its copy-back and commit,
+`manage.py run_worker`, with real child commands: the happy path (checkout, command, snapshot,
+commit, the tree published to the workspace head and materialized into its cwd by the worker),
 a checkpoint restored by `--resume`, `kill -9` followed by a reclaim after the TTL, and a CLI
 paused past its TTL that, once resumed, is refused, stops its command and exits 75 without any
 write accepted after the reclaim.
@@ -7,6 +8,9 @@ write accepted after the reclaim.
 The TTL is passed on the database clock (`tests.leases.factories.expire`: the lease's
 `expires_at` is moved into the past, which is what waiting out the 60 s minimum TTL would do,
 without the wait); every other wait is on a condition: an output line, an exit, a row.
+
+`Cli`, `worker_env`, `materialized` and `kill_group` serve tests/clients/test_cli_snapshots_hosts.py
+too.
 """
 
 from __future__ import annotations
@@ -27,11 +31,17 @@ import pytest
 from django.db import connection
 
 from checkpoints.models import NativeRunnerCheckpoint
-from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunResult, WorkspaceOperation
+from paperclip.models import (
+    ActivityEvent,
+    ExecutionWorkspace,
+    HeartbeatRun,
+    NativeRunResult,
+    WorkspaceOperation,
+)
 from paperclip.testing.servers import free_port
 from tests.clients.conftest import World, make_world
 from tests.leases.factories import expire
-from tests.paperclip.worker.test_worker_processes import Worker
+from tests.paperclip.worker.test_worker_processes import Worker, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,7 +55,10 @@ TIMEOUT = 60.0
 
 
 class Cli:
-    """One `paperclip-agent run` process in its own session; its output drained by threads."""
+    """One `paperclip-agent run` process in its own session; its output drained by threads.
+
+    `prefix` goes before the agent's argv (e.g. `unshare -m ... sh -c '...' sh`, which ends
+    with `exec "$@"`): the process is then the agent itself once the prefix has set up."""
 
     def __init__(
         self,
@@ -55,13 +68,14 @@ class Cli:
         *command: str,
         flags: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         env = env or {}
         self.out: list[str] = []
         self.err: list[str] = []
         self.proc = subprocess.Popen(
             [
-                AGENT, "run",
+                *prefix, AGENT, "run",
                 "--workspace", str(world.workspace.pk),
                 "--issue", str(world.issue.pk),
                 "--workdir", str(workdir),
@@ -121,10 +135,16 @@ class Cli:
         self.proc.wait()
 
 
+def worker_env(cas_dir: Path) -> dict[str, str]:
+    """A live worker's environment beside the live gunicorn: the same store of blobs."""
+    return {"PAPERCLIP_CAS_DIR": str(cas_dir)}
+
+
 @pytest.fixture
-def worker() -> Iterator[Worker]:
-    """A real worker (finalizations; the periodic lease sweep every second)."""
-    w = Worker()
+def worker(live_cas_dir: Path) -> Iterator[Worker]:
+    """A real worker (finalizations, materializations; the periodic lease sweep every
+    second)."""
+    w = Worker(**worker_env(live_cas_dir))
     try:
         yield w
     finally:
@@ -151,6 +171,18 @@ def db_now() -> object:
         return cursor.fetchone()[0]
 
 
+def materialized(workspace: ExecutionWorkspace, *watched: Worker) -> ExecutionWorkspace:
+    """Wait until the worker has materialized the workspace's (non-empty) head into its cwd:
+    a run's commit only defers that job, so the cwd may still lag when the CLI exits."""
+
+    def done() -> bool:
+        workspace.refresh_from_db()
+        return workspace.head_tree is not None and workspace.cwd_tree == workspace.head_tree
+
+    wait_for(done, "the head materialized into the cwd", *watched)
+    return workspace
+
+
 def files(root: Path) -> dict[str, bytes | None]:
     return {
         p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes()
@@ -158,7 +190,7 @@ def files(root: Path) -> dict[str, bytes | None]:
     }
 
 
-def test_a_command_runs_is_copied_back_committed_and_resumed_by_a_successor(
+def test_a_command_runs_is_published_committed_materialized_and_resumed_by_a_successor(
     gunicorn_url: str, worker: Worker, world: World, tmp_path: Path, clis: list[Cli]
 ) -> None:
     session = tmp_path / "session"
@@ -177,9 +209,14 @@ def test_a_command_runs_is_copied_back_committed_and_resumed_by_a_successor(
         i for i, line in enumerate(first.out) if "started: pid" in line
     )
     assert "done" in first.out
-    assert any("finalization: committed" in line for line in first.out), first.output()
+    tree = first.line(r"^paperclip-agent: snapshot: (sha256:[0-9a-f]{64}) 1 files, ").group(1)
+    assert first.out[-1] == (
+        f"paperclip-agent: finalization: committed; the run's tree {tree} published to the"
+        " workspace head"
+    ), first.output()
     assert first.err == []
-    assert (world.dest / "out.txt").read_text() == "hi\n"
+    assert materialized(world.workspace, worker).head_tree == tree
+    assert files(world.dest) == {"out.txt": b"hi\n"}
     run = HeartbeatRun.objects.get(pk=run_id)
     assert run.status == HeartbeatRun.Status.SUCCEEDED
     phases = list(
@@ -224,6 +261,7 @@ def test_after_kill_9_another_cli_reclaims_the_lease_once_its_ttl_has_passed(
     finally:
         kill_group(orphan)
     assert any(f"predecessor: run {first_run}" in line for line in second.out), second.output()
+    materialized(world.workspace, worker)
     assert (world.dest / "b.txt").read_text() == "b\n"
     assert HeartbeatRun.objects.get(pk=first_run).status == HeartbeatRun.Status.INTERRUPTED
     assert HeartbeatRun.objects.get(pk=second.run_id()).status == HeartbeatRun.Status.SUCCEEDED
@@ -278,6 +316,7 @@ def test_a_cli_paused_past_its_ttl_is_refused_stops_its_command_and_exits_75(
         WorkspaceOperation.objects.filter(heartbeat_run_id=first_run).values_list("phase")
     ) == [("start",)]
     assert HeartbeatRun.objects.get(pk=first_run).status == HeartbeatRun.Status.INTERRUPTED
+    materialized(world.workspace, worker)
     assert (world.dest / "b.txt").read_text() == "b\n"
 
 
