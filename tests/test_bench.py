@@ -90,6 +90,26 @@ def test_copyback_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_snapshots_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
+    """bench/snapshots.py starts the server, a worker and the CLI, and writes trees."""
+    name = f"paperclip_bench_smoke_{os.getpid()}"
+    done = run_bench(
+        "bench/snapshots.py",
+        ["--quick", "--files", "200", "--dir", str(tmp_path)],
+        {"PAPERCLIP_BENCH_SNAPSHOTS_DB": name},
+    )
+    assert "first run vs cp -a: ratio" in done.stdout  # it got to its report
+    assert "later run (1% changed) vs rsync -a: ratio" in done.stdout
+    assert "checkout at the head:" in done.stdout
+    assert_dropped(name)
+    assert list(tmp_path.iterdir()) == []
+    pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\) stopped", done.stdout)]
+    assert len(pids) == 2  # the server, the worker
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
 def run_bench(
     script: str, args: list[str], extra_env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,7 @@ from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import HeartbeatRun, RunSnapshot
-from paperclip.snapshots.cas import cas_find_missing, cas_load, cas_touch
+from paperclip.snapshots.cas import MAX_FIND_MISSING, cas_find_missing, cas_load, cas_touch
 from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk
 
 MAX_MISSING_LISTED: Final = 1000
@@ -51,7 +51,13 @@ def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
         return cas_load(company_id=company_id, digest=name, max_bytes=MAX_DIRECTORY_BYTES)
 
     def contents(names: list[str]) -> list[str]:
-        return cas_find_missing(company_id=company_id, digests=names)
+        # cas_find_missing takes at most MAX_FIND_MISSING names (the API's limit): a tree of
+        # more files is asked in batches.
+        missing: list[str] = []
+        for start in range(0, len(names), MAX_FIND_MISSING):
+            batch = names[start : start + MAX_FIND_MISSING]
+            missing.extend(cas_find_missing(company_id=company_id, digests=batch))
+        return missing
 
     try:
         return walk(

@@ -31,7 +31,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Protocol
@@ -551,12 +551,33 @@ class CasBlobReader:
     chunks: Iterator[bytes]  # a generator: close() it if not read to the end
 
 
-def cas_open(*, company_id: UUID, digest: str) -> CasBlobReader | None:
+def cas_rows(*, company_id: UUID, digests: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """The company's blob rows (id, size) among `digests`, by name, a query per
+    MAX_FIND_MISSING names: for callers about to open many blobs (`cas_open(known=...)`),
+    which would otherwise look each row up alone. Reads only."""
+    from paperclip.models import CasBlob
+
+    wanted = sorted(set(digests))
+    found: dict[str, tuple[int, int]] = {}
+    for start in range(0, len(wanted), MAX_FIND_MISSING):
+        rows = CasBlob.objects.filter(
+            company_id=company_id, digest__in=wanted[start : start + MAX_FIND_MISSING]
+        ).values_list("digest", "id", "size")
+        found.update((str(d), (int(i), int(n))) for d, i, n in rows)
+    return found
+
+
+def cas_open(
+    *, company_id: UUID, digest: str, known: Mapping[str, tuple[int, int]] | None = None
+) -> CasBlobReader | None:
     """The company's blob `digest` to stream (its size and its bytes in pieces), or None when
-    the company has no such blob (another company's included). InvalidRequest for a bad
-    name. Reads only; writes nothing."""
+    the company has no such blob (another company's included). `known` is rows read before
+    by `cas_rows` (a name not in it is looked up). InvalidRequest for a bad name. Reads only;
+    writes nothing."""
     _checked_name(digest)
-    row = _blob_row(company_id, digest)
+    row = known.get(digest) if known is not None else None
+    if row is None:
+        row = _blob_row(company_id, digest)
     if row is None:
         return None
     blob_id, size = row

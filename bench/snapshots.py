@@ -1,0 +1,596 @@
+"""Workspace snapshots end to end against `cp -a` and `rsync -a`, in the same run.
+
+Run with `make bench` (or `.venv/bin/python bench/snapshots.py`). Not part of the test suite.
+
+It creates a throwaway database (`paperclip_bench_snapshots`, or $PAPERCLIP_BENCH_SNAPSHOTS_DB)
+on the server of $DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres), migrates
+it, measures, and drops it at the end, also on failure. The production HTTP server
+(`python -m paperclip.serve`'s command line: granian, one worker per CPU, HTTP/1.1 keep-alive;
+or gunicorn gthread 2 x 4 with `--server gunicorn`) serves over loopback HTTP, a real
+`manage.py run_worker` publishes and materializes, and the agent is the real
+`paperclip-agent run ... -- true` process. The tree is --files files (default 50,000, sizes
+100 B to 16 KiB, about 400 MB, in 200 x 7 directories, as bench/copyback.py's), in a scratch
+directory on /dev/shm when it has room (the workdirs, the workspace `cwd` and the server's
+filesystem store alike), else --dir.
+
+Each of --rounds rounds (default 2) uses a new company (an empty store), workspace and issue:
+
+1. First run: `cp -a` of the tree makes the round's workdir (that copy is the baseline,
+   timed); then `paperclip-agent run -- true` in it: checkout of the empty head, snapshot and
+   upload of the whole tree, fenced registration, result, the worker's finalization publishing
+   the head, and the `materialize_workspace` job writing it into the `cwd`; timed from the
+   CLI's start until the workspace's `cwd_tree` is the head. Ratio: cp -a's time over ours
+   (throughput ratio). Target >= 0.2.
+2. A later run: --changed (default 1%) of the files get 8 bytes appended in the workdir (at the
+   head since run 1) and in a `cp -a` copy of it made beforehand; `rsync -a --delete` brings a
+   second copy up to date (the baseline, timed) and `paperclip-agent run -- true` publishes
+   the change end to end as above. Target: ratio >= 1.0. The bytes the CLI uploaded (its
+   `snapshot:` line) against the changed files' bytes plus the new directory blobs (read from
+   the client's `.paperclip/dirs.json` before and after). Target: at most 1.1x.
+3. Checkout of the workdir already at the head (`paperclip_client.workdir.checkout`, the call
+   the CLI makes, after its head lookup): time. Target < 0.5 s.
+4. Peak RSS (psutil, sampled every 20 ms) of the CLI process and of each web worker process
+   (the server's children) during the runs. Target < 200 MB each.
+
+Options: --files N, --changed F, --rounds N, --server production|gunicorn, --dir DIR,
+--keep-db, --quick (1,000 files, 1 round: a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+# mkdtemp makes a private directory in it: the shared location itself is not trusted.
+SHM = Path("/dev/shm")  # noqa: S108
+sys.path.insert(0, str(ROOT))
+
+from paperclip.testing.servers import (  # noqa: E402 - after the path setup
+    free_port,
+    stop_process,
+    throwaway_database,
+    wait_for_server,
+)
+
+DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
+AGENT = str(Path(sys.executable).with_name("paperclip-agent"))
+MB = 1024 * 1024
+RUN_TIMEOUT = 1800.0
+
+
+def log(message: str = "") -> None:
+    print(message, flush=True)
+
+
+def make_tree(root: Path, files: int, seed: int) -> list[Path]:
+    rnd = random.Random(seed)
+    paths = []
+    for i in range(files):
+        directory = root / f"d{i % 200:03d}" / f"e{i % 7}"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"f{i:06d}.txt"
+        path.write_bytes(rnd.randbytes(rnd.randint(100, 16_000)))
+        paths.append(path)
+    return paths
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+class RssSampler:
+    """Peak RSS of the CLI processes it is told about and of the web server's worker
+    processes (the server's descendants; the master process itself when it has none)."""
+
+    def __init__(self, server_pid: int, every: float = 0.02) -> None:
+        self.server = psutil.Process(server_pid)
+        self.every = every
+        self.cli: psutil.Process | None = None
+        self.cli_peak = 0
+        self.web_peak = 0
+        self.web_pids: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        cli = self.cli
+        if cli is not None:
+            with suppress(psutil.Error):
+                self.cli_peak = max(self.cli_peak, cli.memory_info().rss)
+        try:
+            workers = self.server.children(recursive=True) or [self.server]
+        except psutil.Error:
+            return
+        for proc in workers:
+            try:
+                rss = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            self.web_pids.add(proc.pid)
+            self.web_peak = max(self.web_peak, rss)
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+@contextmanager
+def subprocess_running(
+    label: str, argv: list[str], env: dict[str, str], *, logfile: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process, its output into `logfile` (else inherited), stopped on leaving."""
+    with ExitStack() as files:
+        out = files.enter_context(logfile.open("ab")) if logfile is not None else None
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=out)
+        try:
+            yield proc
+        finally:
+            stop_process(proc, timeout=30)
+            log(f"{label} (pid {proc.pid}) stopped")
+
+
+def server_argv(kind: str, port: int) -> list[str]:
+    if kind == "gunicorn":
+        return [
+            str(Path(sys.executable).with_name("gunicorn")),
+            "paperclip.wsgi:application",
+            f"--bind=127.0.0.1:{port}",
+            "--workers=2",
+            "--worker-class=gthread",
+            "--threads=4",
+            "--keep-alive=30",
+            "--log-level=warning",
+        ]
+    from paperclip import serve
+
+    return serve.command(bind=f"127.0.0.1:{port}")
+
+
+@dataclass
+class CliRun:
+    """One `paperclip-agent run -- true`: its wall time, its output lines with the time each
+    arrived (from the start), and the uploaded bytes its `snapshot:` line reports."""
+
+    seconds: float = 0.0
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def at(self, prefix: str) -> float:
+        return next((t for t, line in self.lines if line.startswith(prefix)), float("nan"))
+
+    def uploaded(self) -> int:
+        for _t, line in self.lines:
+            if m := re.match(r"snapshot: \S+ \d+ files, \d+ bytes, (\d+) bytes uploaded", line):
+                return int(m.group(1))
+        raise RuntimeError("no snapshot line:\n" + "\n".join(line for _t, line in self.lines))
+
+    def head(self) -> str:
+        for _t, line in self.lines:
+            if m := re.match(r"snapshot: (sha256:[0-9a-f]{64}) ", line):
+                return m.group(1)
+        raise RuntimeError("no snapshot line:\n" + "\n".join(line for _t, line in self.lines))
+
+
+def run_cli(
+    url: str, world: World, workdir: Path, sampler: RssSampler, profile: Path | None
+) -> CliRun:
+    prefix = (
+        [sys.executable, "-m", "cProfile", "-o", str(profile), AGENT]
+        if profile is not None
+        else [AGENT]
+    )
+    argv = [
+        *prefix, "run",
+        "--workspace", world.workspace_id,
+        "--issue", world.issue_id,
+        "--workdir", str(workdir),
+        "--lease-ttl", "600",
+        "--", "true",
+    ]  # fmt: skip
+    result = CliRun()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, "PAPERCLIP_URL": url, "PAPERCLIP_AGENT_KEY": world.key},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    sampler.cli = psutil.Process(proc.pid)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        text = line.rstrip("\n")
+        result.lines.append((time.perf_counter() - started, text.removeprefix("paperclip-agent: ")))
+    code = proc.wait(timeout=RUN_TIMEOUT)
+    result.seconds = time.perf_counter() - started
+    sampler.cli = None
+    if code != 0:
+        raise RuntimeError(
+            f"paperclip-agent exited {code}:\n" + "\n".join(t for _, t in result.lines)
+        )
+    return result
+
+
+def wait_materialized(workspace_id: str, head: str, timeout: float = RUN_TIMEOUT) -> None:
+    """Until the workspace's cwd holds `head` (the materialization job recorded it)."""
+    from django.db import connection
+
+    from paperclip.models import ExecutionWorkspace
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = ExecutionWorkspace.objects.values("head_tree", "cwd_tree").get(pk=workspace_id)
+        connection.close()  # no transaction or snapshot kept between polls
+        if row["head_tree"] == head and row["cwd_tree"] == head:
+            return
+        time.sleep(0.02)  # polling a row another process writes
+    raise RuntimeError(f"the cwd did not reach {head} within {timeout:.0f}s")
+
+
+def job_seconds(worker_log: Path, head: str) -> str:
+    """The worker's own timing of the last finalization and of the materialization of
+    `head` (its job log lines)."""
+    text = worker_log.read_text(errors="replace")
+    final = re.findall(r"finalize_run succeeded in ([0-9.]+) s: committed", text)
+    made = re.findall(
+        rf"materialize_workspace succeeded in ([0-9.]+) s: materialized {head} ", text
+    )
+    return (
+        f"finalize job {final[-1] if final else '?'} s,"
+        f" materialize job {made[-1] if made else '?'} s"
+    )
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class World:
+    key: str
+    workspace_id: str
+    issue_id: str
+    cwd: Path
+
+
+def make_world(n: int, cwd: Path) -> World:
+    from paperclip.credentials import agent_key_create
+    from paperclip.models import Agent, Company, ExecutionWorkspace, Issue
+
+    company = Company.objects.create(name=f"bench-{n}")
+    agent = Agent.objects.create(company=company, name=f"bench-agent-{n}")
+    cwd.mkdir()
+    workspace = ExecutionWorkspace.objects.create(company=company, name=f"bench-{n}", cwd=str(cwd))
+    issue = Issue.objects.create(
+        company=company,
+        title=f"bench {n}",
+        status=Issue.Status.IN_PROGRESS,
+        assignee_agent=agent,
+        execution_workspace=workspace,
+    )
+    return World(
+        key=agent_key_create(agent_id=agent.pk).secret,
+        workspace_id=str(workspace.pk),
+        issue_id=str(issue.pk),
+        cwd=cwd,
+    )
+
+
+def dir_blobs(workdir: Path) -> dict[str, int]:
+    """The directory blobs of the tree the workdir last held (the client's dirs.json)."""
+    data = json.loads((workdir / ".paperclip" / "dirs.json").read_text())
+    return {name: len(text.encode()) for name, text in data["dirs"].items()}
+
+
+def same_files(a: Path, b: Path) -> bool:
+    done = subprocess.run(
+        ["diff", "-r", "--no-dereference", "--exclude=.paperclip", str(a), str(b)],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+# --- the rounds -----------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    cp: list[float] = field(default_factory=list)
+    first: list[float] = field(default_factory=list)
+    rsync: list[float] = field(default_factory=list)
+    later: list[float] = field(default_factory=list)
+    uploaded: list[int] = field(default_factory=list)
+    allowed: list[float] = field(default_factory=list)  # changed bytes + new dir blobs
+    changed_bytes: list[int] = field(default_factory=list)
+    changed_dirs: list[int] = field(default_factory=list)
+    checkout: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Config:
+    files: int
+    changed: float
+    rounds: int
+    profile: Path | None
+
+
+def one_round(
+    n: int, url: str, source: Path, paths: list[Path], scratch: Path, config: Config,
+    sampler: RssSampler, figures: Figures, worker_log: Path,
+) -> None:  # fmt: skip
+    from paperclip_client import Client
+    from paperclip_client.workdir import ClientStore, checkout
+
+    world = make_world(n, scratch / f"cwd-{n}")
+    work = scratch / f"work-{n}"
+    figures.cp.append(timed(lambda: subprocess.run(["cp", "-a", source, work], check=True)))
+    subprocess.run(["sync"], check=False)
+    profile = config.profile.with_suffix(f".first-{n}.prof") if config.profile else None
+    started = time.perf_counter()
+    first = run_cli(url, world, work, sampler, profile)
+    head = first.head()
+    wait_materialized(world.workspace_id, head)
+    figures.first.append(time.perf_counter() - started)
+    log(
+        f"  round {n + 1} first run: cp -a {figures.cp[-1]:.2f} s, end to end"
+        f" {figures.first[-1]:.2f} s (CLI {first.seconds:.2f} s: snapshot line at"
+        f" {first.at('snapshot:'):.2f} s, result at {first.at('result:'):.2f} s, committed at"
+        f" {first.at('finalization: committed'):.2f} s; {job_seconds(worker_log, head)}),"
+        f" uploaded {first.uploaded() / MB:.0f} MiB"
+    )
+    if not same_files(work, world.cwd):
+        raise RuntimeError(f"the cwd {world.cwd} differs from the workdir {work}")
+
+    # A later run: the same change in the workdir and in a copy rsync brings up to date.
+    mirror, copy = scratch / f"mirror-{n}", scratch / f"copy-{n}"
+    for target in (mirror, copy):
+        subprocess.run(["cp", "-a", work, target], check=True)
+    before = dir_blobs(work)
+    rnd = random.Random(100 + n)
+    chosen = rnd.sample(range(len(paths)), max(1, int(len(paths) * config.changed)))
+    changed_bytes = 0
+    for i in chosen:
+        rel = paths[i].relative_to(source)
+        for root in (work, mirror):
+            with (root / rel).open("ab") as handle:
+                handle.write(b"changed\n")
+        changed_bytes += (work / rel).stat().st_size
+    subprocess.run(["sync"], check=False)
+    figures.rsync.append(
+        timed(
+            lambda: subprocess.run(
+                ["rsync", "-a", "--delete", f"{mirror}/", f"{copy}/"], check=True
+            )
+        )
+    )
+    profile = config.profile.with_suffix(f".later-{n}.prof") if config.profile else None
+    started = time.perf_counter()
+    later = run_cli(url, world, work, sampler, profile)
+    head = later.head()
+    wait_materialized(world.workspace_id, head)
+    figures.later.append(time.perf_counter() - started)
+    new_dirs = {k: v for k, v in dir_blobs(work).items() if k not in before}
+    figures.uploaded.append(later.uploaded())
+    figures.changed_bytes.append(changed_bytes)
+    figures.changed_dirs.append(sum(new_dirs.values()))
+    figures.allowed.append(changed_bytes + sum(new_dirs.values()))
+    log(
+        f"  round {n + 1} later run ({len(chosen):,} files changed): rsync -a"
+        f" {figures.rsync[-1]:.2f} s, end to end {figures.later[-1]:.2f} s (CLI"
+        f" {later.seconds:.2f} s: snapshot line at {later.at('snapshot:'):.2f} s, committed at"
+        f" {later.at('finalization: committed'):.2f} s; {job_seconds(worker_log, head)});"
+        f" uploaded {figures.uploaded[-1]:,} B"
+        f" for {changed_bytes:,} B changed + {len(new_dirs)} new directory blobs"
+        f" ({figures.changed_dirs[-1]:,} B)"
+    )
+    if not same_files(work, world.cwd):
+        raise RuntimeError(f"the cwd {world.cwd} differs from the workdir {work}")
+
+    # Checkout of the workdir already at the head, as the CLI's first step does it.
+    with Client(url, world.key) as client:
+        started = time.perf_counter()
+        tree = client.workspace_head(world.workspace_id).tree
+        looked_up = time.perf_counter() - started
+        done = checkout(
+            ClientStore(client),
+            work,
+            tree,
+            server=client.base_url,
+            workspace=world.workspace_id,
+            say=lambda _line: None,
+        )
+        figures.checkout.append(time.perf_counter() - started - looked_up)
+    if done.fetched or done.written or done.files != len(paths):
+        raise RuntimeError(f"a checkout at the head did work: {done}")
+    log(
+        f"  round {n + 1} checkout at the head: {figures.checkout[-1] * 1000:.0f} ms for"
+        f" {done.files:,} files (head lookup {looked_up * 1000:.0f} ms)"
+    )
+    for path in (work, mirror, copy, world.cwd):
+        shutil.rmtree(path)
+
+
+def run(bench_url: str, scratch: Path, config: Config, server_kind: str) -> int:
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
+    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
+    data = scratch / "data"
+    data.mkdir()
+    os.environ["PAPERCLIP_DATA_DIR"] = str(data)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    log("migrating ...")
+    call_command("migrate", verbosity=0)
+    connection.close()
+    source = scratch / "source"
+    log(f"writing {config.files:,} files in {source} ...")
+    paths = make_tree(source, config.files, seed=1)
+    total = sum(p.stat().st_size for p in paths)
+    log(f"  {total / MB:.0f} MiB")
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_CONN_MAX_AGE": "600",
+        "DJANGO_DEBUG": "false",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    }
+    worker_log = scratch / "worker.log"
+    worker_prefix = [sys.executable]
+    if config.profile is not None:
+        worker_prefix += ["-m", "cProfile", "-o", str(config.profile.with_suffix(".worker.prof"))]
+    figures = Figures()
+    with ExitStack() as stack:
+        argv = server_argv(server_kind, port)
+        log(f"starting {server_kind}: {Path(argv[0]).name} {' '.join(argv[1:])}")
+        server = stack.enter_context(
+            subprocess_running(server_kind, argv, env, logfile=scratch / "server.log")
+        )
+        wait_for_server(port, server, request_timeout=30).close()
+        stack.enter_context(
+            subprocess_running(
+                "worker", [*worker_prefix, "manage.py", "run_worker"], env, logfile=worker_log
+            )
+        )
+        sampler = stack.enter_context(RssSampler(server.pid))
+        url = f"http://127.0.0.1:{port}"
+        for n in range(config.rounds):
+            one_round(n, url, source, paths, scratch, config, sampler, figures, worker_log)
+        web_processes = len(sampler.web_pids)
+    return report(config, total, figures, sampler, web_processes)
+
+
+def report(config: Config, total: int, f: Figures, sampler: RssSampler, web_processes: int) -> int:
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    first_ratio = med(f.cp) / med(f.first)
+    later_ratio = med(f.rsync) / med(f.later)
+    upload_ratio = max(u / a for u, a in zip(f.uploaded, f.allowed, strict=True))
+    log("")
+    log(f"tree: {config.files:,} files, {total / MB:.0f} MiB; {config.rounds} round(s), medians")
+    log(
+        f"first run end to end: {med(f.first):.2f} s ({total / MB / med(f.first):.0f} MiB/s,"
+        f" {config.files / med(f.first):,.0f} files/s); cp -a {med(f.cp):.2f} s"
+        f" ({config.files / med(f.cp):,.0f} files/s)"
+    )
+    log(f"later run end to end: {med(f.later):.2f} s; rsync -a {med(f.rsync):.2f} s")
+    log(
+        f"later run uploaded: {', '.join(f'{u:,}' for u in f.uploaded)} B; changed files"
+        f" {', '.join(f'{c:,}' for c in f.changed_bytes)} B + new directory blobs"
+        f" {', '.join(f'{d:,}' for d in f.changed_dirs)} B"
+    )
+    log(f"checkout at the head: {', '.join(f'{c * 1000:.0f} ms' for c in f.checkout)}")
+    log(
+        f"peak RSS: CLI {sampler.cli_peak / MB:.0f} MB, web worker {sampler.web_peak / MB:.0f} MB"
+        f" (largest of {web_processes} server process(es))"
+    )
+    log("")
+    checks = [
+        (first_ratio >= 0.2, f"first run vs cp -a: ratio {first_ratio:.2f} (>= 0.2)"),
+        (
+            later_ratio >= 1.0,
+            f"later run ({config.changed:.0%} changed) vs rsync -a: ratio {later_ratio:.2f}"
+            " (>= 1.0)",
+        ),
+        (
+            upload_ratio <= 1.1,
+            f"later run uploaded / (changed bytes + new directory blobs): ratio"
+            f" {upload_ratio:.2f} (<= 1.1)",
+        ),
+        (
+            max(f.checkout) < 0.5,
+            f"checkout at the head: {max(f.checkout) * 1000:.0f} ms (< 500 ms)",
+        ),
+        (sampler.cli_peak < 200 * MB, f"CLI peak RSS {sampler.cli_peak / MB:.0f} MB (< 200)"),
+        (
+            sampler.web_peak < 200 * MB,
+            f"web worker peak RSS {sampler.web_peak / MB:.0f} MB (< 200)",
+        ),
+    ]
+    for ok, text in checks:
+        log(f"{'MET   ' if ok else 'MISSED'} {text}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=None)
+    parser.add_argument("--changed", type=float, default=0.01)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--server", choices=("production", "gunicorn"), default="production")
+    parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="cProfile the CLI into PATH.<run>.prof"
+    )
+    parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    config = Config(
+        files=args.files or (1_000 if args.quick else 50_000),
+        changed=args.changed,
+        rounds=args.rounds or (1 if args.quick else 2),
+        profile=args.profile,
+    )
+    if args.profile is not None:
+        args.profile.parent.mkdir(parents=True, exist_ok=True)
+    for tool in ("cp", "rsync", "diff"):
+        if shutil.which(tool) is None:
+            log(f"{tool} is not installed: this bench needs it")
+            return 1
+    where = args.dir
+    # source, workdir, two copies, cwd and the store at once, with room to spare
+    if where is None and SHM.is_dir() and shutil.disk_usage(SHM).free > 14 * config.files * 9_000:
+        where = SHM
+    scratch = Path(tempfile.mkdtemp(prefix="paperclip-bench-snapshots-", dir=where))
+    log(f"scratch directory: {scratch}")
+    server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER
+    name = os.environ.get("PAPERCLIP_BENCH_SNAPSHOTS_DB", "paperclip_bench_snapshots")
+    try:
+        with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
+            return run(bench_url, scratch, config, args.server)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        log(f"removed {scratch}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
