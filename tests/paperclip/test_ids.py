@@ -61,12 +61,18 @@ def _api_routes() -> list[str]:
     return found
 
 
+# A blob's name is its content's digest, not an id: a malformed name is 400 naming the field
+# (docs/snapshots.md#the-store), as a malformed digest in a body is.
+BLOB_ROUTES = {"api/cas/blobs/<str:name>"}
+
+
 def test_every_api_path_id_uses_the_uuid_converter() -> None:
-    routes = _api_routes()
+    routes = [route for route in _api_routes() if route not in BLOB_ROUTES]
     assert len(routes) >= 20
     offenders = [route for route in routes if "<str:" in route or "<path:" in route]
     assert offenders == []
     assert all("<uuid:" in route for route in routes)
+    assert BLOB_ROUTES <= set(_api_routes())  # the exemption stays current
 
 
 @pytest.mark.django_db
@@ -80,6 +86,8 @@ def test_non_canonical_path_ids_are_a_json_404_everywhere(spelling: str) -> None
     }[spelling]
     client = APIClient()
     for route in _api_routes():
+        if route in BLOB_ROUTES:
+            continue
         path = "/" + _fill(route, text)
         for method in ("get", "post"):
             response = getattr(client, method)(path)
