@@ -29,7 +29,7 @@ from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import HeartbeatRun, RunSnapshot
-from paperclip.snapshots.cas import MAX_FIND_MISSING, cas_find_missing, cas_load, cas_touch
+from paperclip.snapshots.cas import cas_load_many, cas_pin
 from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk
 
 MAX_MISSING_LISTED: Final = 1000
@@ -44,28 +44,16 @@ class SnapshotRegistration:
 
 
 def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
-    """Read and validate `tree` from the company's store; `missing` lists what is not stored
-    (directory blobs, file contents and chunks). Raises SnapshotTreeInvalid."""
+    """Read and validate `tree` from the company's store (its directories a level per query,
+    repeats from the per-process cache); `missing` lists the directory blobs that are not
+    stored. File contents are not looked up here: registration checks them on the rows.
+    Raises SnapshotTreeInvalid."""
 
-    def load(name: str) -> bytes | None:
-        return cas_load(company_id=company_id, digest=name, max_bytes=MAX_DIRECTORY_BYTES)
-
-    def contents(names: list[str]) -> list[str]:
-        # cas_find_missing takes at most MAX_FIND_MISSING names (the API's limit): a tree of
-        # more files is asked in batches.
-        missing: list[str] = []
-        for start in range(0, len(names), MAX_FIND_MISSING):
-            batch = names[start : start + MAX_FIND_MISSING]
-            missing.extend(cas_find_missing(company_id=company_id, digests=batch))
-        return missing
+    def load_many(names: list[str]) -> dict[str, bytes]:
+        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
 
     try:
-        return walk(
-            tree,
-            load,
-            contents=lambda names: contents(list(names)),
-            max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
-        )
+        return walk(tree, load_many=load_many, max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES)
     except TreeInvalid as exc:
         raise SnapshotTreeInvalid(path=exc.path, reason=exc.reason) from exc
 
@@ -112,9 +100,11 @@ def run_snapshot_register(
         )
     issue_id: UUID | None = run["native_issue_id"] or run["issue_id"]
     walked = snapshot_walk(company_id=company_id, tree=tree)
-    based = snapshot_walk(company_id=company_id, tree=base) if base is not None else None
-    _raise_missing([*walked.missing, *(based.missing if based else [])])
-    reached = sorted(walked.reached() | (based.reached() if based else set()))
+    _raise_missing(walked.missing)
+    # The base's own blob only: publishing reads the base's directories to merge, and a base
+    # collected meanwhile is merged as an empty tree, which holds overlapping paths for the
+    # board rather than losing anything (docs/snapshots.md#merging).
+    reached = sorted(walked.reached() | ({base} if base is not None else set()))
     owner = RuntimeLeaseOwner.for_agent(agent_id, run_id=run_id)
     with busy_on_lock_timeout(BUSY_MESSAGE):
         try:
@@ -150,7 +140,7 @@ def run_snapshot_register(
                         "This run registered the tree already, from another base.",
                         fields={"base": [f"The tree was registered with base {existing.base}."]},
                     )
-                _raise_missing(cas_touch(company_id=company_id, digests=reached))
+                _raise_missing(cas_pin(company_id=company_id, digests=reached))
                 snapshot = RunSnapshot.objects.create(
                     company_id=company_id,
                     run_id=run_id,

@@ -30,7 +30,9 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -586,6 +588,107 @@ def cas_open(
     except FileNotFoundError:
         return None  # collected between the two reads
     return CasBlobReader(digest=digest, size=size, chunks=chunks)
+
+
+class _DirectoryCache:
+    """Small blobs read whole (directory blobs, in tree walks), kept per process: a blob's
+    bytes never change under its name, so a hit is always right; only whether the company
+    still holds it can change, which the callers that need it check on the rows (registration
+    touches every row it reaches). Least recently used out past MAX_BYTES."""
+
+    MAX_BYTES: Final = 64 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple[UUID, str], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[UUID, str]) -> bytes | None:
+        with self._lock:
+            data = self._items.get(key)
+            if data is not None:
+                self._items.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[UUID, str], data: bytes) -> None:
+        with self._lock:
+            if key in self._items or len(data) > self.MAX_BYTES // 8:
+                return
+            self._items[key] = data
+            self._bytes += len(data)
+            while self._bytes > self.MAX_BYTES:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
+_directories = _DirectoryCache()
+
+
+def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -> dict[str, bytes]:
+    """The whole bytes of each of the company's blobs among `digests` that it holds (absent
+    ones left out), for tree walks: rows in one query per MAX_FIND_MISSING names, repeats
+    from a per-process cache of small blobs. Raises BlobTooLarge for a blob over `max_bytes`."""
+    found: dict[str, bytes] = {}
+    wanted: list[str] = []
+    for digest in set(digests):
+        _checked_name(digest)
+        cached = _directories.get((company_id, digest))
+        if cached is not None:
+            found[digest] = cached
+        else:
+            wanted.append(digest)
+    if not wanted:
+        return found
+    rows = cas_rows(company_id=company_id, digests=wanted)
+    backend = _backend()
+    for digest, (blob_id, size) in rows.items():
+        if size > max_bytes:
+            raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
+        try:
+            data = b"".join(
+                backend.chunks(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
+            )
+        except FileNotFoundError:
+            continue
+        _directories.put((company_id, digest), data)
+        found[digest] = data
+    return found
+
+
+def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
+    """In the caller's transaction, make sure the company's blobs among `digests` outlive it
+    long enough to be referenced: those whose `referenced_at` is older than half the grace
+    are touched (row-locked until commit, so a collection skips them or then finds them
+    young); younger ones cannot reach the grace meanwhile and are only read. Returns the names
+    the company does not hold (sorted). Cheaper than `cas_touch` for a tree that mostly
+    reuses recent blobs: it writes only the old rows."""
+    require_transaction()
+    wanted = sorted(set(digests))
+    missing: list[str] = []
+    half_grace = settings.PAPERCLIP_CAS_GRACE_SECONDS / 2
+    for start in range(0, len(wanted), MAX_FIND_MISSING):
+        batch = wanted[start : start + MAX_FIND_MISSING]
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                """
+                WITH touched AS (
+                    UPDATE cas_blobs SET referenced_at = now()
+                    WHERE id IN (
+                        SELECT id FROM cas_blobs
+                        WHERE company_id = %s AND digest = ANY(%s::text[])
+                          AND referenced_at < now() - make_interval(secs => %s::double precision)
+                        ORDER BY digest FOR NO KEY UPDATE
+                    )
+                    RETURNING digest
+                )
+                SELECT digest FROM cas_blobs WHERE company_id = %s AND digest = ANY(%s::text[])
+                UNION SELECT digest FROM touched
+                """,
+                [company_id, batch, half_grace, company_id, batch],
+            )
+            present = {row[0] for row in cursor.fetchall()}
+        missing.extend(d for d in batch if d not in present)
+    return missing
 
 
 def cas_load(*, company_id: UUID, digest: str, max_bytes: int) -> bytes | None:

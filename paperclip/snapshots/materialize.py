@@ -267,6 +267,18 @@ class _Materializer:
     def dir_entry(
         self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result | None
     ) -> bool:
+        before = self.previous.get(path) if self.previous is not None else None
+        if (
+            before is not None
+            and before.same_dir(entry)
+            and found is not None
+            and stat.S_ISDIR(found.st_mode)
+            and stat.S_IMODE(found.st_mode) == entry.mode
+        ):
+            # The destination held this very directory (same blob): nothing inside it changed,
+            # so it is not read at all (a 1% change of a large tree touches 1% of it).
+            self.unchanged += 1
+            return False
         changed = False
         if found is not None and not stat.S_ISDIR(found.st_mode):
             self.tick()

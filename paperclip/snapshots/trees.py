@@ -56,6 +56,15 @@ class Entry:
         )
         return {"name": self.name, "type": "file", "mode": self.mode, "size": self.size, **content}
 
+    def same_dir(self, other: Entry) -> bool:
+        """Both directories with the same content and mode."""
+        return (
+            self.type == other.type == "dir"
+            and self.digest is not None
+            and self.digest == other.digest
+            and self.mode == other.mode
+        )
+
     def blobs(self) -> tuple[str, ...]:
         """The content blobs this entry names itself (a dir's own blob included)."""
         if self.chunks is not None:
@@ -220,45 +229,58 @@ class Walk:
 
 def walk(
     root: str,
-    load: Callable[[str], bytes | None],
+    load: Callable[[str], bytes | None] | None = None,
     *,
     max_entries: int = 2_000_000,
     contents: Callable[[Iterable[str]], Iterable[str]] | None = None,
+    load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
 ) -> Walk:
-    """Read the tree `root` through `load(name)` (None: not stored), validating every
-    directory, the depth (at most 256 directories), cycles and symlinks (a target must stay
-    inside the tree, also through the tree's other symlinks). `contents(names)`, when given,
-    answers which file blobs are missing (checked in batches); else none are looked up.
-    Raises TreeInvalid."""
+    """Read the tree `root`, validating every directory, the depth (at most 256 directories),
+    cycles and symlinks (a target must stay inside the tree, also through the tree's other
+    symlinks). Directories are read level by level: through `load_many(names)` (the stored
+    ones among them, by name: one call per level) when given, else `load(name)` (None: not
+    stored) one by one. `contents(names)`, when given, answers which file blobs are missing;
+    else none are looked up. Raises TreeInvalid."""
     if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
         raise TreeInvalid("", "bad_digest")
     result = Walk(root=root)
-    stack: list[tuple[str, str, int, tuple[str, ...]]] = [("", root, 0, ())]
-    while stack:
-        path, digest, depth, chain = stack.pop()
-        if digest in chain:
-            raise TreeInvalid(path, "cycle")
+    level: list[tuple[str, str, tuple[str, ...]]] = [("", root, ())]
+    depth = 0
+    while level:
         if depth > MAX_DEPTH:
-            raise TreeInvalid(path, "too_deep")
-        data = load(digest)
-        if data is None:
-            result.missing.append(digest)
-            continue
-        if blob_name(data) != digest:
-            raise TreeInvalid(path, "digest_mismatch")
-        result.directories.setdefault(digest, path)
-        for entry in decode_dir(data, path):
-            where = _join(path, entry.name)
-            result.entries[where] = entry
-            if len(result.entries) > max_entries:
-                raise TreeInvalid(where, "too_many_entries")
-            if entry.type == "dir":
-                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
-                stack.append((where, entry.digest, depth + 1, (*chain, digest)))
-            elif entry.type == "file":
-                result.files += 1
-                result.bytes += entry.size
-                result.contents.update(entry.blobs())
+            raise TreeInvalid(level[0][0], "too_deep")
+        names = sorted({digest for _, digest, _ in level})
+        if load_many is not None:
+            stored = load_many(names)
+        else:
+            assert load is not None  # noqa: S101 - one of the two is required
+            stored = {n: d for n in names if (d := load(n)) is not None}
+        following: list[tuple[str, str, tuple[str, ...]]] = []
+        for path, digest, chain in level:
+            if digest in chain:
+                raise TreeInvalid(path, "cycle")
+            data = stored.get(digest)
+            if data is None:
+                result.missing.append(digest)
+                continue
+            if blob_name(data) != digest:
+                raise TreeInvalid(path, "digest_mismatch")
+            result.directories.setdefault(digest, path)
+            for entry in decode_dir(data, path):
+                where = _join(path, entry.name)
+                result.entries[where] = entry
+                if len(result.entries) > max_entries:
+                    raise TreeInvalid(where, "too_many_entries")
+                if entry.type == "dir":
+                    assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                    following.append((where, entry.digest, (*chain, digest)))
+                elif entry.type == "file":
+                    result.files += 1
+                    result.bytes += entry.size
+                    result.contents.update(entry.blobs())
+        level = following
+        depth += 1
+    result.missing = list(dict.fromkeys(result.missing))
     check_symlinks(result.entries)
     if contents is not None:
         result.missing.extend(contents(sorted(result.contents)))

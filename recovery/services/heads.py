@@ -34,10 +34,17 @@ from paperclip.activity import activity_record
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.cas import cas_load, cas_open, cas_put, cas_rows
+from paperclip.snapshots.cas import cas_load_many, cas_open, cas_put, cas_rows
 from paperclip.snapshots.materialize import MaterializeReport, materialize, read_tree
 from paperclip.snapshots.merge import merge3
-from paperclip.snapshots.trees import Entry, TreeInvalid, build, check_symlinks, walk
+from paperclip.snapshots.trees import (
+    Entry,
+    TreeInvalid,
+    build,
+    check_symlinks,
+    decode_dir,
+    walk,
+)
 from paperclip.worker.jobs import job_defer_in_tx
 
 logger = logging.getLogger(__name__)
@@ -90,11 +97,8 @@ def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
     if tree is None:
         return {}
 
-    def load(name: str) -> bytes | None:
-        return cas_load(company_id=company_id, digest=name, max_bytes=MAX_DIRECTORY_BYTES)
-
     try:
-        walked = walk(tree, load)
+        walked = walk(tree, load_many=_loader(company_id))
     except TreeInvalid as exc:
         raise PublishError("snapshot_tree_invalid", f"tree {tree}: {exc}") from exc
     if walked.missing:
@@ -102,6 +106,62 @@ def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
             "snapshot_blobs_missing", f"tree {tree}: {len(walked.missing)} blob(s) not stored"
         )
     return walked.entries
+
+
+def _loader(company_id: UUID) -> Callable[[list[str]], dict[str, bytes]]:
+    def load_many(names: list[str]) -> dict[str, bytes]:
+        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
+
+    return load_many
+
+
+def tree_diff_entries(
+    company_id: UUID, target: str, previous: str | None
+) -> tuple[dict[str, Entry], dict[str, Entry] | None]:
+    """The entries materialization needs to take a directory from `previous` to `target`:
+    both trees read together level by level, descending only into directories whose blob
+    differs between them (an unchanged subtree is one entry, its directory, on both sides),
+    so a small change costs a few directory reads, not the whole tree. Without a readable
+    `previous`, the whole target and None. Raises PublishError as `tree_entries`."""
+    if previous is None:
+        return tree_entries(company_id, target), None
+    load_many = _loader(company_id)
+    ours: dict[str, Entry] = {}
+    theirs: dict[str, Entry] = {}
+    level: list[tuple[str, str, str | None]] = [("", target, previous)]
+    while level:
+        stored = load_many(sorted({d for _, t, p in level for d in (t, p) if d}))
+        following: list[tuple[str, str, str | None]] = []
+        for path, digest, before in level:
+            if digest not in stored or (before is not None and before not in stored):
+                if path == "" and digest in stored:
+                    return tree_entries(company_id, target), None  # previous collected
+                raise PublishError(
+                    "snapshot_blobs_missing", f"tree {target}: directory {path or '/'} gone"
+                )
+            try:
+                now = decode_dir(stored[digest], path)
+                then = decode_dir(stored[before], path) if before is not None else ()
+            except TreeInvalid as exc:
+                raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
+            earlier = {entry.name: entry for entry in then}
+            for entry in then:
+                theirs[f"{path}/{entry.name}" if path else entry.name] = entry
+            for entry in now:
+                where = f"{path}/{entry.name}" if path else entry.name
+                ours[where] = entry
+                old = earlier.get(entry.name)
+                if entry.type != "dir" or (old is not None and old.same_dir(entry)):
+                    continue  # a file, a symlink, or a directory whose content is unchanged
+                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                gone = old.digest if old is not None and old.type == "dir" else None
+                following.append((where, entry.digest, gone))
+        level = following
+    try:
+        check_symlinks(ours)
+    except TreeInvalid as exc:
+        raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
+    return ours, theirs
 
 
 def _store(company_id: UUID, blobs: dict[str, bytes]) -> None:
@@ -220,13 +280,23 @@ def publish_plan(
         return plan("unchanged", head)
     if head == base:
         return plan("fast_forward", tree)
+    try:
+        based = tree_entries(company_id, base)
+    except PublishError:
+        based = {}  # collected while the run worked: overlapping paths go to the board
     merged = merge3(
-        tree_entries(company_id, base),
+        based,
         tree_entries(company_id, tree),
         tree_entries(company_id, head),
     )
     if merged.entries is None:
         return plan("conflict", None, merged.conflicts, merged.conflict_count)
+    try:
+        # Each side's links stayed inside its own tree; together they may not (one side's
+        # link through a directory the other side turned into a link).
+        check_symlinks(merged.entries)
+    except TreeInvalid as exc:
+        return plan("conflict", None, (exc.path,), 1)
     root, blobs = build(merged.entries)
     _store(company_id, blobs)
     return plan("merged", root)
@@ -392,15 +462,9 @@ def workspace_materialize(
             if head is None or head == previous_tree:
                 return last if rounds > 1 else MaterializeOutcome("current", tree=head)
             company_id: UUID = row["company_id"]
-            target = _without_special_bits(tree_entries(company_id, head))
-            try:
-                previous = (
-                    _without_special_bits(tree_entries(company_id, previous_tree))
-                    if previous_tree
-                    else None
-                )
-            except PublishError:
-                previous = None  # collected since: compare with what is on disk instead
+            whole, before = tree_diff_entries(company_id, head, previous_tree)
+            target = _without_special_bits(whole)
+            previous = _without_special_bits(before) if before is not None else None
             if on_round is not None:
                 on_round(head)
 

@@ -223,3 +223,24 @@ def test_a_symlink_escaping_through_another_symlink_is_refused(runner: Runner) -
         put_blob(runner.company.pk, data)
     refused = runner.register(root)
     assert refused.json()["error"]["details"] == {"path": "x", "reason": "escaping_symlink"}
+
+
+def test_a_tree_of_more_files_than_one_store_query_takes_registers(runner: Runner) -> None:
+    # 10,001 distinct contents: more names than one find-missing or pin query takes.
+    contents = [f"file {i}\n".encode() for i in range(10_001)]
+    CasBlob.objects.bulk_create(
+        CasBlob(company_id=runner.company.pk, digest=blob_name(data), size=len(data))
+        for data in contents
+    )
+    entries = {
+        f"f{i:05d}": Entry(
+            name=f"f{i:05d}", type="file", mode=0o644, size=len(data), digest=blob_name(data)
+        )
+        for i, data in enumerate(contents)
+    }
+    root, blobs = build(entries)
+    for data in blobs.values():
+        put_blob(runner.company.pk, data)
+    response = runner.register(root)
+    assert response.status_code == 201, response.content[:300]
+    assert response.json()["files"] == 10_001

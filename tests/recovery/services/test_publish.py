@@ -298,3 +298,20 @@ def test_the_console_resolves_a_conflict_with_the_same_service(
     assert ExecutionWorkspace.objects.get(pk=b.workspace.pk).head_tree == ours
     detail = superuser_client.get(f"{url}{hold.pk}/change/")
     assert b"Resolve workspace conflict" not in detail.content  # resolved: no button any more
+
+
+def test_links_that_escape_only_together_make_a_merge_a_conflict(tmp_path: Path) -> None:
+    b = make_binding()
+    base = store_tree(b.company.pk, {"x/keep": b"k\n"})
+    # Theirs turns x into a link to the root (fine alone); ours adds a link through x/.. (fine
+    # alone, x being a directory): together `a` would resolve above the root.
+    theirs = store_tree(b.company.pk, {"x": "."})
+    b.workspace.head_tree = theirs
+    b.workspace.save(update_fields=["head_tree"])
+    ours = store_tree(b.company.pk, {"x/keep": b"k\n", "a": "x/.."})
+    assert b.result is not None
+    snapshot_result(b.run, b.result, ours, base)
+    assert _finalize(b).status == "held"
+    assert ExecutionWorkspace.objects.get(pk=b.workspace.pk).head_tree == theirs
+    hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
+    assert hold.evidence["conflictingPaths"] == ["a"]
