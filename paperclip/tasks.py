@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -12,8 +13,10 @@ from django.db.models.functions import Now
 from procrastinate import JobContext
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs as procrastinate_jobs
+from procrastinate.contrib.django import app
 
 from paperclip.models import JobError, WorkerProcess
+from paperclip.snapshots.adopt import ADOPT_TASK, CwdUnadoptable, workspace_cwd_adopt
 from paperclip.snapshots.collect import cas_collect
 from paperclip.worker.schedule import maintenance_task
 
@@ -71,3 +74,13 @@ def cas_collect_blobs(timestamp: int) -> str:
         f"deleted {summary.deleted} blob(s), {summary.bytes} bytes, in {summary.batches} "
         f"batch(es) over {summary.companies} company(ies); skipped {len(summary.skipped_companies)}"
     )
+
+
+@app.task(name=ADOPT_TASK, queue="finalization")
+def adopt_workspace_cwd(company_id: str, workspace_id: str) -> str:
+    """A new workspace's cwd becomes its first head (docs/snapshots.md#adopting-an-existing-cwd)."""
+    try:
+        tree = workspace_cwd_adopt(company_id=UUID(company_id), workspace_id=UUID(workspace_id))
+    except CwdUnadoptable as exc:
+        return f"not adopted: {exc}"
+    return f"adopted {tree}" if tree else "nothing to adopt"

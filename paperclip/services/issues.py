@@ -20,6 +20,7 @@ from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.locks import issues_for_update
 from paperclip.models import Agent, ExecutionWorkspace, Issue
 from paperclip.services.shared import absolute_path_error, audit, require_board
+from paperclip.snapshots.adopt import workspace_cwd_adopt_defer_in_tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,8 @@ class ExecutionWorkspaceCreated:
 def execution_workspace_create(
     *, actor: Actor, company_id: UUID | str, name: str, cwd: str | None = None
 ) -> ExecutionWorkspaceCreated:
-    """Create an execution workspace; `cwd`, if given, must be an absolute path.
+    """Create an execution workspace; `cwd`, if given, must be an absolute path, and the
+    worker adopts what it holds as the workspace's first head (a job deferred here).
 
     Raises PermissionDenied, InvalidRequest (bad cwd) or NotFoundError (company not visible).
     """
@@ -149,4 +151,7 @@ def execution_workspace_create(
             entity_id=workspace.pk,
             details={"name": name, "cwd": cwd},
         )
+        if cwd is not None:
+            # Files already there become the head before the first run checks it out.
+            workspace_cwd_adopt_defer_in_tx(company_id=company.pk, workspace_id=workspace.pk)
     return ExecutionWorkspaceCreated(workspace=workspace)

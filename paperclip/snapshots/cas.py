@@ -25,6 +25,7 @@ find-missing answers such a blob missing and the next upload of it writes the by
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import re
@@ -689,6 +690,12 @@ def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
             present = {row[0] for row in cursor.fetchall()}
         missing.extend(d for d in batch if d not in present)
     return missing
+
+
+def cas_store_blobs(*, company_id: UUID, blobs: Mapping[str, bytes]) -> None:
+    """Store small blobs the server made itself (directory blobs of a merge or an adoption)."""
+    for name, data in blobs.items():
+        cas_put(company_id=company_id, digest=name, stream=io.BytesIO(data), length=len(data))
 
 
 def cas_load(*, company_id: UUID, digest: str, max_bytes: int) -> bytes | None:

@@ -30,6 +30,7 @@ from paperclip.models import (
 from paperclip.observability import metrics
 from paperclip.receipts import raw_owner
 from paperclip.services import issue_slots_release_in_tx, run_finish_in_tx
+from paperclip.snapshots.adopt import CwdUnadoptable, workspace_cwd_adopt
 from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.canonical import canonical_sha256
 from recovery.errors import (
@@ -63,7 +64,6 @@ from recovery.services.heads import (
     HeadMoved,
     PublishError,
     PublishPlan,
-    head_adopt_cwd,
     head_publish_in_tx,
     publish_plan,
 )
@@ -760,7 +760,10 @@ def _publish_owned(
                 "snapshot_binding_missing", "The run's snapshot or workspace is gone."
             )
         if mode == "merge":
-            head_adopt_cwd(company_id=company_id, workspace_id=workspace_id)
+            try:
+                workspace_cwd_adopt(company_id=company_id, workspace_id=workspace_id)
+            except CwdUnadoptable as exc:
+                raise PublishError(exc.code, str(exc)) from exc
         for _ in range(MAX_HEAD_RACES):
             ownership.assert_held()
             plan = publish_plan(

@@ -19,13 +19,11 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, BinaryIO, Final, Literal
 from uuid import UUID
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
@@ -34,8 +32,8 @@ from paperclip.activity import activity_record
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.cas import cas_load_many, cas_open, cas_put, cas_rows
-from paperclip.snapshots.materialize import MaterializeReport, materialize, read_tree
+from paperclip.snapshots.cas import cas_load_many, cas_open, cas_rows, cas_store_blobs
+from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3
 from paperclip.snapshots.trees import (
     Entry,
@@ -165,79 +163,7 @@ def tree_diff_entries(
 
 
 def _store(company_id: UUID, blobs: dict[str, bytes]) -> None:
-    for name, data in blobs.items():
-        cas_put(company_id=company_id, digest=name, stream=io.BytesIO(data), length=len(data))
-
-
-class _Piece:
-    """Bytes `offset .. offset + size` of an open file, readable as a stream."""
-
-    def __init__(self, handle: BinaryIO, offset: int, size: int) -> None:
-        handle.seek(offset)
-        self._handle, self._left = handle, size
-
-    def read(self, size: int = -1, /) -> bytes:
-        want = self._left if size < 0 else min(size, self._left)
-        data = self._handle.read(want)
-        self._left -= len(data)
-        return data
-
-
-def head_adopt_cwd(*, company_id: UUID, workspace_id: UUID) -> str | None:
-    """A workspace that never had a head but whose cwd already holds files (created over an
-    existing checkout, or written by local copy-back) gets that content as its head before
-    the first publish, so the first run's tree merges with it instead of replacing it
-    (docs/snapshots.md#adopting-an-existing-cwd). Returns the adopted tree, or None when there
-    was nothing to adopt. The head moves only if it is still empty (compare-and-set); audited.
-    Raises PublishError when the cwd holds something a tree cannot (a FIFO, a name that is not
-    UTF-8, a symlink leaving it): publishing waits until an operator tidies it."""
-    row = (
-        ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
-        .values("cwd", "head_tree", "cwd_tree")
-        .first()
-    )
-    if row is None or row["head_tree"] is not None or not row["cwd"]:
-        return None
-    cwd = row["cwd"]
-    if not os.path.isdir(cwd) or not os.listdir(cwd):
-        return None
-    limit = int(settings.PAPERCLIP_CAS_MAX_BLOB_BYTES)
-    try:
-        entries = read_tree(cwd, max_blob_bytes=limit)
-        check_symlinks(entries)
-    except (TreeInvalid, OSError) as exc:
-        raise PublishError(
-            "workspace_cwd_unadoptable", f"the cwd {cwd} cannot be read as a tree: {exc}"
-        ) from exc
-    for path, entry in entries.items():
-        if entry.type != "file":
-            continue
-        with open(os.path.join(cwd, path), "rb") as handle:
-            for index, name in enumerate(entry.blobs()):
-                size = min(limit, entry.size - index * limit) if entry.chunks else entry.size
-                cas_put(
-                    company_id=company_id,
-                    digest=name,
-                    stream=_Piece(handle, index * limit, size),
-                    length=size,
-                )
-    root, blobs = build(entries)
-    _store(company_id, blobs)
-    with transaction.atomic(durable=True):
-        adopted = ExecutionWorkspace.objects.filter(
-            pk=workspace_id, company_id=company_id, head_tree__isnull=True
-        ).update(head_tree=root, cwd_tree=root, head_committed_at=Now(), updated_at=Now())
-        if adopted:
-            activity_record(
-                company_id=company_id,
-                actor_type="system",
-                actor_id=PUBLISHER,
-                action="workspace.head_adopted",
-                entity_type="execution_workspace",
-                entity_id=workspace_id,
-                details={"tree": root, "cwd": cwd, "entries": len(entries)},
-            )
-    return root if adopted else None
+    cas_store_blobs(company_id=company_id, blobs=blobs)
 
 
 def publish_plan(

@@ -315,3 +315,28 @@ def test_links_that_escape_only_together_make_a_merge_a_conflict(tmp_path: Path)
     assert ExecutionWorkspace.objects.get(pk=b.workspace.pk).head_tree == theirs
     hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
     assert hold.evidence["conflictingPaths"] == ["a"]
+
+
+def test_a_workspace_created_over_a_directory_with_files_starts_from_them(
+    tmp_path: Path, make_board_client: Any, make_agent_client: Any
+) -> None:
+    b = make_binding()
+    cwd = tmp_path / "repo"
+    (cwd / "src").mkdir(parents=True)
+    (cwd / "src" / "app.py").write_text("print('app')\n")
+    board = make_board_client(b.company)
+    created = board.post(
+        f"/api/companies/{b.company.pk}/execution-workspaces",
+        {"name": "repo", "cwd": str(cwd)},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    workspace_id = created.json()["id"]
+    run_jobs()  # the creation deferred the adoption: the worker sees the cwd
+    head = make_agent_client(b.agent).get(f"/api/execution-workspaces/{workspace_id}/head")
+    tree = head.json()["tree"]
+    assert tree is not None
+    workspace = ExecutionWorkspace.objects.get(pk=workspace_id)
+    assert workspace.cwd_tree == tree  # the cwd already holds it: nothing to materialize
+    assert build(read_tree(str(cwd)))[0] == tree
+    assert audit_count("workspace.head_adopted") == 1
