@@ -231,6 +231,13 @@ class IssueRecoveryActionAdmin(
                 ),
                 _DETAILS_FIELDSET,
             )
+        if obj is not None and obj.cause == CONFLICT_CAUSE:
+            # A conflict is about two trees, never about a recovery source.
+            return (
+                self.fieldsets[0],
+                ("What to do", {"fields": ("next_action",)}),
+                _DETAILS_FIELDSET,
+            )
         return self.fieldsets
 
     def timeline_entity_ids(self, obj: IssueRecoveryAction) -> list[str]:

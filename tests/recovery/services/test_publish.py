@@ -277,6 +277,9 @@ def test_the_console_resolves_a_conflict_with_the_same_service(
     _finalize(b)
     hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
     url = "/admin/recovery/issuerecoveryaction/"
+    detail = superuser_client.get(f"{url}{hold.pk}/change/")
+    assert b"Resolve workspace conflict" in detail.content
+    assert b"Recovery source inspection" not in detail.content  # not what a conflict is about
     page = superuser_client.post(
         url, {"action": "resolve_workspace_conflict", "_selected_action": [str(hold.pk)]}
     )
