@@ -39,6 +39,7 @@ from paperclip.models import (
     WorkspaceOperation,
 )
 from paperclip.services import absolute_path_error
+from paperclip.snapshots.adopt import workspace_cwd_adopt_defer_in_tx
 
 # Django's admin and form classes are not subscriptable at runtime (no django-stubs-ext patch).
 if TYPE_CHECKING:
@@ -243,8 +244,27 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
     search_fields = ("name", "id", "cwd")
     list_select_related = ("company",)
     autocomplete_fields = ("company", "source_issue")
-    # The lease generation is a fencing counter owned by the lease service.
-    readonly_fields = ("id", "runtime_lease_generation", "opened_at", "created_at", "updated_at")
+    # The lease generation is a fencing counter owned by the lease service; the head moves only
+    # when a run commits (docs/snapshots.md#publishing).
+    readonly_fields = (
+        "id",
+        "runtime_lease_generation",
+        "head_tree",
+        "head_run",
+        "head_committed_at",
+        "cwd_tree",
+        "opened_at",
+        "created_at",
+        "updated_at",
+    )
+
+    def save_model(
+        self, request: HttpRequest, obj: ExecutionWorkspace, form: Any, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        if not change and obj.cwd:
+            # As the API's create: what the cwd holds becomes the first head.
+            workspace_cwd_adopt_defer_in_tx(company_id=obj.company_id, workspace_id=obj.pk)
 
 
 @admin.register(ExecutionWorkspaceSnapshot)
