@@ -329,7 +329,8 @@ def run_finish_in_tx(
     has locked the run's issue and then the run (`paperclip.locks.run_lock_with_issue`), and has
     decided the transition is allowed. Sets `finished_at` (database time), clears the issue's
     `execution_run` / `checkout_run` where they point at this run, writes one
-    `heartbeat_run.status_changed` audit row (extra `details` are merged in), refreshes `run`.
+    `heartbeat_run.status_changed` audit row (extra `details` are merged in), ends the run's
+    controller lease (its coordinator's `lease_expires_at` set to now), refreshes `run`.
     """
     require_transaction()
     if to_status not in HeartbeatRun.TERMINAL_STATUSES:
@@ -346,6 +347,11 @@ def run_finish_in_tx(
         entity_id=run.pk,
         run_id=run.pk,
         details={**(details or {}), "from": from_status, "to": to_status},
+    )
+    # A terminal run has no controller any more: its controller lease ends with it, so no
+    # checkpoint or other controller write is accepted after this commit.
+    NativeRunFinalization.objects.filter(run_id=run.pk, lease_expires_at__gt=Now()).update(
+        lease_expires_at=Now(), updated_at=Now()
     )
     issue_slots_release_in_tx(run_id=run.pk)
 

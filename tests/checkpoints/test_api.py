@@ -7,10 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import transaction
 from rest_framework.test import APIClient
 
 from checkpoints.models import NativeRunnerCheckpoint
+from paperclip.locks import run_lock_with_issue
 from paperclip.models import ActivityEvent, Agent, Company, NativeRunFinalization
+from paperclip.services import run_finish_in_tx
 from tests.checkpoints.factories import coordinator, expire_lease
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
@@ -361,3 +364,20 @@ def test_without_any_key_reads_are_422_and_never_create_the_key_file(
     assert runner.get(url(fin, "checkpoint/header")).json() == {"header": None}
     assert runner.get(url(fin, "checkpoint/parts")).status_code == 200
     assert not key_file.exists()
+
+
+@pytest.mark.parametrize("status", ["interrupted", "failed", "cancelled", "timed_out", "succeeded"])
+def test_a_run_that_became_terminal_takes_no_checkpoint_write(
+    runner: APIClient, fin: NativeRunFinalization, status: str
+) -> None:
+    grant = acquire(runner, fin, ttl_seconds=600).json()
+    assert put(runner, fin, grant).status_code == 200
+    with transaction.atomic():
+        locked = run_lock_with_issue(run_id=fin.run_id)
+        run_finish_in_tx(run=locked.run, to_status=status, actor_type="system", actor_id="test")
+    fin.refresh_from_db()
+    assert fin.lease_expires_at is not None  # ended with the run, in its transaction
+    writes = NativeRunnerCheckpoint.objects.count()
+    refused = put(runner, fin, grant, changed={"late.txt": "after the end"})
+    assert_error(refused, 409, "native_runner_checkpoint_owner_lost")
+    assert NativeRunnerCheckpoint.objects.count() == writes
