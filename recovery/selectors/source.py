@@ -493,17 +493,24 @@ def _recorded_lease_ids(
     return lease_ids
 
 
+def _controller_lease_live(coordinator: NativeRunFinalization | None, now: Any) -> bool:
+    """The run's controller lease (held in its coordinator) is held and not lapsed on the
+    database clock."""
+    return (
+        coordinator is not None
+        and bool(coordinator.lease_owner)
+        and (coordinator.lease_expires_at is None or coordinator.lease_expires_at > now)
+    )
+
+
 def _require_nobody_driving(
     company_id: UUID, run: HeartbeatRun, now: Any
 ) -> NativeRunFinalization | None:
-    """No finalization lease, no executing adapter, no live controller lease: the run's
-    coordinator, if any."""
+    """No executing adapter and no live controller lease (the coordinator's own lease, which
+    the controller-lease service keeps and a terminal run ends): the run's coordinator, if
+    any."""
     coordinator = NativeRunFinalization.objects.filter(company_id=company_id, run_id=run.pk).first()
-    if (
-        (coordinator is not None and coordinator.lease_owner)
-        or adapter_executing(run.pk)
-        or (run.controller_lease_expires_at is not None and run.controller_lease_expires_at > now)
-    ):
+    if _controller_lease_live(coordinator, now) or adapter_executing(run.pk):
         raise SourceFailure("agent_stop_unconfirmed", "recheck_evidence")
     return coordinator
 
@@ -683,12 +690,8 @@ def _check_predecessors(
             or prior.native_issue_id != issue_id
             or prior.status not in HeartbeatRun.TERMINAL_STATUSES
             or adapter_executing(prior.pk)
-            or (
-                prior.controller_lease_expires_at is not None
-                and prior.controller_lease_expires_at > now
-            )
             or owner is None
-            or owner.lease_owner
+            or _controller_lease_live(owner, now)
             or owner.phase not in SETTLED_COORDINATOR_PHASES
         ):
             raise _ambiguous()

@@ -370,7 +370,9 @@ FAILURES: list[Any] = [
         id="agent_stop_unconfirmed-coordinator",
     ),
     pytest.param(
-        lambda s: save(s.run, controller_lease_expires_at=timezone.now() + timedelta(hours=1)),
+        lambda s: NativeRunFinalizationFactory(
+            run=s.run, lease_owner="boot:1:x", lease_expires_at=timezone.now() + timedelta(hours=1)
+        ),
         "agent_stop_unconfirmed",
         None,
         "recheck_evidence",
@@ -636,9 +638,25 @@ def test_policy_not_retained_reports_the_observed_policy(policy: str, observed: 
 @pytest.mark.django_db
 def test_an_expired_controller_lease_and_an_unheld_coordinator_do_not_block() -> None:
     s = build_scenario()
-    save(s.run, controller_lease_expires_at=db_now() - timedelta(seconds=1))
-    NativeRunFinalizationFactory(run=s.run, lease_owner=None)
+    NativeRunFinalizationFactory(
+        run=s.run, lease_owner="boot:1:x", lease_expires_at=db_now() - timedelta(seconds=1)
+    )
     assert inspect(s).sources
+    NativeRunFinalization.objects.filter(run=s.run).update(lease_owner=None)
+    assert inspect(s).sources
+
+
+@pytest.mark.django_db
+def test_the_lease_read_is_the_one_the_controller_lease_service_keeps() -> None:
+    """Only the coordinator's lease counts: the run row's `controller_lease_expires_at` is
+    written by nothing, so a value there neither blocks nor unblocks the inspection."""
+    s = build_scenario()
+    save(s.run, controller_lease_expires_at=db_now() + timedelta(hours=1))
+    assert inspect(s).sources
+    NativeRunFinalizationFactory(
+        run=s.run, lease_owner="boot:1:x", lease_expires_at=db_now() + timedelta(hours=1)
+    )
+    assert failure_of(s).code == "agent_stop_unconfirmed"
 
 
 @pytest.mark.django_db
@@ -870,8 +888,8 @@ PREDECESSOR_SPOILERS: list[Any] = [
         id="prior-issue",
     ),
     pytest.param(
-        lambda s: save(
-            _prior_run(s), controller_lease_expires_at=timezone.now() + timedelta(hours=1)
+        lambda s: NativeRunFinalization.objects.filter(run=_prior_run(s)).update(
+            lease_owner="boot:1:x", lease_expires_at=timezone.now() + timedelta(hours=1)
         ),
         id="prior-controller-lease-live",
     ),
