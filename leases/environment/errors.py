@@ -9,6 +9,7 @@ Codes are frozen once shipped; `details` per code:
 - `cleanup_attempt_stale`: `reason` (see `CleanupAttemptStale`).
 - `cleanup_intent_invalid`: `intent` (`nativeWorkspaceExportResume` or `sandboxStopAndRetain`).
 - `environment_lease_single_flight`: `environment_id`, `execution_workspace_id`, `lease_id`.
+- `environment_archived`: `environment_id` (an archived environment takes no new lease).
 - `environment_lease_not_active`: `status`, `outcome` (the outcome the lease was released with).
 """
 
@@ -65,6 +66,16 @@ class CleanupIntentInvalid(RuleViolationError):
 class EnvironmentNotFound(NotFoundError):
     code = "not_found"
     message = "Environment not found."
+
+
+class EnvironmentArchived(ConflictError):
+    """details: `environment_id`."""
+
+    code = "environment_archived"
+    message = "The environment is archived: it takes no new leases."
+    remediation = (
+        "Acquire in an active environment (an archived one keeps only its existing leases)."
+    )
 
 
 class EnvironmentLeaseSingleFlight(ConflictError):

@@ -30,6 +30,7 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from leases.environment.errors import (
+    EnvironmentArchived,
     EnvironmentLeaseNotActive,
     EnvironmentLeaseNotFound,
     EnvironmentLeaseSingleFlight,
@@ -138,7 +139,8 @@ def environment_lease_acquire(
     The environment, run and execution workspace must belong to the provider agent's company
     (NotFoundError otherwise, like missing ones). Repeating the acquire of an allocation the
     run already holds actively (same environment, workspace, provider and allocation) returns
-    that lease with `created=False` and writes nothing. An `ephemeral` lease with a workspace
+    that lease with `created=False` and writes nothing; any other acquire in an archived
+    environment is EnvironmentArchived (409). An `ephemeral` lease with a workspace
     is single-flight: while another active ephemeral lease holds the same environment and
     workspace, EnvironmentLeaseSingleFlight (409). Writes one audit row.
 
@@ -178,6 +180,8 @@ def environment_lease_acquire(
         ).first()
         if same is not None:
             return EnvironmentLeaseGrant(lease=same, created=False)
+        if environment.status == Environment.Status.ARCHIVED:
+            raise EnvironmentArchived(environment_id=str(environment_id))
         single_flight = (
             lease_policy == EnvironmentLease.Policy.EPHEMERAL and execution_workspace_id is not None
         )

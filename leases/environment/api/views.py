@@ -259,6 +259,7 @@ class EnvironmentLeaseAcquireApi(APIView):
                 INVALID_REQUEST,
                 NOT_FOUND,
                 (409, "environment_lease_single_flight"),
+                (409, "environment_archived"),
                 RESOURCE_BUSY,
             ),
         },

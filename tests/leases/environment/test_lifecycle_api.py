@@ -816,3 +816,23 @@ def test_the_worker_retries_a_failed_cleanup_after_the_back_off_and_not_before(
         format="json",
     ).json()
     assert (settled["status"], settled["cleanup_status"]) == ("released", "success")
+
+
+def test_an_archived_environment_takes_no_new_lease_but_repeats_answer(
+    provider_client: APIClient, environment: Environment, run: HeartbeatRun
+) -> None:
+    body = acquire_body(environment, run)
+    first = provider_client.post(ACQUIRE, body, format="json")
+    assert first.status_code == 201
+    Environment.objects.filter(pk=environment.pk).update(status=Environment.Status.ARCHIVED)
+    leases = EnvironmentLease.objects.count()
+    # The allocation it already holds is still answered (an idempotent repeat)...
+    repeat = provider_client.post(ACQUIRE, body, format="json")
+    assert repeat.status_code == 200
+    assert repeat.json()["id"] == first.json()["id"]
+    # ...but nothing new is leased in it.
+    other = acquire_body(environment, run)
+    refused = provider_client.post(ACQUIRE, other, format="json")
+    error = assert_error(refused, 409, "environment_archived")
+    assert error["details"] == {"environment_id": str(environment.pk)}
+    assert EnvironmentLease.objects.count() == leases
