@@ -16,6 +16,7 @@ import pytest
 
 from paperclip.snapshots import trees as server_trees
 from paperclip_client import trees, workdir
+from paperclip_client.errors import BlobDigestMismatch
 from paperclip_client.workdir import Limits, LocalChanges
 
 SERVER, WORKSPACE = "http://testserver", "ws-1"
@@ -39,7 +40,8 @@ class FakeStore:
         return [n for n in names if n not in self.blobs]
 
     def _store(self, name: str, data: bytes) -> None:
-        assert trees.blob_name(data) == name
+        if trees.blob_name(data) != name:  # as the server answers it
+            raise BlobDigestMismatch("no", status=400, details={"digest": name})
         assert len(data) <= self.config.max_blob_bytes
         self.blobs[name] = data
         self.put_bytes += len(data)
@@ -47,9 +49,11 @@ class FakeStore:
     def put(self, name: str, stream: IO[bytes], size: int) -> None:
         self._store(name, stream.read(size))
 
-    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None:
-        for name, data in frames:
-            self._store(name, data)
+    def put_batch(self, frames: Sequence[workdir.BatchFrame]) -> None:
+        for frame in frames:
+            data = b"".join(frame.read())
+            assert len(data) == frame.size
+            self._store(frame.name, data)
 
     def get(self, name: str, dest: IO[bytes]) -> int:
         data = self.blobs[name]
@@ -322,6 +326,41 @@ def test_upload_sends_only_what_the_store_lacks(tmp_path: Path) -> None:
     second = take(store, root)
     # the new file and the root directory blob
     assert second.uploaded == 5 + len(second.scan.dirs[second.tree])
+
+
+def test_a_file_changed_during_the_upload_is_scanned_again(tmp_path: Path) -> None:
+    """The upload streams files without hashing them again: the store's check catches a
+    file that changed since the scan, and the snapshot scans again."""
+    root = tmp_path / "w"
+    make(root, {"a": "one", "b": "two", "big": b"x" * 5000})
+    said: list[str] = []
+
+    class Changing(FakeStore):
+        def find_missing(self, names: Sequence[str]) -> list[str]:
+            if not said:
+                (root / "a").write_bytes(b"ONE")  # same size, other bytes
+            return super().find_missing(names)
+
+    store = Changing()
+    result = workdir.snapshot(store, root, say=said.append, warn=lambda _: None)
+    assert said == ["snapshot: a: changed while it was snapshotted; scanning again"]
+    entries = workdir.read_tree(result.tree, store.blobs.__getitem__)
+    assert store.blobs[entries["a"].digest or ""] == b"ONE"
+
+
+def test_the_batch_body_is_streamed_with_its_length() -> None:
+    sent: list[str] = []
+
+    def pieces() -> list[bytes]:
+        sent.append("read")
+        return [b"ab", b"c"]
+
+    frames = [workdir.BatchFrame(trees.blob_name(b"abc"), 3, pieces)]
+    store = FakeStore()
+    store.put_batch(frames)
+    store.put_batch(frames)  # read again from the start
+    assert sent == ["read", "read"]
+    assert store.blobs == {trees.blob_name(b"abc"): b"abc"}
 
 
 # --- checkout --------------------------------------------------------------------------------

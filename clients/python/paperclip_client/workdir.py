@@ -38,6 +38,7 @@ from typing import IO, Any, Protocol
 
 import pathspec
 
+from paperclip_client.client import BatchFrame
 from paperclip_client.errors import BlobDigestMismatch, PaperclipError
 from paperclip_client.trees import (
     EMPTY_DIR,
@@ -105,7 +106,7 @@ class Store(Protocol):
     def limits(self) -> Limits: ...
     def find_missing(self, names: Sequence[str]) -> list[str]: ...
     def put(self, name: str, stream: IO[bytes], size: int) -> None: ...
-    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None: ...
+    def put_batch(self, frames: Sequence[BatchFrame]) -> None: ...
     def get(self, name: str, dest: IO[bytes]) -> int: ...
 
 
@@ -136,7 +137,7 @@ class ClientStore:
     def put(self, name: str, stream: IO[bytes], size: int) -> None:
         self.client.cas_put(name, stream, size)
 
-    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None:
+    def put_batch(self, frames: Sequence[BatchFrame]) -> None:
         self.client.cas_put_batch(frames)
 
     def get(self, name: str, dest: IO[bytes]) -> int:
@@ -502,55 +503,77 @@ class SnapshotResult:
 
 
 def upload(store: Store, workdir: Path, found: Scan, *, say: Say) -> int:
-    """Upload the blobs of `found` that the store lacks; the bytes sent."""
+    """Upload the blobs of `found` that the store lacks; the bytes sent. Batch bodies are
+    streamed from the files (never held in memory) and not hashed again: the store checks
+    every blob, and a mismatch means the file changed since the scan (`WorkdirChanged`)."""
     limits = store.limits()
     names = list(found.sources) + [n for n in found.dirs if n not in found.sources]
     missing = store.find_missing(names)
-    sizes = {n: (len(found.dirs[n]) if n in found.dirs else found.sources[n][2]) for n in missing}
-    total = sum(sizes.values())
+    del names
+    total = sum(len(found.dirs[n]) if n in found.dirs else found.sources[n][2] for n in missing)
     progress = Progress(say, "upload", total)
     small_limit = min(SMALL_BLOB, limits.max_batch_bytes // 4)
-    frames: list[tuple[str, bytes]] = []
+    frames: list[BatchFrame] = []
     frame_bytes = 0
 
     def flush() -> None:
         nonlocal frames, frame_bytes
         if frames:
-            store.put_batch(frames)
-            progress.add(sum(len(d) for _, d in frames))
+            _put_batch(store, found, frames)
+            progress.add(sum(f.size for f in frames))
         frames, frame_bytes = [], 0
 
     for name in missing:
-        size = sizes[name]
-        if size > small_limit:
-            _put_large(store, workdir, found, name, size)
-            progress.add(size)
+        frame = _frame(workdir, found, name)
+        if frame.size > small_limit:
+            _put_large(store, workdir, found, name, frame.size)
+            progress.add(frame.size)
             continue
-        data = found.dirs[name] if name in found.dirs else _read_blob(workdir, found, name)
-        framed = len(name) + 24 + size
+        framed = len(name) + 24 + frame.size
         if frames and (
             frame_bytes + framed > limits.max_batch_bytes or len(frames) >= limits.max_batch_blobs
         ):
             flush()
-        frames.append((name, data))
+        frames.append(frame)
         frame_bytes += framed
     flush()
     return total
 
 
-def _read_blob(workdir: Path, found: Scan, name: str) -> bytes:
+def _frame(workdir: Path, found: Scan, name: str) -> BatchFrame:
+    data = found.dirs.get(name)
+    if data is not None:
+        return BatchFrame(name, len(data), lambda: (data,))
     path, offset, length = found.sources[name]
+    return BatchFrame(name, length, lambda: _read_source(workdir, path, offset, length))
+
+
+def _read_source(workdir: Path, path: str, offset: int, length: int) -> Iterator[bytes]:
+    """`length` bytes of the file at `path` from `offset`, in pieces (a file that no longer
+    has them: `WorkdirChanged`; one whose bytes changed is the store's mismatch)."""
     try:
-        fd = os.open(workdir / path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(workdir / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
     try:
-        data = os.pread(fd, length, offset)
+        while length > 0:
+            piece = os.pread(fd, min(PIECE, length), offset)
+            if not piece:
+                raise WorkdirChanged(f"{path}: changed while it was snapshotted")
+            offset += len(piece)
+            length -= len(piece)
+            yield piece
     finally:
         os.close(fd)
-    if blob_name(data) != name:
-        raise WorkdirChanged(f"{path}: changed while it was snapshotted")
-    return data
+
+
+def _put_batch(store: Store, found: Scan, frames: Sequence[BatchFrame]) -> None:
+    try:
+        store.put_batch(frames)
+    except BlobDigestMismatch as exc:
+        digest = str(exc.details.get("digest", ""))
+        path = found.sources[digest][0] if digest in found.sources else "a file"
+        raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
 
 
 def _put_large(store: Store, workdir: Path, found: Scan, name: str, size: int) -> None:
@@ -1090,6 +1113,7 @@ def iter_names(entries: Mapping[str, Entry]) -> Iterator[str]:
 __all__ = [
     "EMPTY_DIR",
     "MAX_NAME_BYTES",
+    "BatchFrame",
     "CheckoutResult",
     "ClientStore",
     "Index",
