@@ -29,9 +29,11 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -64,6 +66,8 @@ MAX_DEPTH = 256
 PROGRESS_EVERY = 2.0
 # Blobs up to this size go in batch uploads (when the server's batch limit allows).
 SMALL_BLOB = 1024 * 1024
+# Requests to the store at once while uploading or fetching (`--transfers`).
+TRANSFER_THREADS = 4
 
 type Say = Callable[[str], None]
 type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks]]
@@ -145,19 +149,22 @@ class ClientStore:
 
 
 class Progress:
-    """`say("<what>: <done>/<total> bytes")` at most every 2 s while a transfer runs."""
+    """`say("<what>: <done>/<total> bytes")` at most every 2 s while a transfer runs (`add`
+    may be called from several threads)."""
 
     def __init__(self, say: Say, what: str, total: int, every: float = PROGRESS_EVERY) -> None:
         self.say, self.what, self.total, self.every = say, what, total, every
         self.done = 0
         self._next = time.monotonic() + every
+        self._lock = threading.Lock()
 
     def add(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.every
-            self.say(f"{self.what}: {self.done}/{self.total} bytes")
+        with self._lock:
+            self.done += count
+            now = time.monotonic()
+            if now >= self._next:
+                self._next = now + self.every
+                self.say(f"{self.what}: {self.done}/{self.total} bytes")
 
 
 # --- the index -------------------------------------------------------------------------------
@@ -502,10 +509,13 @@ class SnapshotResult:
     scan: Scan
 
 
-def upload(store: Store, workdir: Path, found: Scan, *, say: Say) -> int:
-    """Upload the blobs of `found` that the store lacks; the bytes sent. Batch bodies are
-    streamed from the files (never held in memory) and not hashed again: the store checks
-    every blob, and a mismatch means the file changed since the scan (`WorkdirChanged`)."""
+def upload(
+    store: Store, workdir: Path, found: Scan, *, say: Say, threads: int = TRANSFER_THREADS
+) -> int:
+    """Upload the blobs of `found` that the store lacks; the bytes sent. Batches and large
+    blobs are sent by up to `threads` requests at once. Batch bodies are streamed from the
+    files (never held in memory) and not hashed again: the store checks every blob, and a
+    mismatch means the file changed since the scan (`WorkdirChanged`)."""
     limits = store.limits()
     names = list(found.sources) + [n for n in found.dirs if n not in found.sources]
     missing = store.find_missing(names)
@@ -513,31 +523,70 @@ def upload(store: Store, workdir: Path, found: Scan, *, say: Say) -> int:
     total = sum(len(found.dirs[n]) if n in found.dirs else found.sources[n][2] for n in missing)
     progress = Progress(say, "upload", total)
     small_limit = min(SMALL_BLOB, limits.max_batch_bytes // 4)
-    frames: list[BatchFrame] = []
-    frame_bytes = 0
 
-    def flush() -> None:
-        nonlocal frames, frame_bytes
-        if frames:
+    def batch(frames: list[BatchFrame]) -> Callable[[], None]:
+        def send() -> None:
             _put_batch(store, found, frames)
             progress.add(sum(f.size for f in frames))
-        frames, frame_bytes = [], 0
 
-    for name in missing:
-        frame = _frame(workdir, found, name)
-        if frame.size > small_limit:
-            _put_large(store, workdir, found, name, frame.size)
-            progress.add(frame.size)
-            continue
-        framed = len(name) + 24 + frame.size
-        if frames and (
-            frame_bytes + framed > limits.max_batch_bytes or len(frames) >= limits.max_batch_blobs
-        ):
-            flush()
-        frames.append(frame)
-        frame_bytes += framed
-    flush()
+        return send
+
+    def large(name: str, size: int) -> Callable[[], None]:
+        def send() -> None:
+            _put_large(store, workdir, found, name, size)
+            progress.add(size)
+
+        return send
+
+    def jobs() -> Iterator[Callable[[], None]]:
+        frames: list[BatchFrame] = []
+        frame_bytes = 0
+        for name in missing:
+            frame = _frame(workdir, found, name)
+            if frame.size > small_limit:
+                yield large(name, frame.size)
+                continue
+            framed = len(name) + 24 + frame.size
+            if frames and (
+                frame_bytes + framed > limits.max_batch_bytes
+                or len(frames) >= limits.max_batch_blobs
+            ):
+                yield batch(frames)
+                frames, frame_bytes = [], 0
+            frames.append(frame)
+            frame_bytes += framed
+        if frames:
+            yield batch(frames)
+
+    run_parallel(jobs(), threads)
     return total
+
+
+def run_parallel(jobs: Iterable[Callable[[], None]], threads: int) -> None:
+    """Run `jobs` on up to `threads` threads (in the caller's when 1), taking the next ones
+    from the iterator only as earlier ones finish; the first failure cancels the jobs not
+    started, waits for the running ones and is raised."""
+    if threads <= 1:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="paperclip-transfer") as pool:
+        pending: set[Future[None]] = set()
+        try:
+            for job in jobs:
+                pending.add(pool.submit(job))
+                while len(pending) >= 2 * threads:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        future.result()
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
 
 
 def _frame(workdir: Path, found: Scan, name: str) -> BatchFrame:
@@ -598,7 +647,13 @@ def _nofollow(path: str, flags: int) -> int:
 
 
 def snapshot(
-    store: Store, workdir: Path, *, say: Say, warn: Say, attempts: int = 3
+    store: Store,
+    workdir: Path,
+    *,
+    say: Say,
+    warn: Say,
+    attempts: int = 3,
+    threads: int = TRANSFER_THREADS,
 ) -> SnapshotResult:
     """Scan the workdir (with its stat cache) and upload what the store lacks. The index is
     not written here: `commit_snapshot` does it once the snapshot is registered."""
@@ -607,7 +662,7 @@ def snapshot(
         index = load_index(workdir)
         found = scan(workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn)
         try:
-            uploaded = upload(store, workdir, found, say=say)
+            uploaded = upload(store, workdir, found, say=say, threads=threads)
         except WorkdirChanged as exc:
             if attempt == attempts - 1:
                 raise
@@ -1113,6 +1168,7 @@ def iter_names(entries: Mapping[str, Entry]) -> Iterator[str]:
 __all__ = [
     "EMPTY_DIR",
     "MAX_NAME_BYTES",
+    "TRANSFER_THREADS",
     "BatchFrame",
     "CheckoutResult",
     "ClientStore",
