@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -393,6 +393,45 @@ def test_checkout_into_an_empty_workdir_then_again_at_the_head(tmp_path: Path) -
     index.written_ns = time.time_ns()
     rescanned = workdir.scan(target, max_blob_bytes=10**6, index=index, warn=print)
     assert rescanned.tree == tree
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_checkout_fetches_each_blob_once_whatever_the_threads(tmp_path: Path, threads: int) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    files: dict[str, str | bytes] = {f"d{i % 5}/f{i}": f"content {i % 40}" for i in range(120)}
+    files["big"] = b"x" * (workdir.SMALL_BLOB + 1)
+    make(one, files)
+    head = take(store, one).tree
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    store.gets, store.got = 0, []
+    done = workdir.checkout(
+        store, agent, head, server=SERVER, workspace=WORKSPACE, say=lambda _: None, threads=threads
+    )
+    assert listing(agent) == listing(one)
+    file_blobs = [
+        n for n in store.got if n in {e for e in store.blobs if store.blobs[e][:1] != b"{"}
+    ]
+    assert sorted(file_blobs) == sorted(set(file_blobs))  # 40 small contents and the big one
+    assert len(file_blobs) == 41
+    assert done.files == 121
+
+
+def test_parallel_jobs_stop_at_the_first_failure() -> None:
+    ran: list[int] = []
+
+    def job(i: int) -> Callable[[], None]:
+        def run() -> None:
+            if i == 3:
+                raise RuntimeError("boom")
+            ran.append(i)
+
+        return run
+
+    with pytest.raises(RuntimeError, match="boom"):
+        workdir.run_parallel((job(i) for i in range(1000)), 2)
+    assert len(ran) < 1000
 
 
 def test_checkout_into_an_older_workdir_touches_only_what_changed(tmp_path: Path) -> None:

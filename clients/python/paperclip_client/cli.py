@@ -467,6 +467,7 @@ class Runner:
             workspace=self.args.workspace,
             discard_local_changes=self.args.discard_local_changes,
             say=say,
+            threads=self.args.transfers,
         )
         say(f"checkout: {done.tree or 'empty'} {done.files} files, {done.fetched} bytes fetched")
 

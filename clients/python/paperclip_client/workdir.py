@@ -769,6 +769,52 @@ class _Dirs:
 _SPECIAL = Entry(name="", type="symlink", target="\0")  # a fifo, socket or device
 
 
+class _Prefetch:
+    """Small blobs fetched ahead by up to `threads` requests at once, in the order checkout
+    will write them (`take` them in that order); at most `4 * threads` held at a time."""
+
+    def __init__(self, store: Store, names: Sequence[str], threads: int) -> None:
+        self.store = store
+        self.names = iter(names)
+        self.ahead = 4 * threads
+        self.futures: dict[str, Future[bytes]] = {}
+        self.pool = (
+            ThreadPoolExecutor(threads, thread_name_prefix="paperclip-fetch")
+            if threads > 1 and names
+            else None
+        )
+        self._fill()
+
+    def _get(self, name: str) -> bytes:
+        buffer = io.BytesIO()
+        self.store.get(name, buffer)
+        return buffer.getvalue()
+
+    def _fill(self) -> None:
+        if self.pool is None:
+            return
+        while len(self.futures) < self.ahead:
+            name = next(self.names, None)
+            if name is None:
+                return
+            self.futures[name] = self.pool.submit(self._get, name)
+
+    def take(self, name: str) -> bytes | None:
+        """The blob's bytes if it was fetched ahead (checked by the store), else None."""
+        future = self.futures.pop(name, None)
+        if future is None:
+            return None
+        self._fill()
+        return future.result()
+
+    def close(self) -> None:
+        for future in self.futures.values():
+            future.cancel()
+        self.futures.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 class _Checkout:
     def __init__(
         self,
@@ -789,6 +835,7 @@ class _Checkout:
         self.fetched = 0
         self.written = 0
         self.progress: Progress | None = None
+        self.prefetch: _Prefetch | None = None
 
     # what is there now -------------------------------------------------------------------
 
@@ -898,7 +945,17 @@ class _Checkout:
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         try:
             with os.fdopen(out, "wb", closefd=False) as handle:
-                if not self._copy_local(entry, handle):
+                ahead = (
+                    self.prefetch.take(entry.digest)
+                    if self.prefetch is not None and entry.digest is not None
+                    else None
+                )
+                if ahead is not None:
+                    handle.write(ahead)
+                    self.fetched += len(ahead)
+                    if self.progress is not None:
+                        self.progress.add(len(ahead))
+                elif not self._copy_local(entry, handle):
                     handle.seek(0)
                     handle.truncate()
                     for blob in entry.blobs():
@@ -956,6 +1013,8 @@ class _Checkout:
         return digests == list(entry.blobs())
 
     def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.dirs.close()
 
 
@@ -1003,12 +1062,14 @@ def checkout(
     workspace: str,
     discard_local_changes: bool = False,
     say: Say,
+    threads: int = TRANSFER_THREADS,
 ) -> CheckoutResult:
     """Make the workdir hold `head` (None: the empty tree). Only paths where `head` differs
     from the tree the workdir last held are touched; each of them whose content is neither
     of the two is local work: `LocalChanges` before anything is written, unless
     `discard_local_changes`. File contents come from the workdir itself when a file there
-    holds them (checked while copied), else from the store."""
+    holds them (checked while copied), else from the store (small blobs fetched by up to
+    `threads` requests at once)."""
     index = load_index(workdir)
     journal = _state(workdir) / JOURNAL
     same_place = index is not None and index.server == server and index.workspace == workspace
@@ -1057,6 +1118,7 @@ def checkout(
         parents = sorted({p.rpartition("/")[0] for p in changed})
         _write_atomic(journal, json.dumps({"tree": head, "dirs": parents}).encode())
         work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
+        work.prefetch = _Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
         for p in broken:
             work.remove(p, force=True)
             work.make_dir(p, wanted[p].mode)
@@ -1115,6 +1177,32 @@ def _broken_parents(
                 broken.add(a)
                 break
     return sorted(broken)
+
+
+def _ahead(
+    wanted: Mapping[str, Entry],
+    changed: Sequence[str],
+    current: Mapping[str, Entry | None],
+    local: Mapping[str | tuple[str, ...], str],
+) -> list[str]:
+    """The small blobs checkout will fetch, in the order it writes their files (each once;
+    none that a workdir file already holds): what `checkout`'s loop sends to `write_file`."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for p in changed:
+        want = wanted.get(p)
+        if want is None or want.type != "file" or want.digest is None:
+            continue
+        cur = current[p]
+        if cur is not None and cur.type != want.type:
+            cur = None
+        if cur is not None and (cur.same(want) or cur.blobs() == want.blobs()):
+            continue
+        if want.size > SMALL_BLOB or want.digest in seen or want.digest in local:
+            continue
+        seen.add(want.digest)
+        names.append(want.digest)
+    return names
 
 
 def _both(a: Entry | None, b: Entry | None) -> bool:
