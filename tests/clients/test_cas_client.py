@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from paperclip_client import Client
+from paperclip_client.client import BatchFrame
 from paperclip_client.errors import BlobCorrupt, BlobDigestMismatch
 
 
@@ -60,6 +62,28 @@ def test_batch_frames_and_find_missing_batches() -> None:
         assert bodies[0] == f"{name(b'a')} 1\na{name(b'')} 0\n".encode()
         missing = c.cas_find_missing([name(bytes([i])) for i in range(5)], batch=2)
         assert missing == [name(b"\x00"), name(b"\x02"), name(b"\x04")]
+
+
+def test_batch_bodies_are_streamed_with_their_length() -> None:
+    seen: list[httpx.Request] = []
+    reads: list[int] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        body = b"".join(request.stream)
+        assert body == f"{name(b'abc')} 3\nabc{name(b'z')} 1\nz".encode()
+        return httpx.Response(200, json={"stored": [], "existing": []})
+
+    def read() -> Iterator[bytes]:
+        reads.append(1)
+        yield b"ab"
+        yield b"c"
+
+    with client(httpx.MockTransport(handle)) as c:
+        c.cas_put_batch([BatchFrame(name(b"abc"), 3, read), (name(b"z"), b"z")])
+    assert reads == [1]
+    length = len(f"{name(b'abc')} 3\nabc{name(b'z')} 1\nz")
+    assert seen[0].headers["content-length"] == str(length)
 
 
 def test_get_checks_the_digest() -> None:

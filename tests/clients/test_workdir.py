@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -16,6 +16,7 @@ import pytest
 
 from paperclip.snapshots import trees as server_trees
 from paperclip_client import trees, workdir
+from paperclip_client.errors import BlobDigestMismatch
 from paperclip_client.workdir import Limits, LocalChanges
 
 SERVER, WORKSPACE = "http://testserver", "ws-1"
@@ -39,7 +40,8 @@ class FakeStore:
         return [n for n in names if n not in self.blobs]
 
     def _store(self, name: str, data: bytes) -> None:
-        assert trees.blob_name(data) == name
+        if trees.blob_name(data) != name:  # as the server answers it
+            raise BlobDigestMismatch("no", status=400, details={"digest": name})
         assert len(data) <= self.config.max_blob_bytes
         self.blobs[name] = data
         self.put_bytes += len(data)
@@ -47,9 +49,11 @@ class FakeStore:
     def put(self, name: str, stream: IO[bytes], size: int) -> None:
         self._store(name, stream.read(size))
 
-    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None:
-        for name, data in frames:
-            self._store(name, data)
+    def put_batch(self, frames: Sequence[workdir.BatchFrame]) -> None:
+        for frame in frames:
+            data = b"".join(frame.read())
+            assert len(data) == frame.size
+            self._store(frame.name, data)
 
     def get(self, name: str, dest: IO[bytes]) -> int:
         data = self.blobs[name]
@@ -324,6 +328,41 @@ def test_upload_sends_only_what_the_store_lacks(tmp_path: Path) -> None:
     assert second.uploaded == 5 + len(second.scan.dirs[second.tree])
 
 
+def test_a_file_changed_during_the_upload_is_scanned_again(tmp_path: Path) -> None:
+    """The upload streams files without hashing them again: the store's check catches a
+    file that changed since the scan, and the snapshot scans again."""
+    root = tmp_path / "w"
+    make(root, {"a": "one", "b": "two", "big": b"x" * 5000})
+    said: list[str] = []
+
+    class Changing(FakeStore):
+        def find_missing(self, names: Sequence[str]) -> list[str]:
+            if not said:
+                (root / "a").write_bytes(b"ONE")  # same size, other bytes
+            return super().find_missing(names)
+
+    store = Changing()
+    result = workdir.snapshot(store, root, say=said.append, warn=lambda _: None)
+    assert said == ["snapshot: a: changed while it was snapshotted; scanning again"]
+    entries = workdir.read_tree(result.tree, store.blobs.__getitem__)
+    assert store.blobs[entries["a"].digest or ""] == b"ONE"
+
+
+def test_the_batch_body_is_streamed_with_its_length() -> None:
+    sent: list[str] = []
+
+    def pieces() -> list[bytes]:
+        sent.append("read")
+        return [b"ab", b"c"]
+
+    frames = [workdir.BatchFrame(trees.blob_name(b"abc"), 3, pieces)]
+    store = FakeStore()
+    store.put_batch(frames)
+    store.put_batch(frames)  # read again from the start
+    assert sent == ["read", "read"]
+    assert store.blobs == {trees.blob_name(b"abc"): b"abc"}
+
+
 # --- checkout --------------------------------------------------------------------------------
 
 
@@ -354,6 +393,45 @@ def test_checkout_into_an_empty_workdir_then_again_at_the_head(tmp_path: Path) -
     index.written_ns = time.time_ns()
     rescanned = workdir.scan(target, max_blob_bytes=10**6, index=index, warn=print)
     assert rescanned.tree == tree
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_checkout_fetches_each_blob_once_whatever_the_threads(tmp_path: Path, threads: int) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    files: dict[str, str | bytes] = {f"d{i % 5}/f{i}": f"content {i % 40}" for i in range(120)}
+    files["big"] = b"x" * (workdir.SMALL_BLOB + 1)
+    make(one, files)
+    head = take(store, one).tree
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    store.gets, store.got = 0, []
+    done = workdir.checkout(
+        store, agent, head, server=SERVER, workspace=WORKSPACE, say=lambda _: None, threads=threads
+    )
+    assert listing(agent) == listing(one)
+    file_blobs = [
+        n for n in store.got if n in {e for e in store.blobs if store.blobs[e][:1] != b"{"}
+    ]
+    assert sorted(file_blobs) == sorted(set(file_blobs))  # 40 small contents and the big one
+    assert len(file_blobs) == 41
+    assert done.files == 121
+
+
+def test_parallel_jobs_stop_at_the_first_failure() -> None:
+    ran: list[int] = []
+
+    def job(i: int) -> Callable[[], None]:
+        def run() -> None:
+            if i == 3:
+                raise RuntimeError("boom")
+            ran.append(i)
+
+        return run
+
+    with pytest.raises(RuntimeError, match="boom"):
+        workdir.run_parallel((job(i) for i in range(1000)), 2)
+    assert len(ran) < 1000
 
 
 def test_checkout_into_an_older_workdir_touches_only_what_changed(tmp_path: Path) -> None:

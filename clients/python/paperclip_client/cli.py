@@ -53,6 +53,7 @@ from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLe
 from paperclip_client.session import CheckpointError, SessionCheckpointer, restore
 from paperclip_client.trees import TreeError
 from paperclip_client.workdir import (
+    TRANSFER_THREADS,
     ClientStore,
     SnapshotResult,
     WorkdirError,
@@ -109,12 +110,30 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let checkout overwrite local changes in the workdir",
     )
+    run.add_argument(
+        "--transfers",
+        type=_transfers,
+        default=TRANSFER_THREADS,
+        metavar="N",
+        help=f"requests to the store at once while uploading or fetching, 1..16"
+        f" (default {TRANSFER_THREADS})",
+    )
     run.add_argument("--url", default=os.environ.get("PAPERCLIP_URL"), help="$PAPERCLIP_URL")
     run.add_argument(
         "--key", default=os.environ.get("PAPERCLIP_AGENT_KEY"), help="$PAPERCLIP_AGENT_KEY"
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     return top
+
+
+def _transfers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 16:
+        raise argparse.ArgumentTypeError(f"must be a number from 1 to 16, not {text!r}")
+    return value
 
 
 def say(line: str) -> None:
@@ -448,13 +467,16 @@ class Runner:
             workspace=self.args.workspace,
             discard_local_changes=self.args.discard_local_changes,
             say=say,
+            threads=self.args.transfers,
         )
         say(f"checkout: {done.tree or 'empty'} {done.files} files, {done.fetched} bytes fetched")
 
     def _snapshot(self, run_id: str, runtime: RuntimeLeaseKeeper, workdir: Path) -> SnapshotResult:
         """Snapshot the workdir, upload what the server lacks, register it (fenced); the
         index is written only once the server holds the snapshot."""
-        taken = snapshot(ClientStore(self.client), workdir, say=say, warn=warn)
+        taken = snapshot(
+            ClientStore(self.client), workdir, say=say, warn=warn, threads=self.args.transfers
+        )
         runtime.ensure_held()
         try:
             self.client.snapshot_register(

@@ -20,8 +20,8 @@ import hashlib
 import io
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import IO, Any, TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any, NamedTuple, TypeVar, cast
 
 import httpx
 
@@ -532,20 +532,29 @@ class Client:
         return models.build(models.CasPut, data_)
 
     @operation("cas_batch_upload")
-    def cas_put_batch(self, frames: Sequence[tuple[str, bytes]]) -> models.CasBatch:
+    def cas_put_batch(self, frames: Sequence[tuple[str, bytes] | BatchFrame]) -> models.CasBatch:
         """Store many small blobs in one request, all or nothing: the body is, for each blob,
         the ASCII line `<name> <size>\n` then exactly `size` bytes. Keep it under the store's
-        `max_batch_bytes` and `max_batch_blobs` (`cas_config()`)."""
-        parts: list[bytes] = []
-        for name, data in frames:
-            parts.append(f"{name} {len(data)}\n".encode("ascii"))
-            parts.append(data)
-        body = b"".join(parts)
+        `max_batch_bytes` and `max_batch_blobs` (`cas_config()`). A frame is `(name, bytes)`
+        or a `BatchFrame` whose bytes are read while the body is sent: the body is streamed
+        with its `Content-Length`, never joined in memory (read again on a retry)."""
+        parts = [
+            f if isinstance(f, BatchFrame) else BatchFrame(f[0], len(f[1]), _constant(f[1]))
+            for f in frames
+        ]
+        heads = [f"{f.name} {f.size}\n".encode("ascii") for f in parts]
+        length = sum(len(h) for h in heads) + sum(f.size for f in parts)
+
+        def body() -> Iterator[bytes]:
+            for head, frame in zip(heads, parts, strict=True):
+                yield head
+                yield from frame.read()
+
         data_ = self.request(
             "POST",
             "/api/cas/batch",
-            content=lambda: body,
-            headers={"Content-Type": "application/octet-stream"},
+            content=body,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(length)},
             idempotent=True,
         )
         return models.build(models.CasBatch, data_)
@@ -697,6 +706,19 @@ class Client:
             idempotent=False,
         )
         return models.build(models.EnvironmentLease, data)
+
+
+class BatchFrame(NamedTuple):
+    """One blob of a batch upload: its name, its size and `read()`, which gives its bytes
+    from the start each time it is called (exactly `size` of them, in pieces)."""
+
+    name: str
+    size: int
+    read: Callable[[], Iterable[bytes]]
+
+
+def _constant(data: bytes) -> Callable[[], Iterable[bytes]]:
+    return lambda: (data,)
 
 
 def _read_pieces(stream: IO[bytes], size: int) -> Iterator[bytes]:

@@ -29,15 +29,18 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 import pathspec
 
+from paperclip_client.client import BatchFrame
 from paperclip_client.errors import BlobDigestMismatch, PaperclipError
 from paperclip_client.trees import (
     EMPTY_DIR,
@@ -63,6 +66,8 @@ MAX_DEPTH = 256
 PROGRESS_EVERY = 2.0
 # Blobs up to this size go in batch uploads (when the server's batch limit allows).
 SMALL_BLOB = 1024 * 1024
+# Requests to the store at once while uploading or fetching (`--transfers`).
+TRANSFER_THREADS = 4
 
 type Say = Callable[[str], None]
 type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks]]
@@ -105,7 +110,7 @@ class Store(Protocol):
     def limits(self) -> Limits: ...
     def find_missing(self, names: Sequence[str]) -> list[str]: ...
     def put(self, name: str, stream: IO[bytes], size: int) -> None: ...
-    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None: ...
+    def put_batch(self, frames: Sequence[BatchFrame]) -> None: ...
     def get(self, name: str, dest: IO[bytes]) -> int: ...
 
 
@@ -136,7 +141,7 @@ class ClientStore:
     def put(self, name: str, stream: IO[bytes], size: int) -> None:
         self.client.cas_put(name, stream, size)
 
-    def put_batch(self, frames: Sequence[tuple[str, bytes]]) -> None:
+    def put_batch(self, frames: Sequence[BatchFrame]) -> None:
         self.client.cas_put_batch(frames)
 
     def get(self, name: str, dest: IO[bytes]) -> int:
@@ -144,19 +149,22 @@ class ClientStore:
 
 
 class Progress:
-    """`say("<what>: <done>/<total> bytes")` at most every 2 s while a transfer runs."""
+    """`say("<what>: <done>/<total> bytes")` at most every 2 s while a transfer runs (`add`
+    may be called from several threads)."""
 
     def __init__(self, say: Say, what: str, total: int, every: float = PROGRESS_EVERY) -> None:
         self.say, self.what, self.total, self.every = say, what, total, every
         self.done = 0
         self._next = time.monotonic() + every
+        self._lock = threading.Lock()
 
     def add(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.every
-            self.say(f"{self.what}: {self.done}/{self.total} bytes")
+        with self._lock:
+            self.done += count
+            now = time.monotonic()
+            if now >= self._next:
+                self._next = now + self.every
+                self.say(f"{self.what}: {self.done}/{self.total} bytes")
 
 
 # --- the index -------------------------------------------------------------------------------
@@ -501,56 +509,120 @@ class SnapshotResult:
     scan: Scan
 
 
-def upload(store: Store, workdir: Path, found: Scan, *, say: Say) -> int:
-    """Upload the blobs of `found` that the store lacks; the bytes sent."""
+def upload(
+    store: Store, workdir: Path, found: Scan, *, say: Say, threads: int = TRANSFER_THREADS
+) -> int:
+    """Upload the blobs of `found` that the store lacks; the bytes sent. Batches and large
+    blobs are sent by up to `threads` requests at once. Batch bodies are streamed from the
+    files (never held in memory) and not hashed again: the store checks every blob, and a
+    mismatch means the file changed since the scan (`WorkdirChanged`)."""
     limits = store.limits()
     names = list(found.sources) + [n for n in found.dirs if n not in found.sources]
     missing = store.find_missing(names)
-    sizes = {n: (len(found.dirs[n]) if n in found.dirs else found.sources[n][2]) for n in missing}
-    total = sum(sizes.values())
+    del names
+    total = sum(len(found.dirs[n]) if n in found.dirs else found.sources[n][2] for n in missing)
     progress = Progress(say, "upload", total)
     small_limit = min(SMALL_BLOB, limits.max_batch_bytes // 4)
-    frames: list[tuple[str, bytes]] = []
-    frame_bytes = 0
 
-    def flush() -> None:
-        nonlocal frames, frame_bytes
-        if frames:
-            store.put_batch(frames)
-            progress.add(sum(len(d) for _, d in frames))
-        frames, frame_bytes = [], 0
+    def batch(frames: list[BatchFrame]) -> Callable[[], None]:
+        def send() -> None:
+            _put_batch(store, found, frames)
+            progress.add(sum(f.size for f in frames))
 
-    for name in missing:
-        size = sizes[name]
-        if size > small_limit:
+        return send
+
+    def large(name: str, size: int) -> Callable[[], None]:
+        def send() -> None:
             _put_large(store, workdir, found, name, size)
             progress.add(size)
-            continue
-        data = found.dirs[name] if name in found.dirs else _read_blob(workdir, found, name)
-        framed = len(name) + 24 + size
-        if frames and (
-            frame_bytes + framed > limits.max_batch_bytes or len(frames) >= limits.max_batch_blobs
-        ):
-            flush()
-        frames.append((name, data))
-        frame_bytes += framed
-    flush()
+
+        return send
+
+    def jobs() -> Iterator[Callable[[], None]]:
+        frames: list[BatchFrame] = []
+        frame_bytes = 0
+        for name in missing:
+            frame = _frame(workdir, found, name)
+            if frame.size > small_limit:
+                yield large(name, frame.size)
+                continue
+            framed = len(name) + 24 + frame.size
+            if frames and (
+                frame_bytes + framed > limits.max_batch_bytes
+                or len(frames) >= limits.max_batch_blobs
+            ):
+                yield batch(frames)
+                frames, frame_bytes = [], 0
+            frames.append(frame)
+            frame_bytes += framed
+        if frames:
+            yield batch(frames)
+
+    run_parallel(jobs(), threads)
     return total
 
 
-def _read_blob(workdir: Path, found: Scan, name: str) -> bytes:
+def run_parallel(jobs: Iterable[Callable[[], None]], threads: int) -> None:
+    """Run `jobs` on up to `threads` threads (in the caller's when 1), taking the next ones
+    from the iterator only as earlier ones finish; the first failure cancels the jobs not
+    started, waits for the running ones and is raised."""
+    if threads <= 1:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="paperclip-transfer") as pool:
+        pending: set[Future[None]] = set()
+        try:
+            for job in jobs:
+                pending.add(pool.submit(job))
+                while len(pending) >= 2 * threads:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        future.result()
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+
+
+def _frame(workdir: Path, found: Scan, name: str) -> BatchFrame:
+    data = found.dirs.get(name)
+    if data is not None:
+        return BatchFrame(name, len(data), lambda: (data,))
     path, offset, length = found.sources[name]
+    return BatchFrame(name, length, lambda: _read_source(workdir, path, offset, length))
+
+
+def _read_source(workdir: Path, path: str, offset: int, length: int) -> Iterator[bytes]:
+    """`length` bytes of the file at `path` from `offset`, in pieces (a file that no longer
+    has them: `WorkdirChanged`; one whose bytes changed is the store's mismatch)."""
     try:
-        fd = os.open(workdir / path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(workdir / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
     try:
-        data = os.pread(fd, length, offset)
+        while length > 0:
+            piece = os.pread(fd, min(PIECE, length), offset)
+            if not piece:
+                raise WorkdirChanged(f"{path}: changed while it was snapshotted")
+            offset += len(piece)
+            length -= len(piece)
+            yield piece
     finally:
         os.close(fd)
-    if blob_name(data) != name:
-        raise WorkdirChanged(f"{path}: changed while it was snapshotted")
-    return data
+
+
+def _put_batch(store: Store, found: Scan, frames: Sequence[BatchFrame]) -> None:
+    try:
+        store.put_batch(frames)
+    except BlobDigestMismatch as exc:
+        digest = str(exc.details.get("digest", ""))
+        path = found.sources[digest][0] if digest in found.sources else "a file"
+        raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
 
 
 def _put_large(store: Store, workdir: Path, found: Scan, name: str, size: int) -> None:
@@ -575,7 +647,13 @@ def _nofollow(path: str, flags: int) -> int:
 
 
 def snapshot(
-    store: Store, workdir: Path, *, say: Say, warn: Say, attempts: int = 3
+    store: Store,
+    workdir: Path,
+    *,
+    say: Say,
+    warn: Say,
+    attempts: int = 3,
+    threads: int = TRANSFER_THREADS,
 ) -> SnapshotResult:
     """Scan the workdir (with its stat cache) and upload what the store lacks. The index is
     not written here: `commit_snapshot` does it once the snapshot is registered."""
@@ -584,7 +662,7 @@ def snapshot(
         index = load_index(workdir)
         found = scan(workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn)
         try:
-            uploaded = upload(store, workdir, found, say=say)
+            uploaded = upload(store, workdir, found, say=say, threads=threads)
         except WorkdirChanged as exc:
             if attempt == attempts - 1:
                 raise
@@ -691,6 +769,52 @@ class _Dirs:
 _SPECIAL = Entry(name="", type="symlink", target="\0")  # a fifo, socket or device
 
 
+class _Prefetch:
+    """Small blobs fetched ahead by up to `threads` requests at once, in the order checkout
+    will write them (`take` them in that order); at most `4 * threads` held at a time."""
+
+    def __init__(self, store: Store, names: Sequence[str], threads: int) -> None:
+        self.store = store
+        self.names = iter(names)
+        self.ahead = 4 * threads
+        self.futures: dict[str, Future[bytes]] = {}
+        self.pool = (
+            ThreadPoolExecutor(threads, thread_name_prefix="paperclip-fetch")
+            if threads > 1 and names
+            else None
+        )
+        self._fill()
+
+    def _get(self, name: str) -> bytes:
+        buffer = io.BytesIO()
+        self.store.get(name, buffer)
+        return buffer.getvalue()
+
+    def _fill(self) -> None:
+        if self.pool is None:
+            return
+        while len(self.futures) < self.ahead:
+            name = next(self.names, None)
+            if name is None:
+                return
+            self.futures[name] = self.pool.submit(self._get, name)
+
+    def take(self, name: str) -> bytes | None:
+        """The blob's bytes if it was fetched ahead (checked by the store), else None."""
+        future = self.futures.pop(name, None)
+        if future is None:
+            return None
+        self._fill()
+        return future.result()
+
+    def close(self) -> None:
+        for future in self.futures.values():
+            future.cancel()
+        self.futures.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 class _Checkout:
     def __init__(
         self,
@@ -711,6 +835,7 @@ class _Checkout:
         self.fetched = 0
         self.written = 0
         self.progress: Progress | None = None
+        self.prefetch: _Prefetch | None = None
 
     # what is there now -------------------------------------------------------------------
 
@@ -820,7 +945,17 @@ class _Checkout:
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         try:
             with os.fdopen(out, "wb", closefd=False) as handle:
-                if not self._copy_local(entry, handle):
+                ahead = (
+                    self.prefetch.take(entry.digest)
+                    if self.prefetch is not None and entry.digest is not None
+                    else None
+                )
+                if ahead is not None:
+                    handle.write(ahead)
+                    self.fetched += len(ahead)
+                    if self.progress is not None:
+                        self.progress.add(len(ahead))
+                elif not self._copy_local(entry, handle):
                     handle.seek(0)
                     handle.truncate()
                     for blob in entry.blobs():
@@ -878,6 +1013,8 @@ class _Checkout:
         return digests == list(entry.blobs())
 
     def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.dirs.close()
 
 
@@ -925,12 +1062,14 @@ def checkout(
     workspace: str,
     discard_local_changes: bool = False,
     say: Say,
+    threads: int = TRANSFER_THREADS,
 ) -> CheckoutResult:
     """Make the workdir hold `head` (None: the empty tree). Only paths where `head` differs
     from the tree the workdir last held are touched; each of them whose content is neither
     of the two is local work: `LocalChanges` before anything is written, unless
     `discard_local_changes`. File contents come from the workdir itself when a file there
-    holds them (checked while copied), else from the store."""
+    holds them (checked while copied), else from the store (small blobs fetched by up to
+    `threads` requests at once)."""
     index = load_index(workdir)
     journal = _state(workdir) / JOURNAL
     same_place = index is not None and index.server == server and index.workspace == workspace
@@ -979,6 +1118,7 @@ def checkout(
         parents = sorted({p.rpartition("/")[0] for p in changed})
         _write_atomic(journal, json.dumps({"tree": head, "dirs": parents}).encode())
         work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
+        work.prefetch = _Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
         for p in broken:
             work.remove(p, force=True)
             work.make_dir(p, wanted[p].mode)
@@ -1039,6 +1179,32 @@ def _broken_parents(
     return sorted(broken)
 
 
+def _ahead(
+    wanted: Mapping[str, Entry],
+    changed: Sequence[str],
+    current: Mapping[str, Entry | None],
+    local: Mapping[str | tuple[str, ...], str],
+) -> list[str]:
+    """The small blobs checkout will fetch, in the order it writes their files (each once;
+    none that a workdir file already holds): what `checkout`'s loop sends to `write_file`."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for p in changed:
+        want = wanted.get(p)
+        if want is None or want.type != "file" or want.digest is None:
+            continue
+        cur = current[p]
+        if cur is not None and cur.type != want.type:
+            cur = None
+        if cur is not None and (cur.same(want) or cur.blobs() == want.blobs()):
+            continue
+        if want.size > SMALL_BLOB or want.digest in seen or want.digest in local:
+            continue
+        seen.add(want.digest)
+        names.append(want.digest)
+    return names
+
+
 def _both(a: Entry | None, b: Entry | None) -> bool:
     return (a is None and b is None) or (a is not None and a.same(b))
 
@@ -1090,6 +1256,8 @@ def iter_names(entries: Mapping[str, Entry]) -> Iterator[str]:
 __all__ = [
     "EMPTY_DIR",
     "MAX_NAME_BYTES",
+    "TRANSFER_THREADS",
+    "BatchFrame",
     "CheckoutResult",
     "ClientStore",
     "Index",
