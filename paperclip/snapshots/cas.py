@@ -597,7 +597,7 @@ class _DirectoryCache:
     still holds it can change, which the callers that need it check on the rows (registration
     touches every row it reaches). Least recently used out past MAX_BYTES."""
 
-    MAX_BYTES: Final = 64 * 1024 * 1024
+    MAX_BYTES: Final = 16 * 1024 * 1024
 
     def __init__(self) -> None:
         self._items: OrderedDict[tuple[UUID, str], bytes] = OrderedDict()
