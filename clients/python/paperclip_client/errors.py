@@ -247,6 +247,12 @@ class EnvironmentLeaseSingleFlight(ConflictError):
     code = "environment_lease_single_flight"
 
 
+class EnvironmentArchived(ConflictError):
+    """409: the environment is archived and takes no new lease (`details["environment_id"]`)."""
+
+    code = "environment_archived"
+
+
 class EnvironmentLeaseNotActive(ConflictError):
     code = "environment_lease_not_active"
 
