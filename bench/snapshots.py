@@ -51,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHM = Path("/dev/shm")  # noqa: S108
 sys.path.insert(0, str(ROOT))
 
+from bench.copyback import make_tree, timed  # noqa: E402 - the same tree as the copy-back bench
 from paperclip.testing.servers import (  # noqa: E402 - after the path setup
     free_port,
     stop_process,
@@ -78,24 +79,6 @@ RUN_TIMEOUT = 1800.0
 
 def log(message: str = "") -> None:
     print(message, flush=True)
-
-
-def make_tree(root: Path, files: int, seed: int) -> list[Path]:
-    rnd = random.Random(seed)
-    paths = []
-    for i in range(files):
-        directory = root / f"d{i % 200:03d}" / f"e{i % 7}"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"f{i:06d}.txt"
-        path.write_bytes(rnd.randbytes(rnd.randint(100, 16_000)))
-        paths.append(path)
-    return paths
-
-
-def timed(action: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
 
 
 # --- memory ---------------------------------------------------------------------------------

@@ -4,33 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError
 
 from leases.services import RuntimeLeaseSweepBatch, runtime_lease_sweep
 from paperclip.errors import DomainError
+from paperclip.management.sweeps import SweepCommand
 
 
-class Command(BaseCommand):
+class Command(SweepCommand):
+    unit = "leases"
+
     help = (
         "Delete runtime leases whose owner is stale (expired, owner issue missing/hidden/"
         "terminal, owner run missing/terminal), in batches. A lease renewed or reclaimed "
         "while the sweep runs survives: each one is re-checked under its row lock."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--dry-run", action="store_true", help="List what would be deleted; change nothing."
-        )
-        parser.add_argument(
-            "--batch-size", type=int, default=500, help="Leases per transaction (default 500)."
-        )
-
     def handle(self, *args: Any, **options: Any) -> None:
-        batch_size: int = options["batch_size"]
-        dry_run: bool = options["dry_run"]
-        if batch_size < 1:
-            raise CommandError("--batch-size must be a positive integer")
-        verb = "would delete" if dry_run else "deleted"
+        batch_size, dry_run, verb = self.sweep_options(options)
 
         def progress(number: int, batch: RuntimeLeaseSweepBatch) -> None:
             line = f"batch {number}: examined {batch.examined}, {verb} {len(batch.deleted)}"

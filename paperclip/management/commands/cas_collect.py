@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-
+from paperclip.management.sweeps import SweepCommand
 from paperclip.snapshots.collect import CollectProgress, cas_collect
 
 
-class Command(BaseCommand):
+class Command(SweepCommand):
+    unit = "blobs"
+
     help = (
         "Delete the content-addressed store's blobs that are older than "
         "PAPERCLIP_CAS_GRACE_SECONDS and reachable from no workspace head nor live run's "
@@ -17,20 +18,8 @@ class Command(BaseCommand):
         "collection runs survives: each batch re-checks the age on the row."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would be deleted; change nothing."
-        )
-        parser.add_argument(
-            "--batch-size", type=int, default=500, help="Blobs per transaction (default 500)."
-        )
-
     def handle(self, *args: Any, **options: Any) -> None:
-        batch_size: int = options["batch_size"]
-        dry_run: bool = options["dry_run"]
-        if batch_size < 1:
-            raise CommandError("--batch-size must be a positive integer")
-        verb = "would delete" if dry_run else "deleted"
+        batch_size, dry_run, verb = self.sweep_options(options)
 
         def progress(step: CollectProgress) -> None:
             if step.phase == "reached":
