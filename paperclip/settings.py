@@ -104,6 +104,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "paperclip.observability.middleware.RequestObservabilityMiddleware",
+    # Under it: the status the request log records is the one sent.
+    "paperclip.api.errors.ApiJsonErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Django's session, CSRF, authentication and message middleware, skipped by API requests
     # that carry an agent key or a board token (paperclip/api/middleware.py).

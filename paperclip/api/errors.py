@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -14,7 +15,7 @@ from django import db
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -174,3 +175,41 @@ def json_bad_request(request: HttpRequest, exception: Exception | None = None) -
 def json_server_error(request: HttpRequest) -> JsonResponse:
     """handler500: never leaks internals."""
     return JsonResponse(error_body("internal_error", "Internal server error."), status=500)
+
+
+# Django's own error pages that may reach an API path (an unknown path under DEBUG is its
+# technical 404 page; handler404 only applies without DEBUG): the codes they become.
+_DJANGO_ERROR_CODES: dict[int, tuple[str, str]] = {
+    400: ("invalid_request", "The request was rejected."),
+    403: ("permission_denied", "Permission denied."),
+    404: ("not_found", "Not found."),
+    405: ("method_not_allowed", "Method not allowed."),
+    413: ("request_too_large", "The request body is too large."),
+}
+
+
+class ApiJsonErrorsMiddleware:
+    """Every `/api/` path answers its errors in the API's one JSON body, whatever
+    `DJANGO_DEBUG` says: an HTML error page from Django itself is replaced (a JSON body,
+    already the API's, passes untouched). Costs one comparison on a successful response."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code < 400 or not request.path.startswith("/api/"):
+            return response
+        if response.get("Content-Type", "").startswith("application/json"):
+            return response
+        code, message = _DJANGO_ERROR_CODES.get(
+            response.status_code,
+            ("internal_error", "Internal server error.")
+            if response.status_code >= 500
+            else ("invalid_request", "The request was rejected."),
+        )
+        replaced = JsonResponse(error_body(code, message), status=response.status_code)
+        for header in ("Allow", "Retry-After", "X-Request-ID"):
+            if header in response:
+                replaced[header] = response[header]
+        return replaced
