@@ -51,6 +51,9 @@ class WorkspaceRuntimeLease(TimestampedModel):
     renewed_at = models.DateTimeField(db_default=Now())
     expires_at = models.DateTimeField()
     metadata = models.JSONField(null=True, blank=True)
+    # The grant's fence (docs/leases.md#fence): the PostgreSQL timeline in the bits above 40,
+    # the generation below, so a failover that lost the last grants still hands out larger ones.
+    fence = models.BigIntegerField(db_default=0)
     generation = models.BigIntegerField(default=1)
     # Whether the owner the key names is missing, hidden or ended: kept by database triggers
     # on this table, issues and runs (docs/data-model.md#owner-stale-marker), never by Python.

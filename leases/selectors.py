@@ -64,7 +64,7 @@ LEASE_TABLE: Final = WorkspaceRuntimeLease._meta.db_table
 # Column list shared by every raw statement that returns a lease (order = RuntimeLease fields).
 LEASE_COLUMNS: Final = (
     "id, company_id, execution_workspace_id, owner_key, owner_issue_id, owner_run_id, "
-    "owner_agent_id, last_action, generation, claimed_at, renewed_at, expires_at, metadata"
+    "owner_agent_id, last_action, generation, claimed_at, renewed_at, expires_at, metadata, fence"
 )
 
 _UUID_RE: Final = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -87,6 +87,9 @@ class RuntimeLease:
     renewed_at: datetime
     expires_at: datetime
     metadata: dict[str, Any] | None
+    # Strictly increasing over every grant of the workspace, also across a failover that lost
+    # the last grants (docs/leases.md#fence).
+    fence: int = 0
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> RuntimeLease:
@@ -109,6 +112,7 @@ class RuntimeLease:
             renewed_at=row[10],
             expires_at=row[11],
             metadata=metadata,
+            fence=row[13],
         )
 
     @classmethod
@@ -127,6 +131,7 @@ class RuntimeLease:
             renewed_at=lease.renewed_at,
             expires_at=lease.expires_at,
             metadata=lease.metadata,
+            fence=lease.fence,
         )
 
 

@@ -65,6 +65,12 @@ class LeaseSerializer(serializers.Serializer[RuntimeLease]):
     owner_agent_id = serializers.UUIDField(allow_null=True)
     last_action = serializers.ChoiceField(choices=services.LEASED_ACTIONS)
     generation = serializers.IntegerField(help_text="Fencing token; never repeats per workspace.")
+    fence = serializers.IntegerField(
+        help_text=(
+            "Strictly increases with every grant of the workspace, also across a database "
+            "failover that lost the last grants; pass it to systems that must order writers."
+        )
+    )
     claimed_at = serializers.DateTimeField()
     renewed_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
@@ -299,6 +305,9 @@ class WorkspaceOperationCreateApi(APIView):
     @extend_schema_serializer(component_name="FencedWorkspaceOperation")
     class InputSerializer(OwnerInputSerializer):
         generation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+        fence = serializers.IntegerField(
+            required=False, allow_null=True, min_value=1, max_value=2**63 - 1
+        )
         phase = serializers.CharField(max_length=200)
         command = serializers.CharField(
             required=False, allow_null=True, allow_blank=True, max_length=20_000
@@ -355,6 +364,7 @@ class WorkspaceOperationCreateApi(APIView):
             execution_workspace_id=workspace_id,
             owner=_owner(actor, company_id, values),
             generation=values["generation"],
+            fence=values.get("fence"),
             phase=values["phase"],
             status=values["status"],
             command=values.get("command"),

@@ -169,13 +169,30 @@ _FAST_RENEW_SQL: Final = {
 }
 
 
+# A grant's fence: the current PostgreSQL timeline (the first 8 hex digits of the WAL segment
+# name; a promotion starts a new, larger one, and any user may read it) above bit 40, the
+# generation below. A failover that lost the last grants may hand a generation out again, but
+# on a larger timeline, so fences keep increasing (docs/leases.md#fence).
+FENCE_SHIFT: Final = 40
+FENCE_SQL: Final = (
+    "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
+    f" << {FENCE_SHIFT}) + %s)"
+)
+
+
+def fence_of(*, timeline: int, generation: int) -> int:
+    """The fence `FENCE_SQL` computes (a plain function: the ordering it promises is tested
+    without a failover)."""
+    return (timeline << FENCE_SHIFT) + generation
+
+
 # Insert and counter bump in one statement, under the workspace row lock already held.
 _CREATE_SQL: Final = (
     f"WITH created AS (INSERT INTO {LEASE_TABLE} (id, company_id, execution_workspace_id,"  # noqa: S608
     " owner_key, owner_issue_id, owner_run_id, owner_agent_id, last_action, generation,"
-    " claimed_at, renewed_at, expires_at, metadata, created_at, updated_at)"
+    " claimed_at, renewed_at, expires_at, metadata, created_at, updated_at, fence)"
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now(), now(),"
-    " now() + make_interval(secs => %s), NULL, now(), now())"
+    f" now() + make_interval(secs => %s), NULL, now(), now(), {FENCE_SQL})"
     f" ON CONFLICT (execution_workspace_id) DO NOTHING RETURNING {LEASE_COLUMNS}),"
     " bumped AS (UPDATE execution_workspaces w SET runtime_lease_generation = c.generation"
     " FROM created c WHERE w.id = c.execution_workspace_id)"
@@ -186,6 +203,7 @@ _CREATE_SQL: Final = (
 _RECLAIM_SQL: Final = (
     f"WITH reclaimed AS (UPDATE {LEASE_TABLE} SET owner_key = %s, owner_issue_id = %s,"  # noqa: S608
     " owner_run_id = %s, owner_agent_id = %s, last_action = %s, generation = %s,"
+    f" fence = {FENCE_SQL},"
     " claimed_at = now(), renewed_at = now(), expires_at = now() + make_interval(secs => %s),"
     " metadata = jsonb_build_object('reclaimedFromOwnerKey', %s::text, 'reclaimReason',"
     " %s::text, 'reclaimedAt',"
@@ -364,6 +382,7 @@ def _claim_in_tx(
             action,
             next_generation,
             ttl,
+            next_generation,
         ],
     )
     if created is not None:
@@ -414,6 +433,7 @@ def _claim_in_tx(
             owner.run_id,
             owner.agent_id,
             action,
+            next_generation,
             next_generation,
             ttl,
             current.owner_key,

@@ -48,6 +48,7 @@ def workspace_operation_create_fenced(
     status: str,
     command: str | None = None,
     exit_code: int | None = None,
+    fence: int | None = None,
 ) -> WorkspaceOperationRecord:
     """Record a workspace operation only while `owner`'s key holds the lease at `generation`
     and that owner is still eligible (its issue/run not stale, docs/leases.md#owner-eligibility).
@@ -86,6 +87,7 @@ def workspace_operation_create_fenced(
                     generation=generation,
                     current=current,
                     ineligible=ineligible,
+                    fence=fence,
                 )
                 operation_id, started_at, finished_at = _insert_operation_in_tx(
                     company_id=company_id,
@@ -135,23 +137,33 @@ def require_fence(
     generation: int,
     current: RuntimeLease | None,
     ineligible: StaleReason | None,
+    fence: int | None = None,
 ) -> None:
     """The fence of a write (a plain function of the locked lease): the writer's key must hold
-    the lease at exactly its generation (RuntimeLeaseSuperseded otherwise, naming the current
-    holder, if any), and the holder's own issue or run must not be stale (`ineligible`, the
-    stale reason: RuntimeLeaseOwnerIneligible)."""
+    the lease at exactly its generation, and at exactly its fence when it names one
+    (RuntimeLeaseSuperseded otherwise, naming the current holder, if any), and the holder's own
+    issue or run must not be stale (`ineligible`, the stale reason:
+    RuntimeLeaseOwnerIneligible)."""
     if (
         owner_key is None
         or current is None
         or current.owner_key != owner_key
         or current.generation != generation
+        or (fence is not None and current.fence != fence)
     ):
+        fences: dict[str, Any] = {}
+        if fence is not None:  # named only by writers that pass a fence: older bodies unchanged
+            fences = {
+                "requested_fence": fence,
+                "current_fence": None if current is None else current.fence,
+            }
         raise RuntimeLeaseSuperseded(
             execution_workspace_id=str(execution_workspace_id),
             requested_owner_key=owner_key,
             requested_generation=generation,
             current_generation=None if current is None else current.generation,
             owner_key=None if current is None else current.owner_key,
+            **fences,
         )
     if ineligible is not None:
         # Holds the lease, but its own issue/run says it may no longer act.

@@ -128,10 +128,8 @@ def run_snapshot_register(
                     generation=generation,
                     current=current,
                     ineligible=ineligible,
+                    fence=fence,
                 )
-                # `fence` is accepted for callers written against leases that carry one; the
-                # generation alone fences until then (docs/snapshots.md#registering-a-snapshot).
-                del fence
                 existing = RunSnapshot.objects.filter(run_id=run_id, tree=tree).first()
                 if existing is not None and existing.base == base:
                     return SnapshotRegistration(existing, created=False)

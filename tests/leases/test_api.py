@@ -29,6 +29,7 @@ LEASE_KEYS = {
     "owner_agent_id",
     "last_action",
     "generation",
+    "fence",
     "claimed_at",
     "renewed_at",
     "expires_at",

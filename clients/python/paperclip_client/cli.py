@@ -480,7 +480,11 @@ class Runner:
         runtime.ensure_held()
         try:
             self.client.snapshot_register(
-                run_id, tree=taken.tree, base=self.base, generation=runtime.generation
+                run_id,
+                tree=taken.tree,
+                base=self.base,
+                generation=runtime.generation,
+                fence=runtime.fence,
             )
         except ConflictError as exc:
             if exc.code.startswith("workspace_runtime_lease_"):

@@ -237,6 +237,14 @@ class RuntimeLeaseKeeper(_Keeper):
             raise LeaseLost("not claimed")
         return self.lease.generation
 
+    @property
+    def fence(self) -> int | None:
+        """The grant's fence, for outside systems that must order writers (None: the server
+        hands out none)."""
+        if self.lease is None:
+            raise LeaseLost("not claimed")
+        return self.lease.fence
+
     def _claim(self) -> LeaseClaim:
         return self.client.runtime_lease_claim(
             self.workspace_id,

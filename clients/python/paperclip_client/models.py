@@ -138,6 +138,8 @@ class RuntimeLease:
     renewed_at: datetime
     expires_at: datetime
     metadata: Any = None
+    # Strictly increasing over every grant of the workspace (None from a server without it).
+    fence: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

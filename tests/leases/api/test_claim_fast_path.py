@@ -70,6 +70,7 @@ def expected_body(result):
             "owner_agent_id": uuid_text(lease.owner_agent_id),
             "last_action": lease.last_action,
             "generation": lease.generation,
+            "fence": lease.fence,
             "claimed_at": DATETIME.to_representation(lease.claimed_at),
             "renewed_at": DATETIME.to_representation(lease.renewed_at),
             "expires_at": DATETIME.to_representation(lease.expires_at),

@@ -52,6 +52,7 @@ class Runner:
             owner=RuntimeLeaseOwner.for_agent(self.agent.pk, run_id=run.pk),
         )
         assert claim.lease is not None
+        self.fence = claim.lease.fence
         return claim.lease.generation
 
     def register(self, tree: str, base: str | None = None, **extra: Any) -> Any:
@@ -244,3 +245,14 @@ def test_a_tree_of_more_files_than_one_store_query_takes_registers(runner: Runne
     response = runner.register(root)
     assert response.status_code == 201, response.content[:300]
     assert response.json()["files"] == 10_001
+
+
+def test_a_snapshot_naming_the_leases_fence_registers_and_another_fence_is_superseded(
+    runner: Runner,
+) -> None:
+    tree = store_tree(runner.company.pk, FILES)
+    stale = runner.register(tree, fence=runner.fence + 1)
+    assert stale.status_code == 409
+    assert stale.json()["error"]["details"]["current_fence"] == runner.fence
+    assert not RunSnapshot.objects.exists()
+    assert runner.register(tree, fence=runner.fence).status_code == 201
