@@ -11,15 +11,18 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers, status
+from rest_framework.generics import ListAPIView
+from rest_framework.pagination import CursorPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from paperclip import selectors, services
-from paperclip.api.auth import IsAgentOrBoard, IsBoard, IsSuperuserBoard, actor_for
+from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, IsSuperuserBoard, actor_for
 from paperclip.api.serializers import (
     AUTH_ERRORS,
     INVALID_REQUEST,
@@ -35,7 +38,7 @@ from paperclip.api.serializers import (
     UUIDBodyField,
     error_responses,
 )
-from paperclip.models import Agent, Company, HeartbeatRun, Issue
+from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
 
 NAME_MAX = 200
 TITLE_MAX = 1000
@@ -98,6 +101,72 @@ class MeApi(APIView):
         )
         body["company_ids"] = [str(pk) for pk in ids]
         return Response(body)
+
+
+class NewestFirst(CursorPagination):
+    """100 a page, newest first, with a cursor link to the next page."""
+
+    page_size = 100
+    ordering = ("-created_at", "-id")
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"results": data, "next": self.get_next_link()})
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["results", "next"],
+            "properties": {
+                "results": schema,
+                "next": {"type": "string", "format": "uri", "nullable": True},
+            },
+        }
+
+
+class _AgentLookupApi(ListAPIView):  # type: ignore[type-arg]
+    """An agent's own lookups (docs/api.md#agents-lookups): read-only, in its company."""
+
+    permission_classes = (IsAuthenticated, IsAgent)
+    pagination_class = NewestFirst
+
+
+class MyIssuesApi(_AgentLookupApi):
+    serializer_class = IssueOutputSerializer
+
+    def get_queryset(self) -> QuerySet[Issue]:
+        agent = actor_for(self.request).agent
+        assert agent is not None  # noqa: S101 - IsAgent
+        return Issue.objects.filter(
+            company_id=agent.company_id, assignee_agent_id=agent.pk, hidden_at__isnull=True
+        )
+
+    @extend_schema(
+        operation_id="my_issues",
+        summary="The issues assigned to the calling agent (not hidden), newest first",
+        responses={200: IssueOutputSerializer(many=True), **error_responses(*AUTH_ERRORS)},
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class MyExecutionWorkspacesApi(_AgentLookupApi):
+    serializer_class = ExecutionWorkspaceOutputSerializer
+
+    def get_queryset(self) -> QuerySet[ExecutionWorkspace]:
+        agent = actor_for(self.request).agent
+        assert agent is not None  # noqa: S101 - IsAgent
+        return ExecutionWorkspace.objects.filter(company_id=agent.company_id)
+
+    @extend_schema(
+        operation_id="my_execution_workspaces",
+        summary="The execution workspaces of the calling agent's company, newest first",
+        responses={
+            200: ExecutionWorkspaceOutputSerializer(many=True),
+            **error_responses(*AUTH_ERRORS),
+        },
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
 
 
 # --- companies, agents, keys ------------------------------------------------------------------

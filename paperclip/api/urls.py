@@ -12,6 +12,12 @@ from paperclip.api import schema as _schema  # noqa: F401  (registers auth exten
 
 urlpatterns: list[URLPattern] = [
     path("me", views.MeApi.as_view(), name="me"),
+    path("me/issues", views.MyIssuesApi.as_view(), name="my-issues"),
+    path(
+        "me/execution-workspaces",
+        views.MyExecutionWorkspacesApi.as_view(),
+        name="my-execution-workspaces",
+    ),
     path("companies", views.CompanyCreateApi.as_view(), name="company-create"),
     path("companies/<uuid:company_id>/agents", views.AgentCreateApi.as_view(), name="agent-create"),
     path("agents/<uuid:agent_id>/keys", views.AgentKeyCreateApi.as_view(), name="agent-key-create"),

@@ -207,6 +207,33 @@ class Client:
             models.ExecutionWorkspace, self._get(f"/api/execution-workspaces/{workspace_id}")
         )
 
+    @operation("my_issues")
+    def my_issues(self) -> list[models.Issue]:
+        """The issues assigned to this agent (not hidden), newest first, every page."""
+        return [models.build(models.Issue, item) for item in self._pages("/api/me/issues")]
+
+    @operation("my_execution_workspaces")
+    def my_execution_workspaces(self) -> list[models.ExecutionWorkspace]:
+        """The execution workspaces of this agent's company, newest first, every page."""
+        return [
+            models.build(models.ExecutionWorkspace, item)
+            for item in self._pages("/api/me/execution-workspaces")
+        ]
+
+    def _pages(self, path: str) -> list[Any]:
+        """Every item of a `{"results", "next"}` list, following `next` (same server)."""
+        items: list[Any] = []
+        url: str | None = path
+        while url is not None:
+            page = self._get(url)
+            items.extend(page["results"])
+            following = page.get("next")
+            url = None
+            if isinstance(following, str):
+                parts = httpx.URL(following)
+                url = parts.raw_path.decode("ascii")
+        return items
+
     # --- runs --------------------------------------------------------------------------------
 
     @operation("heartbeat_run_create")
