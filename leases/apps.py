@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class LeasesConfig(AppConfig):
     name = "leases"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from leases.api.run_block import run_orphaned_since_block
+        from paperclip.api.serializers import run_block_register
+
+        run_block_register("orphaned_since", run_orphaned_since_block)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db.models import Count, Min, QuerySet
 
 from leases.models import WorkspaceRuntimeLease
+from leases.orphans import orphaned_runs
 from leases.selectors import (
     STALE,
     STALE_REASON,
@@ -46,6 +47,16 @@ def _stale_by_reason(scope: AttentionScope) -> list[AttentionTile]:
     ]
 
 
+def _orphaned_runs(scope: AttentionScope) -> list[AttentionTile]:
+    found = orphaned_runs(company_ids=scope.company_ids, limit=10_000)
+    oldest = min((o.since for o in found if o.since is not None), default=None)
+    hint = (
+        "Running, but every lease lapsed: its agent is gone. The worker interrupts it after "
+        "the grace; interrupt it now from its page."
+    )
+    return [AttentionTile("run_orphaned", "Orphaned runs", len(found), oldest, hint=hint)]
+
+
 TILES: tuple[TileSource, ...] = (
     TileSource(
         ("runtime_lease_stale",),
@@ -54,5 +65,10 @@ TILES: tuple[TileSource, ...] = (
             "admin:leases_workspaceruntimelease_changelist",
             {"stale_reason": detail or ""},
         ),
+    ),
+    TileSource(
+        ("run_orphaned",),
+        _orphaned_runs,
+        lambda kind, detail: ("admin:paperclip_heartbeatrun_changelist", {"orphaned": "yes"}),
     ),
 )

@@ -126,6 +126,7 @@ def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
             "work_command_ids": [],
             "predecessor": None,
         },
+        "api/heartbeat-runs/<uuid:run_id>/interrupt": {"reason": "its agent is gone"},
         "api/heartbeat-runs/<uuid:run_id>/snapshots": {
             "tree": "sha256:" + "0" * 64,
             "base": None,

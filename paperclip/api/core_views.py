@@ -37,6 +37,7 @@ from paperclip.api.serializers import (
     StrictInputSerializer,
     UUIDBodyField,
     error_responses,
+    validated_body,
 )
 from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
 
@@ -456,6 +457,44 @@ class RunCreateApi(APIView):
         data.is_valid(raise_exception=True)
         result = services.run_create(actor=actor_for(request), **data.validated_data)
         return Response(RunOutputSerializer(result.run).data, status=status.HTTP_201_CREATED)
+
+
+class RunInterruptApi(APIView):
+    """The board marks a live run interrupted at once (its agent is gone)."""
+
+    permission_classes = (IsAuthenticated, IsBoard)
+
+    @extend_schema_serializer(component_name="RunInterruptInput")
+    class InputSerializer(StrictInputSerializer):
+        reason = serializers.CharField(min_length=1, max_length=2000)
+
+    @extend_schema(
+        operation_id="heartbeat_run_interrupt",
+        summary="Mark a live run interrupted now (board), releasing its issue",
+        request=InputSerializer,
+        responses={
+            200: RunOutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                RESOURCE_BUSY,
+                (422, "invalid_run_transition"),
+            ),
+        },
+    )
+    def post(self, request: Request, run_id: UUID) -> Response:
+        actor = actor_for(request)
+        values = validated_body(self.InputSerializer, request.data)
+        run = services.run_interrupt(
+            company_ids=actor.company_ids,
+            run_id=run_id,
+            actor_type=actor.actor_type,
+            actor_id=actor.actor_id,
+            reason=values["reason"],
+        )
+        assert run is not None  # noqa: S101 - no `still` judge: it always acts or raises
+        return Response(RunOutputSerializer(run).data)
 
 
 class RunDetailApi(APIView):

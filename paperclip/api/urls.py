@@ -45,6 +45,11 @@ urlpatterns: list[URLPattern] = [
     ),
     path("heartbeat-runs", views.RunCreateApi.as_view(), name="heartbeat-run-create"),
     path("heartbeat-runs/<uuid:run_id>", views.RunDetailApi.as_view(), name="heartbeat-run-detail"),
+    path(
+        "heartbeat-runs/<uuid:run_id>/interrupt",
+        views.RunInterruptApi.as_view(),
+        name="heartbeat-run-interrupt",
+    ),
     # The content-addressed store (docs/snapshots.md#the-store); a bad blob name is a 400.
     path("cas", cas_views.CasLimitsApi.as_view(), name="cas-limits"),
     path("cas/find-missing", cas_views.CasFindMissingApi.as_view(), name="cas-find-missing"),

@@ -44,6 +44,7 @@ from paperclip.services.runs import (
     issue_slots_release_in_tx,
     run_create,
     run_finish_in_tx,
+    run_interrupt,
     run_transition,
 )
 from paperclip.services.shared import absolute_path_error
@@ -67,5 +68,6 @@ __all__ = [
     "issue_update",
     "run_create",
     "run_finish_in_tx",
+    "run_interrupt",
     "run_transition",
 ]

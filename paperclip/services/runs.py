@@ -18,6 +18,7 @@ first (lock order: issue -> coordinator -> run, see `paperclip.locks`).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -370,3 +371,45 @@ def issue_slots_release_in_tx(*, run_id: UUID) -> bool:
         checkout_run=None, updated_at=Now()
     )
     return bool(executing or checked_out)
+
+
+def run_interrupt(
+    *,
+    company_ids: frozenset[UUID] | None,
+    run_id: UUID,
+    actor_type: str,
+    actor_id: str,
+    reason: str,
+    still: Callable[[HeartbeatRun], bool] | None = None,
+) -> HeartbeatRun | None:
+    """Mark a live run `interrupted` at once (the board's "this agent is gone", or the worker's
+    orphaned-run sweep), releasing its issue's execution lock; `reason` goes into the audit row.
+
+    `company_ids` limits which runs the actor may see (None: all, the system). `still(run)`,
+    when given, re-judges the locked run and may decline (None returned, nothing written): the
+    sweep's check that the run is still orphaned. Locks issue -> run. Raises NotFoundError,
+    InvalidRunTransition (422: the run is terminal already), ResourceBusy.
+    """
+    with busy_on_lock_timeout(run_id=str(run_id)), transaction.atomic(durable=True):
+        set_local_lock_timeout()
+        locked = run_lock_with_issue(run_id=run_id)
+        run = locked.run
+        if company_ids is not None and run.company_id not in company_ids:
+            raise NotFoundError()  # as a run that does not exist
+        if run.is_terminal:
+            raise InvalidRunTransition(
+                f"A {run.status} run cannot become interrupted.",
+                run_id=str(run.pk),
+                from_status=run.status,
+                to_status=RunStatus.INTERRUPTED,
+            )
+        if still is not None and not still(run):
+            return None
+        run_finish_in_tx(
+            run=run,
+            to_status=RunStatus.INTERRUPTED,
+            actor_type=actor_type,
+            actor_id=actor_id,
+            details={"reason": reason},
+        )
+    return run

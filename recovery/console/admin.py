@@ -14,6 +14,7 @@ from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 
 from leases.models import EnvironmentLease
+from leases.orphans import orphaned_runs
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
@@ -55,6 +56,23 @@ class NativePhaseFilter(admin.SimpleListFilter):
         return queryset.filter(native_phase=value) if value else queryset
 
 
+class OrphanedFilter(admin.SimpleListFilter):
+    """Running runs every lease of which lapsed (the dashboard's "Orphaned runs" tile)."""
+
+    title = "orphaned"
+    parameter_name = "orphaned"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Orphaned (every lease lapsed)")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[HeartbeatRun]
+    ) -> QuerySet[HeartbeatRun]:
+        if self.value() != "yes":
+            return queryset
+        return queryset.filter(pk__in=[o.run_id for o in orphaned_runs(limit=10_000)])
+
+
 @admin.register(HeartbeatRun)
 class HeartbeatRunAdmin(FinalizeNowMixin, ReadOnlyAdmin):
     list_display = (
@@ -70,6 +88,7 @@ class HeartbeatRunAdmin(FinalizeNowMixin, ReadOnlyAdmin):
     )
     list_filter = (
         "status",
+        OrphanedFilter,
         "runtime_mode",
         NativePhaseFilter,
         recent_filter("created_at", "created"),

@@ -38,6 +38,14 @@ class StuckWorkCollector(Collector):
                 oldest.add_metric(labels, max(0.0, age))
         yield stuck
         yield oldest
+        orphaned = GaugeMetricFamily(
+            "paperclip_orphaned_runs",
+            "Running runs every lease of which lapsed (their agent is gone), not yet interrupted.",
+        )
+        orphaned.add_metric(
+            [], sum(tile.count for tile in summary.tiles if tile.kind == "run_orphaned")
+        )
+        yield orphaned
         heartbeat = GaugeMetricFamily(
             "paperclip_worker_heartbeat_age_seconds",
             "Seconds since the freshest worker heartbeat (absent: no worker ever registered).",

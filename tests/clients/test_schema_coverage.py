@@ -28,6 +28,7 @@ BOARD_ONLY = {
     "issues_recovery_actions_resume_workspace_finalization_create",
     "issues_recovery_actions_resolve_workspace_conflict_create",
     "platform_worker_stops_create",  # the worker platform, signed by HMAC
+    "heartbeat_run_interrupt",
 }
 CODE = re.compile(r"\b[a-z]+(?:_[a-z]+)+\b|\b(?:conflict|not_found)\b")
 
