@@ -3,7 +3,9 @@ lapsed on the database clock, the runtime lease naming it (as owner run, or owne
 its controller lease, and that has no accepted result (finalization carries those). Such a run
 was left by an agent that died (kill -9, a lost host): nothing will ever end it but us.
 
-`orphaned_since` is when its last lease lapsed (its start when it never held one). The worker
+`orphaned_since` is when its last lease lapsed; a run that never held a lease (it just started,
+or it does not use leases) is never judged orphaned, nor is one whose only lease, a runtime
+lease, the sweep already removed (the CLI's runs also hold a controller lease). The worker
 moves a run orphaned for longer than `PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS` to `interrupted`,
 releasing its issue's execution lock; the board can do it at once.
 """
@@ -21,12 +23,13 @@ from django.db import connection
 from leases.selectors import LEASE_TABLE
 from paperclip.errors import DomainError
 from paperclip.services import run_interrupt
+from paperclip.services.runs import HolderLiveness
 
 SWEEPER: Final = "orphaned_run_sweep"
 
 _ORPHANED_SQL: Final = f"""
     SELECT r.id, r.company_id,
-           greatest(coalesce(r.started_at, r.updated_at), lease.lapsed, f.lease_expires_at) AS since
+           greatest(lease.lapsed, f.lease_expires_at) AS since
     FROM heartbeat_runs r
     LEFT JOIN native_run_finalizations f ON f.run_id = r.id
     LEFT JOIN LATERAL (
@@ -39,6 +42,9 @@ _ORPHANED_SQL: Final = f"""
       AND f.result_id IS NULL
       AND coalesce(lease.live, false) = false
       AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= now())
+      -- It held a lease that lapsed: a run that never held one (just started, or one that
+      -- does not use leases) is not judged.
+      AND (lease.lapsed IS NOT NULL OR f.lease_expires_at IS NOT NULL)
 """  # noqa: S608 - constant identifiers
 
 
@@ -85,6 +91,33 @@ def run_orphaned_since(run_id: UUID) -> datetime | None:
     if not found:
         return None
     return found[0].since
+
+
+def run_liveness(run_id: UUID) -> HolderLiveness:
+    """A holder's liveness for a run start that meets it (registered with the core): whether
+    it is orphaned now, its leases' last renewal, and when it became or would become orphaned
+    (its leases' last expiry)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT max(l.renewed_at),
+                   greatest(max(l.expires_at), f.lease_expires_at)
+            FROM heartbeat_runs r
+            LEFT JOIN native_run_finalizations f ON f.run_id = r.id
+            LEFT JOIN {LEASE_TABLE} l
+              ON l.owner_run_id = r.id OR l.owner_issue_id = coalesce(r.native_issue_id, r.issue_id)
+            WHERE r.id = %s
+            GROUP BY f.lease_expires_at
+            """,  # noqa: S608 - constant identifiers
+            [run_id],
+        )
+        row = cursor.fetchone()
+    orphan = orphaned_runs(run_ids=[run_id], limit=1)
+    return HolderLiveness(
+        orphaned=bool(orphan),
+        last_renewed_at=row[0] if row else None,
+        orphaned_at=orphan[0].since if orphan else (row[1] if row else None),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -38,7 +39,7 @@ from paperclip.errors import (
     NotFoundError,
     PermissionDenied,
 )
-from paperclip.locks import run_lock_with_issue
+from paperclip.locks import run_lock_with_issue, runs_for_update
 from paperclip.models import (
     Agent,
     ExecutionWorkspace,
@@ -269,6 +270,45 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
     return RunTransition(run=run, from_status=from_status, changed=True)
 
 
+@dataclass(frozen=True, slots=True)
+class HolderLiveness:
+    """What keeps a run that holds an issue alive, as the leases app judges it."""
+
+    orphaned: bool  # every lease lapsed, no accepted result: its agent is gone
+    last_renewed_at: datetime | None
+    orphaned_at: datetime | None  # when it became, or would become, orphaned
+
+
+_liveness_judge: Callable[[UUID], HolderLiveness] | None = None
+
+
+def run_liveness_judge_register(judge: Callable[[UUID], HolderLiveness]) -> None:
+    """The app that keeps runs' leases (leases) judges a holder's liveness for run starts."""
+    global _liveness_judge
+    _liveness_judge = judge
+
+
+def _take_over_orphaned_holder(
+    *, holder_id: UUID, run: HeartbeatRun, actor_type: str, actor_id: str
+) -> HolderLiveness | None:
+    """Interrupt the holder if it is orphaned (returns None then), else its liveness."""
+    if _liveness_judge is None:
+        return None
+    liveness = _liveness_judge(holder_id)
+    if not liveness.orphaned:
+        return liveness
+    holder = runs_for_update().filter(pk=holder_id).first()
+    if holder is not None and not holder.is_terminal:
+        run_finish_in_tx(
+            run=holder,
+            to_status=RunStatus.INTERRUPTED,
+            actor_type=actor_type,
+            actor_id=actor_id,
+            details={"reason": "orphaned", "interruptedForRunId": str(run.pk)},
+        )
+    return None
+
+
 def _run_start_in_tx(
     *, run: HeartbeatRun, issue: Issue | None, actor_type: str, actor_id: str
 ) -> None:
@@ -293,11 +333,28 @@ def _run_start_in_tx(
             .first()
         )
         if holder is not None:
-            raise IssueExecutionLocked(
-                issue_id=str(issue.pk),
-                holder_run_id=str(holder["pk"]),
-                holder_status=holder["status"],
+            # An orphaned holder (its agent died) is interrupted here, in this transaction,
+            # and the start goes on; a live one is named, with when it would count as orphaned.
+            liveness = _take_over_orphaned_holder(
+                holder_id=holder["pk"], run=run, actor_type=actor_type, actor_id=actor_id
             )
+            still = (
+                HeartbeatRun.objects.filter(
+                    pk__in=holder_ids, status__in=HeartbeatRun.LIVE_STATUSES
+                )
+                .order_by("pk")
+                .values("pk", "status", "agent_id")
+                .first()
+            )
+            if still is not None:
+                raise IssueExecutionLocked(
+                    issue_id=str(issue.pk),
+                    holder_run_id=str(still["pk"]),
+                    holder_status=still["status"],
+                    holder_agent_id=str(still["agent_id"]),
+                    last_renewed_at=_iso(liveness.last_renewed_at if liveness else None),
+                    orphaned_at=_iso(liveness.orphaned_at if liveness else None),
+                )
         Issue.objects.filter(pk=issue.pk).update(
             execution_run=run, checkout_run=run, execution_locked_at=Now(), updated_at=Now()
         )
@@ -371,6 +428,10 @@ def issue_slots_release_in_tx(*, run_id: UUID) -> bool:
         checkout_run=None, updated_at=Now()
     )
     return bool(executing or checked_out)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
 
 
 def run_interrupt(

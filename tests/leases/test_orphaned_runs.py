@@ -156,3 +156,37 @@ def test_the_dashboard_and_metrics_count_orphaned_runs(
     settings.PAPERCLIP_METRICS_TOKEN = ""
     metrics = superuser_client.get("/metrics").content.decode()
     assert "paperclip_orphaned_runs 1.0" in metrics
+
+
+def test_a_start_meeting_an_orphaned_holder_interrupts_it_and_takes_the_issue(
+    make_agent_client: Any,
+) -> None:
+    holder, workspace = _running()
+    successor = NativeRunFactory(
+        company=holder.company,
+        agent=holder.agent,
+        issue=holder.issue,
+        native_issue=holder.issue,
+        execution_workspace=workspace,
+        status="queued",
+    )
+    client = make_agent_client(holder.agent)
+    url = f"/api/heartbeat-runs/{successor.pk}"
+    # While the holder's lease is live: 409 naming it, its agent, its last renewal and when
+    # it would count as orphaned.
+    refused = client.patch(url, {"status": "running"}, format="json")
+    assert refused.status_code == 409
+    details = refused.json()["error"]["details"]
+    assert details["holder_run_id"] == str(holder.pk)
+    assert details["holder_agent_id"] == str(holder.agent_id)
+    assert details["last_renewed_at"] is not None
+    assert details["orphaned_at"] is not None
+    # Its agent died: the lease lapsed. The start interrupts it and goes on, in one transaction.
+    _age(holder, workspace, 30)
+    started = client.patch(url, {"status": "running"}, format="json")
+    assert started.status_code == 200, started.content
+    holder.refresh_from_db()
+    assert holder.status == "interrupted"
+    assert Issue.objects.get(pk=holder.issue_id).execution_run_id == successor.pk
+    row = ActivityEvent.objects.get(action="heartbeat_run.status_changed", entity_id=str(holder.pk))
+    assert row.details["reason"] == "orphaned"
