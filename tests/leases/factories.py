@@ -52,3 +52,36 @@ def lease_row(workspace: ExecutionWorkspace) -> dict[str, Any] | None:
         if row is None:
             return None
         return dict(zip([c.name for c in cursor.description], row, strict=True))
+
+
+def running_run(
+    *, status: str = "running", lease: bool = True
+) -> tuple[Any, RuntimeLeaseClaim | None]:
+    """A native run of a fresh company's agent on its issue and workspace (the issue's
+    execution run when running), holding the workspace's runtime lease as `run:<id>` when
+    `lease`: (run, claim)."""
+    from paperclip.models import Issue
+    from tests.paperclip.factories import (
+        AgentFactory,
+        CompanyFactory,
+        ExecutionWorkspaceFactory,
+        IssueFactory,
+        NativeRunFactory,
+    )
+
+    company = CompanyFactory()
+    agent = AgentFactory(company=company)
+    workspace = ExecutionWorkspaceFactory(company=company)
+    issue = IssueFactory(company=company, assignee_agent=agent)
+    run = NativeRunFactory(
+        company=company,
+        agent=agent,
+        issue=issue,
+        native_issue=issue,
+        execution_workspace=workspace,
+        status=status,
+    )
+    if status == "running":
+        Issue.objects.filter(pk=issue.pk).update(execution_run=run, checkout_run=run)
+    granted = claim(workspace, agent, run_id=run.pk) if lease else None
+    return run, granted

@@ -12,14 +12,10 @@ from django.db import connection
 from django.test import override_settings
 
 from leases.orphans import orphaned_runs, orphaned_runs_interrupt
-from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue, NativeRunFinalization
-from tests.leases.factories import expire
+from tests.leases.factories import expire, running_run
 from tests.paperclip.factories import (
-    AgentFactory,
     CompanyFactory,
-    ExecutionWorkspaceFactory,
-    IssueFactory,
     NativeRunFactory,
     NativeRunResultFactory,
 )
@@ -27,28 +23,9 @@ from tests.paperclip.factories import (
 pytestmark = pytest.mark.django_db
 
 
-def _running(with_lease: bool = True) -> tuple[HeartbeatRun, Any]:
-    company = CompanyFactory()
-    agent = AgentFactory(company=company)
-    workspace = ExecutionWorkspaceFactory(company=company)
-    issue = IssueFactory(company=company, assignee_agent=agent)
-    run = NativeRunFactory(
-        company=company,
-        agent=agent,
-        issue=issue,
-        native_issue=issue,
-        execution_workspace=workspace,
-        status="running",
-    )
-    Issue.objects.filter(pk=issue.pk).update(execution_run=run, checkout_run=run)
-    if with_lease:
-        runtime_lease_claim(
-            company_id=company.pk,
-            execution_workspace_id=workspace.pk,
-            action="start",
-            owner=RuntimeLeaseOwner.for_agent(agent.pk, run_id=run.pk),
-        )
-    return run, workspace
+def _running() -> tuple[HeartbeatRun, Any]:
+    run, _claim = running_run()
+    return run, run.execution_workspace
 
 
 def _age(run: HeartbeatRun, workspace: Any, seconds: int) -> None:

@@ -12,17 +12,11 @@ import pytest
 from django.db import connection
 from django.db.models.expressions import RawSQL
 
-from leases.services import RuntimeLeaseOwner, run_snapshot_register, runtime_lease_claim
+from leases.services import run_snapshot_register
 from paperclip.models import CasBlob, RunSnapshot
 from paperclip.snapshots.cas import cas_open
 from paperclip.snapshots.collect import CollectProgress, cas_collect
-from tests.paperclip.factories import (
-    AgentFactory,
-    CompanyFactory,
-    ExecutionWorkspaceFactory,
-    IssueFactory,
-    NativeRunFactory,
-)
+from tests.leases.factories import running_run
 from tests.recovery.snapshots import store_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,25 +28,10 @@ def test_a_registration_committed_after_the_reachability_pass_keeps_its_blobs(
 ) -> None:
     settings.PAPERCLIP_CAS_BACKEND = backend
     settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
-    company = CompanyFactory()
-    agent = AgentFactory(company=company)
-    workspace = ExecutionWorkspaceFactory(company=company)
-    issue = IssueFactory(company=company, assignee_agent=agent)
-    run = NativeRunFactory(
-        company=company,
-        agent=agent,
-        issue=issue,
-        native_issue=issue,
-        execution_workspace=workspace,
-        status="running",
-    )
-    claim = runtime_lease_claim(
-        company_id=company.pk,
-        execution_workspace_id=workspace.pk,
-        action="start",
-        owner=RuntimeLeaseOwner.for_agent(agent.pk, run_id=run.pk),
-    )
+    run, claim = running_run()
+    assert claim is not None
     assert claim.lease is not None
+    company, agent = run.company, run.agent
     tree = store_tree(company.pk, {"work.txt": b"the run's only copy\n"})
     old = RawSQL("now() - interval '2 days'", [])
     CasBlob.objects.filter(company_id=company.pk).update(created_at=old, referenced_at=old)
