@@ -144,7 +144,10 @@ class MyIssuesApi(_AgentLookupApi):
     @extend_schema(
         operation_id="my_issues",
         summary="The issues assigned to the calling agent (not hidden), newest first",
-        responses={200: IssueOutputSerializer(many=True), **error_responses(*AUTH_ERRORS)},
+        responses={
+            200: IssueOutputSerializer(many=True),
+            **error_responses(*AUTH_ERRORS, NOT_FOUND),
+        },
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
@@ -163,7 +166,7 @@ class MyExecutionWorkspacesApi(_AgentLookupApi):
         summary="The execution workspaces of the calling agent's company, newest first",
         responses={
             200: ExecutionWorkspaceOutputSerializer(many=True),
-            **error_responses(*AUTH_ERRORS),
+            **error_responses(*AUTH_ERRORS, NOT_FOUND),
         },
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
