@@ -52,7 +52,8 @@ def _orphaned_runs(scope: AttentionScope) -> list[AttentionTile]:
     oldest = min((o.since for o in found if o.since is not None), default=None)
     hint = (
         "Running, but every lease lapsed: its agent is gone. The worker interrupts it after "
-        "the grace; interrupt it now from its page."
+        "the grace, and so does the next run that starts on its issue; the board can now: "
+        "POST /api/heartbeat-runs/{id}/interrupt."
     )
     return [AttentionTile("run_orphaned", "Orphaned runs", len(found), oldest, hint=hint)]
 
