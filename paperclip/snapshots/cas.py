@@ -283,7 +283,7 @@ def _spool(
 # --- writing ----------------------------------------------------------------------------------
 
 # Rows are upserted in digest order (the `sorted` of the callers): two uploads, or an upload
-# and a registration's `cas_touch` (same order), never wait for each other in a cycle. The
+# and a registration's `cas_pin` (same order), never wait for each other in a cycle. The
 # collector skips locked rows, so it never waits for either.
 _UPSERT: Final = """
     INSERT INTO cas_blobs (company_id, digest, size, created_at, referenced_at)
@@ -479,32 +479,6 @@ def cas_put_batch(*, company_id: UUID, stream: _Readable | None, length: int) ->
     return CasBatch(stored=stored, existing=existing)
 
 
-def cas_touch(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
-    """Move `referenced_at` to now() for the company's blobs among `digests`, in the caller's
-    transaction (which holds their row locks until it commits, so a concurrent collection skips
-    them and, once it commits, finds them young); returns the names the company does not have
-    (sorted). Snapshot registration calls it with every blob the tree reaches, so that none is
-    collected once the snapshot exists. Locks rows in digest order, like uploads."""
-    require_transaction()
-    wanted = sorted(set(digests))
-    if not wanted:
-        return []
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE cas_blobs SET referenced_at = now()
-            WHERE id IN (
-                SELECT id FROM cas_blobs WHERE company_id = %s AND digest = ANY(%s::text[])
-                ORDER BY digest FOR NO KEY UPDATE
-            )
-            RETURNING digest
-            """,
-            [company_id, wanted],
-        )
-        found = {row[0] for row in cursor.fetchall()}
-    return [d for d in wanted if d not in found]
-
-
 # --- reading ----------------------------------------------------------------------------------
 
 
@@ -659,10 +633,11 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
 def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
     """In the caller's transaction, make sure the company's blobs among `digests` outlive it
     long enough to be referenced: those whose `referenced_at` is older than half the grace
-    are touched (row-locked until commit, so a collection skips them or then finds them
-    young); younger ones cannot reach the grace meanwhile and are only read. Returns the names
-    the company does not hold (sorted). Cheaper than `cas_touch` for a tree that mostly
-    reuses recent blobs: it writes only the old rows."""
+    are touched (row-locked in digest order, like uploads, until commit, so a collection skips
+    them or then finds them young); younger ones cannot reach the grace meanwhile and are only
+    read. Returns the names the company does not hold (sorted). Snapshot registration calls it
+    with every blob the tree reaches, so that none is collected once the snapshot exists; a
+    tree that mostly reuses recent blobs writes only its old rows."""
     require_transaction()
     wanted = sorted(set(digests))
     missing: list[str] = []

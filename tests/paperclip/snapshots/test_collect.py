@@ -14,7 +14,7 @@ from django.db.models.expressions import RawSQL
 
 from paperclip.models import ActivityEvent, CasBlob, Company, HeartbeatRun, RunSnapshot
 from paperclip.snapshots import trees
-from paperclip.snapshots.cas import cas_put, cas_touch
+from paperclip.snapshots.cas import cas_pin, cas_put
 from paperclip.snapshots.collect import CollectProgress, cas_collect
 from tests.helpers import raw_connection
 from tests.paperclip.factories import (
@@ -177,7 +177,7 @@ def test_a_company_with_an_unreadable_root_is_skipped(company: Company) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_reference_registered_after_the_reachability_pass_wins(company: Company) -> None:
     """The forced race: the collector's reachability pass sees the blob unreferenced; before
-    its DELETE, another connection touches the blob (as snapshot registration does) and
+    its DELETE, another connection pins the blob (as snapshot registration does) and
     commits; the DELETE re-checks the age on the row, so the blob survives, bytes and all."""
     blob = store(company.pk, b"about to be referenced")
     age(blob)
@@ -195,7 +195,7 @@ def test_a_reference_registered_after_the_reachability_pass_wins(company: Compan
         try:
             assert reached.wait(timeout=10)
             with transaction.atomic(durable=True):
-                assert cas_touch(company_id=company.pk, digests=[blob]) == []
+                assert cas_pin(company_id=company.pk, digests=[blob]) == []
         except BaseException as exc:
             errors.append(exc)
         finally:
