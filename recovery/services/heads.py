@@ -234,18 +234,14 @@ def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> 
     head changed. Audited when it did."""
     require_transaction()
     if plan.new_head == plan.expected_head:
-        if plan.kind != "discarded":
-            # Nothing to move, but the head must still be what the plan saw.
-            still = ExecutionWorkspace.objects.filter(
+        # Nothing to move, but the head must still be what the plan saw (None: IS NULL).
+        if (
+            plan.kind != "discarded"
+            and not ExecutionWorkspace.objects.filter(
                 pk=plan.workspace_id, head_tree=plan.expected_head
-            ).exists() or (
-                plan.expected_head is None
-                and ExecutionWorkspace.objects.filter(
-                    pk=plan.workspace_id, head_tree__isnull=True
-                ).exists()
-            )
-            if not still:
-                raise HeadMoved
+            ).exists()
+        ):
+            raise HeadMoved
         return False
     with connection.cursor() as cursor:
         cursor.execute(
@@ -416,13 +412,10 @@ def workspace_materialize(
                 check=check,
             )
             with transaction.atomic(durable=True):
+                # Only over the tree it diffed against (None filters IS NULL).
                 updated = ExecutionWorkspace.objects.filter(
                     pk=workspace_id, cwd=row["cwd"], cwd_tree=previous_tree
                 ).update(cwd_tree=head, updated_at=Now())
-                if not updated and previous_tree is None:
-                    updated = ExecutionWorkspace.objects.filter(
-                        pk=workspace_id, cwd=row["cwd"], cwd_tree__isnull=True
-                    ).update(cwd_tree=head, updated_at=Now())
                 if updated:
                     activity_record(
                         company_id=company_id,
