@@ -479,6 +479,27 @@ def _schedule_retry(
         )
 
 
+def _attempt_failed(
+    ownership: FinalizationOwnership,
+    *,
+    operation: WorkspaceOperation,
+    code: str,
+    exc: Exception,
+) -> FinalizeOutcome:
+    """A copy-back or publish attempt failed: close its operation with the error and keep the
+    saved result for a retry (the same for both ways a run's work reaches its workspace)."""
+    _finish_operation(
+        operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
+    )
+    return _schedule_retry(
+        ownership=ownership,
+        company_id=ownership.company_id,
+        run_id=ownership.run_id,
+        code=code,
+        detail=str(exc),
+    )
+
+
 def _outcome(
     coordinator: NativeRunFinalization,
     run: HeartbeatRun,
@@ -679,12 +700,7 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
         raise
     except (CopybackError, OSError) as exc:
         code = exc.code if isinstance(exc, CopybackError) else "copyback_io_error"
-        _finish_operation(
-            operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
-        )
-        return _schedule_retry(
-            ownership=ownership, company_id=company_id, run_id=run_id, code=code, detail=str(exc)
-        )
+        return _attempt_failed(ownership, operation=operation, code=code, exc=exc)
     _finish_operation(
         operation=operation,
         succeeded=True,
@@ -801,12 +817,7 @@ def _publish_owned(
         raise
     except (PublishError, DomainError, OSError) as exc:
         code = getattr(exc, "code", "publish_io_error")
-        _finish_operation(
-            operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
-        )
-        return _schedule_retry(
-            ownership=ownership, company_id=company_id, run_id=run_id, code=code, detail=str(exc)
-        )
+        return _attempt_failed(ownership, operation=operation, code=code, exc=exc)
 
 
 def _hold_conflict(
