@@ -47,7 +47,7 @@ from leases.models import EnvironmentLease
 from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip import services
 from paperclip.access import Actor, agent_actor, board_actor
-from paperclip.activity import activity_record
+from paperclip.activity import row_update_audited
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.db.clock import db_now, db_now_iso
 from paperclip.models import (
@@ -371,10 +371,9 @@ class Command(BaseCommand):
             "processStartedAt": db_now_iso(),
         }
         with transaction.atomic():
-            HeartbeatRun.objects.filter(pk=run.pk).update(
-                runner_profile_json={**(run.runner_profile_json or {}), OWNER_KEY: receipt}
-            )
-            activity_record(
+            row_update_audited(
+                run,
+                {"runner_profile_json": {**(run.runner_profile_json or {}), OWNER_KEY: receipt}},
                 company_id=run.company_id,
                 actor_type="system",
                 actor_id="seed_demo",
@@ -552,9 +551,9 @@ class Command(BaseCommand):
             "pluginId": SANDBOX_PLUGIN if valid else "plugin-somebody-else",
         }
         with transaction.atomic():
-            metadata = {**(lease.metadata or {}), "nativeWorkspaceExportResume": marker}
-            EnvironmentLease.objects.filter(pk=lease.pk).update(metadata=metadata)
-            activity_record(
+            row_update_audited(
+                lease,
+                {"metadata": {**(lease.metadata or {}), "nativeWorkspaceExportResume": marker}},
                 company_id=lease.company_id,
                 actor_type="system",
                 actor_id="seed_demo",
@@ -572,9 +571,9 @@ class Command(BaseCommand):
         with transaction.atomic():
             lease = EnvironmentLease.objects.get(pk=lease_id)
             expired = int(db_now().timestamp() * 1000) - 60_000
-            metadata = {**(lease.metadata or {}), "pendingCleanupLeaseExpiresAtMs": expired}
-            EnvironmentLease.objects.filter(pk=lease_id).update(metadata=metadata)
-            activity_record(
+            row_update_audited(
+                lease,
+                {"metadata": {**(lease.metadata or {}), "pendingCleanupLeaseExpiresAtMs": expired}},
                 company_id=lease.company_id,
                 actor_type="system",
                 actor_id="seed_demo",
