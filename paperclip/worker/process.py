@@ -119,7 +119,8 @@ class ResilientWorker(procrastinate_worker.Worker):
     Procrastinate stops a worker when one of its side tasks raises: right for a bug, wrong for
     a heartbeat or a periodic defer whose query was in flight when its session ended (a
     failover, `pg_terminate_backend`): the pool replaces the connection at the next checkout.
-    Here a database error in the heartbeat, the periodic deferrer or the job fetch is logged
+    Here a database error in the heartbeat, the periodic deferrer, the LISTEN connection
+    (reopened, on the new primary after a failover: docs/ha.md) or the job fetch is logged
     and the loop goes on after a pause, for as long as the last successful heartbeat is younger
     than the stalled-worker timeout. Past that, other workers treat this one as stalled and
     retry its jobs, so it stops as Procrastinate would (and its supervisor restarts it).
@@ -147,6 +148,29 @@ class ResilientWorker(procrastinate_worker.Worker):
                 return await super()._periodic_deferrer()  # type: ignore[no-untyped-call]
             except exceptions.ConnectorException as exc:
                 self._ride_out("the periodic deferrer", exc)
+            await asyncio.sleep(1.0)
+
+    def _start_side_tasks(self) -> list[asyncio.Task[Any]]:  # Procrastinate ~=3.10 hook
+        # Procrastinate's listener reconnects after a lost session but dies when the
+        # reconnection itself fails (no primary yet during a failover); this one keeps trying.
+        listen, self.listen_notify = self.listen_notify, False
+        try:
+            side_tasks: list[asyncio.Task[Any]] = super()._start_side_tasks()
+        finally:
+            self.listen_notify = listen
+        if listen:
+            side_tasks.append(asyncio.create_task(self._listen(), name="listener"))
+        return side_tasks
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                await self.app.job_manager.listen_for_jobs(
+                    on_notification=self._handle_notification, queues=self.queues
+                )
+            except exceptions.ConnectorException as exc:
+                # Meanwhile the fetch loop polls every PAPERCLIP_WORKER_POLL_SECONDS.
+                self._ride_out("listening for jobs", exc)
             await asyncio.sleep(1.0)
 
     async def _fetch_and_process_jobs(self) -> None:  # a private hook of Procrastinate ~=3.10

@@ -105,9 +105,9 @@ class Outcome:
 # --- setup -------------------------------------------------------------------------------------
 
 
-def create_world(config: Config) -> World:
-    """The company, its board token, agents with keys and issues, and workspaces, through the
-    services (Django must be set up on the run's database)."""
+def create_world(config: Config, *, cwd_root: str = "/srv/chaos") -> World:
+    """The company, its board token, agents with keys and issues, and workspaces (their `cwd`
+    under `cwd_root`), through the services (Django must be set up on the run's database)."""
     from paperclip import services
     from paperclip.access import board_actor
     from paperclip.credentials import board_token_create, board_user_ensure
@@ -137,7 +137,7 @@ def create_world(config: Config) -> World:
     workspaces = [
         str(
             services.execution_workspace_create(
-                actor=actor, company_id=company.pk, name=f"ws-{i}", cwd=f"/srv/chaos/ws-{i}"
+                actor=actor, company_id=company.pk, name=f"ws-{i}", cwd=f"{cwd_root}/ws-{i}"
             ).workspace.pk
         )
         for i in range(config.workspaces)

@@ -1,0 +1,1 @@
+"""Several nodes on a replicated PostgreSQL, and its failover (docs/ha.md)."""
