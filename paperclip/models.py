@@ -670,6 +670,9 @@ class WorkerProcess(models.Model):
     hostname = models.TextField()
     pid = models.IntegerField()
     process_started_at = models.DateTimeField()
+    # The machine boot it ran under (paperclip/host.py): with the host name, it tells this
+    # boot's pid from a reused one. Null when unreadable, and on rows from before it existed.
+    kernel_boot_id = models.TextField(null=True, blank=True)
     concurrency = models.IntegerField()
     queues = models.JSONField(default=list, blank=True)  # [] = every queue
     registered_at = models.DateTimeField(db_default=Now(), editable=False)

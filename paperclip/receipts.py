@@ -31,6 +31,8 @@ class OwnerReceiptFields:
     pid: int | None
     process_started_at: str | None
     controller_boot_id: str | None
+    kernel_boot_id: str | None
+    kernel_boot_id_malformed: bool  # present, not null, and not a non-empty string
     worker: dict[str, Any] | None
 
 
@@ -43,6 +45,9 @@ class OwnerReceipt:
     pid: int
     process_started_at: datetime
     controller_boot_id: str | None
+    # The machine boot it ran under; None on a receipt written before kernel boot ids were
+    # recorded, or by a process that could not read its own.
+    kernel_boot_id: str | None
     worker: dict[str, Any] | None
 
 
@@ -73,6 +78,7 @@ def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
     raw = value if isinstance(value, dict) else {}
     pid = raw.get("pid")
     worker = raw.get("worker")
+    kernel_boot = raw.get("kernelBootId")
     return OwnerReceiptFields(
         token=_str_or_none(raw.get("token")),
         hostname=_str_or_none(raw.get("hostname")),
@@ -80,16 +86,23 @@ def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
         pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
         process_started_at=_str_or_none(raw.get("processStartedAt")),
         controller_boot_id=_str_or_none(raw.get("controllerBootId")),
+        kernel_boot_id=kernel_boot if isinstance(kernel_boot, str) and kernel_boot else None,
+        kernel_boot_id_malformed=kernel_boot is not None
+        and not (isinstance(kernel_boot, str) and kernel_boot),
         worker=worker if isinstance(worker, dict) else None,
     )
 
 
 def read_owner(value: Any) -> OwnerReceipt | None:
     """The receipt if it is readable (non-empty token, hostname, positive integer pid,
-    parsable start time with a zone); None otherwise."""
+    parsable start time with a zone, and a kernel boot id that is absent, null or a non-empty
+    string); None otherwise."""
     fields = owner_receipt_fields(value)
     started = parse_iso(fields.process_started_at)
     if not fields.token or fields.hostname is None or started is None:
+        return None
+    # A damaged boot id must not read as an old receipt without one (judged by host name).
+    if fields.kernel_boot_id_malformed:
         return None
     if fields.pid is None or fields.pid <= 0:
         return None
@@ -99,6 +112,7 @@ def read_owner(value: Any) -> OwnerReceipt | None:
         pid=fields.pid,
         process_started_at=started,
         controller_boot_id=fields.controller_boot_id,
+        kernel_boot_id=fields.kernel_boot_id,
         worker=fields.worker,
     )
 

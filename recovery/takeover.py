@@ -6,10 +6,12 @@ this controller take over a run whose receipt names another owner, and on what b
 - the worker platform proved, with a signed stop receipt, that the recorded worker stopped:
   yes, on that proof;
 - the receipt is unreadable, or names another host without such a proof: no, the board must
-  verify the stop;
+  verify the stop. "This host" means this host name *and* this kernel boot (`owner_host`):
+  under the same name but another boot, the recorded PID may have been reused since a reboot,
+  or belong to another machine of that name, so it is never probed here;
 - the recorded owner is this process and its action was joined here (it finished, its
   receipt was left behind): yes;
-- otherwise (same host): only if its process is dead or its PID was recycled, and the durable
+- otherwise (this host): only if its process is dead or its PID was recycled, and the durable
   copy-back barrier (this run's succeeded finalize operation) proves its copy children
   finished.
 
@@ -24,9 +26,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from recovery.adapters.identity import TakeoverDecision
+from paperclip.receipts import OwnerReceipt
+from recovery.adapters.identity import ControllerIdentity, TakeoverDecision
 
 Verdict = Literal["own_action_live", "verify_stop", "take_over"]
+HostMatch = Literal["this_host", "other_host", "other_boot"]
+
+
+def owner_host(owner: OwnerReceipt, here: ControllerIdentity) -> HostMatch:
+    """Where the recorded owner ran, seen from `here`: only `this_host` lets its PID be probed
+    locally (docs/recovery.md#controller-identity).
+
+    - another host name: `other_host`;
+    - the same name and the same kernel boot id: `this_host`;
+    - the same name but another kernel boot id, or one `here` can't read: `other_boot`. The
+      PID may have been reused after a reboot, or name a process of another machine of that
+      name; nothing local can prove the recorded process stopped;
+    - the same name and a receipt without a kernel boot id (written before they were recorded,
+      or where none could be read): `this_host`, judged by name, PID and start time as such
+      receipts always were, so an upgrade does not hold every run in flight.
+    """
+    if owner.hostname != here.hostname:
+        return "other_host"
+    if owner.kernel_boot_id is None:
+        return "this_host"
+    if owner.kernel_boot_id != here.kernel_boot_id:
+        return "other_boot"
+    return "this_host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +60,8 @@ class RecordedOwner:
     """What the receipt says of the owner, against this controller (no probe needed)."""
 
     readable: bool  # the receipt parses into an owner
-    same_host: bool  # it names this controller's host
-    same_process: bool  # it names this very process (same boot id and PID)
+    same_host: bool  # it names this controller's host and boot (`owner_host` is `this_host`)
+    same_process: bool  # it names this very process (same host, boot id and PID)
     live_here: bool  # its action is still running in this process
     joined_here: bool  # its action was joined in this process and has finished
 

@@ -29,6 +29,7 @@ from procrastinate import JobContext, exceptions
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import app
 
+from paperclip.host import kernel_boot_id
 from paperclip.models import JobError, WorkerProcess
 from paperclip.observability import metrics
 from paperclip.observability.context import log_context
@@ -206,6 +207,7 @@ def _register(worker_id: int, *, concurrency: int, queues: Sequence[str]) -> Non
             "hostname": socket.gethostname(),
             "pid": process.pid,
             "process_started_at": datetime.fromtimestamp(process.create_time(), tz=UTC),
+            "kernel_boot_id": kernel_boot_id(),
             "concurrency": concurrency,
             "queues": list(queues),
             "stopped_at": None,

@@ -1,8 +1,9 @@
 """Who this controller process is, and whether a recorded controller may be taken over.
 
-A receipt names a process by (hostname, pid, OS start time). The pid alone is not enough: pids
-are recycled, so a live pid whose start time differs by a second or more is another process.
-Only same-host receipts can be judged here; callers never evaluate a foreign host's pid.
+A receipt names a process by (hostname, kernel boot id, pid, OS start time). The pid alone is
+not enough: pids are recycled, so a live pid whose start time differs by a second or more is
+another process. Only receipts of this host and this boot can be judged here (the rule is
+`recovery.takeover.owner_host`); callers never evaluate another host's or another boot's pid.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from datetime import UTC, datetime
 
 import psutil
 
+from paperclip.host import kernel_boot_id
+
 # Differences below one second are the same process: some platforms report start times with
 # whole-second precision (docs/recovery.md#controller-identity).
 PID_RECYCLE_TOLERANCE_SECONDS = 1.0
@@ -23,10 +26,11 @@ PID_RECYCLE_TOLERANCE_SECONDS = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ControllerIdentity:
-    boot_id: str
+    boot_id: str  # random per process: names this very process, not the machine's boot
     pid: int
     process_started_at: datetime
     hostname: str
+    kernel_boot_id: str | None  # the machine's boot (paperclip.host); None when unreadable
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ def current_controller_identity() -> ControllerIdentity:
                 pid=pid,
                 process_started_at=started,
                 hostname=current_hostname(),
+                kernel_boot_id=kernel_boot_id(),
             )
         return _identity
 
@@ -84,7 +89,7 @@ def _is_dead(pid: int) -> bool:
 def evaluate_controller_takeover(
     *, pid: int | None, started_at: datetime | None
 ) -> TakeoverDecision:
-    """May a same-host controller recorded as (pid, started_at) be taken over?
+    """May a controller of this host and boot recorded as (pid, started_at) be taken over?
 
     Allowed only when the process is dead (or a zombie) or the pid now belongs to a process
     that started at least a second apart from the recorded one. Elapsed time never counts.

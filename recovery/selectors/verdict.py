@@ -2,8 +2,10 @@
 
 Mirrors the takeover rules of finalization ownership (docs/recovery.md#owner-unverified-hold)
 from the point of view of the process rendering the page: the recorded owner is on another
-host, or on this host and still alive, or on this host and dead but without the durable
-copy-back barrier, or a worker whose platform stop proof is pending. Reads only (the OS
+host, or under this host name but another kernel boot, or on this host and still alive, or on
+this host and dead but without the durable copy-back barrier, or a worker whose platform stop
+proof is pending. Where it ran is decided by the takeover rule's own `owner_host`, so the page
+never calls a process live or dead that the controller would not probe. Reads only (the OS
 process table and three rows); never takes a lock.
 """
 
@@ -15,9 +17,10 @@ from typing import Any, Literal
 from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import raw_owner, read_owner
-from recovery.adapters.identity import current_hostname, evaluate_controller_takeover
+from recovery.adapters.identity import current_controller_identity, evaluate_controller_takeover
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, run_issue_id
+from recovery.takeover import owner_host
 
 VerdictKind = Literal[
     "not_an_owner_hold",
@@ -27,6 +30,7 @@ VerdictKind = Literal[
     "receipt_unreadable",
     "platform_proof_pending",
     "foreign_host",
+    "other_boot",
     "same_host_alive",
     "same_host_dead_no_barrier",
     "same_host_dead_with_barrier",
@@ -107,15 +111,26 @@ def owner_hold_verdict(action: IssueRecoveryAction) -> OwnerVerdict:
                 ),
                 True,
             )
-    here = current_hostname()
-    if receipt.hostname != here:
-        return OwnerVerdict(
-            "foreign_host",
-            f"The owner ran on another host ({receipt.hostname}, this server is {here}): its "
-            f"process {receipt.pid} cannot be checked from here.",
-            (f"On {receipt.hostname}: {_VERIFY}", _KEEP),
-            True,
-        )
+    here = current_controller_identity()
+    match owner_host(receipt, here):
+        case "other_host":
+            return OwnerVerdict(
+                "foreign_host",
+                f"The owner ran on another host ({receipt.hostname}, this server is "
+                f"{here.hostname}): its process {receipt.pid} cannot be checked from here.",
+                (f"On {receipt.hostname}: {_VERIFY}", _KEEP),
+                True,
+            )
+        case "other_boot":
+            return OwnerVerdict(
+                "other_boot",
+                f"The owner ran on a host named {receipt.hostname} like this server, but under "
+                f"another kernel boot ({receipt.kernel_boot_id}, this server is "
+                f"{here.kernel_boot_id or 'unknown'}): the host rebooted since, or it is "
+                f"another machine of that name, so process {receipt.pid} here proves nothing.",
+                (f"On the machine that ran it: {_VERIFY}", _KEEP),
+                True,
+            )
     decision = evaluate_controller_takeover(pid=receipt.pid, started_at=receipt.process_started_at)
     if not decision.allowed:
         return OwnerVerdict(

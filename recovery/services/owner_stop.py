@@ -22,7 +22,7 @@ from paperclip.db.locking import (
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
 from paperclip.receipts import OWNER_KEY, raw_owner, read_owner
-from recovery.adapters.identity import current_hostname, evaluate_controller_takeover
+from recovery.adapters.identity import current_controller_identity, evaluate_controller_takeover
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
@@ -38,6 +38,7 @@ from recovery.locks import (
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 from recovery.services.finalization_jobs import finalization_defer_in_tx
+from recovery.takeover import owner_host
 
 MIN_STOP_EVIDENCE_CHARS = 20
 MAX_STOP_EVIDENCE_CHARS = 12000
@@ -292,14 +293,16 @@ def _require_hold_current(bound: _Binding, *, company_id: UUID, run_id: UUID) ->
 
 def _require_owner_stoppable(bound: _Binding, *, owner_token: str) -> Any:
     """The run's receipt is still the owner the hold recorded (`owner_changed` otherwise) and,
-    when it ran on this host, its process is dead (`WorkspaceControllerAlive` otherwise).
+    when it ran on this host and boot, its process is dead (`WorkspaceControllerAlive` otherwise).
     Returns the raw receipt."""
     evidence = bound.evidence
     raw = raw_owner(bound.run.runner_profile_json)
     receipt = read_owner(raw)
     if receipt is None or receipt.token != owner_token or raw != evidence.get("owner"):
         raise WorkspaceOwnerRecoveryStale(reason="owner_changed")
-    if receipt.hostname == current_hostname():
+    # Another host, or this host name under another kernel boot: nothing here can be probed,
+    # the board's own verification is the evidence (docs/recovery.md#controller-identity).
+    if owner_host(receipt, current_controller_identity()) == "this_host":
         decision = evaluate_controller_takeover(
             pid=receipt.pid, started_at=receipt.process_started_at
         )

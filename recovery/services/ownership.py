@@ -69,7 +69,7 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, WAITING_PHASES, run_issue_id
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_follow_up_in_tx
-from recovery.takeover import RecordedOwner, Ruling, takeover_ruling
+from recovery.takeover import RecordedOwner, Ruling, owner_host, takeover_ruling
 
 logger = logging.getLogger(__name__)
 
@@ -494,6 +494,8 @@ def _build_owner(identity: ControllerIdentity) -> dict[str, Any]:
         "pid": identity.pid,
         "processStartedAt": identity.process_started_at.isoformat(),
     }
+    if identity.kernel_boot_id is not None:
+        owner["kernelBootId"] = identity.kernel_boot_id
     worker = current_workspace_worker()
     if worker is not None:
         owner["worker"] = worker
@@ -577,8 +579,10 @@ def _judge_prior(
     """The takeover rule (recovery/takeover.py) applied to the owner a run's receipt records,
     with this process's probes: the platform's stop proof, the OS process table and the
     copy-back barrier, each asked only when the rule reaches it."""
+    same_host = prior is not None and owner_host(prior, identity) == "this_host"
     same_process = (
-        prior is not None
+        same_host
+        and prior is not None
         and prior.controller_boot_id == identity.boot_id
         and prior.pid == identity.pid
     )
@@ -614,7 +618,7 @@ def _judge_prior(
     ruling = takeover_ruling(
         RecordedOwner(
             readable=prior is not None,
-            same_host=prior is not None and prior.hostname == identity.hostname,
+            same_host=same_host,
             same_process=same_process,
             live_here=live_here,
             joined_here=joined_here,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -30,6 +31,21 @@ def test_same_host_alive(company) -> None:
     assert verdict.kind == "same_host_alive"
     assert f"process {os.getpid()} is still alive" in verdict.headline
     assert not verdict.confirmable
+
+
+def test_same_host_name_under_another_kernel_boot_is_not_called_alive(company) -> None:
+    # This very PID and start time: alive here, but after a reboot it is someone else's.
+    receipt = receipt_for(pid=os.getpid(), kernel_boot_id=str(uuid.uuid4()))
+    _, action, _ = held(company, receipt=receipt)
+    verdict = owner_hold_verdict(action)
+    assert verdict.kind == "other_boot"
+    assert f"another kernel boot ({receipt['kernelBootId']}" in verdict.headline
+    assert verdict.confirmable
+
+
+def test_same_host_alive_without_kernel_boot_id(company) -> None:
+    _, action, _ = held(company, receipt=receipt_for(pid=os.getpid(), legacy=True))
+    assert owner_hold_verdict(action).kind == "same_host_alive"
 
 
 def test_same_host_dead_without_barrier(company) -> None:

@@ -132,8 +132,12 @@ def receipt_for(
     pid: int | None = None,
     started: datetime | None = None,
     boot_id: str | None = None,
+    kernel_boot_id: str | None = None,
+    legacy: bool = False,
     worker: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A receipt as ownership writes it: by default this process's host, boot, pid and start
+    time; `legacy` leaves out the kernel boot id, as receipts written before it did."""
     me = current_controller_identity()
     value: dict[str, Any] = {
         "token": str(uuid.uuid4()),
@@ -142,6 +146,9 @@ def receipt_for(
         "pid": pid or os.getpid(),
         "processStartedAt": (started or me.process_started_at).astimezone(UTC).isoformat(),
     }
+    kernel_boot = kernel_boot_id or me.kernel_boot_id
+    if not legacy and kernel_boot is not None:
+        value["kernelBootId"] = kernel_boot
     if worker is not None:
         value["worker"] = worker
     return value

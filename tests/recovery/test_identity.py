@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import psutil
 
+from paperclip.host import kernel_boot_id
 from recovery.adapters.identity import (
     current_controller_identity,
     evaluate_controller_takeover,
@@ -23,6 +24,7 @@ def test_identity_is_this_process_with_its_os_start_time() -> None:
     assert me is current_controller_identity()  # stable within a process
     observed = psutil.Process().create_time()
     assert abs(me.process_started_at.timestamp() - observed) < 0.01
+    assert me.kernel_boot_id == kernel_boot_id()  # the machine's boot, beside the process's
 
 
 def test_live_process_with_its_start_time_is_not_taken_over() -> None:

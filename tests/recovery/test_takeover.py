@@ -1,18 +1,21 @@
-"""The takeover rule of finalization ownership as a plain function (recovery/takeover.py): no
-database, no processes. Every combination of what a receipt can say and what the three probes
-can answer is ruled on, and the safety properties hold for each; each probe is called only
-when the rule reaches it, at most once."""
+"""The takeover rule of finalization ownership as plain functions (recovery/takeover.py): no
+database, no processes. Where a recorded owner ran is decided by host name and kernel boot id;
+every combination of what a receipt can say and what the three probes can answer is ruled on,
+and the safety properties hold for each; each probe is called only when the rule reaches it,
+at most once."""
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
-from recovery.adapters.identity import TakeoverDecision
-from recovery.takeover import RecordedOwner, Ruling, takeover_ruling
+from paperclip.receipts import OwnerReceipt
+from recovery.adapters.identity import ControllerIdentity, TakeoverDecision
+from recovery.takeover import HostMatch, RecordedOwner, Ruling, owner_host, takeover_ruling
 
 DEAD = TakeoverDecision(True, "controller_process_dead")
 RECYCLED = TakeoverDecision(True, "controller_pid_recycled")
@@ -141,3 +144,46 @@ def test_our_own_process_live_action_is_kept_and_a_joined_one_is_taken_over() ->
     joined = RecordedOwner(True, True, True, False, True)
     assert rule(live, True, DEAD, True) == (Ruling("own_action_live"), Counter())
     assert rule(joined, False, ALIVE, False)[0] == Ruling("take_over", "same_boot_joined")
+
+
+STARTED = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+BOOT = "3c89d313-8d71-4341-ab24-dd3696470a0f"
+REBOOTED = "9b1e0f44-2a6c-4d1e-8f3a-55c0de7a9b12"
+
+
+def _here(kernel_boot_id: str | None) -> ControllerIdentity:
+    return ControllerIdentity("c-here", 4242, STARTED, "ctl-3", kernel_boot_id)
+
+
+def _recorded(hostname: str, kernel_boot_id: str | None) -> OwnerReceipt:
+    # The same PID and start time as `_here`: only host name and boot may tell them apart.
+    return OwnerReceipt("t", hostname, 4242, STARTED, "c-old", kernel_boot_id, None)
+
+
+@pytest.mark.parametrize(
+    ("hostname", "recorded_boot", "here_boot", "expected"),
+    [
+        ("ctl-3", BOOT, BOOT, "this_host"),
+        # Same name, another boot: a PID reused after a reboot, or a namesake machine.
+        ("ctl-3", REBOOTED, BOOT, "other_boot"),
+        # This process can't read its own boot: the recorded one can't be shown to be ours.
+        ("ctl-3", BOOT, None, "other_boot"),
+        # A receipt from before kernel boot ids: judged by name, as it always was.
+        ("ctl-3", None, BOOT, "this_host"),
+        ("ctl-3", None, None, "this_host"),
+        ("ctl-9", BOOT, BOOT, "other_host"),
+        ("ctl-9", None, None, "other_host"),
+    ],
+)
+def test_an_owner_is_on_this_host_only_under_this_name_and_this_boot(
+    hostname: str, recorded_boot: str | None, here_boot: str | None, expected: HostMatch
+) -> None:
+    assert owner_host(_recorded(hostname, recorded_boot), _here(here_boot)) == expected
+
+
+def test_an_owner_of_another_boot_is_never_probed_even_when_dead() -> None:
+    match = owner_host(_recorded("ctl-3", REBOOTED), _here(BOOT))
+    owner = RecordedOwner(True, match == "this_host", False, False, False)
+    ruling, calls = rule(owner, False, DEAD, True)
+    assert ruling == Ruling("verify_stop")
+    assert calls["process"] == 0

@@ -18,6 +18,7 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 from leases.environment.services import environment_cleanups_retry_due
 from leases.models import EnvironmentLease
 from paperclip.db.clock import db_now
+from paperclip.host import kernel_boot_id
 from paperclip.models import ActivityEvent, JobError, WorkerProcess
 from paperclip.worker.jobs import job_defer_in_tx, pending_jobs
 from paperclip.worker.process import ResilientWorker
@@ -176,6 +177,7 @@ def test_a_failing_job_keeps_its_error_for_the_admin() -> None:
     assert "Traceback" in error.traceback
     worker = WorkerProcess.objects.get()
     assert worker.stopped_at is not None  # --once: it stopped cleanly and said so
+    assert worker.kernel_boot_id == kernel_boot_id()  # with its host name: which boot it ran in
 
 
 @pytest.mark.django_db(transaction=True)

@@ -218,6 +218,22 @@ def test_live_local_controller_is_refused() -> None:
     assert b.run.runner_profile_json[OWNER_KEY] == receipt
 
 
+def test_a_live_pid_of_this_host_name_under_another_kernel_boot_is_not_probed() -> None:
+    # This very PID and start time, but another boot: after a reboot the PID is someone
+    # else's, so its being alive here proves nothing; the board's verification decides.
+    receipt = receipt_for(kernel_boot_id=str(uuid.uuid4()))
+    b, action, receipt, actor = held_binding(receipt=receipt)
+    confirm(b, action, receipt["token"], actor)
+    b.run.refresh_from_db()
+    assert OWNER_KEY not in b.run.runner_profile_json
+
+
+def test_a_live_local_controller_of_a_receipt_without_kernel_boot_id_is_refused() -> None:
+    b, action, receipt, actor = held_binding(receipt=receipt_for(legacy=True))
+    with pytest.raises(WorkspaceControllerAlive):
+        confirm(b, action, receipt["token"], actor)
+
+
 def test_held_lock_is_refused() -> None:
     b, action, receipt, actor = held_binding()
     with raw_connection() as other:

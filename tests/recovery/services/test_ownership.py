@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from paperclip.host import kernel_boot_id
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
+from recovery.adapters.identity import TakeoverDecision, evaluate_controller_takeover
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key, recovery_source_key
 from recovery.models import IssueRecoveryAction
@@ -54,6 +56,7 @@ def test_acquires_runs_the_action_with_our_receipt_and_removes_it_afterwards() -
     assert seen["receipt"]["token"] == seen["token"]
     assert seen["receipt"]["hostname"]
     assert seen["receipt"]["pid"] > 0
+    assert seen["receipt"].get("kernelBootId") == kernel_boot_id()
     assert OWNER_KEY not in _profile(b.run)
     actions = set(ActivityEvent.objects.filter(run_id=b.run.pk).values_list("action", flat=True))
     assert {"run.finalization_owner_claimed", "run.finalization_owner_released"} <= actions
@@ -424,6 +427,56 @@ def test_dead_same_host_controller_without_barrier_is_not_taken_over(dead_pid: i
     )
     assert outcome == NotAcquired("owner_unverified")
     assert _profile(b.run)[OWNER_KEY] == prior
+
+
+def _barrier(b: Any) -> None:
+    WorkspaceOperation.objects.create(
+        company=b.company,
+        heartbeat_run=b.run,
+        issue=b.issue,
+        phase="workspace_finalize",
+        status="succeeded",
+    )
+
+
+@pytest.mark.parametrize("alive", [False, True])
+def test_a_controller_of_this_host_name_but_another_kernel_boot_is_never_probed(
+    dead_pid: int, alive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Dead (or alive with its very start time) here, with the barrier: were the PID probed,
+    # the dead one would be taken over; but it may be a PID reused since a reboot.
+    probed: list[int] = []
+
+    def probe(*, pid: int | None, started_at: datetime | None) -> TakeoverDecision:
+        probed.append(pid or 0)
+        return evaluate_controller_takeover(pid=pid, started_at=started_at)
+
+    monkeypatch.setattr(ownership_module, "evaluate_controller_takeover", probe)
+    prior = receipt_for(pid=os.getpid() if alive else dead_pid, kernel_boot_id=str(uuid.uuid4()))
+    b = make_binding(receipt=prior)
+    _barrier(b)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    assert probed == []
+    assert _profile(b.run)[OWNER_KEY] == prior
+    assert IssueRecoveryAction.objects.get(source_issue=b.issue).evidence["owner"] == prior
+
+
+def test_a_receipt_from_before_kernel_boot_ids_is_judged_by_host_name_pid_and_start(
+    dead_pid: int,
+) -> None:
+    prior = receipt_for(pid=dead_pid, legacy=True)
+    assert "kernelBootId" not in prior
+    b = make_binding(receipt=prior)
+    _barrier(b)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == Acquired(1)
+    takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
+    assert takeover.details["takeoverBasis"] == "controller_process_dead+copyback_barrier"
 
 
 def test_dead_same_host_controller_with_barrier_is_taken_over(dead_pid: int) -> None:

@@ -50,6 +50,7 @@ from paperclip.access import Actor, agent_actor, board_actor
 from paperclip.activity import row_update_audited
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.db.clock import db_now, db_now_iso
+from paperclip.host import kernel_boot_id
 from paperclip.models import (
     Agent,
     AgentApiKey,
@@ -370,6 +371,9 @@ class Command(BaseCommand):
             "pid": int(gone.stdout),
             "processStartedAt": db_now_iso(),
         }
+        boot = kernel_boot_id()
+        if boot is not None:  # this host and boot, as a real receipt says
+            receipt["kernelBootId"] = boot
         with transaction.atomic():
             row_update_audited(
                 run,
