@@ -271,14 +271,15 @@ def act_on_each[T](
     items: Iterable[T], act: Callable[[T], str], *, name: Callable[[T], object]
 ) -> EachOutcome:
     """Apply `act` (a service call returning how it ended) to every item, one after another.
-    A DomainError fails that item alone, named `name(item): code`; the others go on."""
+    A DomainError fails that item alone, named `name(item): code (why)`, its message saying
+    why; the others go on."""
     counts: Counter[str] = Counter()
     failed: list[str] = []
     for item in items:
         try:
             counts[act(item)] += 1
         except DomainError as exc:
-            failed.append(f"{name(item)}: {exc.code}")
+            failed.append(f"{name(item)}: {exc.code} ({exc.text.rstrip('.')})")
     return EachOutcome(counts, failed)
 
 
