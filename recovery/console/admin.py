@@ -34,10 +34,11 @@ from paperclip.models import (
     WorkspaceOperation,
 )
 from paperclip.templatetags.console import relative, stamp
-from recovery.admin.finalization import FinalizeNowMixin
+from recovery.admin.finalization import FinalizeNowMixin, hold_detail_action, hold_panel
 from recovery.console.interrupt import InterruptRunMixin
 from recovery.console.run_related import run_related
 from recovery.models import IssueRecoveryAction
+from recovery.selectors.actions import run_board_hold
 from recovery.selectors.finalization import finalization_state
 
 
@@ -167,10 +168,14 @@ class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
         )
 
     def detail_panels(self, request: HttpRequest, obj: HeartbeatRun) -> list[SafeString]:
+        # A hold comes first: it is what the board must act on before anything else moves.
+        hold = run_board_hold(company_id=obj.company_id, run_id=obj.pk)
+        panels = [hold_panel(hold)] if hold is not None else []
         since = run_orphaned_since(obj.pk) if obj.status == HeartbeatRun.Status.RUNNING else None
         if since is None:
-            return []
+            return panels
         return [
+            *panels,
             console_panel(
                 panel_id="orphaned-verdict",
                 state="orphaned",
@@ -184,14 +189,18 @@ class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
                     "passed, and so does the next run that starts on its issue.",
                     "To end it now and release its issue: Interrupt run…",
                 ),
-            )
+            ),
         ]
 
     def detail_actions(self, request: HttpRequest, obj: HeartbeatRun) -> list[dict[str, Any]]:
         actions: list[dict[str, Any]] = []
         if obj.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE:
             coordinator = NativeRunFinalization.objects.filter(run_id=obj.pk).first()
-            if (
+            hold = run_board_hold(company_id=obj.company_id, run_id=obj.pk)
+            if hold is not None:
+                # Finalize now would only queue a job that logs "not acquired".
+                actions.append(hold_detail_action(hold))
+            elif (
                 coordinator is not None
                 and coordinator.result_id is not None
                 and coordinator.phase != "committed"

@@ -1,8 +1,9 @@
 """The console in a real browser (Playwright driving the Debian chromium package): an operator
 finds a held finalization from the dashboard, reads why it is held, confirms it from its page
 and sees it leave the dashboard; force-releases a stale lease from its page; interrupts an
-orphaned run from its page; and a staff user of one company never sees another company's
-objects on any console page.
+orphaned run from its page; meets a held run's hold first on its page, with the hold's
+confirmation in place of "Finalize now"; and a staff user of one company never sees another
+company's objects on any console page.
 
 Screenshots of the pages each test walks through are written to `.screenshots/`
 (ignored by git). Without chromium these tests fail in CI (CI=true) and are skipped elsewhere.
@@ -201,6 +202,23 @@ def test_interrupt_an_orphaned_run_from_the_dashboard(page: Any) -> None:
     assert run.status == "interrupted"
     page.goto(f"{page.base_url}/admin/")
     assert page.locator('a.console-tile[data-kind="run_orphaned"]').count() == 0
+
+
+def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: Any) -> None:
+    company = CompanyFactory(name="Acme Robotics")
+    b, action, _ = held(company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/{b.run.pk}/change/")
+    hold = page.locator("#board-hold")
+    assert hold.get_attribute("data-hold") == str(action.pk)
+    first_field = page.locator(".form-row").first
+    assert hold.bounding_box()["y"] < first_field.bounding_box()["y"]  # type: ignore[index]
+    assert page.locator('button[data-console-action="finalize_now"]').count() == 0
+    shot(page, "held-run")
+    page.click('button[data-console-action="confirm_owner_stop"]')
+    assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
+    assert page.locator("#id_stop_evidence").count() == 1
 
 
 def test_a_staff_user_of_one_company_never_sees_another_companys_objects(page: Any) -> None:

@@ -1,9 +1,11 @@
 """The run page's actions: "Interrupt run…" (confirmation page, required reason, the service
-behind POST /api/heartbeat-runs/{id}/interrupt, one audit row a run) and what each action's
-message says happened."""
+behind POST /api/heartbeat-runs/{id}/interrupt, one audit row a run), no "Finalize now" on a
+run held for the board (its hold first, and its confirmation instead), and what each action's
+message says happened: done, refused and why, or queued and where the outcome will show."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -13,10 +15,19 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from paperclip.models import ActivityEvent, BoardMembership, HeartbeatRun, Issue
-from tests.console.helpers import orphaned_run
-from tests.console.test_pages import staff
+from paperclip.models import (
+    ActivityEvent,
+    BoardMembership,
+    Company,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+)
+from recovery.selectors.actions import HEAD_CONFLICT_CODE
+from tests.console.helpers import held, one_of_each, orphaned_run
+from tests.console.test_pages import ACTIONS, staff
 from tests.paperclip.factories import HeartbeatRunFactory, UserFactory
+from tests.recovery.factories import RecoveryActionFactory, make_binding
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -116,3 +127,86 @@ def test_the_interrupt_confirmation_reads_a_fixed_number_of_queries(
     more = [orphaned_run(company=first.company) for _ in range(4)]
     with django_assert_max_num_queries(len(few)):
         assert _interrupt(client, first, *more).status_code == 200
+
+
+def test_a_held_run_offers_its_holds_confirmation_first_and_no_finalize_now(
+    company: Company,
+) -> None:
+    b, action, _ = held(company)
+    client = staff(company)
+    for url in (
+        reverse("admin:paperclip_heartbeatrun_change", args=[b.run.pk]),
+        reverse("admin:paperclip_nativerunfinalization_change", args=[b.run.pk]),
+    ):
+        html = client.get(url).content.decode()
+        assert 'data-console-action="finalize_now"' not in html, url
+        # The button posts the hold to the recovery action list's own confirmation.
+        button = re.search(
+            r'<form method="post" action="([^"]+)"[^>]*>.*?name="_selected_action" '
+            r'value="([^"]+)">\s*<button[^>]*data-console-action="confirm_owner_stop"',
+            html,
+            re.S,
+        )
+        assert button is not None, url
+        assert button.groups() == (ACTIONS, str(action.pk))
+        # The hold is the first thing on the page, above the run's own fields.
+        assert f'id="board-hold" data-cause="{action.cause}"' in html
+        assert html.index('id="board-hold"') < html.index('class="form-row')
+    confirm = client.post(
+        ACTIONS, {"action": "confirm_owner_stop", "_selected_action": [action.pk]}
+    )
+    assert confirm.status_code == 200
+    assert 'id="id_stop_evidence"' in confirm.content.decode()
+
+
+def test_finalize_now_on_a_held_run_is_refused_and_says_where_to_act(company: Company) -> None:
+    b, action, _ = held(company)
+    client = staff(company)
+    done = client.post(
+        RUNS, {"action": "finalize_now", "_selected_action": [str(b.run.pk)]}, follow=True
+    )
+    text = done.content.decode()
+    assert "Finalization queued for 0 run(s)" in text
+    assert (
+        f"run {b.run.pk}: finalization_not_acquired (held for the board (owner_unverified), "
+        f"nothing queued: open recovery action {action.pk}" in text
+    )
+    assert not ActivityEvent.objects.filter(action="run.finalization_requested").exists()
+
+
+def test_finalize_now_says_it_queued_and_where_the_outcome_shows(company: Company) -> None:
+    coordinator = one_of_each(company)["failed"]
+    client = staff(company)
+    changelist = reverse("admin:paperclip_nativerunfinalization_changelist")
+    first = client.post(
+        changelist, {"action": "finalize_now", "_selected_action": [coordinator.pk]}, follow=True
+    ).content.decode()
+    assert "Finalization queued for 1 run(s); the outcome will show in each run&#x27;s" in first
+    assert "Refused: none" in first
+    again = client.post(
+        changelist, {"action": "finalize_now", "_selected_action": [coordinator.pk]}, follow=True
+    ).content.decode()
+    assert "Finalization queued for 0 run(s)" in again
+    assert "Already queued: 1" in again
+
+
+def test_a_run_held_over_a_head_conflict_offers_the_resolution(company: Company) -> None:
+    b = make_binding(company=company, phase="result_accepted")
+    NativeRunFinalization.objects.filter(pk=b.run.pk).update(failure_code=HEAD_CONFLICT_CODE)
+    hold = RecoveryActionFactory(
+        company=company,
+        source_issue=b.issue,
+        kind="workspace_validation",
+        owner_type="board",
+        cause=HEAD_CONFLICT_CODE,
+        evidence={"runId": str(b.run.pk), "conflictingPaths": ["a.txt"], "conflictCount": 1},
+    )
+    client = staff(company)
+    html = _page(client, b.run)
+    assert 'data-console-action="finalize_now"' not in html
+    assert 'data-console-action="resolve_workspace_conflict"' in html
+    assert f'data-hold="{hold.pk}"' in html
+    done = client.post(
+        RUNS, {"action": "finalize_now", "_selected_action": [str(b.run.pk)]}, follow=True
+    ).content.decode()
+    assert "held for the board (workspace_head_conflict), nothing queued" in done
