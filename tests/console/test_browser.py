@@ -2,8 +2,8 @@
 finds a held finalization from the dashboard, reads why it is held, confirms it from its page
 and sees it leave the dashboard; force-releases a stale lease from its page; interrupts an
 orphaned run from its page; meets a held run's hold first on its page, with the hold's
-confirmation in place of "Finalize now"; and a staff user of one company never sees another
-company's objects on any console page.
+confirmation in place of "Finalize now"; retries a failed environment cleanup now; and a staff
+user of one company never sees another company's objects on any console page.
 
 Screenshots of the pages each test walks through are written to `.screenshots/`
 (ignored by git). Without chromium these tests fail in CI (CI=true) and are skipped elsewhere.
@@ -27,6 +27,7 @@ from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company
 from recovery.console.site import REFRESH_SECONDS
 from tests.console.helpers import held, invalid_marker_lease, orphaned_run, stale_lease
+from tests.leases.environment.factories import backing_off
 from tests.paperclip.factories import CompanyFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -219,6 +220,26 @@ def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: 
     page.click('button[data-console-action="confirm_owner_stop"]')
     assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
     assert page.locator("#id_stop_evidence").count() == 1
+
+
+def test_retry_a_failed_cleanup_now_from_the_dashboard(page: Any) -> None:
+    company = CompanyFactory()
+    lease = backing_off(company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.click('a.console-tile[data-kind="cleanup_failed"]')
+    page.click(f'#result_list a[href*="/leases/environmentlease/{lease.pk}/change/"]')
+    assert page.locator("#cleanup-verdict").get_attribute("data-state") == "cleanup_failed"
+    page.click('button[data-console-action="retry_cleanup_now"]')
+    assert page.locator(f'#retry-cleanup-leases tr[data-lease="{lease.pk}"]').count() == 1
+    shot(page, "retry-cleanup-confirmation")
+    page.fill("textarea[name=reason]", "provider outage over")
+    page.click("input[name=apply]")
+    assert "Cleanup reopened for 1 lease(s)" in page.locator("ul.messagelist").inner_text()
+    lease.refresh_from_db()
+    assert lease.cleanup_status == "pending"
+    page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
+    shot(page, "cleanup-reopened")
 
 
 def test_a_staff_user_of_one_company_never_sees_another_companys_objects(page: Any) -> None:
