@@ -53,7 +53,7 @@ def _orphaned_runs(scope: AttentionScope) -> list[AttentionTile]:
     hint = (
         "Running, but every lease lapsed: its agent is gone. The worker interrupts it after "
         "the grace, and so does the next run that starts on its issue; the board can now: "
-        "POST /api/heartbeat-runs/{id}/interrupt."
+        "Interrupt run… on the run's page (or POST /api/heartbeat-runs/{id}/interrupt)."
     )
     return [AttentionTile("run_orphaned", "Orphaned runs", len(found), oldest, hint=hint)]
 

@@ -12,10 +12,14 @@ variant, only superusers).
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
+from django import forms
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -29,9 +33,30 @@ from leases.environment.export_resume import (
     stop_only_cleanup_has,
     stop_only_cleanup_problem,
 )
+from leases.environment.services import environment_lease_cleanup_retry_now
 from leases.models import EnvironmentLease
-from paperclip.admin.toolkit import COMPANY_FILTER, AuditedAdmin, ReadOnlyAdmin, console_panel
+from paperclip.access import board_actor
+from paperclip.admin.toolkit import (
+    COMPANY_FILTER,
+    AuditedAdmin,
+    ReadOnlyAdmin,
+    act_on_each,
+    console_panel,
+    report_each,
+)
 from paperclip.models import Environment
+
+RETRY_CLEANUP_TEMPLATE = "admin/leases/environmentlease/retry_cleanup_confirmation.html"
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=2000,
+        strip=True,
+        help_text="Why (for example: the provider's outage is over); kept in each lease's "
+        "audit row.",
+    )
 
 
 class StopOnlyFilter(admin.SimpleListFilter):
@@ -128,6 +153,70 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         "metadata",
     )
     fields = readonly_fields
+    actions = ("retry_cleanup_now",)
+
+    def detail_actions(self, request: HttpRequest, obj: EnvironmentLease) -> list[dict[str, Any]]:
+        # Offered where a retry would change something: a failed cleanup, or one whose
+        # back-off is set (the sweep clears it when due); a plain pending one waits for a claim.
+        metadata = obj.metadata if isinstance(obj.metadata, dict) else {}
+        retry_after = metadata.get("pendingCleanupRetryAfterMs")
+        failed = obj.cleanup_status == EnvironmentLease.CleanupStatus.FAILED
+        backing_off = isinstance(retry_after, int) and retry_after > 0
+        if obj.status != EnvironmentLease.Status.PENDING_CLEANUP or not (failed or backing_off):
+            return []
+        return [{"action": "retry_cleanup_now", "label": "Retry cleanup now…", "primary": True}]
+
+    def has_retry_cleanup_permission(self, request: HttpRequest) -> bool:
+        user: Any = request.user
+        return bool(
+            user.is_active and user.is_staff and user.has_perm("leases.change_environmentlease")
+        )
+
+    @admin.action(
+        description="Retry cleanup of selected leases now (reason required)",
+        permissions=["retry_cleanup"],
+    )
+    def retry_cleanup_now(
+        self, request: HttpRequest, queryset: QuerySet[EnvironmentLease]
+    ) -> HttpResponse | None:
+        leases = list(queryset.order_by("pk"))
+        form = ReasonForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            self._retry_each(request, [lease.pk for lease in leases], form.cleaned_data["reason"])
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Retry environment cleanups now",
+            "opts": self.model._meta,
+            "leases": leases,
+            "form": form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action_name": "retry_cleanup_now",
+        }
+        return TemplateResponse(request, RETRY_CLEANUP_TEMPLATE, context)
+
+    def _retry_each(self, request: HttpRequest, lease_ids: list[UUID], reason: str) -> None:
+        actor = board_actor(request.user)
+
+        def act(lease_id: UUID) -> str:
+            answer = environment_lease_cleanup_retry_now(
+                company_ids=actor.company_ids,
+                lease_id=lease_id,
+                actor_type=actor.actor_type,
+                actor_id=actor.actor_id,
+                reason=reason,
+            )
+            return "reopened" if answer.reopened else "already_pending"
+
+        done = act_on_each(lease_ids, act, name=lambda lease_id: f"lease {lease_id}")
+        report_each(
+            self,
+            request,
+            f"Cleanup reopened for {done.counts['reopened']} lease(s): the provider's next "
+            "claim takes it; the outcome will show in each lease's cleanup status on its page. "
+            f"Already pending: {done.counts['already_pending']}. Refused: ",
+            done.failed,
+        )
 
     def detail_panels(self, request: HttpRequest, obj: EnvironmentLease) -> list[SafeString]:
         panels: list[SafeString] = []

@@ -289,3 +289,70 @@ def environment_cleanups_retry_due(*, batch_size: int = 200) -> CleanupRetrySwee
             )
             reopened.append(lease.pk)
     return CleanupRetrySweep(examined=len(candidates), reopened=reopened)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupRetryNow:
+    lease: EnvironmentLease
+    reopened: bool  # False: already pending with no back-off (nothing written)
+
+
+def environment_lease_cleanup_retry_now(
+    *,
+    company_ids: frozenset[UUID] | None,
+    lease_id: UUID,
+    actor_type: str,
+    actor_id: str,
+    reason: str,
+) -> CleanupRetryNow:
+    """The board's "retry cleanup now": a pending cleanup whose last attempt failed, or that
+    waits out its back-off, is reopened at once (cleanup `pending`, back-off cleared, attempt
+    count kept), as the retry sweep does when the back-off is over; the provider's next claim
+    takes it. A cleanup already pending with no back-off answers `reopened=False` and writes
+    nothing. One audit row (`environment_lease.cleanup_retry_requested`, with `reason`).
+
+    `company_ids` limits which leases the actor may see (None: all). Locks: the lease row FOR
+    NO KEY UPDATE with a 5 s lock timeout. Raises EnvironmentLeaseNotFound (also another
+    company's), CleanupNotPending (not `pending_cleanup`), CleanupInFlight (a live claim: its
+    receipt decides first), ResourceBusy.
+    """
+    with transaction.atomic(durable=True):
+        with bounded_lock_wait(resource="environment_lease"):
+            lease = environment_leases_for_update().filter(pk=lease_id).first()
+        if lease is None or (company_ids is not None and lease.company_id not in company_ids):
+            raise EnvironmentLeaseNotFound()
+        if lease.status != EnvironmentLease.Status.PENDING_CLEANUP:
+            raise CleanupNotPending(status=lease.status)
+        metadata = dict(lease.metadata) if isinstance(lease.metadata, dict) else {}
+        now_ms = _ms(db_now())
+        expiry = _claim_expiry_ms(metadata)
+        if metadata.get("pendingCleanupInFlight") is True and expiry > now_ms:
+            raise CleanupInFlight(
+                expires_at=datetime.fromtimestamp(expiry / 1000, tz=UTC).isoformat()
+            )
+        retry_after = metadata.get("pendingCleanupRetryAfterMs")
+        backing_off = isinstance(retry_after, int) and retry_after > now_ms
+        if lease.cleanup_status == EnvironmentLease.CleanupStatus.PENDING and not backing_off:
+            return CleanupRetryNow(lease=lease, reopened=False)
+        metadata.update(pendingCleanupRetryAfterMs=0, pendingCleanupInFlight=False)
+        row_update_audited(
+            lease,
+            {
+                "cleanup_status": EnvironmentLease.CleanupStatus.PENDING,
+                "metadata": metadata,
+                "updated_at": Now(),
+            },
+            company_id=lease.company_id,
+            actor_type=actor_type,
+            actor_id=actor_id,
+            action="environment_lease.cleanup_retry_requested",
+            entity_type="environment_lease",
+            entity_id=lease.pk,
+            run_id=lease.heartbeat_run_id,
+            details={
+                "reason": reason,
+                "retryAttempts": metadata.get("pendingCleanupRetryAttempts"),
+                "retryAfterMs": retry_after,
+            },
+        )
+    return CleanupRetryNow(lease=lease, reopened=True)

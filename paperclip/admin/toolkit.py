@@ -156,7 +156,11 @@ class ActivityTimelineMixin:
 class DetailActionsMixin:
     """Actions as buttons on the detail page: each button posts the object to the changelist's
     own action (same confirmation page, same service, same permission), and panels that say
-    in words why the object needs attention appear above its fields."""
+    in words why the object needs attention appear above its fields.
+
+    An item `{"action", "label", "primary"?}` acts on this object; one that also names
+    `"model"` and `"pk"` posts that object to the action of that model's admin (a run's page
+    offering its hold's confirmation), shown only when that admin offers the action."""
 
     change_form_template: ClassVar[Any] = "admin/console/change_form.html"
 
@@ -177,15 +181,33 @@ class DetailActionsMixin:
         obj = model_admin.get_object(request, unquote(object_id))
         extra = dict(extra_context or {})
         if obj is not None:
-            actions = model_admin.get_actions(request)
             extra["console_actions"] = [
-                item for item in self.detail_actions(request, obj) if item["action"] in actions
+                offered
+                for item in self.detail_actions(request, obj)
+                if (offered := self._offered(request, item, obj)) is not None
             ]
             extra["console_panels"] = self.detail_panels(request, obj)
         response: HttpResponse = super().change_view(  # type: ignore[misc]
             request, object_id, form_url, extra
         )
         return response
+
+    def _offered(
+        self, request: HttpRequest, item: dict[str, Any], obj: Any
+    ) -> dict[str, Any] | None:
+        """The button as the template draws it (the list to post to, the object to select), or
+        None when the user may not run that action there."""
+        model_admin: Any = self
+        target = item.get("model", type(obj))
+        owner = model_admin if target is type(obj) else model_admin.admin_site._registry.get(target)
+        if owner is None or item["action"] not in owner.get_actions(request):
+            return None
+        opts = target._meta
+        return {
+            **item,
+            "url": reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"),
+            "selected": item.get("pk", obj.pk),
+        }
 
 
 class CompanyScopedAdmin(FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin):
@@ -271,14 +293,15 @@ def act_on_each[T](
     items: Iterable[T], act: Callable[[T], str], *, name: Callable[[T], object]
 ) -> EachOutcome:
     """Apply `act` (a service call returning how it ended) to every item, one after another.
-    A DomainError fails that item alone, named `name(item): code`; the others go on."""
+    A DomainError fails that item alone, named `name(item): code (why)`, its message saying
+    why; the others go on."""
     counts: Counter[str] = Counter()
     failed: list[str] = []
     for item in items:
         try:
             counts[act(item)] += 1
         except DomainError as exc:
-            failed.append(f"{name(item)}: {exc.code}")
+            failed.append(f"{name(item)}: {exc.code} ({exc.text.rstrip('.')})")
     return EachOutcome(counts, failed)
 
 

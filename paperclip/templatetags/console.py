@@ -3,7 +3,7 @@ TIME_ZONE, named on every time) and links to objects."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
@@ -47,3 +47,11 @@ def stamp(value: Any) -> SafeString | str:
         date_format(local, "Y-m-d H:i:s T"),
         relative(value),
     )
+
+
+@register.filter
+def epoch_ms(value: Any) -> datetime | None:
+    """Epoch milliseconds (as the cleanup protocol's metadata keeps them) as a UTC datetime."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return datetime.fromtimestamp(value / 1000, tz=UTC)

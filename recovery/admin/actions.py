@@ -442,8 +442,9 @@ class IssueRecoveryActionAdmin(
             report_each(
                 self,
                 request,
-                f"Confirmed {done.counts['confirmed']}; finalization queued for the worker. "
-                "Failed: ",
+                f"Confirmed {done.counts['confirmed']}; finalization queued for the worker: the "
+                "outcome will show in each run's finalization state on its page (the hold "
+                "resolves once the run is committed). Refused: ",
                 unbound + done.failed,
             )
             return None
@@ -505,7 +506,8 @@ class IssueRecoveryActionAdmin(
                 request,
                 f"Resolved {done.counts['resolved']} ({resolution}), "
                 f"{done.counts['repeated']} already resolved so; the runs' finalization is queued "
-                "for the worker (the run pages show it). Failed: ",
+                "for the worker: the outcome will show in each run's finalization state on its "
+                "page. Refused: ",
                 done.failed,
             )
             return None

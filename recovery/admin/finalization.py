@@ -9,6 +9,7 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 
 from checkpoints.attention import expired_authority_coordinators
@@ -24,14 +25,63 @@ from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
+from recovery.errors import FinalizationNotAcquired
+from recovery.models import IssueRecoveryAction
+from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, run_board_hold
 from recovery.selectors.attention import failed_finalizations, retrying_finalizations
 from recovery.selectors.finalization import finalization_state
+from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import finalization_request
+
+# What a board hold's page offers, by cause: (admin action, its name, NotAcquired reason).
+_HOLD_ACTIONS: dict[str, tuple[str, str, str]] = {
+    OWNER_UNVERIFIED_CAUSE: (
+        "confirm_owner_stop",
+        "Confirm owner stopped and resume finalization",
+        "owner_unverified",
+    ),
+    HEAD_CONFLICT_CODE: (
+        "resolve_workspace_conflict",
+        "Resolve workspace conflict",
+        HEAD_CONFLICT_CODE,
+    ),
+}
+_HOLD_BUTTONS: dict[str, str] = {
+    OWNER_UNVERIFIED_CAUSE: "Held: confirm owner stopped…",
+    HEAD_CONFLICT_CODE: "Held: resolve workspace conflict…",
+}
+
+
+def hold_detail_action(hold: IssueRecoveryAction) -> dict[str, Any]:
+    """The button a held run's (or coordinator's) page shows in place of "Finalize now": the
+    hold's own confirmation, on its recovery action."""
+    action, _label, _reason = _HOLD_ACTIONS[hold.cause]
+    return {
+        "action": action,
+        "label": _HOLD_BUTTONS[hold.cause],
+        "primary": True,
+        "model": IssueRecoveryAction,
+        "pk": hold.pk,
+    }
+
+
+def hold_panel(hold: IssueRecoveryAction) -> SafeString:
+    """The first panel of a held run's (or coordinator's) page: what holds it and where to act."""
+    _action, label, reason = _HOLD_ACTIONS[hold.cause]
+    verdict = owner_hold_verdict(hold) if hold.cause == OWNER_UNVERIFIED_CAUSE else None
+    return SafeString(  # rendered through an autoescaping template
+        render_to_string(
+            "admin/recovery/hold_panel.html",
+            {"hold": hold, "title": reason.replace("_", " "), "label": label, "verdict": verdict},
+        )
+    )
 
 
 class FinalizeNowMixin:
     """ "Finalize now" (list action and detail button): `finalization_request`, as
-    `POST /api/heartbeat-runs/{id}/finalize` does; audited `run.finalization_requested`."""
+    `POST /api/heartbeat-runs/{id}/finalize` does; audited `run.finalization_requested`. A run
+    held for the board is refused here (the job would only log `not acquired`), naming the
+    hold to act on instead."""
 
     def has_finalize_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_staff)
@@ -39,20 +89,32 @@ class FinalizeNowMixin:
     def _finalize_each(self, request: HttpRequest, runs: list[tuple[Any, Any]]) -> None:
         def act(run: tuple[Any, Any]) -> str:
             company_id, run_id = run
+            hold = run_board_hold(company_id=company_id, run_id=run_id)
+            if hold is not None:
+                _action, label, reason = _HOLD_ACTIONS[hold.cause]
+                raise FinalizationNotAcquired(
+                    f"held for the board ({reason}), nothing queued: open recovery action "
+                    f"{hold.pk} and use {label}",
+                    reason=reason,
+                )
             answer = finalization_request(
                 company_id=company_id,
                 run_id=run_id,
                 actor_type="user",
                 actor_id=str(request.user.pk),
             )
-            return "queued" if answer.created else "unchanged"
+            if answer.status == "committed":
+                return "committed"
+            return "queued" if answer.created else "already_queued"
 
-        done = act_on_each(runs, act, name=lambda run: run[1])
+        done = act_on_each(runs, act, name=lambda run: f"run {run[1]}")
         report_each(
             self,
             request,
-            f"Finalization queued for {done.counts['queued']}; already queued or committed "
-            f"{done.counts['unchanged']}; failed: ",
+            f"Finalization queued for {done.counts['queued']} run(s); the outcome will show in "
+            "each run's finalization state on its page (committed, retry scheduled or held) "
+            f"once a worker has tried. Already queued: {done.counts['already_queued']}; "
+            f"already committed: {done.counts['committed']}. Refused: ",
             done.failed,
         )
 
@@ -115,6 +177,8 @@ class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
         run = HeartbeatRun.objects.filter(pk=obj.run_id, company_id=obj.company_id).first()
         if run is None or obj.result_id is None:
             return []
+        hold = run_board_hold(company_id=obj.company_id, run_id=obj.run_id)
+        first = [hold_panel(hold)] if hold is not None else []
         state = finalization_state(run, coordinator=obj)
         words = {
             "failed": "Finalization failed: the copy-back retry budget is spent.",
@@ -138,6 +202,7 @@ class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
         if state.state == "held":
             lines.append("Open the run's recovery action and read its verdict.")
         return [
+            *first,
             console_panel(
                 panel_id="finalization-state",
                 state=state.state,
@@ -145,7 +210,7 @@ class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
                 headline=words.get(state.state, state.state),
                 lines=lines,
                 ok=state.state in ("committed", "queued", "running"),
-            )
+            ),
         ]
 
     def detail_actions(
@@ -153,6 +218,9 @@ class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
     ) -> list[dict[str, Any]]:
         if obj.result_id is None or obj.phase == NativeRunFinalization.Phase.COMMITTED:
             return []
+        hold = run_board_hold(company_id=obj.company_id, run_id=obj.run_id)
+        if hold is not None:
+            return [hold_detail_action(hold)]
         label = "Retry finalization now" if obj.failure_code else "Finalize now"
         return [{"action": "finalize_now", "label": label, "primary": True}]
 

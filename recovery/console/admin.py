@@ -14,12 +14,13 @@ from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 
 from leases.models import EnvironmentLease
-from leases.orphans import orphaned_runs
+from leases.orphans import orphaned_runs, run_orphaned_since
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ReadOnlyAdmin,
     admin_id_link,
+    console_panel,
 )
 from paperclip.ids import parse_uuid
 from paperclip.models import (
@@ -32,10 +33,12 @@ from paperclip.models import (
     NativeRunFinalization,
     WorkspaceOperation,
 )
-from paperclip.templatetags.console import stamp
-from recovery.admin.finalization import FinalizeNowMixin
+from paperclip.templatetags.console import relative, stamp
+from recovery.admin.finalization import FinalizeNowMixin, hold_detail_action, hold_panel
+from recovery.console.interrupt import InterruptRunMixin
 from recovery.console.run_related import run_related
 from recovery.models import IssueRecoveryAction
+from recovery.selectors.actions import run_board_hold
 from recovery.selectors.finalization import finalization_state
 
 
@@ -74,7 +77,7 @@ class OrphanedFilter(admin.SimpleListFilter):
 
 
 @admin.register(HeartbeatRun)
-class HeartbeatRunAdmin(FinalizeNowMixin, ReadOnlyAdmin):
+class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "company",
@@ -96,7 +99,7 @@ class HeartbeatRunAdmin(FinalizeNowMixin, ReadOnlyAdmin):
     )
     search_fields = ("=id", "agent__name", "issue__title", "=issue__id")
     list_select_related = ("company", "agent", "issue")
-    actions = ("finalize_now",)
+    actions = ("finalize_now", "interrupt_selected")
     readonly_fields = ("related_objects",)
     fieldsets = (
         (
@@ -164,13 +167,53 @@ class HeartbeatRunAdmin(FinalizeNowMixin, ReadOnlyAdmin):
             )
         )
 
+    def detail_panels(self, request: HttpRequest, obj: HeartbeatRun) -> list[SafeString]:
+        # A hold comes first: it is what the board must act on before anything else moves.
+        hold = run_board_hold(company_id=obj.company_id, run_id=obj.pk)
+        panels = [hold_panel(hold)] if hold is not None else []
+        since = run_orphaned_since(obj.pk) if obj.status == HeartbeatRun.Status.RUNNING else None
+        if since is None:
+            return panels
+        return [
+            *panels,
+            console_panel(
+                panel_id="orphaned-verdict",
+                state="orphaned",
+                title="Orphaned: every lease of this run lapsed",
+                headline=(
+                    "Its agent is gone: nothing has renewed its leases since "
+                    f"{since:%Y-%m-%d %H:%M:%S} UTC ({relative(since)})."
+                ),
+                lines=(
+                    "The worker interrupts it once PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS have "
+                    "passed, and so does the next run that starts on its issue.",
+                    "To end it now and release its issue: Interrupt run…",
+                ),
+            ),
+        ]
+
     def detail_actions(self, request: HttpRequest, obj: HeartbeatRun) -> list[dict[str, Any]]:
-        if obj.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE:
-            return []
-        coordinator = NativeRunFinalization.objects.filter(run_id=obj.pk).first()
-        if coordinator is None or coordinator.result_id is None or coordinator.phase == "committed":
-            return []
-        return [{"action": "finalize_now", "label": "Finalize now", "primary": True}]
+        actions: list[dict[str, Any]] = []
+        if obj.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE:
+            coordinator = NativeRunFinalization.objects.filter(run_id=obj.pk).first()
+            hold = run_board_hold(company_id=obj.company_id, run_id=obj.pk)
+            if hold is not None:
+                # Finalize now would only queue a job that logs "not acquired".
+                actions.append(hold_detail_action(hold))
+            elif (
+                coordinator is not None
+                and coordinator.result_id is not None
+                and coordinator.phase != "committed"
+            ):
+                actions.append({"action": "finalize_now", "label": "Finalize now", "primary": True})
+        if not obj.is_terminal:
+            orphaned = obj.status == HeartbeatRun.Status.RUNNING and bool(
+                orphaned_runs(run_ids=[obj.pk], limit=1)
+            )
+            actions.append(
+                {"action": "interrupt_selected", "label": "Interrupt run…", "primary": orphaned}
+            )
+        return actions
 
     @admin.action(description="Finalize selected runs now", permissions=["finalize"])
     def finalize_now(self, request: HttpRequest, queryset: QuerySet[HeartbeatRun]) -> None:

@@ -28,6 +28,24 @@ def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecove
     )
 
 
+def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | None:
+    """The live recovery action that holds the run's finalization for the board, or None: an
+    owner-unverified hold whose stop is not confirmed yet, or an unresolved workspace head
+    conflict. The oldest one when there are several."""
+    return (
+        IssueRecoveryAction.objects.filter(
+            company_id=company_id, status__in=LIVE_STATUSES, evidence__runId=str(run_id)
+        )
+        .filter(
+            (Q(cause=OWNER_UNVERIFIED_CAUSE) & ~Q(evidence__has_key="workspaceOwnerStop"))
+            | Q(cause=HEAD_CONFLICT_CODE)
+        )
+        .select_related("source_issue")
+        .order_by("created_at", "id")
+        .first()
+    )
+
+
 def recovery_action_list_for_issue(
     *, company_id: UUID, issue_id: UUID
 ) -> QuerySet[IssueRecoveryAction]:

@@ -18,7 +18,7 @@ from paperclip.models import (
 )
 from recovery.models import IssueRecoveryAction
 from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
-from tests.leases.factories import claim, expire
+from tests.leases.factories import claim, expire, running_run
 from tests.paperclip.factories import (
     AgentFactory,
     ExecutionWorkspaceFactory,
@@ -153,3 +153,18 @@ def db_now_ms() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT (extract(epoch from now()) * 1000)::bigint")
         return int(cursor.fetchone()[0])
+
+
+def orphaned_run(*, seconds: int = 120, company: Company | None = None) -> HeartbeatRun:
+    """A running native run (of `company`, default a fresh one) whose runtime lease lapsed
+    `seconds` ago and that started before that: orphaned, its issue still locked by it."""
+    run, _claim = running_run(company=company)
+    expire(run.execution_workspace, seconds_ago=seconds)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE heartbeat_runs SET started_at = now() - make_interval(secs => %s)"
+            " WHERE id = %s",
+            [seconds + 60, run.pk],
+        )
+    run.refresh_from_db()
+    return run

@@ -1,9 +1,11 @@
 """The console in a real browser (Playwright driving the Debian chromium package): an operator
 finds a held finalization from the dashboard, reads why it is held, confirms it from its page
-and sees it leave the dashboard; force-releases a stale lease from its page; and a staff user
-of one company never sees another company's objects on any console page.
+and sees it leave the dashboard; force-releases a stale lease from its page; interrupts an
+orphaned run from its page; meets a held run's hold first on its page, with the hold's
+confirmation in place of "Finalize now"; retries a failed environment cleanup now; and a staff
+user of one company never sees another company's objects on any console page.
 
-Screenshots of the dashboard and the held finalization's page are written to `.screenshots/`
+Screenshots of the pages each test walks through are written to `.screenshots/`
 (ignored by git). Without chromium these tests fail in CI (CI=true) and are skipped elsewhere.
 """
 
@@ -24,7 +26,8 @@ from django.db import connection
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company
 from recovery.console.site import REFRESH_SECONDS
-from tests.console.helpers import held, invalid_marker_lease, stale_lease
+from tests.console.helpers import held, invalid_marker_lease, orphaned_run, stale_lease
+from tests.leases.environment.factories import backing_off
 from tests.paperclip.factories import CompanyFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -176,6 +179,67 @@ def test_force_release_a_stale_lease_from_its_page(page: Any) -> None:
     assert not WorkspaceRuntimeLease.objects.filter(pk=lease.id).exists()
     page.goto(f"{page.base_url}/admin/")
     assert page.locator('a.console-tile[data-kind="runtime_lease_stale"]').count() == 0
+
+
+def test_interrupt_an_orphaned_run_from_the_dashboard(page: Any) -> None:
+    run = orphaned_run()
+    operator(run.company, username="ops")
+    log_in(page, "ops")
+    page.click('a.console-tile[data-kind="run_orphaned"]')
+    page.click(f'#result_list a[href*="/paperclip/heartbeatrun/{run.pk}/change/"]')
+    assert page.locator("#orphaned-verdict").get_attribute("data-state") == "orphaned"
+    shot(page, "orphaned-run")
+    page.click('button[data-console-action="interrupt_selected"]')
+    assert page.locator(".breadcrumbs a", has_text="Heartbeat runs").count() == 1
+    assert page.locator(f'#interrupt-runs tr[data-run="{run.pk}"]').count() == 1
+    shot(page, "interrupt-confirmation")
+    page.fill("textarea[name=reason]", "agent host lost (kill -9), issue blocked")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "Interrupted 1 run(s)" in message
+    assert "Refused: none" in message
+    shot(page, "interrupted-run")
+    run.refresh_from_db()
+    assert run.status == "interrupted"
+    page.goto(f"{page.base_url}/admin/")
+    assert page.locator('a.console-tile[data-kind="run_orphaned"]').count() == 0
+
+
+def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: Any) -> None:
+    company = CompanyFactory(name="Acme Robotics")
+    b, action, _ = held(company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/{b.run.pk}/change/")
+    hold = page.locator("#board-hold")
+    assert hold.get_attribute("data-hold") == str(action.pk)
+    first_field = page.locator(".form-row").first
+    assert hold.bounding_box()["y"] < first_field.bounding_box()["y"]  # type: ignore[index]
+    assert page.locator('button[data-console-action="finalize_now"]').count() == 0
+    shot(page, "held-run")
+    page.click('button[data-console-action="confirm_owner_stop"]')
+    assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
+    assert page.locator("#id_stop_evidence").count() == 1
+
+
+def test_retry_a_failed_cleanup_now_from_the_dashboard(page: Any) -> None:
+    company = CompanyFactory()
+    lease = backing_off(company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.click('a.console-tile[data-kind="cleanup_failed"]')
+    page.click(f'#result_list a[href*="/leases/environmentlease/{lease.pk}/change/"]')
+    assert page.locator("#cleanup-verdict").get_attribute("data-state") == "cleanup_failed"
+    page.click('button[data-console-action="retry_cleanup_now"]')
+    assert page.locator(f'#retry-cleanup-leases tr[data-lease="{lease.pk}"]').count() == 1
+    shot(page, "retry-cleanup-confirmation")
+    page.fill("textarea[name=reason]", "provider outage over")
+    page.click("input[name=apply]")
+    assert "Cleanup reopened for 1 lease(s)" in page.locator("ul.messagelist").inner_text()
+    lease.refresh_from_db()
+    assert lease.cleanup_status == "pending"
+    page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
+    shot(page, "cleanup-reopened")
 
 
 def test_a_staff_user_of_one_company_never_sees_another_companys_objects(page: Any) -> None:

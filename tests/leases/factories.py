@@ -55,11 +55,11 @@ def lease_row(workspace: ExecutionWorkspace) -> dict[str, Any] | None:
 
 
 def running_run(
-    *, status: str = "running", lease: bool = True
+    *, status: str = "running", lease: bool = True, company: Any = None
 ) -> tuple[Any, RuntimeLeaseClaim | None]:
-    """A native run of a fresh company's agent on its issue and workspace (the issue's
-    execution run when running), holding the workspace's runtime lease as `run:<id>` when
-    `lease`: (run, claim)."""
+    """A native run of a new agent of `company` (default: a fresh one) on its issue and
+    workspace (the issue's execution run when running), holding the workspace's runtime lease
+    as `run:<id>` when `lease`: (run, claim)."""
     from paperclip.models import Issue
     from tests.paperclip.factories import (
         AgentFactory,
@@ -69,7 +69,7 @@ def running_run(
         NativeRunFactory,
     )
 
-    company = CompanyFactory()
+    company = company if company is not None else CompanyFactory()
     agent = AgentFactory(company=company)
     workspace = ExecutionWorkspaceFactory(company=company)
     issue = IssueFactory(company=company, assignee_agent=agent)

@@ -1,6 +1,6 @@
 """The admin actions' per-item loop as a plain function (paperclip/admin/toolkit.py
 `act_on_each`): every item is tried, a domain error fails that item alone and names it with its
-code, and each outcome is counted. No database, no request."""
+code and why, and each outcome is counted. No database, no request."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ def test_every_item_is_tried_and_each_failure_names_its_item_and_code() -> None:
     done = act_on_each([1, 2, 3, 4, 5, 6], act, name=lambda item: f"#{item}")
     assert tried == [1, 2, 3, 4, 5, 6]
     assert done.counts == {"changed": 3, "unchanged": 1}
-    assert done.failed == ["#2: not_found", "#4: permission_denied"]
+    assert done.failed == [
+        "#2: not_found (Not found)",
+        "#4: permission_denied (You do not have permission to perform this action)",
+    ]
 
 
 def test_an_error_that_is_not_a_domain_error_is_not_swallowed() -> None:

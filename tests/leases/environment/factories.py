@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,19 @@ def set_meta(lease: EnvironmentLease, **changes: Any) -> EnvironmentLease:
     lease.metadata = {**(lease.metadata or {}), **changes}
     lease.save(update_fields=["metadata"])
     return lease
+
+
+def backing_off(company: Any) -> EnvironmentLease:
+    """A failed cleanup after two attempts, its next retry an hour away."""
+    lease = EnvironmentLeaseFactory(
+        company=company, status="pending_cleanup", cleanup_status="failed"
+    )
+    return set_meta(
+        lease,
+        pendingCleanupInFlight=False,
+        pendingCleanupRetryAttempts=2,
+        pendingCleanupRetryAfterMs=int(time.time() * 1000) + 3_600_000,
+    )
 
 
 @dataclass
