@@ -115,6 +115,8 @@ MIDDLEWARE = [
     "paperclip.api.middleware.AuthenticationMiddleware",
     "paperclip.api.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost: a view whose database connection failed answers 503, never 500.
+    "paperclip.api.errors.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "paperclip.urls"
@@ -134,6 +136,16 @@ TEMPLATES = [
         },
     },
 ]
+
+
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,  # ms: unacknowledged data on a dead peer's connection
+}
 
 
 def _database() -> dict[str, Any]:
@@ -159,6 +171,12 @@ def _database() -> dict[str, Any]:
     # would refuse even an explicit request. Fine here: no transaction-mode pooler in front
     # of the service (docs/setup.md).
     config["OPTIONS"].setdefault("prepare_threshold", sys.maxsize)
+    # A database host that stops answering (a crashed machine, a cut network) is given up on
+    # in seconds, not the kernel's minutes: per host when connecting (the next host of a
+    # multi-host URL is then tried), and on an open connection through TCP keepalives and a
+    # user timeout (docs/ha.md#connection-settings). The URL's own values win.
+    for option, value in _CONNECTION_DEFAULTS.items():
+        config["OPTIONS"].setdefault(option, value)
     config["TEST"] = {"NAME": env.str("PAPERCLIP_TEST_DATABASE_NAME", default="") or None}
     return config
 

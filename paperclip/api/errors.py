@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -78,7 +79,16 @@ _DRF_CODES: dict[type[exceptions.APIException], tuple[str, str]] = {
 DATABASE_RETRY_AFTER_SECONDS = 2
 
 
-def _database_lost(exc: Exception) -> bool:
+def _unavailable_body() -> dict[str, Any]:
+    return error_body(
+        "database_unavailable",
+        "The database became unavailable during the request. Each write commits whole "
+        "or not at all: retry it.",
+        remediation="Retry after the number of seconds in the Retry-After header.",
+    )
+
+
+def _database_lost(exc: BaseException) -> bool:
     """The connection to PostgreSQL failed or was lost mid-request (a restart, a failover, a
     terminated backend): Django's OperationalError / InterfaceError, or psycopg's own when it
     escaped Django's wrapper. Lock timeouts never get here (they become `resource_busy`)."""
@@ -96,15 +106,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         logger.warning("database unavailable during %s: %s", _view_name(context), exc)
         with contextlib.suppress(Exception):
             db.connection.close()
-        response = Response(
-            error_body(
-                "database_unavailable",
-                "The database became unavailable during the request. Each write commits whole "
-                "or not at all: retry it.",
-                remediation="Retry after the number of seconds in the Retry-After header.",
-            ),
-            status=status.HTTP_503_SERVICE_UNAVAILABLE,
-        )
+        response = Response(_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
         response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
         return response
     if isinstance(exc, RequestDataTooBig):
@@ -172,9 +174,56 @@ def json_bad_request(request: HttpRequest, exception: Exception | None = None) -
     )
 
 
-def json_server_error(request: HttpRequest) -> JsonResponse:
-    """handler500: never leaks internals."""
+def json_server_error(request: HttpRequest) -> HttpResponse:
+    """handler500: never leaks internals. A lost database (the exception being handled) is a
+    503 to retry, not a 500."""
+    lost = sys.exc_info()[1]
+    if lost is not None and _database_lost(lost):
+        return database_unavailable_response(request, lost)
     return JsonResponse(error_body("internal_error", "Internal server error."), status=500)
+
+
+_UNAVAILABLE_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{seconds}">
+<title>Database unavailable</title></head>
+<body><h1>The database is unavailable</h1>
+<p>The control plane lost its database connection (a restart or a failover). Nothing was
+half-done: each change commits whole or not at all. This page reloads in {seconds} seconds.</p>
+</body></html>
+"""
+
+
+def database_unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """503 with Retry-After for a request whose database connection failed: the API's JSON
+    error under /api/, a page that reloads itself elsewhere (docs/ha.md#during-a-failover).
+    The broken connection is closed so the next request opens a fresh one."""
+    logger.warning("database unavailable during %s: %s", request.path, exc)
+    with contextlib.suppress(Exception):
+        db.connection.close()
+    response: HttpResponse
+    if request.path.startswith("/api/"):
+        response = JsonResponse(_unavailable_body(), status=503)
+    else:
+        response = HttpResponse(
+            _UNAVAILABLE_PAGE.format(seconds=DATABASE_RETRY_AFTER_SECONDS), status=503
+        )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+    return response
+
+
+class DatabaseUnavailableMiddleware:
+    """A view of any kind (the console's included) whose database connection fails answers
+    503 with Retry-After, never 500; DRF views get the same from `exception_handler`, and
+    handler500 covers what fails outside a view."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        return database_unavailable_response(request, exc) if _database_lost(exc) else None
 
 
 # Django's own error pages that may reach an API path (an unknown path under DEBUG is its

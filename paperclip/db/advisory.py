@@ -82,15 +82,10 @@ def dedicated_connection(
     params = connection_params(using)
     params["autocommit"] = autocommit
     params["application_name"] = application_name
-    # A lock connection whose peer vanished silently (network partition) must fail in bounded
-    # time rather than block `assert_held()`: TCP keepalives plus a user timeout (ignored on
-    # Unix sockets, where the kernel reports a dead peer at once).
-    params.setdefault("connect_timeout", 10)
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 10)
-    params.setdefault("keepalives_interval", 5)
-    params.setdefault("keepalives_count", 3)
-    params.setdefault("tcp_user_timeout", 30_000)
+    # A lock connection whose peer vanished silently (network partition) fails in bounded time
+    # rather than block `assert_held()`: the settings' connect timeout, TCP keepalives and user
+    # timeout apply to it as to every connection (ignored on Unix sockets, where the kernel
+    # reports a dead peer at once).
     conn = psycopg.connect(**params)
     try:
         yield conn

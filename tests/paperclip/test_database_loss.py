@@ -1,6 +1,6 @@
 """A request whose database connection dies mid-way answers 503 `database_unavailable` with
 Retry-After (never a 500), changes nothing, and the next request works; an unexpected error is
-the JSON 500 body even with DEBUG on."""
+the JSON 500 body even with DEBUG on. Console pages too answer 503 on a lost database."""
 
 from __future__ import annotations
 
@@ -87,3 +87,31 @@ def test_an_unexpected_error_is_the_json_500_body_even_with_debug_on(
     assert_error(response, 500, "internal_error")
     assert "ZeroDivisionError" not in response.content.decode()
     assert APIClient().get("/healthz").status_code == 200
+
+
+def _terminate_django_backend() -> None:
+    """End the session of Django's own connection from outside, as a failover would."""
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid  # type: ignore[union-attr]
+    with raw_connection() as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+            time.sleep(0.01)  # the backend exits asynchronously
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_console_page_whose_database_is_lost_answers_503_then_works(
+    superuser_client: Any, debug: bool
+) -> None:
+    """The console, not only the API: a page whose connection died answers 503 with
+    Retry-After and a page that reloads itself (never Django's 500, with DEBUG on or off),
+    and the next request opens a fresh connection."""
+    with override_settings(DEBUG=debug):
+        _terminate_django_backend()
+        response = superuser_client.get("/admin/")
+        assert response.status_code == 503
+        assert response["Retry-After"] == "2"
+        page = response.content.decode()
+        assert "The database is unavailable" in page
+        assert 'http-equiv="refresh"' in page
+        assert superuser_client.get("/admin/").status_code == 200
