@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -879,30 +880,79 @@ def _release_receipt(*, company_id: UUID, run_id: UUID, token: str, run_key: str
             del _active_run_owners[run_key]
         _joined_owner_tokens.add(token)
     try:
-        with transaction.atomic(durable=True):
-            with transaction.get_connection().cursor() as cursor:
-                cursor.execute(
-                    "UPDATE heartbeat_runs SET runner_profile_json = "
-                    "coalesce(runner_profile_json, '{}'::jsonb) - %s, updated_at = now() "
-                    "WHERE id = %s AND company_id = %s "
-                    "AND runner_profile_json -> %s ->> 'token' = %s",
-                    [OWNER_KEY, run_id, company_id, OWNER_KEY, token],
-                )
-                released = cursor.rowcount
-            if released:
-                activity_record(
-                    company_id=company_id,
-                    actor_type="system",
-                    actor_id="finalization-controller",
-                    action="run.finalization_owner_released",
-                    entity_type="heartbeat_run",
-                    entity_id=run_id,
-                    run_id=run_id,
-                    details={"token": token},
-                )
-                finalization_follow_up_in_tx(company_id=company_id, run_id=run_id)
+        _remove_receipt(company_id=company_id, run_id=run_id, token=token)
     except Exception:
-        logger.exception("could not remove finalization owner receipt %s of run %s", token, run_id)
+        logger.exception(
+            "could not remove finalization owner receipt %s of run %s; retrying in the background",
+            token,
+            run_id,
+        )
+        threading.Thread(
+            target=_retry_release,
+            kwargs={"company_id": company_id, "run_id": run_id, "token": token},
+            name="finalization-receipt-release",
+            daemon=True,
+        ).start()
         return
     with _state:
         _joined_owner_tokens.discard(token)
+
+
+# After a failed removal (the database was failing over): seconds between the retries, about
+# five minutes in all.
+RELEASE_RETRY_DELAYS: tuple[float, ...] = (1, 2, 4, 8, 15, 30, 60, 60, 60, 60)
+
+
+def _retry_release(*, company_id: UUID, run_id: UUID, token: str) -> None:
+    """Remove a finished owner's receipt once the database answers again
+    (docs/ha.md#never-two-finalizers): this process knows its action ended, and as long as the
+    receipt stays, only this very process could take the run over; another worker would have to
+    hold it for the board. The removal matches our token only, so a takeover meanwhile (which
+    writes its own) is never undone; it defers the run's next attempt as a release does."""
+    try:
+        for delay in RELEASE_RETRY_DELAYS:
+            time.sleep(delay)
+            with _state:
+                if token not in _joined_owner_tokens:
+                    return  # taken over in this process meanwhile
+            try:
+                _remove_receipt(company_id=company_id, run_id=run_id, token=token)
+            except Exception as exc:
+                logger.warning("receipt %s of run %s: still not removed (%s)", token, run_id, exc)
+                connections[DEFAULT_DB_ALIAS].close()
+                continue
+            with _state:
+                _joined_owner_tokens.discard(token)
+            logger.info("receipt %s of run %s removed after the database came back", token, run_id)
+            return
+        logger.error(
+            "receipt %s of run %s: gave up removing it; the run may need the board", token, run_id
+        )
+    finally:
+        connections[DEFAULT_DB_ALIAS].close()
+
+
+def _remove_receipt(*, company_id: UUID, run_id: UUID, token: str) -> None:
+    """Remove the receipt if it is still `token`'s (audited, with the run's follow-up)."""
+    with transaction.atomic(durable=True):
+        with transaction.get_connection().cursor() as cursor:
+            cursor.execute(
+                "UPDATE heartbeat_runs SET runner_profile_json = "
+                "coalesce(runner_profile_json, '{}'::jsonb) - %s, updated_at = now() "
+                "WHERE id = %s AND company_id = %s "
+                "AND runner_profile_json -> %s ->> 'token' = %s",
+                [OWNER_KEY, run_id, company_id, OWNER_KEY, token],
+            )
+            released = cursor.rowcount
+        if released:
+            activity_record(
+                company_id=company_id,
+                actor_type="system",
+                actor_id="finalization-controller",
+                action="run.finalization_owner_released",
+                entity_type="heartbeat_run",
+                entity_id=run_id,
+                run_id=run_id,
+                details={"token": token},
+            )
+            finalization_follow_up_in_tx(company_id=company_id, run_id=run_id)

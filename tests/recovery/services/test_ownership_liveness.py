@@ -350,6 +350,49 @@ def test_failed_cleanup_leaves_join_evidence_only_this_boot_can_use() -> None:
     assert not ownership_module._joined_owner_tokens
 
 
+def test_a_receipt_left_by_a_failed_cleanup_is_removed_once_the_database_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failover: the action ended but its receipt could not be removed (the connection died,
+    and the removal itself fails). The process retries in the background, removes it once the
+    database answers, and defers the run's next attempt, so that any worker, not only this
+    one, can carry on without holding the run for the board."""
+    monkeypatch.setattr(ownership_module, "RELEASE_RETRY_DELAYS", (0.05, 0.05, 0.05, 0.05))
+    b = make_binding()
+    tokens: list[str] = []
+    real_remove = ownership_module._remove_receipt
+    attempts: list[int] = []
+
+    def still_away_once(**kwargs: Any) -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OperationalError("the database is still failing over")
+        real_remove(**kwargs)
+
+    def kill_my_application_connection(own: FinalizationOwnership) -> None:
+        tokens.append(own.token)
+        monkeypatch.setattr(ownership_module, "_remove_receipt", still_away_once)
+        with raw_connection() as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid]
+            )
+
+    with pytest.raises(FinalizationOwnershipLost):
+        with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=kill_my_application_connection
+        )
+    connection.close()
+    deadline = time.monotonic() + 10
+    while tokens[0] in ownership_module._joined_owner_tokens and time.monotonic() < deadline:
+        time.sleep(0.02)  # the background retry
+    b.run.refresh_from_db()
+    assert OWNER_KEY not in b.run.runner_profile_json
+    assert len(attempts) == 2  # the removal at release failed, the first retry removed it
+    released = ActivityEvent.objects.get(action="run.finalization_owner_released")
+    assert released.details == {"token": tokens[0]}
+    assert _finalize_jobs(b.run.pk) != []  # the next attempt, for any worker
+
+
 # --- platform proof: what assert_held rechecks ----------------------------------------------------
 
 
