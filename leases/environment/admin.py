@@ -33,6 +33,7 @@ from leases.environment.export_resume import (
     stop_only_cleanup_has,
     stop_only_cleanup_problem,
 )
+from leases.environment.lifecycle import environment_lease_force_release
 from leases.environment.services import environment_lease_cleanup_retry_now
 from leases.models import EnvironmentLease
 from paperclip.access import board_actor
@@ -47,6 +48,7 @@ from paperclip.admin.toolkit import (
 from paperclip.models import Environment
 
 RETRY_CLEANUP_TEMPLATE = "admin/leases/environmentlease/retry_cleanup_confirmation.html"
+FORCE_RELEASE_TEMPLATE = "admin/leases/environmentlease/force_release_confirmation.html"
 
 
 class ReasonForm(forms.Form):
@@ -54,8 +56,8 @@ class ReasonForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
         max_length=2000,
         strip=True,
-        help_text="Why (for example: the provider's outage is over); kept in each lease's "
-        "audit row.",
+        help_text="Why (for example: the provider's outage is over, or its agent is gone); "
+        "kept in each lease's audit row.",
     )
 
 
@@ -153,9 +155,11 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         "metadata",
     )
     fields = readonly_fields
-    actions = ("retry_cleanup_now",)
+    actions = ("retry_cleanup_now", "force_release")
 
     def detail_actions(self, request: HttpRequest, obj: EnvironmentLease) -> list[dict[str, Any]]:
+        if obj.status == EnvironmentLease.Status.ACTIVE:
+            return [{"action": "force_release", "label": "Force release…", "primary": False}]
         # Offered where a retry would change something: a failed cleanup, or one whose
         # back-off is set (the sweep clears it when due); a plain pending one waits for a claim.
         metadata = obj.metadata if isinstance(obj.metadata, dict) else {}
@@ -215,6 +219,62 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
             f"Cleanup reopened for {done.counts['reopened']} lease(s): the provider's next "
             "claim takes it; the outcome will show in each lease's cleanup status on its page. "
             f"Already pending: {done.counts['already_pending']}. Refused: ",
+            done.failed,
+        )
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool:
+        return self.has_retry_cleanup_permission(request)
+
+    @admin.action(
+        description="Force release selected leases as failed (reason required)",
+        permissions=["force_release"],
+    )
+    def force_release(
+        self, request: HttpRequest, queryset: QuerySet[EnvironmentLease]
+    ) -> HttpResponse | None:
+        leases = list(queryset.select_related("heartbeat_run").order_by("pk"))
+        form = ReasonForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            self._force_each(request, [lease.pk for lease in leases], form.cleaned_data["reason"])
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Force release environment leases",
+            "opts": self.model._meta,
+            "leases": leases,
+            "form": form,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action_name": "force_release",
+        }
+        return TemplateResponse(request, FORCE_RELEASE_TEMPLATE, context)
+
+    def _force_each(self, request: HttpRequest, lease_ids: list[UUID], reason: str) -> None:
+        actor = board_actor(request.user)
+
+        def act(lease_id: UUID) -> str:
+            answer = environment_lease_force_release(
+                company_ids=actor.company_ids,
+                lease_id=lease_id,
+                actor_type=actor.actor_type,
+                actor_id=actor.actor_id,
+                reason=reason,
+            )
+            return answer.lease.status if answer.released else "not_active"
+
+        done = act_on_each(lease_ids, act, name=lambda lease_id: f"lease {lease_id}")
+        now = ", ".join(
+            f"{count} {status}"
+            for status, count in sorted(done.counts.items())
+            if status != "not_active"
+        )
+        report_each(
+            self,
+            request,
+            f"Force-released {done.counts.total() - done.counts['not_active']} lease(s) as "
+            f"failed, each where its policy and export marker put it (now: {now or 'none'}); "
+            "a pending cleanup is taken by the provider's next claim and its outcome will show "
+            "in the lease's cleanup status on its page. Already not active, nothing written: "
+            f"{done.counts['not_active']}. Refused: ",
             done.failed,
         )
 

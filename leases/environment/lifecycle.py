@@ -47,7 +47,7 @@ from leases.models import EnvironmentLease
 from paperclip.access import Actor, scoped_company
 from paperclip.activity import activity_record
 from paperclip.db.advisory import advisory_xact_lock
-from paperclip.db.locking import bounded_lock_wait
+from paperclip.db.locking import bounded_lock_wait, require_transaction
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import (
     Environment,
@@ -329,6 +329,94 @@ def _accepted_result_id(lease: EnvironmentLease) -> UUID | None:
     )
 
 
+def _release_locked(
+    lease: EnvironmentLease,
+    *,
+    outcome: Outcome,
+    actor_type: str,
+    actor_id: str,
+    action: str,
+    extra: dict[str, Any] | None = None,
+) -> tuple[EnvironmentLease, ReleaseRule]:
+    """Release an active lease already locked by the caller: the export-resume marker rules,
+    then the policy (module docstring); one audit row `action` (with `extra` in its details),
+    and a marker retired or preserved on the way writes its own row too. The one release path,
+    shared by the provider's release and the board's force release.
+    """
+    require_transaction()
+    rule: ReleaseRule = "policy"
+    marker_result: str | None = None
+    if export_resume_has(lease):
+        retired = export_resume_release_completed(
+            lease_id=lease.pk, actor_type=actor_type, actor_id=actor_id
+        )
+        marker_result = retired.reason
+        if retired.released and retired.lease is not None:
+            lease = retired.lease
+        else:
+            rule = "export_resume_kept"
+    elif outcome == "failed" and lease.heartbeat_run_id is not None:
+        preserved = export_resume_preserve(
+            run_id=lease.heartbeat_run_id,
+            result_id=_accepted_result_id(lease),
+            actor_type=actor_type,
+            actor_id=actor_id,
+        )
+        if preserved is not None:
+            lease, rule = preserved.lease, "export_resume_preserved"
+
+    metadata = dict(lease.metadata) if isinstance(lease.metadata, dict) else {}
+    metadata[RELEASE_OUTCOME_KEY] = outcome
+    changes: dict[str, Any] = {"released_at": Now(), "updated_at": Now()}
+    if rule == "export_resume_preserved":
+        pass  # export_resume_preserve already made it a stop-only pending cleanup
+    elif rule == "export_resume_kept":
+        # Retained allocations are never cleaned up automatically, so the marker may stay
+        # on one; any other release would free the allocation for reuse or destruction,
+        # so it becomes a stop-only pending cleanup instead.
+        if _policy_status(lease.lease_policy, outcome) == EnvironmentLease.Status.RETAINED:
+            changes.update(status=EnvironmentLease.Status.RETAINED)
+        else:
+            changes.update(
+                status=EnvironmentLease.Status.PENDING_CLEANUP,
+                cleanup_status=EnvironmentLease.CleanupStatus.PENDING,
+            )
+        changes["failure_reason"] = EXPORT_STOP_PENDING
+    else:
+        status = _policy_status(lease.lease_policy, outcome)
+        changes["status"] = status
+        if status == EnvironmentLease.Status.PENDING_CLEANUP:
+            changes["cleanup_status"] = EnvironmentLease.CleanupStatus.PENDING
+    if changes.get("status") == EnvironmentLease.Status.PENDING_CLEANUP:
+        metadata.update(
+            pendingCleanupInFlight=False,
+            pendingCleanupLeaseExpiresAtMs=0,
+            pendingCleanupRetryAfterMs=0,
+            pendingCleanupRetryAttempts=0,
+        )
+    EnvironmentLease.objects.filter(pk=lease.pk).update(metadata=metadata, **changes)
+    lease.refresh_from_db()
+    activity_record(
+        company_id=lease.company_id,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        action=action,
+        entity_type="environment_lease",
+        entity_id=lease.pk,
+        run_id=lease.heartbeat_run_id,
+        details={
+            "outcome": outcome,
+            "leasePolicy": lease.lease_policy,
+            "rule": rule,
+            "exportResume": marker_result,
+            "status": lease.status,
+            "cleanupStatus": lease.cleanup_status,
+            **(extra or {}),
+        },
+    )
+    return lease, rule
+
+
 def environment_lease_release(
     *, actor: Actor, lease_id: UUID, outcome: Outcome
 ) -> EnvironmentLeaseRelease:
@@ -359,73 +447,52 @@ def environment_lease_release(
                 return EnvironmentLeaseRelease(lease=lease, released=False, rule=None)
             raise _not_active(lease)
 
-        rule: ReleaseRule = "policy"
-        marker_result: str | None = None
-        if export_resume_has(lease):
-            retired = export_resume_release_completed(
-                lease_id=lease.pk, actor_type=actor.actor_type, actor_id=actor.actor_id
-            )
-            marker_result = retired.reason
-            if retired.released and retired.lease is not None:
-                lease = retired.lease
-            else:
-                rule = "export_resume_kept"
-        elif outcome == "failed" and lease.heartbeat_run_id is not None:
-            preserved = export_resume_preserve(
-                run_id=lease.heartbeat_run_id,
-                result_id=_accepted_result_id(lease),
-                actor_type=actor.actor_type,
-                actor_id=actor.actor_id,
-            )
-            if preserved is not None:
-                lease, rule = preserved.lease, "export_resume_preserved"
-
-        metadata = dict(lease.metadata) if isinstance(lease.metadata, dict) else {}
-        metadata[RELEASE_OUTCOME_KEY] = outcome
-        changes: dict[str, Any] = {"released_at": Now(), "updated_at": Now()}
-        if rule == "export_resume_preserved":
-            pass  # export_resume_preserve already made it a stop-only pending cleanup
-        elif rule == "export_resume_kept":
-            # Retained allocations are never cleaned up automatically, so the marker may stay
-            # on one; any other release would free the allocation for reuse or destruction,
-            # so it becomes a stop-only pending cleanup instead.
-            if _policy_status(lease.lease_policy, outcome) == EnvironmentLease.Status.RETAINED:
-                changes.update(status=EnvironmentLease.Status.RETAINED)
-            else:
-                changes.update(
-                    status=EnvironmentLease.Status.PENDING_CLEANUP,
-                    cleanup_status=EnvironmentLease.CleanupStatus.PENDING,
-                )
-            changes["failure_reason"] = EXPORT_STOP_PENDING
-        else:
-            status = _policy_status(lease.lease_policy, outcome)
-            changes["status"] = status
-            if status == EnvironmentLease.Status.PENDING_CLEANUP:
-                changes["cleanup_status"] = EnvironmentLease.CleanupStatus.PENDING
-        if changes.get("status") == EnvironmentLease.Status.PENDING_CLEANUP:
-            metadata.update(
-                pendingCleanupInFlight=False,
-                pendingCleanupLeaseExpiresAtMs=0,
-                pendingCleanupRetryAfterMs=0,
-                pendingCleanupRetryAttempts=0,
-            )
-        EnvironmentLease.objects.filter(pk=lease.pk).update(metadata=metadata, **changes)
-        lease.refresh_from_db()
-        activity_record(
-            company_id=lease.company_id,
+        lease, rule = _release_locked(
+            lease,
+            outcome=outcome,
             actor_type=actor.actor_type,
             actor_id=actor.actor_id,
             action="environment_lease.released",
-            entity_type="environment_lease",
-            entity_id=lease.pk,
-            run_id=lease.heartbeat_run_id,
-            details={
-                "outcome": outcome,
-                "leasePolicy": lease.lease_policy,
-                "rule": rule,
-                "exportResume": marker_result,
-                "status": lease.status,
-                "cleanupStatus": lease.cleanup_status,
-            },
+        )
+    return EnvironmentLeaseRelease(lease=lease, released=True, rule=rule)
+
+
+def environment_lease_force_release(
+    *,
+    company_ids: frozenset[UUID] | None,
+    lease_id: UUID,
+    actor_type: str,
+    actor_id: str,
+    reason: str,
+) -> EnvironmentLeaseRelease:
+    """The board's force release of an active lease whose provider will not release it (its
+    run ended or its agent is gone): released with outcome `failed` through the same path as
+    the provider's release, so the policy and the export-resume marker rules decide the new
+    status exactly as theirs would (a `retain_on_failure` lease is retained, an ephemeral one
+    goes to cleanup, a pending export is only ever stopped). One audit row
+    (`environment_lease.force_released`, with `reason`); a marker retired or preserved on the
+    way writes its own row too.
+
+    A lease that is no longer active (released by its provider, or forced before) answers
+    `released=False` and writes nothing, whatever its recorded outcome.
+
+    `company_ids` limits which leases the actor may see (None: all). Locks: the lease row FOR
+    NO KEY UPDATE with a 5 s lock timeout. Raises EnvironmentLeaseNotFound (also another
+    company's), ResourceBusy.
+    """
+    with transaction.atomic(durable=True):
+        with bounded_lock_wait(resource="environment_lease"):
+            lease = environment_leases_for_update().filter(pk=lease_id).first()
+        if lease is None or (company_ids is not None and lease.company_id not in company_ids):
+            raise EnvironmentLeaseNotFound()
+        if lease.status != EnvironmentLease.Status.ACTIVE:
+            return EnvironmentLeaseRelease(lease=lease, released=False, rule=None)
+        lease, rule = _release_locked(
+            lease,
+            outcome="failed",
+            actor_type=actor_type,
+            actor_id=actor_id,
+            action="environment_lease.force_released",
+            extra={"reason": reason},
         )
     return EnvironmentLeaseRelease(lease=lease, released=True, rule=rule)

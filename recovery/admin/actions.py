@@ -1,5 +1,7 @@
-"""Admin for recovery actions: held finalizations are read-only here; the only state change is
-the board's owner-stop confirmation, which goes through the same service as the API."""
+"""Admin for recovery actions: read-only here; state changes only through the board's
+confirmations, each through the same service as the API: the owner-stop confirmation, the
+workspace conflict resolution, and the resolution (outcome and note) of any other live action
+waiting for the board."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from recovery.selectors.attention import held_finalization_actions
 from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
+from recovery.services.actions import recovery_action_resolve
 from recovery.services.conflicts import CONFLICT_CAUSE, workspace_conflict_resolve
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
@@ -138,6 +141,36 @@ class ConflictResolutionForm(forms.Form):
     )
 
 
+class ResolveActionForm(forms.Form):
+    outcome = forms.ChoiceField(
+        label="Outcome",
+        choices=(
+            ("restored", "Restored: the problem is fixed and the work can go on"),
+            ("false_positive", "False positive: nothing was wrong"),
+            ("blocked", "Blocked: it cannot be recovered (the note says why)"),
+            ("cancelled", "Cancelled: the work is no longer wanted (the action is cancelled)"),
+        ),
+        widget=forms.RadioSelect,
+    )
+    note = forms.CharField(
+        label="Note",
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=MAX_STOP_EVIDENCE_CHARS,
+        strip=True,
+        help_text="What you did or found: kept as the action's resolution note and audited.",
+    )
+
+
+def board_resolvable(
+    queryset: QuerySet[IssueRecoveryAction],
+) -> QuerySet[IssueRecoveryAction]:
+    """Live actions that wait for the board and have no button of their own: owner-stop holds
+    and workspace-head conflicts are closed by their own confirmations, never by a note."""
+    return queryset.filter(
+        owner_type=IssueRecoveryAction.OwnerType.BOARD, status__in=LIVE_STATUSES
+    ).exclude(cause__in=(OWNER_UNVERIFIED_CAUSE, CONFLICT_CAUSE))
+
+
 class HoldFilter(admin.SimpleListFilter):
     """The dashboard's "held for the board" tile: owner-unverified holds not yet confirmed
     (`recovery.selectors.attention.held_finalization_actions`)."""
@@ -190,7 +223,7 @@ class IssueRecoveryActionAdmin(
     list_select_related = ("company", "source_issue")
     search_fields = ("=id", "cause", "fingerprint", "next_action", "source_issue__title")
     ordering = ("-updated_at",)
-    actions = ("confirm_owner_stop", "resolve_workspace_conflict")
+    actions = ("confirm_owner_stop", "resolve_workspace_conflict", "resolve_recovery_action")
     fieldsets = (
         (
             None,
@@ -270,6 +303,16 @@ class IssueRecoveryActionAdmin(
                     "primary": True,
                 }
             ]
+        if obj.cause != OWNER_UNVERIFIED_CAUSE:
+            if board_resolvable(IssueRecoveryAction.objects.filter(pk=obj.pk)).exists():
+                return [
+                    {
+                        "action": "resolve_recovery_action",
+                        "label": "Resolve recovery action…",
+                        "primary": True,
+                    }
+                ]
+            return []
         if not held_finalization_actions().filter(pk=obj.pk).exists():
             return []
         return [
@@ -324,6 +367,9 @@ class IssueRecoveryActionAdmin(
         return False  # read-only: no Save buttons; state moves only through the actions
 
     def has_resolve_workspace_conflict_permission(self, request: HttpRequest) -> bool:
+        return self.has_confirm_owner_stop_permission(request)
+
+    def has_resolve_recovery_action_permission(self, request: HttpRequest) -> bool:
         return self.has_confirm_owner_stop_permission(request)
 
     def has_confirm_owner_stop_permission(self, request: HttpRequest) -> bool:
@@ -520,6 +566,84 @@ class IssueRecoveryActionAdmin(
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/recovery/resolve_workspace_conflict.html", context)
+
+    @admin.action(
+        description="Resolve selected recovery actions waiting for the board (note required)",
+        permissions=["resolve_recovery_action"],
+    )
+    def resolve_recovery_action(
+        self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
+    ) -> HttpResponse | None:
+        selected = list(queryset.select_related("source_issue").order_by("pk"))
+        eligible_ids = set(board_resolvable(queryset).values_list("pk", flat=True))
+        eligible = [action for action in selected if action.pk in eligible_ids]
+        others = [
+            f"{action.pk}: not_board_resolvable ({_why_not_resolvable(action)})"
+            for action in selected
+            if action.pk not in eligible_ids
+        ]
+        if not eligible:
+            self.message_user(
+                request,
+                "Nothing to resolve: select live recovery actions owned by the board (owner-stop "
+                "holds and workspace conflicts have their own actions). Skipped: "
+                + ", ".join(others),
+                messages.WARNING,
+            )
+            return None
+        form = ResolveActionForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            actor = board_actor(request.user)
+            outcome = form.cleaned_data["outcome"]
+            status = (
+                IssueRecoveryAction.Status.CANCELLED
+                if outcome == "cancelled"
+                else IssueRecoveryAction.Status.RESOLVED
+            )
+
+            def resolve(action: IssueRecoveryAction) -> str:
+                closed = recovery_action_resolve(
+                    company_id=action.company_id,
+                    source_issue_id=action.source_issue_id,
+                    action_id=action.pk,
+                    outcome=outcome,
+                    resolution_note=form.cleaned_data["note"],
+                    actor_type=actor.actor_type,
+                    actor_id=actor.actor_id,
+                    status=status,
+                )
+                return str(closed.status)
+
+            done = act_on_each(eligible, resolve, name=lambda action: action.pk)
+            report_each(
+                self,
+                request,
+                f"Closed {done.counts[status]} recovery action(s): {status} with outcome "
+                f"{outcome}, your note kept as each one's resolution note; nothing else was "
+                "changed (the issue and its runs are as they were). Refused: ",
+                others + done.failed,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Resolve recovery actions",
+            "actions_to_resolve": eligible,
+            "skipped": others,
+            "form": form,
+            "opts": self.model._meta,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/recovery/resolve_recovery_action.html", context)
+
+
+def _why_not_resolvable(action: IssueRecoveryAction) -> str:
+    if action.status not in LIVE_STATUSES:
+        return f"already {action.status}"
+    if action.cause == OWNER_UNVERIFIED_CAUSE:
+        return "an owner-stop hold: use Confirm owner stopped"
+    if action.cause == CONFLICT_CAUSE:
+        return "a workspace conflict: use Resolve workspace conflict"
+    return f"owned by {action.owner_type}, not the board"
 
 
 @admin.register(WorkerStopReceipt)

@@ -268,7 +268,12 @@ def resolve_in_tx(
         action="recovery_action.resolved",
         entity_type="issue_recovery_action",
         entity_id=action.pk,
-        details={"status": status, "outcome": outcome, "cause": action.cause},
+        details={
+            "status": status,
+            "outcome": outcome,
+            "cause": action.cause,
+            "resolutionNote": resolution_note,
+        },
     )
     return action
 

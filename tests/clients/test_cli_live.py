@@ -35,12 +35,14 @@ from paperclip.models import (
     ActivityEvent,
     ExecutionWorkspace,
     HeartbeatRun,
+    Issue,
     NativeRunResult,
     WorkspaceOperation,
 )
 from paperclip.testing.servers import free_port
 from tests.clients.conftest import World, make_world
 from tests.leases.factories import expire
+from tests.paperclip.factories import HeartbeatRunFactory
 from tests.paperclip.worker.test_worker_processes import Worker, wait_for
 
 pytestmark = [
@@ -256,6 +258,20 @@ def test_after_kill_9_another_cli_reclaims_the_lease_once_its_ttl_has_passed(
         clis.append(second)
         second.line(rf"waiting: workspace lease held by run:{first_run}")
         assert second.proc.poll() is None
+        # Who holds the issue is said before any waiting for the workspace lease.
+        said = [i for i, line in enumerate(second.out) if line.startswith("paperclip-agent: ")]
+        holder_line = next(
+            i
+            for i in said
+            if f"is held by run {first_run} (agent {world.agent.pk}" in second.out[i]
+        )
+        waiting_line = next(i for i in said if "waiting: workspace lease" in second.out[i])
+        assert holder_line < waiting_line, second.output()
+        assert re.search(
+            r"running\), last renewed \d{4}-.*; it counts as orphaned from \d{4}-.*"
+            r"\(our own predecessor in this workspace",
+            second.out[holder_line],
+        ), second.output()
         expire(world.workspace)  # the 60 s TTL passes on the database clock
         assert second.wait() == 0, second.output()
     finally:
@@ -265,6 +281,24 @@ def test_after_kill_9_another_cli_reclaims_the_lease_once_its_ttl_has_passed(
     assert (world.dest / "b.txt").read_text() == "b\n"
     assert HeartbeatRun.objects.get(pk=first_run).status == HeartbeatRun.Status.INTERRUPTED
     assert HeartbeatRun.objects.get(pk=second.run_id()).status == HeartbeatRun.Status.SUCCEEDED
+
+
+def test_another_agents_live_run_holding_the_issue_is_named_before_any_wait_and_refused(
+    gunicorn_url: str, world: World, tmp_path: Path
+) -> None:
+    other = HeartbeatRunFactory(company=world.issue.company, issue=world.issue)
+    Issue.objects.filter(pk=world.issue.pk).update(execution_run=other, checkout_run=other)
+    cli = Cli(gunicorn_url, world, tmp_path / "a", "true")
+    assert cli.wait() == 1, cli.output()
+    said = [line for line in cli.out if line.startswith("paperclip-agent: ")]
+    assert said[0] == (
+        f"paperclip-agent: issue: {world.issue.pk} is held by run {other.pk} (agent"
+        f" {other.agent_id}, running), last renewed never; it holds no lease, so it is never"
+        " judged orphaned: it must end, or the board interrupt it"
+    ), cli.output()
+    assert any(f"issue: held by run {other.pk} (agent {other.agent_id})" in s for s in said)
+    assert any("issue_execution_locked" in line for line in cli.err), cli.output()
+    assert not any("started:" in line for line in cli.out)
 
 
 def test_a_cli_paused_past_its_ttl_is_refused_stops_its_command_and_exits_75(

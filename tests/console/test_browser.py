@@ -2,7 +2,9 @@
 finds a held finalization from the dashboard, reads why it is held, confirms it from its page
 and sees it leave the dashboard; force-releases a stale lease from its page; interrupts an
 orphaned run from its page; meets a held run's hold first on its page, with the hold's
-confirmation in place of "Finalize now"; retries a failed environment cleanup now; and a staff
+confirmation in place of "Finalize now"; retries a failed environment cleanup now;
+force-releases an environment lease its provider left active; resolves a failed sandbox run's
+recovery action waiting for the board; and a staff
 user of one company never sees another company's objects on any console page.
 
 Screenshots of the pages each test walks through are written to `.screenshots/`
@@ -27,7 +29,8 @@ from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company
 from recovery.console.site import REFRESH_SECONDS
 from tests.console.helpers import held, invalid_marker_lease, orphaned_run, stale_lease
-from tests.leases.environment.factories import backing_off
+from tests.console.test_recovery_resolve import sandbox_failed
+from tests.leases.environment.factories import EnvironmentLeaseFactory, backing_off
 from tests.paperclip.factories import CompanyFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -240,6 +243,48 @@ def test_retry_a_failed_cleanup_now_from_the_dashboard(page: Any) -> None:
     assert lease.cleanup_status == "pending"
     page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
     shot(page, "cleanup-reopened")
+
+
+def test_force_release_an_environment_lease_from_its_page(page: Any) -> None:
+    company = CompanyFactory()
+    lease = EnvironmentLeaseFactory(company=company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
+    page.click('button[data-console-action="force_release"]')
+    assert page.locator(f'#force-release-leases tr[data-lease="{lease.pk}"]').count() == 1
+    shot(page, "environment-force-release-confirmation")
+    page.fill("textarea[name=reason]", "provider agent is gone")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "Force-released 1 lease(s) as failed" in message
+    assert "(now: 1 pending_cleanup)" in message
+    shot(page, "environment-force-released")
+    lease.refresh_from_db()
+    assert (lease.status, lease.cleanup_status) == ("pending_cleanup", "pending")
+    page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
+    assert page.locator('button[data-console-action="force_release"]').count() == 0
+    shot(page, "environment-lease-after-force-release")
+
+
+def test_resolve_a_board_recovery_action_from_its_page(page: Any) -> None:
+    company = CompanyFactory()
+    action = sandbox_failed(company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/recovery/issuerecoveryaction/{action.pk}/change/")
+    shot(page, "recovery-action-waiting-for-the-board")
+    page.click('button[data-console-action="resolve_recovery_action"]')
+    assert page.locator(f'#resolve-recovery-actions tr[data-action="{action.pk}"]').count() == 1
+    page.check("input[name=outcome][value=restored]")
+    page.fill("textarea[name=note]", "recovered the work from the retained sandbox")
+    shot(page, "resolve-recovery-action-confirmation")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "Closed 1 recovery action(s): resolved with outcome restored" in message
+    shot(page, "recovery-action-resolved")
+    action.refresh_from_db()
+    assert action.status == "resolved"
 
 
 def test_a_staff_user_of_one_company_never_sees_another_companys_objects(page: Any) -> None:

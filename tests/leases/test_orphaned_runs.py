@@ -73,8 +73,16 @@ def test_the_run_json_shows_since_when(make_board_client: Any) -> None:
     run, workspace = _running()
     board = make_board_client(run.company)
     assert board.get(f"/api/heartbeat-runs/{run.pk}").json()["orphaned_since"] is None
+    live = board.get(f"/api/heartbeat-runs/{run.pk}").json()["liveness"]
+    assert live["last_renewed_at"] is not None
+    assert live["orphaned_at"] > live["last_renewed_at"]  # its lease's expiry, still ahead
     _age(run, workspace, 30)
-    assert board.get(f"/api/heartbeat-runs/{run.pk}").json()["orphaned_since"] is not None
+    body = board.get(f"/api/heartbeat-runs/{run.pk}").json()
+    assert body["orphaned_since"] is not None
+    assert body["liveness"]["orphaned_at"] == body["orphaned_since"]
+    run.status = "failed"
+    run.save(update_fields=["status"])
+    assert board.get(f"/api/heartbeat-runs/{run.pk}").json()["liveness"] is None
 
 
 @override_settings(PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS=600)

@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
 
@@ -272,6 +273,7 @@ class Runner:
         )
         self.run_id = run.id
         print(f"run: {run.id}", flush=True)
+        self._say_issue_holder(run.id, agent_id)
 
         shown: list[object] = []
 
@@ -319,6 +321,36 @@ class Runner:
             with controller:
                 return self._supervise(run.id, runtime, controller, workdir)
 
+    def _say_issue_holder(self, run_id: str, agent_id: str | None) -> None:
+        """Say who holds the issue's execution lock before waiting for the workspace lease:
+        the run cannot start while another live run holds the issue, and the wait for the
+        lease would otherwise hide that. Advisory only: the run start decides."""
+        try:
+            issue = self.client.issue_get(self.args.issue)
+            holder_id = issue.execution_run_id or issue.checkout_run_id
+            if holder_id is None or holder_id == run_id:
+                return
+            holder = self.client.run_get(holder_id)
+        except ApiError as exc:
+            warn(f"could not read the issue's execution lock: {exc}")
+            return
+        if holder.is_terminal:
+            return
+        liveness = holder.liveness
+        renewed = liveness.last_renewed_at if liveness else None
+        orphaned = liveness.orphaned_at if liveness else None
+        ours = holder.agent_id == agent_id and holder.execution_workspace_id == self.args.workspace
+        say(
+            f"issue: {issue.id} is held by run {holder.id} (agent {holder.agent_id},"
+            f" {holder.status}), last renewed {_when(renewed)}; {_orphan_clause(orphaned)}"
+            + (
+                " (our own predecessor in this workspace: fenced out once we hold the"
+                " workspace lease)"
+                if ours
+                else ""
+            )
+        )
+
     def _start_run(self, run_id: str, agent_id: str | None) -> None:
         """Move the run to running. A live run of this agent in this workspace that still
         holds the issue lost the workspace's lease to us: it is fenced out, so mark it
@@ -335,6 +367,13 @@ class Runner:
                     or holder.agent_id != agent_id
                     or holder.execution_workspace_id != self.args.workspace
                 ):
+                    d = exc.details
+                    orphaned = d.get("orphaned_at")
+                    say(
+                        f"issue: held by run {holder_id} (agent {d.get('holder_agent_id')}),"
+                        f" last renewed {d.get('last_renewed_at') or 'never'};"
+                        f" {_orphan_clause(str(orphaned) if orphaned else None)}"
+                    )
                     raise
                 self.client.run_update(holder_id, status="interrupted")
                 say(
@@ -610,6 +649,23 @@ class Runner:
                 child.wait()
         except ProcessLookupError:
             pass
+
+
+def _when(moment: datetime | None) -> str:
+    return "never" if moment is None else moment.isoformat()
+
+
+def _orphan_clause(orphaned_at: datetime | str | None) -> str:
+    if orphaned_at is None:
+        return (
+            "it holds no lease, so it is never judged orphaned: it must end, or the board "
+            "interrupt it"
+        )
+    when = orphaned_at.isoformat() if isinstance(orphaned_at, datetime) else orphaned_at
+    return (
+        f"it counts as orphaned from {when} if nothing renews it, and a run start then "
+        "takes the issue over"
+    )
 
 
 def entry() -> None:

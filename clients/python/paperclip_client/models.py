@@ -98,6 +98,12 @@ class RunFinalization:
 
 
 @dataclass(frozen=True, slots=True)
+class RunLiveness:
+    last_renewed_at: datetime | None
+    orphaned_at: datetime | None  # when it became, or would become, orphaned
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     id: str
     company_id: str
@@ -112,6 +118,7 @@ class Run:
     finished_at: datetime | None
     finalization_owner: FinalizationOwner | None
     finalization: RunFinalization | None
+    liveness: RunLiveness | None = None  # a running run's: what keeps it alive, and until when
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     TERMINAL: typing.ClassVar[frozenset[str]] = frozenset(
