@@ -35,6 +35,7 @@ import psycopg
 from paperclip.testing.servers import free_port
 
 STANDBY_NAME = "standby1"
+NAMESPACE_SUBNETS = "10.231.0.0/16"  # paperclip/testing/netns.py
 
 
 def postgres_bindir() -> Path:
@@ -93,11 +94,10 @@ class ReplicatedCluster:
         self.bindir = postgres_bindir()
         self.user = _server_user()
         self.root = Path(tempfile.mkdtemp(prefix="paperclip-ha-", dir=base_dir))
-        self.primary = Node(
-            "primary", free_port(), self.root / "primary", self.root / "primary.log"
-        )
-        self.standby = Node(
-            "standby", free_port(), self.root / "standby", self.root / "standby.log"
+        # Named, not by role: the roles swap at every failover (rebuild_standby).
+        self.primary, self.standby = (
+            Node(name, free_port(), self.root / name, self.root / f"{name}.log")
+            for name in ("pg1", "pg2")
         )
         if self.user is not None:
             os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
@@ -124,7 +124,8 @@ class ReplicatedCluster:
 
     def _start(self, node: Node) -> None:
         self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(node.datadir), "-l", str(node.log))
-        self.log(f"{node.name} started on port {node.port}")
+        role = "primary" if node is self.primary else "standby"
+        self.log(f"{node.name} started on port {node.port} ({role})")
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -134,7 +135,9 @@ class ReplicatedCluster:
             "initdb", "-D", str(primary.datadir), "-U", "postgres", "-A", "trust", "-E", "UTF8"
         )
         settings = [
-            "listen_addresses = '127.0.0.1'",
+            # Every address: nodes in a network namespace of their own reach the servers
+            # through the host's end of their veth pair (paperclip/testing/netns.py).
+            "listen_addresses = '*'",
             f"port = {primary.port}",
             f"unix_socket_directories = '{self.root}'",
             "wal_level = replica",
@@ -151,25 +154,32 @@ class ReplicatedCluster:
         with (primary.datadir / "postgresql.conf").open("a") as conf:
             conf.write("\n# paperclip failover test\n" + "\n".join(settings) + "\n")
         with (primary.datadir / "pg_hba.conf").open("a") as hba:
-            hba.write("host replication all 127.0.0.1/32 trust\n")
+            hba.write(
+                f"host replication all 127.0.0.1/32 trust\nhost all all {NAMESPACE_SUBNETS} trust\n"
+            )
         self._start(primary)
+        self._clone(primary, standby)
+        self._start(standby)
+        self.wait_streaming()
+        return self
+
+    def _clone(self, source: Node, target: Node) -> None:
+        """`target` becomes a standby of `source`: `pg_basebackup -R` (primary_conninfo and
+        standby.signal), then its own port."""
         self._run(
             "pg_basebackup",
             "-d",
-            f"host=127.0.0.1 port={primary.port} user=postgres application_name={STANDBY_NAME}",
+            f"host=127.0.0.1 port={source.port} user=postgres application_name={STANDBY_NAME}",
             "-D",
-            str(standby.datadir),
+            str(target.datadir),
             "-R",
             "-X",
             "stream",
             "-c",
             "fast",
         )
-        with (standby.datadir / "postgresql.conf").open("a") as conf:
-            conf.write(f"\nport = {standby.port}\n")
-        self._start(standby)
-        self.wait_streaming()
-        return self
+        with (target.datadir / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"port = {target.port}\n")
 
     def wait_streaming(self, within: float = 60) -> None:
         want = "sync" if self.synchronous else "async"
@@ -188,8 +198,9 @@ class ReplicatedCluster:
             time.sleep(0.2)  # polling the replication status view
         raise RuntimeError(f"the standby is not streaming {want} after {within} s: {state}")
 
-    def url(self, dbname: str) -> str:
-        hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+    def url(self, dbname: str, host: str = "127.0.0.1") -> str:
+        """The multi-host URL of `dbname`, both servers reached at `host`."""
+        hosts = f"{host}:{self.primary.port},{host}:{self.standby.port}"
         return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
 
     def create_database(self, name: str) -> None:
@@ -210,7 +221,7 @@ class ReplicatedCluster:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(signal.SIGKILL)
         psutil.wait_procs(victims, timeout=10)
-        self.log(f"primary (postmaster {pid}) killed with SIGKILL")
+        self.log(f"primary {self.primary.name} (postmaster {pid}) killed with SIGKILL")
 
     def promote(self) -> None:
         """Promote the standby. It inherited `synchronous_standby_names` from the primary and
@@ -221,7 +232,22 @@ class ReplicatedCluster:
         with psycopg.connect(self.standby.dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
             conn.execute("SELECT pg_reload_conf()")
-        self.log("standby promoted")
+        self.log(f"standby {self.standby.name} promoted")
+
+    def rebuild_standby(self) -> None:
+        """After a promotion: the crashed primary's place is taken by a fresh standby of the
+        new primary (its data directory cloned again, on the same port), synchronous when the
+        cluster is, so that the next failover finds a standby again."""
+        old, new = self.primary, self.standby
+        shutil.rmtree(old.datadir, ignore_errors=True)
+        self._clone(new, old)
+        self.primary, self.standby = new, old
+        self._start(old)
+        if self.synchronous:
+            with psycopg.connect(new.dsn, autocommit=True) as conn:
+                conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
+                conn.execute("SELECT pg_reload_conf()")
+        self.wait_streaming()
 
     def timeline(self, node: Node) -> int:
         """The timeline `node` writes on (it changes at the promotion, before any checkpoint)."""

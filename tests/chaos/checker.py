@@ -25,7 +25,8 @@ Rules (each violation names its rule and quotes the records that show it):
   audit row with that generation and owner key; an operation answered 201 is not in the
   database.
 - `unexplained_5xx`: a 5xx whose request does not overlap the window of a server-side fault
-  (`pg_terminate`, `kill_worker`: from the fault until `fault_window` seconds after it ends).
+  (`pg_terminate`, `kill_worker`, `failover`, `cut_node`: from the fault until
+  `fault_window` seconds after it ends).
 - `server_unhealthy`: `/healthz` did not answer 200 at the end.
 
 The checker does not rely on the rule that refuses claims and writes of an owner whose own
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SERVER_FAULTS = frozenset({"pg_terminate", "kill_worker"})
+SERVER_FAULTS = frozenset({"pg_terminate", "kill_worker", "failover", "cut_node"})
 ACQUIRED = frozenset({"created", "reclaimed"})
 HOLDING = frozenset({"created", "reclaimed", "renewed"})
 MAX_EVIDENCE = 6

@@ -22,6 +22,13 @@ Kinds (weights in `DEFAULT_WEIGHTS`):
   keeps running: a holder whose renewals come late. Others may reclaim while the old holder
   is still writing; from then on its writes must be refused.
 - `sweep`: the runtime-lease sweep runs concurrently (not a fault: another actor).
+- `failover` (a replicated cluster only, paperclip/testing/replication.py): SIGKILL the
+  primary, promote the standby a second later, then clone a new standby from the new primary
+  in the old one's place, so that the next failover finds one. Synchronous replication: no
+  acknowledged grant may be lost.
+- `cut_node` (the server in a network namespace only, paperclip/testing/netns.py): cut the
+  web node off from the database for a few seconds (a blackhole route inside its namespace:
+  its clients still reach it), then heal.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ from typing import Any, Protocol
 
 import psycopg
 
+from paperclip.testing.netns import IsolatedNode
+from paperclip.testing.replication import ReplicatedCluster
+
 DEFAULT_WEIGHTS: dict[str, float] = {
     "kill_agent": 2,
     "sigstop_holder": 3,
@@ -48,7 +58,11 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "issue_done": 2,
     "expire_lease": 3,
     "sweep": 1,
+    "failover": 1,
+    "cut_node": 1,
 }
+# Faults that need a replicated cluster and a server in a network namespace of its own.
+CLUSTER_FAULTS = frozenset({"failover", "cut_node"})
 SERVER_APPLICATION_NAME = "chaos-server"
 
 
@@ -91,6 +105,8 @@ class Nemesis(threading.Thread):
         weights: dict[str, float] | None = None,
         sweep: Callable[[], dict[str, Any]] | None = None,
         on_exit: Callable[[], None] | None = None,
+        cluster: ReplicatedCluster | None = None,
+        node: IsolatedNode | None = None,
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.rng = rng
@@ -107,6 +123,12 @@ class Nemesis(threading.Thread):
         if sweep is None:
             self.weights.pop("sweep", None)
         self.sweep_fn = sweep
+        self.cluster = cluster
+        self.node = node
+        if cluster is None:
+            self.weights.pop("failover", None)
+        if node is None:
+            self.weights.pop("cut_node", None)
         self.on_exit = on_exit
         self.stop_event = threading.Event()
         self.conn: psycopg.Connection[Any] | None = None
@@ -321,6 +343,40 @@ class Nemesis(threading.Thread):
             .rowcount
         )
         self.record("expire_lease", t, w, t_end=time.monotonic(), target=target, expired=expired)
+
+    def failover(self) -> None:
+        assert self.cluster is not None
+        t, w = time.monotonic(), time.time()
+        killed = self.cluster.primary.name
+        self.cluster.crash_primary()
+        if self.conn is not None:
+            self.conn.close()  # its server is gone; the next db() finds the new primary
+            self.conn = None
+        self.stop_event.wait(1.0)
+        self.cluster.promote()
+        t_promoted = time.monotonic()
+        timeline = self.cluster.timeline(self.cluster.standby)
+        self.cluster.rebuild_standby()
+        self.record(
+            "failover",
+            t,
+            w,
+            t_end=t_promoted,
+            t_rebuilt=time.monotonic(),
+            killed=killed,
+            promoted=self.cluster.primary.name,
+            timeline=timeline,
+        )
+
+    def cut_node(self) -> None:
+        assert self.node is not None
+        t, w = time.monotonic(), time.time()
+        self.node.cut()
+        try:
+            self.stop_event.wait(self.rng.uniform(2.0, 6.0))
+        finally:
+            self.node.heal()
+        self.record("cut_node", t, w, t_end=time.monotonic(), node=self.node.name)
 
     def sweep(self) -> None:
         assert self.sweep_fn is not None

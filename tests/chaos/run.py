@@ -8,7 +8,13 @@ and drops the database and its temporary directory, also on failure or SIGTERM. 
 0 when the checker passes, 1 when it finds a violation. `--out DIR` keeps the histories, the
 faults log, the server log and summary.json in DIR.
 
-From pytest, `run_chaos()` runs against the (transactional) test database.
+With `failover` or `cut_node` weighted (the default), it builds a replicated cluster of its
+own instead (paperclip/testing/replication.py), runs the server in a network namespace
+(paperclip/testing/netns.py, root) and removes both at the end; `--faults` without them uses
+$DATABASE_URL's server as above.
+
+From pytest, `run_chaos()` runs against the (transactional) test database, or against a
+cluster and a namespace the test passes.
 
 What runs: a company, a board user and token, N agents with a key and a few issues each
 (`in_progress`, assigned to the agent), W execution workspaces, all made through the
@@ -45,16 +51,24 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 import psycopg
 
+from paperclip.testing.netns import IsolatedNode
+from paperclip.testing.replication import ReplicatedCluster
 from paperclip.testing.servers import free_port, throwaway_database
 from tests.chaos.checker import Report, check, read_jsonl
-from tests.chaos.nemesis import DEFAULT_WEIGHTS, SERVER_APPLICATION_NAME, FaultLog, Nemesis
+from tests.chaos.nemesis import (
+    CLUSTER_FAULTS,
+    DEFAULT_WEIGHTS,
+    SERVER_APPLICATION_NAME,
+    FaultLog,
+    Nemesis,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,9 +192,21 @@ def stop_process_group(proc: subprocess.Popen[Any], *, grace: float) -> None:
 
 
 class GunicornServer:
-    def __init__(self, config: Config, env: dict[str, str], workdir: Path) -> None:
+    """gunicorn on `host` (inside a network namespace when `prefix` is `ip netns exec ...`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        env: dict[str, str],
+        workdir: Path,
+        *,
+        host: str = "127.0.0.1",
+        prefix: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.host = host
+        self.prefix = prefix
+        self.base_url = f"http://{host}:{self.port}"
         self.config = config
         self.env = env
         self.log_path = workdir / "server.log"
@@ -191,10 +217,11 @@ class GunicornServer:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
+                *self.prefix,
                 str(Path(sys.executable).with_name("gunicorn")),
                 "paperclip.wsgi:application",
                 "--bind",
-                f"127.0.0.1:{self.port}",
+                f"{self.host}:{self.port}",
                 "--workers",
                 str(self.config.gunicorn_workers),
                 "--worker-class",
@@ -429,6 +456,40 @@ def server_log_figures(path: Path) -> dict[str, int]:
 # --- the run -----------------------------------------------------------------------------------
 
 
+CLUSTER_DATABASE = "paperclip_chaos"
+
+
+def cluster_database(cluster: ReplicatedCluster, name: str, env: dict[str, str]) -> str:
+    """Create database `name` on the cluster's primary and migrate it (a child process, with
+    `env` and the multi-host URL); its URL."""
+    cluster.create_database(name)
+    url = cluster.url(name)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT, env={**env, "DATABASE_URL": url}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"migrate failed:\n{done.stdout}{done.stderr}")
+    return url
+
+
+def cluster_world(env: dict[str, str], config: Config, *, cwd_root: str) -> World:
+    """create_world() in a child process on env's DATABASE_URL (tests/ha/world.py)."""
+    args = [str(config.agents), cwd_root, str(config.workspaces), str(config.issues_per_agent)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.ha.world", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    data = json.loads(done.stdout)
+    return World(
+        company_id=data["company_id"],
+        board_token=data["board_token"],
+        agents=[AgentSpec(**a) for a in data["agents"]],
+        workspaces=data["workspaces"],
+    )
+
+
 def _sweep() -> dict[str, Any]:
     from leases.services import runtime_lease_sweep
 
@@ -447,22 +508,46 @@ def _close_thread_connection() -> None:
     connection.close()
 
 
-def run_chaos(config: Config, *, workdir: Path, log: Callable[[str], None] = say) -> Outcome:
-    """One chaos run against the database Django is configured for (committed data: in
-    pytest, a transactional test). Every process it starts is gone when it returns."""
+def run_chaos(
+    config: Config,
+    *,
+    workdir: Path,
+    log: Callable[[str], None] = say,
+    cluster: ReplicatedCluster | None = None,
+    node: IsolatedNode | None = None,
+) -> Outcome:
+    """One chaos run. Without `cluster`: against the database Django is configured for
+    (committed data: in pytest, a transactional test). With it: against a database of its
+    own on that replicated cluster (the `failover` fault), migrated and seeded by child
+    processes, the server inside `node`'s network namespace when given (the `cut_node`
+    fault); the `sweep` fault, which runs in this process, is left out then. Every process it
+    starts is gone when it returns."""
     from paperclip.testing.processes import child_env
 
     rng = random.Random(config.seed)
-    world = create_world(config)
     env = child_env(
         DJANGO_DEBUG="false",
         DJANGO_CONN_MAX_AGE="60",
-        DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
+        DJANGO_ALLOWED_HOSTS=f"127.0.0.1,localhost{f',{node.node_ip}' if node else ''}",
         DJANGO_LOG_LEVEL="ERROR",  # 500s with their tracebacks, not every 409
         PGAPPNAME=SERVER_APPLICATION_NAME,
     )
-    db_url = env["DATABASE_URL"]
-    server = GunicornServer(config, env, workdir)
+    if cluster is None:
+        world = create_world(config)
+        db_url = env["DATABASE_URL"]
+    else:
+        db_url = cluster_database(cluster, CLUSTER_DATABASE, env)
+        reach = node.db_ip if node else "127.0.0.1"
+        env["DATABASE_URL"] = cluster.url(CLUSTER_DATABASE, host=reach)
+        world = cluster_world(env, config, cwd_root=str(workdir / "ws"))
+        config = replace(config, weights={k: w for k, w in config.weights.items() if k != "sweep"})
+    server = GunicornServer(
+        config,
+        env,
+        workdir,
+        host=node.node_ip if node else "127.0.0.1",
+        prefix=node.prefix if node else (),
+    )
     fleet: AgentFleet | None = None
     nemesis: Nemesis | None = None
     faults_path = workdir / "faults.jsonl"
@@ -494,6 +579,8 @@ def run_chaos(config: Config, *, workdir: Path, log: Callable[[str], None] = say
             weights=config.weights,
             sweep=_sweep if config.weights.get("sweep") else None,
             on_exit=_close_thread_connection,
+            cluster=cluster,
+            node=node,
         )
         nemesis.start()
         deadline = started + config.duration
@@ -663,6 +750,15 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.out
     else:
         workdir = Path(tempfile.mkdtemp(prefix="paperclip-chaos-"))
+    if CLUSTER_FAULTS & set(config.weights):
+        try:
+            outcome = _run_on_cluster(config, workdir)
+        finally:
+            if args.out is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+        say("")
+        say(outcome.summary)
+        return 0 if outcome.report.ok else 1
     try:
         with throwaway_database(server_url, name, keep=args.keep_db, log=say) as url:
             os.environ["DATABASE_URL"] = url
@@ -689,6 +785,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         say(f"histories, faults log, server log and summary.json in {args.out}")
     return 0 if outcome.report.ok else 1
+
+
+def _run_on_cluster(config: Config, workdir: Path) -> Outcome:
+    """The run on a replicated cluster of its own (and its server in a network namespace
+    when `cut_node` is weighted), all of it removed afterwards."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
+    os.environ.setdefault("DJANGO_SECRET_KEY", "chaos-only")
+    cluster = ReplicatedCluster(synchronous=True, log=say)
+    node = IsolatedNode(0) if "cut_node" in config.weights else None
+    try:
+        if node is not None:
+            node.create()
+        cluster.start()
+        # Django is set up only for child_env(); every query goes to the cluster.
+        os.environ["DATABASE_URL"] = cluster.url("postgres")
+        import django
+
+        django.setup()
+        return run_chaos(config, workdir=workdir, cluster=cluster, node=node)
+    finally:
+        cluster.stop()
+        if node is not None:
+            node.destroy()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Seed the failover test's world on the database of DATABASE_URL and print it as JSON:
-`python -m tests.ha.world AGENTS CWD_ROOT` (one issue per agent, one workspace per agent)."""
+"""Seed a world on the database of DATABASE_URL and print it as JSON (tests/chaos/run.py's
+World): `python -m tests.ha.world AGENTS CWD_ROOT [WORKSPACES [ISSUES_PER_AGENT]]` (by
+default one workspace per agent and one issue per agent)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def main(argv: list[str]) -> None:
     from tests.chaos.run import Config, create_world
 
     agents, cwd_root = int(argv[0]), argv[1]
-    config = Config(agents=agents, workspaces=agents, issues_per_agent=1)
+    workspaces = int(argv[2]) if len(argv) > 2 else agents
+    issues = int(argv[3]) if len(argv) > 3 else 1
+    config = Config(agents=agents, workspaces=workspaces, issues_per_agent=issues)
     print(json.dumps(asdict(create_world(config, cwd_root=cwd_root))))
 
 
