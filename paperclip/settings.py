@@ -239,6 +239,11 @@ _EVENT_LOG_LEVEL = env.str(
     "PAPERCLIP_EVENT_LOG_LEVEL",
     default="INFO" if _COMMAND in (None, "runserver", "run_worker") else "WARNING",
 )
+# A periodic (maintenance) job that succeeded logs its `paperclip.jobs` line at this level:
+# DEBUG in development (an idle `make run` stays quiet), INFO otherwise. Failures stay INFO.
+PAPERCLIP_PERIODIC_JOB_LOG_LEVEL = env.str(
+    "PAPERCLIP_PERIODIC_JOB_LOG_LEVEL", default="DEBUG" if DEBUG else "INFO"
+).upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -256,8 +261,13 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="WARNING")},
     "loggers": {
-        name: {"level": _EVENT_LOG_LEVEL}
-        for name in ("paperclip.request", "paperclip.audit", "paperclip.jobs")
+        **{
+            name: {"level": _EVENT_LOG_LEVEL}
+            for name in ("paperclip.request", "paperclip.audit", "paperclip.jobs")
+        },
+        # runserver's own access log repeats every request paperclip.request already logs
+        # (with its status, duration and ids); production servers never use this logger.
+        "django.server": {"handlers": [], "level": "CRITICAL", "propagate": False},
     },
 }
 # GET /metrics: off unless enabled; with a token set, only `Authorization: Bearer <token>`.
