@@ -268,6 +268,9 @@ LOGGING = {
         # runserver's own access log repeats every request paperclip.request already logs
         # (with its status, duration and ids); production servers never use this logger.
         "django.server": {"handlers": [], "level": "CRITICAL", "propagate": False},
+        # Django's default config gives `django` a console handler of its own under DEBUG, so
+        # each of its lines (a 404's warning) came twice: let them reach the root's only.
+        "django": {"handlers": [], "propagate": True},
     },
 }
 # GET /metrics: off unless enabled; with a token set, only `Authorization: Bearer <token>`.
