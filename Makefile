@@ -62,8 +62,8 @@ run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --url http://$(HOST):$(PORT)
 	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/) with one worker"
-	@echo "(finalizations and maintenance, periodic tasks from $(DEMO_PERIODIC_DELAY) s on; more:"
-	@echo "manage.py run_worker). Logins and commands above: $(DEMO_LOGINS). Ctrl-C stops both."
+	@echo "(finalizations at once, periodic tasks after $(DEMO_PERIODIC_DELAY) s; more: manage.py run_worker)."
+	@echo "Logins and commands above, saved in $(DEMO_LOGINS). Ctrl-C stops both."
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
 	PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS=$${PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS:-$(DEMO_PERIODIC_DELAY)} \
 	$(PY) scripts/run_dev.py $(PY) $(HOST):$(PORT)

@@ -9,7 +9,8 @@ the worker commit it a moment later. One runtime lease outlives its issue (close
 claim): it is stale until the worker's sweep deletes it. Both show on the admin's dashboard.
 A provider agent drives environment leases of a demo sandbox environment through the lifecycle
 services, one in each interesting state (see `ENVIRONMENT_LEASES`): active, pending cleanup,
-claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off), a
+claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off, 15
+minutes here so the demo stays put: docs/setup.md#the-demo), a
 claim that ran out without a receipt, retained with an export-resume marker, a stop-only marker
 that does not bind (an operator must look), released for reuse, and cleaned up; plus a failed
 native run whose retained sandbox its recovery action records as the workspace source (the
