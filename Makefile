@@ -62,7 +62,7 @@ run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --url http://$(HOST):$(PORT)
 	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/) with one worker"
-	@echo "(finalizations at once, periodic tasks after $(DEMO_PERIODIC_DELAY) s; more: manage.py run_worker)."
+	@echo "(finalizations at once, periodic tasks after $${PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS:-$(DEMO_PERIODIC_DELAY)} s; more: manage.py run_worker)."
 	@echo "Logins and commands above, saved in $(DEMO_LOGINS). Ctrl-C stops both."
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
 	PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS=$${PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS:-$(DEMO_PERIODIC_DELAY)} \
