@@ -257,6 +257,11 @@ _EVENT_LOG_LEVEL = env.str(
     "PAPERCLIP_EVENT_LOG_LEVEL",
     default="INFO" if _COMMAND in (None, "runserver", "run_worker") else "WARNING",
 )
+# A periodic (maintenance) job that succeeded logs its `paperclip.jobs` line at this level:
+# DEBUG in development (an idle `make run` stays quiet), INFO otherwise. Failures stay INFO.
+PAPERCLIP_PERIODIC_JOB_LOG_LEVEL = env.str(
+    "PAPERCLIP_PERIODIC_JOB_LOG_LEVEL", default="DEBUG" if DEBUG else "INFO"
+).upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -274,8 +279,16 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="WARNING")},
     "loggers": {
-        name: {"level": _EVENT_LOG_LEVEL}
-        for name in ("paperclip.request", "paperclip.audit", "paperclip.jobs")
+        **{
+            name: {"level": _EVENT_LOG_LEVEL}
+            for name in ("paperclip.request", "paperclip.audit", "paperclip.jobs")
+        },
+        # runserver's own access log repeats every request paperclip.request already logs
+        # (with its status, duration and ids); production servers never use this logger.
+        "django.server": {"handlers": [], "level": "CRITICAL", "propagate": False},
+        # Django's default config gives `django` a console handler of its own under DEBUG, so
+        # each of its lines (a 404's warning) came twice: let them reach the root's only.
+        "django": {"handlers": [], "propagate": True},
     },
 }
 # GET /metrics: off unless enabled; with a token set, only `Authorization: Bearer <token>`.
@@ -369,6 +382,11 @@ PAPERCLIP_WORKER_STALLED_AFTER_SECONDS = env.float(
 PAPERCLIP_WORKER_READY_SECONDS = env.float("PAPERCLIP_WORKER_READY_SECONDS", default=60.0)
 # Fallback polling when a LISTEN/NOTIFY wake-up is missed (new jobs normally start at once).
 PAPERCLIP_WORKER_POLL_SECONDS = env.float("PAPERCLIP_WORKER_POLL_SECONDS", default=5.0)
+# Seconds a worker waits after starting before it defers its periodic tasks (sweeps,
+# reconcilers): `make run` uses 600 so the demo's seeded states stay put (docs/setup.md#the-demo).
+PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS = env.float(
+    "PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS", default=0.0
+)
 # Environment cleanups that failed are claimable again after this back-off (doubling per
 # attempt, capped), measured on the database clock.
 PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS", default=30)

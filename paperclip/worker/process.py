@@ -61,6 +61,7 @@ class _JobObservation:
 
     def __init__(self, context: JobContext) -> None:
         self.task = context.job.task_name
+        self.periodic = context.job.queue == "maintenance"
         self.fields = {"job_id": context.job.id, "task": self.task, "attempt": context.job.attempts}
         self.token = log_context.set(dict(self.fields))
         self.started = time.perf_counter()
@@ -69,7 +70,15 @@ class _JobObservation:
         elapsed = time.perf_counter() - self.started
         metrics.JOBS.labels(self.task, outcome).inc()
         metrics.JOB_DURATION.labels(self.task).observe(elapsed)
-        job_logger.info(
+        # A periodic job that succeeded is routine: at PAPERCLIP_PERIODIC_JOB_LOG_LEVEL (DEBUG
+        # under `make run`), so an idle server is quiet; what it changed has its audit lines.
+        level = (
+            logging.getLevelName(settings.PAPERCLIP_PERIODIC_JOB_LOG_LEVEL)
+            if self.periodic and outcome == "succeeded"
+            else logging.INFO
+        )
+        job_logger.log(
+            level,
             "job %s %s %s in %.3f s%s",
             self.fields["job_id"],
             self.task,
@@ -144,6 +153,9 @@ class ResilientWorker(procrastinate_worker.Worker):
                 self._heartbeat_ok_at = time.monotonic()
 
     async def _periodic_deferrer(self) -> None:  # a private hook of Procrastinate ~=3.10
+        # `make run` starts its periodic tasks late, so the demo's seeded states stay visible
+        # (docs/setup.md#the-demo); 0 (the default) starts them at once.
+        await asyncio.sleep(settings.PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS)
         while True:
             try:
                 return await super()._periodic_deferrer()  # type: ignore[no-untyped-call]

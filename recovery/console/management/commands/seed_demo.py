@@ -9,7 +9,8 @@ the worker commit it a moment later. One runtime lease outlives its issue (close
 claim): it is stale until the worker's sweep deletes it. Both show on the admin's dashboard.
 A provider agent drives environment leases of a demo sandbox environment through the lifecycle
 services, one in each interesting state (see `ENVIRONMENT_LEASES`): active, pending cleanup,
-claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off), a
+claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off, 15
+minutes here so the demo stays put: docs/setup.md#the-demo), a
 claim that ran out without a receipt, retained with an export-resume marker, a stop-only marker
 that does not bind (an operator must look), released for reuse, and cleaned up; plus a failed
 native run whose retained sandbox its recovery action records as the workspace source (the
@@ -23,16 +24,19 @@ durable service call, so an interrupted seed is consistent and the next run comp
 from __future__ import annotations
 
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser
-from django.db import transaction
+from django.core.management.base import BaseCommand, CommandParser, OutputWrapper
+from django.db import connection, transaction
 
 from leases.environment.lifecycle import (
     environment_create,
@@ -76,15 +80,18 @@ PROVIDER = "demo-provider"
 ENVIRONMENT = "demo-sandboxes"
 SANDBOX_PROVIDER = "demo-sandbox"
 SANDBOX_PLUGIN = "plugin-demo-sandbox"
+# The demo's files live under the data directory, so two checkouts on one machine keep theirs
+# apart (docs/setup.md#the-demo); the printed logins are saved there too.
 WORKSPACES = (
-    ("demo-workspace-main", "/tmp/paperclip-demo/main"),  # noqa: S108 - demo paths only
-    ("demo-workspace-review", "/tmp/paperclip-demo/review"),  # noqa: S108
-    ("demo-workspace-export", "/tmp/paperclip-demo/export"),  # noqa: S108
+    ("demo-workspace-main", "main"),
+    ("demo-workspace-review", "review"),
+    ("demo-workspace-export", "export"),
 )
+LOGINS_FILE = "logins.txt"
 HELD_TITLE = "Publish the nightly export"
 # The README's agent quickstart: paperclip-agent runs a command for this issue in this workspace.
 CLI_ISSUE = "Fix the flaky lease test"
-CLI_WORKDIR = "/tmp/paperclip-demo/agent-run"  # noqa: S108 - demo paths only
+CLI_WORKDIR = "agent-run"
 # The provider worker's guide (docs/environment.md#provider-workers-guide) leases a sandbox to
 # this issue's running run.
 PROVIDER_RUN_ISSUE = "Encrypt runner checkpoints"
@@ -92,7 +99,10 @@ STALE_TITLE = "Retire the staging sandbox"
 # A failed native run whose retained sandbox lease is a recovery source the console can inspect.
 SOURCE_TITLE = "Rebuild the sandbox image"
 SOURCE_ALLOCATION = "sbx-demo-source"
-HELD_WORKDIR = Path("/tmp/paperclip-demo/export-run")  # noqa: S108 - the runner's directory
+HELD_WORKDIR = "export-run"  # the runner's directory
+# How long the seeded states the worker would repair once due stay visible: the failed
+# cleanup's back-off is this long (docs/setup.md#the-demo).
+STAYS_PUT = timedelta(minutes=15)
 # (title, status, assignee index or None)
 ISSUES = (
     ("Set up the CI pipeline", Issue.Status.BACKLOG, None),
@@ -129,7 +139,7 @@ ENVIRONMENT_LEASES: tuple[
         "ephemeral",
         None,
         "failed",
-        ("claim", "failed"),
+        ("claim", "failed", "backoff"),
         "",
     ),
     (
@@ -172,12 +182,21 @@ class Command(BaseCommand):
             "--password", default="", help="Admin password for demo-board (default: random)."
         )
         parser.add_argument(
+            "--reset",
+            action="store_true",
+            help="Delete the demo company and everything in it first, then seed it afresh: "
+            "every seeded state is back (`make demo-reset`).",
+        )
+        parser.add_argument(
             "--url",
             default="http://127.0.0.1:8000",
             help="The server's address, for the commands printed at the end.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.demo_dir = demo_dir()
+        if options["reset"]:
+            self._reset()
         password = options["password"] or secrets.token_urlsafe(12)
         user = self._board_user(password)
         actor = board_actor(user)
@@ -190,7 +209,10 @@ class Command(BaseCommand):
 
         agents = [self._agent(actor, company, name) for name in AGENTS]
         provider = self._agent(actor, company, PROVIDER, role=Agent.Role.PROVIDER)
-        workspaces = [self._workspace(actor, company, name, cwd) for name, cwd in WORKSPACES]
+        workspaces = [
+            self._workspace(actor, company, name, str(self.demo_dir / cwd))
+            for name, cwd in WORKSPACES
+        ]
         issues = {
             title: self._issue(actor, company, title, status, agents, assignee)
             for title, status, assignee in ISSUES
@@ -203,13 +225,14 @@ class Command(BaseCommand):
         keys = [self._fresh_key(agent, user.pk) for agent in [*agents, provider]]
 
         self.stdout.write("")
-        self.stdout.write(f"Demo company: {company.name} ({company.pk})")
-        self.stdout.write(f"Admin login:  /admin/  user {USERNAME}  password {password}")
+        summary = _Summary(self.stdout)
+        summary.write(f"Demo company: {company.name} ({company.pk})")
+        summary.write(f"Admin login:  /admin/  user {USERNAME}  password {password}")
         for agent, key in zip([*agents, provider], keys, strict=True):
             role = " (provider)" if agent.role == Agent.Role.PROVIDER else ""
-            self.stdout.write(f"Agent {agent.name} ({agent.pk}){role} key: {key}")
+            summary.write(f"Agent {agent.name} ({agent.pk}){role} key: {key}")
         url = options["url"].rstrip("/")
-        self.stdout.write(f"Try: curl -H 'Authorization: Bearer <key>' {url}/api/me")
+        summary.write(f"Try: curl -H 'Authorization: Bearer <key>' {url}/api/me")
         environment = Environment.objects.filter(company=company, name=ENVIRONMENT).first()
         run = (
             HeartbeatRun.objects.filter(company=company, issue=issues[PROVIDER_RUN_ISSUE])
@@ -217,23 +240,26 @@ class Command(BaseCommand):
             .first()
         )
         if environment is not None and run is not None:
-            self.stdout.write(
+            summary.write(
                 "Provider worker, in another terminal (docs/environment.md, its worker's guide):"
             )
-            self.stdout.write(
+            summary.write(
                 f"  export PAPERCLIP_URL={url} PROVIDER_KEY={keys[-1]}"
                 f" ENV_ID={environment.pk} RUN_ID={run.pk}"
             )
         alpha, main, issue = agents[0], workspaces[0], issues[CLI_ISSUE]
-        self.stdout.write("Agent CLI, in another terminal (README: Agent quickstart):")
-        self.stdout.write(
+        summary.write("Agent CLI, in another terminal (README: Agent quickstart):")
+        summary.write(
             f"  export PAPERCLIP_URL={url} PAPERCLIP_AGENT_KEY=$(.venv/bin/python manage.py"
             f" create_agent_key --agent {alpha.pk} | tail -n 1)"
         )
-        self.stdout.write(
+        summary.write(
             f"  .venv/bin/paperclip-agent run --workspace {main.pk} --issue {issue.pk}"
-            f" --workdir {CLI_WORKDIR} -- sh -c 'echo hi > out.txt'"
+            f" --workdir {self.demo_dir / CLI_WORKDIR} -- sh -c 'echo hi > out.txt'"
         )
+        path = self.demo_dir / LOGINS_FILE
+        summary.save(path)
+        self.stdout.write(f"(saved to {path}: the logins stay there when the log scrolls)")
 
     def _board_user(self, password: str) -> Any:
         user_model = get_user_model()
@@ -344,16 +370,17 @@ class Command(BaseCommand):
     ) -> None:
         """A native run whose result is accepted while the receipt of a controller that died
         mid copy-back is still recorded: the worker will hold it for the board."""
-        (HELD_WORKDIR / "out").mkdir(parents=True, exist_ok=True)
-        (HELD_WORKDIR / "out" / "export.csv").write_text("id,total\n1,42\n")
-        (HELD_WORKDIR / "README.md").write_text("Nightly export produced by demo-agent-beta.\n")
+        workdir = self.demo_dir / HELD_WORKDIR
+        (workdir / "out").mkdir(parents=True, exist_ok=True)
+        (workdir / "out" / "export.csv").write_text("id,total\n1,42\n")
+        (workdir / "README.md").write_text("Nightly export produced by demo-agent-beta.\n")
         run = services.run_create(
             actor=actor,
             agent_id=agent.pk,
             runtime_mode="native",
             issue_id=issue.pk,
             execution_workspace_id=workspace.pk,
-            workspace_dir=str(HELD_WORKDIR),
+            workspace_dir=str(workdir),
         ).run
         run = services.run_transition(actor=actor, run_id=run.pk, to_status="running").run
         # A real process of this host that has exited: its receipt can't be proven stopped
@@ -463,6 +490,8 @@ class Command(BaseCommand):
                     ).attempt_id
                 elif step == "overdue":
                     self._claim_ran_out(lease.pk)
+                elif step == "backoff":
+                    self._long_backoff(lease.pk)
                 else:
                     environment_lease_cleanup_settle(
                         lease_id=lease.pk,
@@ -588,6 +617,43 @@ class Command(BaseCommand):
                 details={"expiresAtMs": expired, "simulated": "a provider that never answered"},
             )
 
+    def _long_backoff(self, lease_id: Any) -> None:
+        """Push a failed cleanup's retry `STAYS_PUT` away (simulated: the provider asked to be
+        left alone), so the worker's retry sweep leaves it failed while the demo is looked at;
+        the board's "Retry cleanup now" still reopens it at once."""
+        with transaction.atomic():
+            lease = EnvironmentLease.objects.get(pk=lease_id)
+            retry_at = int((db_now() + STAYS_PUT).timestamp() * 1000)
+            row_update_audited(
+                lease,
+                {"metadata": {**(lease.metadata or {}), "pendingCleanupRetryAfterMs": retry_at}},
+                company_id=lease.company_id,
+                actor_type="system",
+                actor_id="seed_demo",
+                action="environment_lease.cleanup_backoff_extended",
+                entity_type="environment_lease",
+                entity_id=lease_id,
+                run_id=lease.heartbeat_run_id,
+                details={"retryAfterMs": retry_at, "simulated": "a provider that asked for time"},
+            )
+
+    def _reset(self) -> None:
+        """Delete every demo company with everything in it (its rows cascade), the jobs still
+        waiting for them, and the demo's files; the seed that follows builds it all again."""
+        companies = list(Company.objects.filter(name=COMPANY_NAME).values_list("pk", flat=True))
+        with transaction.atomic():
+            for company_id in companies:
+                with connection.cursor() as cursor:
+                    # A waiting job of a deleted run would only fail: nothing to do any more.
+                    cursor.execute(
+                        "DELETE FROM procrastinate_jobs WHERE status = 'todo'"
+                        " AND args->>'company_id' = %s",
+                        [str(company_id)],
+                    )
+                Company.objects.filter(pk=company_id).delete()
+        shutil.rmtree(self.demo_dir, ignore_errors=True)
+        self.stdout.write(f"Reset: deleted {len(companies)} demo company(ies) and {self.demo_dir}")
+
     def _fresh_key(self, agent: Agent, user_id: Any) -> str:
         stale = AgentApiKey.objects.filter(agent=agent, name=KEY_NAME, revoked_at__isnull=True)
         for key_id in stale.order_by("pk").values_list("pk", flat=True):
@@ -595,3 +661,27 @@ class Command(BaseCommand):
         return agent_key_create(
             agent_id=agent.pk, actor_type="user", actor_id=str(user_id), name=KEY_NAME
         ).secret
+
+
+def demo_dir() -> Path:
+    """Where the demo keeps its files: `demo/` in the data directory (PAPERCLIP_DATA_DIR)."""
+    return Path(settings.DATA_DIR) / "demo"
+
+
+class _Summary:
+    """The closing lines (logins, keys, commands): printed, and kept for `save`."""
+
+    def __init__(self, stdout: OutputWrapper) -> None:
+        self.stdout = stdout
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        self.stdout.write(line)
+        self.lines.append(line)
+
+    def save(self, path: Path) -> None:
+        """Write the lines to `path`, readable by its owner only: it holds secrets."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text("\n".join(self.lines) + "\n")
