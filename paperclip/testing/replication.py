@@ -223,6 +223,21 @@ class ReplicatedCluster:
         psutil.wait_procs(victims, timeout=10)
         self.log(f"primary {self.primary.name} (postmaster {pid}) killed with SIGKILL")
 
+    def pause_replication(self) -> None:
+        """SIGSTOP the primary's WAL sender: what the primary commits from now on is not
+        shipped (with asynchronous replication, commits still return), and goes with it when
+        it is killed. Nothing is left in flight in a socket buffer to be read later."""
+        pid = self.primary.postmaster_pid()
+        senders = [
+            child
+            for child in (psutil.Process(pid).children() if pid is not None else [])
+            if "walsender" in " ".join(child.cmdline())
+        ]
+        if not senders:
+            raise RuntimeError("the primary has no WAL sender")
+        for sender in senders:
+            sender.send_signal(signal.SIGSTOP)
+
     def promote(self) -> None:
         """Promote the standby. It inherited `synchronous_standby_names` from the primary and
         has no standby of its own: it stops waiting for one, as Patroni does when the last

@@ -62,6 +62,7 @@ WORKER_ENV = {
     "PAPERCLIP_LEASE_SWEEP_INTERVAL_SECONDS": "1",
     "PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS": "1",
 }
+FENCE_MASK = (1 << 40) - 1  # a fence's low bits: the generation (docs/leases.md#fence)
 RUN_LINE = re.compile(r"^run: ([0-9a-f-]{36})$")
 
 
@@ -298,6 +299,15 @@ def run_failover(
             )
             time.sleep(0.4)  # spread the runs so that some are in finalization at the crash
         _wait(lambda: _finalizations_waiting(blocker) >= 2, "two finalizations waiting", 120)
+        fence_lost = None
+        if not synchronous:
+            # Asynchronous: a grant the primary acknowledges but never ships (its WAL sender
+            # stopped), lost with the primary. Its generation comes back on the
+            # new primary; its fence must not.
+            cluster.pause_replication()
+            fence_lost = _fence(
+                webs[0].base_url, spare["key"], world["workspaces"][-1], spare["issues"][0]
+            )
         killed_at = time.monotonic()
         cluster.crash_primary()
         time.sleep(1.0)
@@ -322,6 +332,12 @@ def run_failover(
         report.figures["fence before / after"] = f"{fence_before} / {fence_after}"
         if not fence_after > fence_before:
             report.violations.append(f"fence went from {fence_before} to {fence_after}")
+        if fence_lost is not None:
+            lost_generation, after_generation = fence_lost & FENCE_MASK, fence_after & FENCE_MASK
+            report.figures["lost grant: fence / generation"] = f"{fence_lost} / {lost_generation}"
+            report.figures["next grant: fence / generation"] = f"{fence_after} / {after_generation}"
+            if not fence_after > fence_lost:
+                report.violations.append(f"fence {fence_after} after the lost grant {fence_lost}")
     finally:
         if prober is not None:
             prober.stopping.set()

@@ -51,6 +51,12 @@ def test_asynchronous_failover_keeps_every_safety_property(tmp_path: Path) -> No
     print(report.summary())
     assert report.violations == []
     assert report.figures["finalizations that took a second attempt"] >= 1
+    # The grant made while the WAL sender was stopped was really lost (its generation was
+    # handed out again), and its fence was not: the one after it is higher.
+    lost_fence, lost_generation = report.figures["lost grant: fence / generation"].split(" / ")
+    next_fence, next_generation = report.figures["next grant: fence / generation"].split(" / ")
+    assert lost_generation == next_generation
+    assert int(next_fence) > int(lost_fence)
 
 
 def test_the_checks_catch_bad_histories() -> None:
