@@ -11,9 +11,9 @@ Keys
     only by writers. Readers never create it: a missing key makes parts unreadable instead of
     silently minting a key that cannot decrypt anything.
 
-Envelope (the `material` jsonb)
-    `{"scheme": "paperclip_aes256gcm_v1", "keyId", "nonce": b64, "ciphertext": b64}`; the
-    ciphertext carries GCM's 16-byte tag at its end.
+Stored form (`Sealed`, one row's columns)
+    `scheme` ("paperclip_aes256gcm_v1"), `key_id`, `nonce` (12 bytes) and `ciphertext` (bytea,
+    GCM's 16-byte tag at its end): the bytes themselves, never base64.
 
 Binding (beyond upstream)
     The associated data binds company, issue, run, part and key id, so a ciphertext copied to
@@ -34,7 +34,7 @@ import json
 import os
 import secrets
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +50,7 @@ from checkpoints.errors import CheckpointUnreadable
 SCHEME = "paperclip_aes256gcm_v1"
 KEY_BYTES = 32
 NONCE_BYTES = 12
+TAG_BYTES = 16
 KEY_FILE_NAME = "checkpoint_keys"
 
 UnreadableReason = Literal[
@@ -64,6 +65,16 @@ class Binding:
     company_id: UUID
     issue_id: UUID
     run_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """One part as stored: the columns `scheme`, `key_id`, `nonce`, `ciphertext` of its row."""
+
+    scheme: str
+    key_id: str
+    nonce: bytes = field(repr=False)
+    ciphertext: bytes = field(repr=False)  # GCM's tag is its last 16 bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,8 +328,8 @@ def _associated_data(binding: Binding, part: str, key_id: str) -> bytes:
     ).encode()
 
 
-def encrypt_part(binding: Binding, part: str, contents: str, key: CheckpointKey) -> dict[str, str]:
-    """The envelope for one part, bound to its row and key."""
+def encrypt_part(binding: Binding, part: str, contents: str, key: CheckpointKey) -> Sealed:
+    """One part sealed under `key`, bound to its row."""
     plaintext = json.dumps(
         {
             "companyId": str(binding.company_id),
@@ -332,52 +343,34 @@ def encrypt_part(binding: Binding, part: str, contents: str, key: CheckpointKey)
     ).encode()
     nonce = secrets.token_bytes(NONCE_BYTES)
     ciphertext = key.aead.encrypt(nonce, plaintext, _associated_data(binding, part, key.key_id))
-    return {
-        "scheme": SCHEME,
-        "keyId": key.key_id,
-        "nonce": base64.b64encode(nonce).decode("ascii"),
-        "ciphertext": base64.b64encode(ciphertext).decode("ascii"),
-    }
+    return Sealed(scheme=SCHEME, key_id=key.key_id, nonce=nonce, ciphertext=ciphertext)
 
 
-def envelope_key_id(material: Any) -> str | None:
-    if isinstance(material, Mapping) and isinstance(material.get("keyId"), str):
-        return str(material["keyId"])
-    return None
-
-
-def decrypt_part(binding: Binding, part: str, material: Any, ring: KeyRing | None) -> str:
+def decrypt_part(binding: Binding, part: str, sealed: Sealed, ring: KeyRing | None) -> str:
     """The contents of one stored part; CheckpointUnreadable (naming the part) on any failure.
 
     `ring=None` means no key is available at all (reported as `key_unavailable`).
     """
 
     def unreadable(reason: UnreadableReason) -> CheckpointUnreadable:
-        return CheckpointUnreadable(part=part, reason=reason, key_id=envelope_key_id(material))
+        return CheckpointUnreadable(part=part, reason=reason, key_id=sealed.key_id or None)
 
-    if not isinstance(material, Mapping) or material.get("scheme") != SCHEME:
-        raise unreadable("malformed_envelope")
-    key_id, nonce_b64, ct_b64 = (
-        material.get("keyId"),
-        material.get("nonce"),
-        material.get("ciphertext"),
-    )
-    if not (isinstance(key_id, str) and isinstance(nonce_b64, str) and isinstance(ct_b64, str)):
-        raise unreadable("malformed_envelope")
-    try:
-        nonce = base64.b64decode(nonce_b64, validate=True)
-        ciphertext = base64.b64decode(ct_b64, validate=True)
-    except (binascii.Error, ValueError):
-        raise unreadable("malformed_envelope") from None
-    if len(nonce) != NONCE_BYTES:
+    if (
+        sealed.scheme != SCHEME
+        or not sealed.key_id
+        or len(sealed.nonce) != NONCE_BYTES
+        or len(sealed.ciphertext) < TAG_BYTES
+    ):
         raise unreadable("malformed_envelope")
     if ring is None:
         raise unreadable("key_unavailable")
-    key = ring.get(key_id)
+    key = ring.get(sealed.key_id)
     if key is None:
         raise unreadable("unknown_key")
     try:
-        plaintext = key.aead.decrypt(nonce, ciphertext, _associated_data(binding, part, key_id))
+        plaintext = key.aead.decrypt(
+            sealed.nonce, sealed.ciphertext, _associated_data(binding, part, sealed.key_id)
+        )
     except InvalidTag:
         raise unreadable("authentication_failed") from None
     try:

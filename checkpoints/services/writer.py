@@ -17,9 +17,9 @@ from django.db.models import Exists, OuterRef, TextField
 from django.db.models.functions import Cast
 
 from checkpoints import locks
-from checkpoints.crypto import Binding, encrypt_part, keyring
+from checkpoints.crypto import Binding, CheckpointKey, encrypt_part, keyring
 from checkpoints.errors import CheckpointBindingMismatch, CheckpointOwnerLost
-from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
+from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from checkpoints.selectors import runner_run_get
 from checkpoints.services.shared import live_run_recovery_notify
 from paperclip.activity import activity_record
@@ -245,17 +245,7 @@ def checkpoint_write(
     binding = run.binding
     authority_run_id = owner.authority_run_id or run.run_id
     key = keyring(create=True).primary
-    parts = [
-        NativeRunnerCheckpoint(
-            company_id=binding.company_id,
-            issue_id=binding.issue_id,
-            run_id=binding.run_id,
-            part=name,
-            material=encrypt_part(binding, name, contents, key),
-            size_bytes=len(contents.encode("utf-8")),
-        )
-        for name, contents in changed.items()
-    ]
+    parts = [_part_row(binding, name, contents, key) for name, contents in changed.items()]
     work_ids = list(dict.fromkeys(work_command_ids))
 
     with transaction.atomic(durable=True):
@@ -307,6 +297,23 @@ def checkpoint_write(
     )
 
 
+def _part_row(
+    binding: Binding, name: str, contents: str, key: CheckpointKey
+) -> NativeRunnerCheckpoint:
+    sealed = encrypt_part(binding, name, contents, key)
+    return NativeRunnerCheckpoint(
+        company_id=binding.company_id,
+        issue_id=binding.issue_id,
+        run_id=binding.run_id,
+        part=name,
+        scheme=sealed.scheme,
+        key_id=sealed.key_id,
+        nonce=sealed.nonce,
+        ciphertext=sealed.ciphertext,
+        size_bytes=len(contents.encode("utf-8")),
+    )
+
+
 def _parts_apply(
     binding: Binding, reset: bool, removed: Sequence[str], parts: list[NativeRunnerCheckpoint]
 ) -> int:
@@ -326,7 +333,7 @@ def _parts_apply(
                 parts,
                 update_conflicts=True,
                 unique_fields=["run", "part"],
-                update_fields=["material", "size_bytes", "updated_at"],
+                update_fields=[*SEALED_FIELDS, "size_bytes", "updated_at"],
             )
     return removed_count
 
