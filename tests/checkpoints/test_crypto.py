@@ -17,6 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
 from checkpoints.crypto import (
+    SCHEME,
+    SCHEME_V1,
     Binding,
     CheckpointKey,
     KeyRing,
@@ -403,12 +405,40 @@ GOLDEN = Sealed(
 )
 
 
-def test_a_part_written_before_stays_readable_byte_for_byte() -> None:
+# The same, sealed as v2 (the binding as JSON, a newline, the contents' bytes).
+GOLDEN_V2 = Sealed(
+    scheme="paperclip_aes256gcm_v2",
+    key_id="630dcd2966c4",
+    nonce=base64.b64decode("Cpj3zv/73/tAGw0H"),
+    ciphertext=base64.b64decode(
+        "pm/BpCXqJoWmph3h74qfPnito3JpiUuCwccZOPZaMWyC6F6kWoH6nsooRkT3E2yOPnNJNzKO64GJaBLaKWXXt7vV"
+        "uIU+x0xQrwoP71RCG8/pTJYciAwq5s2gblqh3ViTtUQNA2HDJSOgpCzjUFa0b8v38yegho8Vtoh7G5RC1HadWADl"
+        "FmYS8H0PwZ82T2/CZSJy6wz7b1OYl4SPJFckGdE81jR3c0VgfYeLrCylDJNfcJMCJYjDzRvDxI/XCxaTWZsbxw=="
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("sealed", "contents"), [(GOLDEN, "contents é"), (GOLDEN_V2, 'contents é\n"line"')]
+)
+def test_a_part_written_before_stays_readable_byte_for_byte(sealed: Sealed, contents: str) -> None:
     ring = KeyRing(keys=(GOLDEN_KEY,), source="settings")
-    assert decrypt_part(GOLDEN_BINDING, "hé", GOLDEN, ring) == "contents é"
+    assert decrypt_part(GOLDEN_BINDING, "hé", sealed, ring) == contents
     with pytest.raises(CheckpointUnreadable) as caught:
-        decrypt_part(GOLDEN_BINDING, "he", GOLDEN, ring)
+        decrypt_part(GOLDEN_BINDING, "he", sealed, ring)
     assert caught.value.details["reason"] == "authentication_failed"
+
+
+def test_new_parts_are_v2_and_v1_parts_stay_readable() -> None:
+    v2 = encrypt_part(B1, "p", 'a "quoted"\nline é', KEY)
+    v1 = encrypt_part(B1, "p", 'a "quoted"\nline é', KEY, scheme=SCHEME_V1)
+    assert v2.scheme == SCHEME != SCHEME_V1 == v1.scheme
+    assert decrypt_part(B1, "p", v2, keyring()) == 'a "quoted"\nline é'
+    assert decrypt_part(B1, "p", v1, keyring()) == 'a "quoted"\nline é'
+    # The scheme is authenticated: a part relabelled to the other one fails to decrypt.
+    for sealed, other in ((v2, SCHEME_V1), (v1, SCHEME)):
+        relabelled = dataclasses.replace(sealed, scheme=other)
+        assert unreadable_reason(B1, "p", relabelled) == "authentication_failed"
 
 
 @pytest.mark.parametrize(
@@ -427,10 +457,30 @@ def test_an_authentic_envelope_naming_another_row_is_refused(wrong: dict[str, An
     }
     nonce = bytes(12)
     ciphertext = KEY.aead.encrypt(
-        nonce, json.dumps(envelope).encode(), _associated_data(B1, "p", KEY.key_id)
+        nonce, json.dumps(envelope).encode(), _associated_data(B1, "p", KEY.key_id, SCHEME_V1)
     )
-    material = Sealed("paperclip_aes256gcm_v1", KEY.key_id, nonce, ciphertext)
+    material = Sealed(SCHEME_V1, KEY.key_id, nonce, ciphertext)
     assert unreadable_reason(B1, "p", material) == "binding"
+    # v2: the binding before the newline, the contents after it.
+    contents = envelope.pop("contents")
+    body = contents.encode() if isinstance(contents, str) else b"\xff"  # not UTF-8
+    plaintext = json.dumps(envelope).encode() + b"\n" + body
+    ciphertext = KEY.aead.encrypt(nonce, plaintext, _associated_data(B1, "p", KEY.key_id))
+    assert unreadable_reason(B1, "p", Sealed(SCHEME, KEY.key_id, nonce, ciphertext)) == "binding"
+
+
+def test_a_v2_plaintext_without_its_newline_is_refused() -> None:
+    plaintext = json.dumps(
+        {
+            "companyId": str(B1.company_id),
+            "issueId": str(B1.issue_id),
+            "runId": str(B1.run_id),
+            "part": "p",
+        }
+    ).encode()
+    ciphertext = KEY.aead.encrypt(bytes(12), plaintext, _associated_data(B1, "p", KEY.key_id))
+    sealed = Sealed(SCHEME, KEY.key_id, bytes(12), ciphertext)
+    assert unreadable_reason(B1, "p", sealed) == "binding"
 
 
 @pytest.mark.parametrize("create", ["writer", "operator"])

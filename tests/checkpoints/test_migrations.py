@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
-from checkpoints.crypto import SCHEME, Binding, Sealed, decrypt_part, encrypt_part, keyring
+from checkpoints.crypto import SCHEME_V1, Binding, Sealed, decrypt_part, encrypt_part, keyring
 from checkpoints.errors import CheckpointUnreadable
 from checkpoints.models import NativeRunnerCheckpoint
 from checkpoints.selectors import checkpoint_load, checkpoint_parts_list, runner_run_get
@@ -41,7 +41,7 @@ def at_latest_afterwards() -> Iterator[None]:
 
 def old_material(binding: Binding, part: str, contents: str) -> dict[str, str]:
     """A part as the code before the bytea columns stored it."""
-    sealed = encrypt_part(binding, part, contents, keyring(create=True).primary)
+    sealed = encrypt_part(binding, part, contents, keyring(create=True).primary, scheme=SCHEME_V1)
     return {
         "scheme": sealed.scheme,
         "keyId": sealed.key_id,
@@ -109,5 +109,5 @@ def test_parts_move_from_jsonb_to_bytea_and_back_in_batches(
         )
         assert decrypt_part(binding, part, sealed, keyring()) == contents[part]
     still_broken = old.objects.get(run_id=bad_binding.run_id).material
-    assert still_broken["scheme"] == SCHEME
+    assert still_broken["scheme"] == SCHEME_V1
     assert still_broken["nonce"] == ""  # malformed (not 12 bytes) as before

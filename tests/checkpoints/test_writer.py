@@ -110,7 +110,7 @@ def test_active_owner_writes_removes_resets_and_counts_parts() -> None:
     assert row.size_bytes == len(secret)
     assert secret.encode() not in bytes(row.ciphertext)  # encrypted at rest
     assert len(bytes(row.nonce)) == 12
-    assert row.scheme == "paperclip_aes256gcm_v1"
+    assert row.scheme == "paperclip_aes256gcm_v2"
     assert ActivityEvent.objects.filter(run=fin.run, action="checkpoint.written").count() == 3
 
 
