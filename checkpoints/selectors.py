@@ -19,6 +19,7 @@ from checkpoints.errors import (
     ControllerLeaseRunNotNative,
 )
 from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint
+from paperclip.db.bound import bound_cursor
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import HeartbeatRun, NativeRunFinalization
 from paperclip.observability import metrics
@@ -70,7 +71,7 @@ def runner_run_get(*, run_id: UUID, agent_id: UUID | None) -> RunnerRun:
 
 
 def _scoped_parts(binding: Binding) -> list[tuple[str, Sealed]]:
-    rows = (
+    rows = _binary_rows(
         NativeRunnerCheckpoint.objects.filter(
             company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
         )
@@ -78,6 +79,15 @@ def _scoped_parts(binding: Binding) -> list[tuple[str, Sealed]]:
         .values_list("part", *SEALED_FIELDS)
     )
     return [(part, _sealed(*columns)) for part, *columns in rows]
+
+
+def _binary_rows(rows: QuerySet[Any, Any]) -> list[tuple[Any, ...]]:
+    """The queryset's rows read in binary: the ORM's SQL, but the ciphertext arrives as bytes
+    rather than as hex text twice its size (paperclip/db/bound.py)."""
+    sql, params = rows.query.sql_with_params()
+    with bound_cursor(binary=True) as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
 
 def _sealed(scheme: str, key_id: str, nonce: Any, ciphertext: Any) -> Sealed:
@@ -108,18 +118,17 @@ def checkpoint_load(*, binding: Binding) -> dict[str, str]:
 
 def checkpoint_header_load(*, binding: Binding) -> str | None:
     """The decrypted `header` part, or None when it is missing or unreadable for any reason."""
-    row = (
+    rows = _binary_rows(
         NativeRunnerCheckpoint.objects.filter(
             company_id=binding.company_id,
             issue_id=binding.issue_id,
             run_id=binding.run_id,
             part=HEADER_PART,
-        )
-        .values_list(*SEALED_FIELDS)
-        .first()
+        ).values_list(*SEALED_FIELDS)
     )
-    if row is None:
+    if not rows:
         return None
+    row = rows[0]
     started = time.perf_counter()
     try:
         header = decrypt_part(binding, HEADER_PART, _sealed(*row), read_keyring())
