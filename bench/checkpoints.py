@@ -13,7 +13,8 @@ measures, and drops it at the end, also on failure. In one run:
   upsert, the audit row, commit) and read (`checkpoint_load`: one query, decryption, the
   binding checks) against raw AES-256-GCM (`cryptography`'s AESGCM, a 32-byte key, a fresh
   nonce and associated data per part) of the same contents' bytes, in rounds that alternate
-  the two so drift hits both alike; the throughput ratio (target >= 0.3 for both);
+  them so drift hits all alike; the throughput ratio (target >= 0.3 for both); beside them
+  PostgreSQL alone storing and reading the same bytes (psycopg, binary), the ceiling;
 - the sealing layer alone (`encrypt_part`/`decrypt_part`, no database) for 1 KiB, 64 KiB and
   1 MiB parts, beside raw AES-GCM of the same bytes.
 
@@ -214,16 +215,41 @@ def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -
     write(run, owner, contents)  # warm-up, and the parts the reads read
     assert checkpoint_load(binding=binding) == contents
 
+    # PostgreSQL alone: the same bytes upserted (bound server-side, in binary) and committed,
+    # then read back in binary, on a connection of its own: the ceiling for the service.
+    pg = psycopg.connect(os.environ["DATABASE_URL"])
+    pg.execute("CREATE TEMP TABLE bench_bytes (id int PRIMARY KEY, b bytea NOT NULL)")
+    upsert = (
+        "INSERT INTO bench_bytes (id, b) VALUES "
+        + ", ".join(["(%s, %b)"] * per_write)
+        + " ON CONFLICT (id) DO UPDATE SET b = EXCLUDED.b"
+    )
+
+    def pg_write(sealed: list[tuple[bytes, bytes]]) -> None:
+        pg.execute(upsert, [v for i, (_, box) in enumerate(sealed) for v in (i, box)])
+        pg.commit()
+
+    def pg_read() -> None:
+        pg.cursor(binary=True).execute("SELECT id, b FROM bench_bytes ORDER BY id").fetchall()
+        pg.commit()
+
     raw_enc: list[float] = []
     raw_dec: list[float] = []
     svc_write: list[float] = []
     svc_read: list[float] = []
-    for _ in range(rounds):
-        raw_enc.append(timed(lambda: raw_seal(aead, plaintexts, aad)))
-        sealed = raw_seal(aead, plaintexts, aad)
-        svc_write.append(timed(lambda: write(run, owner, contents)))
-        raw_dec.append(timed(lambda s=sealed: [aead.decrypt(n, c, aad) for n, c in s]))
-        svc_read.append(timed(lambda: checkpoint_load(binding=binding)))
+    db_write: list[float] = []
+    db_read: list[float] = []
+    try:
+        for _ in range(rounds):
+            raw_enc.append(timed(lambda: raw_seal(aead, plaintexts, aad)))
+            sealed = raw_seal(aead, plaintexts, aad)
+            db_write.append(timed(lambda s=sealed: pg_write(s)))
+            svc_write.append(timed(lambda: write(run, owner, contents)))
+            raw_dec.append(timed(lambda s=sealed: [aead.decrypt(n, c, aad) for n, c in s]))
+            db_read.append(timed(pg_read))
+            svc_read.append(timed(lambda: checkpoint_load(binding=binding)))
+    finally:
+        pg.close()
 
     mib = per_write * size / (1024 * 1024)
 
@@ -232,12 +258,32 @@ def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -
 
     print()
     print(f"64 KiB parts, {per_write} a write or read, {rounds} rounds (median MiB/s of contents)")
-    print(f"{'operation':>9} | {'service':>8} | {'raw AES-GCM':>11} | {'ratio':>6} | target >= 0.3")
-    print(f"{'-' * 9}-+-{'-' * 8}-+-{'-' * 11}-+-{'-' * 6}-+-{'-' * 13}")
-    for label, service, raw in (("write", svc_write, raw_enc), ("read", svc_read, raw_dec)):
+    header = (
+        "operation",
+        "service",
+        "raw AES-GCM",
+        "ratio",
+        "target >= 0.3",
+        "PostgreSQL",
+        "ratio",
+    )
+    widths = (9, 8, 11, 6, 13, 10, 6)
+    print(" | ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
+    for label, service, raw, db in (
+        ("write", svc_write, raw_enc, db_write),
+        ("read", svc_read, raw_dec, db_read),
+    ):
         ratio = rate(service) / rate(raw)
         verdict = "OK" if ratio >= 0.3 else "MISSED"
-        print(f"{label:>9} | {rate(service):8.1f} | {rate(raw):11.1f} | {ratio:6.3f} | {verdict}")
+        print(
+            f"{label:>9} | {rate(service):8.1f} | {rate(raw):11.1f} | {ratio:6.3f} | "
+            f"{verdict:>13} | {rate(db):10.1f} | {rate(service) / rate(db):6.3f}"
+        )
+    print(
+        "(PostgreSQL: the same bytes upserted and committed, or selected, by psycopg alone; "
+        "its ratio is service / PostgreSQL)"
+    )
 
     print()
     print("sealing alone (encrypt_part / decrypt_part: envelope and binding, no database)")
