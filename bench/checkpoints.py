@@ -1,4 +1,4 @@
-"""Checkpoint write cost vs stored size, and encrypt/decrypt throughput by part size.
+"""Checkpoint write cost vs stored size, and 64 KiB parts written and read against raw AES-GCM.
 
 Run with `make bench` (or `.venv/bin/python bench/checkpoints.py`). Not part of the test suite.
 
@@ -9,10 +9,17 @@ measures, and drops it at the end, also on failure. In one run:
 - the time of one fenced `checkpoint_write` that changes one 1 KiB part, for a run that stores
   1 part and for a run that stores 1,000 parts, interleaved so drift hits both alike; the
   ratio (target <= 1.2) shows a write costs what it changes, not what the run stores;
-- AES-256-GCM encrypt and decrypt (envelope + binding checks included) of 1 KiB, 64 KiB and
-  1 MiB parts.
+- 64 KiB parts written (`checkpoint_write`, 64 parts a write: encryption, the fence, the
+  upsert, the audit row, commit) and read (`checkpoint_load`: one query, decryption, the
+  binding checks) against raw AES-256-GCM (`cryptography`'s AESGCM, a 32-byte key, a fresh
+  nonce and associated data per part) of the same contents' bytes, in rounds that alternate
+  them so drift hits all alike; the throughput ratio (target >= 0.3 for both); beside them
+  PostgreSQL alone storing and reading the same bytes (psycopg, binary), the ceiling;
+- the sealing layer alone (`encrypt_part`/`decrypt_part`, no database) for 1 KiB, 64 KiB and
+  1 MiB parts, beside raw AES-GCM of the same bytes.
 
-Options: --iterations N (default 300 writes per path), --keep-db.
+Options: --iterations N (default 300 writes per path; the 64 KiB rounds are N/10, at least 3),
+--keep-db.
 """
 
 from __future__ import annotations
@@ -94,7 +101,6 @@ def main() -> int:
 
 
 def run_bench(iterations: int) -> None:
-    from checkpoints.crypto import Binding, decrypt_part, encrypt_part, keyring
     from checkpoints.services import (
         CheckpointOwner,
         checkpoint_write,
@@ -178,22 +184,128 @@ def run_bench(iterations: int) -> None:
     verdict = "OK" if ratio <= 1.2 else "MISSED"
     print(f"ratio 1,000 / 1 (median): {ratio:.3f}  (target <= 1.2: {verdict})")
 
+    fresh, fresh_owner = native_run()  # holds only the 64 KiB parts
+    parts_bench(fresh, fresh_owner, write, rounds=max(3, iterations // 10))
+
+
+def session_text(size: int) -> str:
+    """`size` bytes of ASCII shaped like a session log (JSON lines: quotes to escape)."""
+    line = '{"type":"assistant","text":"step %06d: ran \\"make test\\", 3 passed"}\n'
+    text = "".join(line % i for i in range(size // len(line % 0) + 1))
+    return text[:size]
+
+
+def raw_seal(aead: Any, plaintexts: list[bytes], aad: bytes) -> list[tuple[bytes, bytes]]:
+    return [(nonce, aead.encrypt(nonce, p, aad)) for p in plaintexts for nonce in [os.urandom(12)]]
+
+
+def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -> None:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from checkpoints.crypto import Binding, decrypt_part, encrypt_part, keyring
+    from checkpoints.selectors import checkpoint_load
+
+    per_write, size = 64, 64 * 1024
+    names = [f"part-{i:02d}" for i in range(per_write)]
+    contents = {name: session_text(size - 2) + f"{i:02d}" for i, name in enumerate(names)}
+    plaintexts = [text.encode() for text in contents.values()]
+    aead = AESGCM(os.urandom(32))  # same key size as the checkpoint keys
+    aad = b'["paperclip_aes256gcm_v1","company","issue","run","part","keyid"]'
+    binding = Binding(run.company_id, run.native_issue_id, run.pk)
+    write(run, owner, contents)  # warm-up, and the parts the reads read
+    assert checkpoint_load(binding=binding) == contents
+
+    # PostgreSQL alone: the same bytes upserted (bound server-side, in binary) and committed,
+    # then read back in binary, on a connection of its own: the ceiling for the service.
+    pg = psycopg.connect(os.environ["DATABASE_URL"])
+    pg.execute("CREATE TEMP TABLE bench_bytes (id int PRIMARY KEY, b bytea NOT NULL)")
+    upsert = (
+        "INSERT INTO bench_bytes (id, b) VALUES "
+        + ", ".join(["(%s, %b)"] * per_write)
+        + " ON CONFLICT (id) DO UPDATE SET b = EXCLUDED.b"
+    )
+
+    def pg_write(sealed: list[tuple[bytes, bytes]]) -> None:
+        pg.execute(upsert, [v for i, (_, box) in enumerate(sealed) for v in (i, box)])
+        pg.commit()
+
+    def pg_read() -> None:
+        pg.cursor(binary=True).execute("SELECT id, b FROM bench_bytes ORDER BY id").fetchall()
+        pg.commit()
+
+    raw_enc: list[float] = []
+    raw_dec: list[float] = []
+    svc_write: list[float] = []
+    svc_read: list[float] = []
+    db_write: list[float] = []
+    db_read: list[float] = []
+    try:
+        for _ in range(rounds):
+            raw_enc.append(timed(lambda: raw_seal(aead, plaintexts, aad)))
+            sealed = raw_seal(aead, plaintexts, aad)
+            db_write.append(timed(lambda s=sealed: pg_write(s)))
+            svc_write.append(timed(lambda: write(run, owner, contents)))
+            raw_dec.append(timed(lambda s=sealed: [aead.decrypt(n, c, aad) for n, c in s]))
+            db_read.append(timed(pg_read))
+            svc_read.append(timed(lambda: checkpoint_load(binding=binding)))
+    finally:
+        pg.close()
+
+    mib = per_write * size / (1024 * 1024)
+
+    def rate(values: list[float]) -> float:
+        return mib / statistics.median(values)
+
     print()
+    print(f"64 KiB parts, {per_write} a write or read, {rounds} rounds (median MiB/s of contents)")
+    header = (
+        "operation",
+        "service",
+        "raw AES-GCM",
+        "ratio",
+        "target >= 0.3",
+        "PostgreSQL",
+        "ratio",
+    )
+    widths = (9, 8, 11, 6, 13, 10, 6)
+    print(" | ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
+    for label, service, raw, db in (
+        ("write", svc_write, raw_enc, db_write),
+        ("read", svc_read, raw_dec, db_read),
+    ):
+        ratio = rate(service) / rate(raw)
+        verdict = "OK" if ratio >= 0.3 else "MISSED"
+        print(
+            f"{label:>9} | {rate(service):8.1f} | {rate(raw):11.1f} | {ratio:6.3f} | "
+            f"{verdict:>13} | {rate(db):10.1f} | {rate(service) / rate(db):6.3f}"
+        )
+    print(
+        "(PostgreSQL: the same bytes upserted and committed, or selected, by psycopg alone; "
+        "its ratio is service / PostgreSQL)"
+    )
+
+    print()
+    print("sealing alone (encrypt_part / decrypt_part: envelope and binding, no database)")
     ring = keyring()
     key = ring.primary
-    binding = Binding(company.pk, large.native_issue_id, large.pk)  # type: ignore[arg-type]
-    header = ("part size", "encrypt MiB/s", "decrypt MiB/s", "enc ops/s", "dec ops/s")
-    print(" | ".join(f"{h:>{w}}" for h, w in zip(header, (9, 13, 13, 9, 9), strict=True)))
-    print(f"{'-' * 9}-+-{'-' * 13}-+-{'-' * 13}-+-{'-' * 9}-+-{'-' * 9}")
-    for label, size in (("1 KiB", 1024), ("64 KiB", 64 * 1024), ("1 MiB", 1024 * 1024)):
-        contents = "y" * size
-        n = max(20, min(5000, (64 * 1024 * 1024) // size))
-        material = encrypt_part(binding, "p", contents, key)
-        enc = timed(lambda c=contents, n=n: [encrypt_part(binding, "p", c, key) for _ in range(n)])
-        dec = timed(lambda m=material, n=n: [decrypt_part(binding, "p", m, ring) for _ in range(n)])
-        mib = n * size / (1024 * 1024)
+    header = ("part size", "seal MiB/s", "raw enc MiB/s", "open MiB/s", "raw dec MiB/s")
+    print(" | ".join(f"{h:>{w}}" for h, w in zip(header, (9, 10, 13, 10, 13), strict=True)))
+    print(f"{'-' * 9}-+-{'-' * 10}-+-{'-' * 13}-+-{'-' * 10}-+-{'-' * 13}")
+    for label, nbytes in (("1 KiB", 1024), ("64 KiB", size), ("1 MiB", 1024 * 1024)):
+        text = session_text(nbytes)
+        data = [text.encode()]
+        n = max(20, min(5000, (64 * 1024 * 1024) // nbytes))
+        part = encrypt_part(binding, "p", text, key)
+        nonce, box = raw_seal(aead, data, aad)[0]
+        enc = timed(lambda t=text, n=n: [encrypt_part(binding, "p", t, key) for _ in range(n)])
+        raw_e = timed(lambda d=data, n=n: [raw_seal(aead, d, aad) for _ in range(n)])
+        dec = timed(lambda m=part, n=n: [decrypt_part(binding, "p", m, ring) for _ in range(n)])
+        raw_d = timed(lambda x=nonce, b=box, n=n: [aead.decrypt(x, b, aad) for _ in range(n)])
+        total = n * nbytes / (1024 * 1024)
         print(
-            f"{label:>9} | {mib / enc:13.1f} | {mib / dec:13.1f} | {n / enc:9.0f} | {n / dec:9.0f}"
+            f"{label:>9} | {total / enc:10.1f} | {total / raw_e:13.1f} | "
+            f"{total / dec:10.1f} | {total / raw_d:13.1f}"
         )
 
 

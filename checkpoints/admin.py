@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models.fields.json import KT
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
@@ -32,7 +31,7 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
     search_fields = ("part", "=run__id", "=issue__id")
     list_select_related = ("company",)
     ordering = ("-updated_at",)
-    # `material` (the ciphertext envelope) is deliberately absent from every view.
+    # The sealed part (nonce, ciphertext) is deliberately absent from every view.
     fields = ("part", "run", "issue", "company", "size_bytes", "key_id", "created_at", "updated_at")
     readonly_fields = fields
     show_full_result_count = False
@@ -40,12 +39,7 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
     def get_queryset(self, request: HttpRequest) -> Any:
         # Company-scoped by ReadOnlyAdmin. Never load the (possibly megabytes of) ciphertext
         # just to render a list.
-        return (
-            super()
-            .get_queryset(request)
-            .defer("material")
-            .annotate(material_key_id=KT("material__keyId"))
-        )
+        return super().get_queryset(request).defer("nonce", "ciphertext")
 
     @admin.display(description="run", ordering="run_id")
     def run_link(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
@@ -54,7 +48,3 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
     @admin.display(description="issue", ordering="issue_id")
     def issue_link(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
         return admin_id_link(Issue, obj.issue_id)
-
-    @admin.display(description="key id", ordering="material_key_id")
-    def key_id(self, obj: NativeRunnerCheckpoint) -> str:
-        return getattr(obj, "material_key_id", None) or "-"

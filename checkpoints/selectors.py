@@ -6,18 +6,20 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.db.models import Exists, Func, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
-from checkpoints.crypto import Binding, decrypt_part, envelope_key_id, read_keyring
+from checkpoints.crypto import Binding, Sealed, decrypt_part, read_keyring
 from checkpoints.errors import (
     CheckpointBindingMismatch,
     CheckpointUnreadable,
     ControllerLeaseRunNotNative,
 )
-from checkpoints.models import NativeRunnerCheckpoint
+from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint
+from paperclip.db.bound import bound_cursor
 from paperclip.errors import NotFoundError, PermissionDenied
 from paperclip.models import HeartbeatRun, NativeRunFinalization
 from paperclip.observability import metrics
@@ -68,14 +70,29 @@ def runner_run_get(*, run_id: UUID, agent_id: UUID | None) -> RunnerRun:
     )
 
 
-def _scoped_parts(binding: Binding) -> list[tuple[str, object]]:
-    return list(
+def _scoped_parts(binding: Binding) -> list[tuple[str, Sealed]]:
+    rows = _binary_rows(
         NativeRunnerCheckpoint.objects.filter(
             company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
         )
         .order_by("part")
-        .values_list("part", "material")
+        .values_list("part", *SEALED_FIELDS)
     )
+    return [(part, _sealed(*columns)) for part, *columns in rows]
+
+
+def _binary_rows(rows: QuerySet[Any, Any]) -> list[tuple[Any, ...]]:
+    """The queryset's rows read in binary: the ORM's SQL, but the ciphertext arrives as bytes
+    rather than as hex text twice its size (paperclip/db/bound.py)."""
+    sql, params = rows.query.sql_with_params()
+    with bound_cursor(binary=True) as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def _sealed(scheme: str, key_id: str, nonce: Any, ciphertext: Any) -> Sealed:
+    # bytes() of a bytes object is the object itself; a memoryview (other drivers) is copied.
+    return Sealed(scheme=scheme, key_id=key_id, nonce=bytes(nonce), ciphertext=bytes(ciphertext))
 
 
 def checkpoint_load(*, binding: Binding) -> dict[str, str]:
@@ -90,7 +107,7 @@ def checkpoint_load(*, binding: Binding) -> dict[str, str]:
         return {}
     ring = read_keyring()
     try:
-        parts = {part: decrypt_part(binding, part, material, ring) for part, material in rows}
+        parts = {part: decrypt_part(binding, part, sealed, ring) for part, sealed in rows}
     except CheckpointUnreadable:
         metrics.CHECKPOINT_UNREADABLE_PARTS.inc()
         raise
@@ -101,21 +118,20 @@ def checkpoint_load(*, binding: Binding) -> dict[str, str]:
 
 def checkpoint_header_load(*, binding: Binding) -> str | None:
     """The decrypted `header` part, or None when it is missing or unreadable for any reason."""
-    material = (
+    rows = _binary_rows(
         NativeRunnerCheckpoint.objects.filter(
             company_id=binding.company_id,
             issue_id=binding.issue_id,
             run_id=binding.run_id,
             part=HEADER_PART,
-        )
-        .values_list("material", flat=True)
-        .first()
+        ).values_list(*SEALED_FIELDS)
     )
-    if material is None:
+    if not rows:
         return None
+    row = rows[0]
     started = time.perf_counter()
     try:
-        header = decrypt_part(binding, HEADER_PART, material, read_keyring())
+        header = decrypt_part(binding, HEADER_PART, _sealed(*row), read_keyring())
     except Exception:
         # A header that cannot be read is "no header", never an error (but it is counted).
         metrics.CHECKPOINT_UNREADABLE_PARTS.inc()
@@ -172,11 +188,11 @@ def checkpoint_parts_list(*, binding: Binding) -> list[PartInfo]:
             company_id=binding.company_id, issue_id=binding.issue_id, run_id=binding.run_id
         )
         .order_by("part")
-        .values_list("part", "size_bytes", "material", "created_at", "updated_at")
+        .values_list("part", "size_bytes", "key_id", "created_at", "updated_at")
     )
     return [
-        PartInfo(part=p, size_bytes=s, key_id=envelope_key_id(m), created_at=c, updated_at=u)
-        for p, s, m, c, u in rows
+        PartInfo(part=p, size_bytes=s, key_id=k or None, created_at=c, updated_at=u)
+        for p, s, k, c, u in rows
     ]
 
 

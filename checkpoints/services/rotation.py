@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
-from django.db.models.fields.json import KT
+from django.db.models import QuerySet
 
 from checkpoints import locks
 from checkpoints.crypto import Binding, KeyUnavailable, decrypt_part, encrypt_part, keyring
 from checkpoints.errors import CheckpointUnreadable
-from checkpoints.models import NativeRunnerCheckpoint
+from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint
 from paperclip.activity import activity_record
 from paperclip.db.locking import busy_on_lock_timeout, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
@@ -35,10 +34,8 @@ ROTATION_BATCH_MAX_BYTES = 64 * 1024 * 1024
 def _parts_not_under(
     key_id: str, parts: QuerySet[NativeRunnerCheckpoint]
 ) -> QuerySet[NativeRunnerCheckpoint]:
-    """`parts` whose envelope's keyId IS DISTINCT FROM `key_id` (missing and null included)."""
-    return parts.alias(envelope_key_id=KT("material__keyId")).filter(
-        Q(envelope_key_id__isnull=True) | ~Q(envelope_key_id=key_id)
-    )
+    """`parts` not sealed under `key_id`."""
+    return parts.exclude(key_id=key_id)
 
 
 def checkpoint_key_rotate_batch(
@@ -81,7 +78,7 @@ def checkpoint_key_rotate_batch(
             rows = list(
                 _parts_not_under(primary.key_id, locks.checkpoint_parts_for_update())
                 .filter(pk__in=candidates)
-                .only("company_id", "issue_id", "run_id", "part", "material")
+                .only("company_id", "issue_id", "run_id", "part", *SEALED_FIELDS)
             )
         last_id = candidates[-1]
         reencrypted: list[NativeRunnerCheckpoint] = []
@@ -90,15 +87,17 @@ def checkpoint_key_rotate_batch(
         for row in rows:
             binding = Binding(company_id=row.company_id, issue_id=row.issue_id, run_id=row.run_id)
             try:
-                contents = decrypt_part(binding, row.part, row.material, ring)
+                contents = decrypt_part(binding, row.part, row.sealed, ring)
             except CheckpointUnreadable as exc:
                 unreadable.append((row.pk, row.part, str(exc.details.get("reason"))))
                 continue
-            from_keys.add(str(row.material.get("keyId")))
-            row.material = encrypt_part(binding, row.part, contents, primary)
+            from_keys.add(row.key_id)
+            sealed = encrypt_part(binding, row.part, contents, primary)
+            row.scheme, row.key_id = sealed.scheme, sealed.key_id
+            row.nonce, row.ciphertext = sealed.nonce, sealed.ciphertext
             reencrypted.append(row)
         if reencrypted:
-            NativeRunnerCheckpoint.objects.bulk_update(reencrypted, ["material"])
+            NativeRunnerCheckpoint.objects.bulk_update(reencrypted, list(SEALED_FIELDS))
             activity_record(
                 company_id=None,
                 actor_type="system",

@@ -17,12 +17,13 @@ from django.db.models import Exists, OuterRef, TextField
 from django.db.models.functions import Cast
 
 from checkpoints import locks
-from checkpoints.crypto import Binding, encrypt_part, keyring
+from checkpoints.crypto import Binding, CheckpointKey, encrypt_part, keyring
 from checkpoints.errors import CheckpointBindingMismatch, CheckpointOwnerLost
-from checkpoints.models import NativeRunnerCheckpoint, NativeRunnerCheckpointWork
+from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from checkpoints.selectors import runner_run_get
 from checkpoints.services.shared import live_run_recovery_notify
 from paperclip.activity import activity_record
+from paperclip.db.bound import bound_cursor
 from paperclip.db.clock import ClockTimestamp
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest
@@ -245,17 +246,7 @@ def checkpoint_write(
     binding = run.binding
     authority_run_id = owner.authority_run_id or run.run_id
     key = keyring(create=True).primary
-    parts = [
-        NativeRunnerCheckpoint(
-            company_id=binding.company_id,
-            issue_id=binding.issue_id,
-            run_id=binding.run_id,
-            part=name,
-            material=encrypt_part(binding, name, contents, key),
-            size_bytes=len(contents.encode("utf-8")),
-        )
-        for name, contents in changed.items()
-    ]
+    parts = [_part_row(binding, name, contents, key) for name, contents in changed.items()]
     work_ids = list(dict.fromkeys(work_command_ids))
 
     with transaction.atomic(durable=True):
@@ -307,6 +298,23 @@ def checkpoint_write(
     )
 
 
+def _part_row(
+    binding: Binding, name: str, contents: str, key: CheckpointKey
+) -> NativeRunnerCheckpoint:
+    sealed = encrypt_part(binding, name, contents, key)
+    return NativeRunnerCheckpoint(
+        company_id=binding.company_id,
+        issue_id=binding.issue_id,
+        run_id=binding.run_id,
+        part=name,
+        scheme=sealed.scheme,
+        key_id=sealed.key_id,
+        nonce=sealed.nonce,
+        ciphertext=sealed.ciphertext,
+        size_bytes=len(contents.encode("utf-8")),
+    )
+
+
 def _parts_apply(
     binding: Binding, reset: bool, removed: Sequence[str], parts: list[NativeRunnerCheckpoint]
 ) -> int:
@@ -320,15 +328,32 @@ def _parts_apply(
             if not reset:
                 doomed = doomed.filter(part__in=removed)
             removed_count, _ = doomed.delete()
-        if parts:
-            # created_at/updated_at are left to their database default (now).
-            NativeRunnerCheckpoint.objects.bulk_create(
-                parts,
-                update_conflicts=True,
-                unique_fields=["run", "part"],
-                update_fields=["material", "size_bytes", "updated_at"],
-            )
+        _parts_upsert(parts)
     return removed_count
+
+
+# What bulk_create(update_conflicts=True) would send, but bound server-side: Django's cursors
+# write each ciphertext into the SQL text as hex, which cost a 64 KiB part more than its
+# encryption (paperclip/db/bound.py). created_at/updated_at take their default (now).
+_UPSERT_COLUMNS = ("id", "company_id", "issue_id", "run_id", "part", *SEALED_FIELDS, "size_bytes")
+_UPSERT_SQL = (  # built from constants only; the values are bound parameters
+    f"INSERT INTO {NativeRunnerCheckpoint._meta.db_table} ({', '.join(_UPSERT_COLUMNS)}) "  # noqa: S608
+    "VALUES {rows} ON CONFLICT (run_id, part) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in (*SEALED_FIELDS, "size_bytes", "updated_at"))
+)
+_UPSERT_ROW = f"({', '.join(['%s'] * len(_UPSERT_COLUMNS))})"
+_UPSERT_ROWS_PER_STATEMENT = 1000  # PostgreSQL takes at most 65,535 parameters a statement
+
+
+def _parts_upsert(parts: list[NativeRunnerCheckpoint]) -> None:
+    require_transaction()
+    with bound_cursor() as cursor:
+        for start in range(0, len(parts), _UPSERT_ROWS_PER_STATEMENT):
+            chunk = parts[start : start + _UPSERT_ROWS_PER_STATEMENT]
+            cursor.execute(
+                _UPSERT_SQL.format(rows=", ".join([_UPSERT_ROW] * len(chunk))),
+                [getattr(part, column) for part in chunk for column in _UPSERT_COLUMNS],
+            )
 
 
 def _work_remember(binding: Binding, lease_owner: str, work_ids: list[str]) -> None:

@@ -77,7 +77,7 @@ def console_lookup(*, query: str, company_ids: Collection[Any] | None) -> list[L
             ("company", scoped(Company.objects.filter(pk=uid), field="id")),
             (
                 "checkpoint part",
-                scoped(NativeRunnerCheckpoint.objects.filter(pk=uid).defer("material")),
+                scoped(NativeRunnerCheckpoint.objects.filter(pk=uid).defer("nonce", "ciphertext")),
             ),
         ]
     else:

@@ -336,8 +336,10 @@ def test_ciphertext_copied_from_another_row_is_422_naming_the_part(
     donor_client = make_agent_client(donor.run.agent)
     put(donor_client, donor, acquire(donor_client, donor).json(), changed={"log": "theirs"})
     put(runner, fin, acquire(runner, fin).json(), changed={"header": "H", "log": "mine"})
-    stolen = NativeRunnerCheckpoint.objects.get(run=donor.run, part="log").material
-    NativeRunnerCheckpoint.objects.filter(run=fin.run, part="log").update(material=stolen)
+    stolen = NativeRunnerCheckpoint.objects.get(run=donor.run, part="log")
+    NativeRunnerCheckpoint.objects.filter(run=fin.run, part="log").update(
+        key_id=stolen.key_id, nonce=stolen.nonce, ciphertext=stolen.ciphertext
+    )
     res = runner.get(url(fin))
     err = assert_error(res, 422, "native_runner_checkpoint_unreadable")
     assert err["details"]["part"] == "log"
@@ -359,7 +361,7 @@ def test_without_any_key_reads_are_422_and_never_create_the_key_file(
     assert res.json()["error"]["details"] == {
         "part": "header",
         "reason": "key_unavailable",
-        "key_id": NativeRunnerCheckpoint.objects.get(run=fin.run).material["keyId"],
+        "key_id": NativeRunnerCheckpoint.objects.get(run=fin.run).key_id,
     }
     assert runner.get(url(fin, "checkpoint/header")).json() == {"header": None}
     assert runner.get(url(fin, "checkpoint/parts")).status_code == 200

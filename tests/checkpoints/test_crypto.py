@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import stat
 import subprocess
@@ -16,9 +17,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
 from checkpoints.crypto import (
+    SCHEME,
+    SCHEME_V1,
     Binding,
     CheckpointKey,
     KeyRing,
+    Sealed,
     _associated_data,
     decrypt_part,
     encrypt_part,
@@ -30,7 +34,7 @@ from checkpoints.crypto import (
     read_keyring,
 )
 from checkpoints.errors import CheckpointUnreadable
-from checkpoints.models import NativeRunnerCheckpoint
+from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint
 from checkpoints.selectors import checkpoint_load, runner_run_get
 from checkpoints.services import checkpoint_key_rotate_batch, checkpoint_write
 from paperclip.models import ActivityEvent
@@ -50,10 +54,10 @@ def unreadable_reason(binding: Binding, part: str, material: Any) -> str:
 def test_round_trip_and_fresh_nonce_per_encryption() -> None:
     a = encrypt_part(B1, "header", "contents", KEY)
     b = encrypt_part(B1, "header", "contents", KEY)
-    assert a["nonce"] != b["nonce"]
-    assert a["ciphertext"] != b["ciphertext"]
-    assert len(base64.b64decode(a["nonce"])) == 12
-    assert a["keyId"] == KEY.key_id
+    assert a.nonce != b.nonce
+    assert a.ciphertext != b.ciphertext
+    assert len(a.nonce) == 12
+    assert a.key_id == KEY.key_id
     assert decrypt_part(B1, "header", a, keyring()) == "contents"
 
 
@@ -78,7 +82,7 @@ def test_key_id_is_bound_too() -> None:
     id proves nothing here: that key fails to decrypt whatever the bound data holds.)"""
     alias = CheckpointKey(key_id="alias-of-the-same-secret", secret=KEY.secret, aead=KEY.aead)
     material = encrypt_part(B1, "p", "x", KEY)
-    relabelled = {**material, "keyId": alias.key_id}
+    relabelled = dataclasses.replace(material, key_id=alias.key_id)
     ring = type(keyring())(keys=(KEY, alias), source="settings")
     assert decrypt_part(B1, "p", material, ring) == "x"
     with pytest.raises(CheckpointUnreadable) as exc:
@@ -89,25 +93,24 @@ def test_key_id_is_bound_too() -> None:
 @pytest.mark.parametrize("field", ["ciphertext", "nonce"])
 def test_a_flipped_bit_is_rejected(field: str) -> None:
     material = encrypt_part(B1, "p", "contents", KEY)
-    raw = bytearray(base64.b64decode(material[field]))
+    raw = bytearray(getattr(material, field))
     raw[len(raw) // 2] ^= 0x01
-    tampered = {**material, field: base64.b64encode(bytes(raw)).decode()}
+    tampered = dataclasses.replace(material, **{field: bytes(raw)})
     assert unreadable_reason(B1, "p", tampered) == "authentication_failed"
 
 
 @pytest.mark.parametrize(
-    ("material", "reason"),
+    "change",
     [
-        ("not a dict", "malformed_envelope"),
-        ({"scheme": "local_encrypted_v1"}, "malformed_envelope"),
-        (
-            {"scheme": "paperclip_aes256gcm_v1", "keyId": "k", "nonce": "!!", "ciphertext": ""},
-            "malformed_envelope",
-        ),
+        {"scheme": "local_encrypted_v1"},
+        {"scheme": ""},
+        {"nonce": bytes(11)},
+        {"ciphertext": bytes(15)},  # shorter than GCM's tag
     ],
 )
-def test_malformed_envelopes_are_unreadable_not_crashes(material: Any, reason: str) -> None:
-    assert unreadable_reason(B1, "p", material) == reason
+def test_malformed_envelopes_are_unreadable_not_crashes(change: dict[str, Any]) -> None:
+    material = dataclasses.replace(encrypt_part(B1, "p", "x", KEY), **change)
+    assert unreadable_reason(B1, "p", material) == "malformed_envelope"
 
 
 def test_unknown_key_is_reported(settings: Any) -> None:
@@ -258,9 +261,7 @@ def test_rotation_reencrypts_everything_keeps_it_readable_and_audits_per_batch(
     assert "7 part(s) under other keys" in text
     assert "batch 3: re-encrypted 1" in text
     assert "0 part(s) remain under other keys" in text
-    key_ids = {
-        m["keyId"] for m in NativeRunnerCheckpoint.objects.values_list("material", flat=True)
-    }
+    key_ids = set(NativeRunnerCheckpoint.objects.values_list("key_id", flat=True))
     assert key_ids == {KEY.key_id}
     assert ActivityEvent.objects.filter(action="checkpoint_key.rotated").count() == 3
     # Readable with the new primary alone: nothing is left under the old key.
@@ -295,7 +296,7 @@ def test_rotation_reports_parts_whose_key_is_lost_and_leaves_them(settings: Any)
     settings.PAPERCLIP_CHECKPOINT_KEYS = [OLD_KEY]
     _write_parts(2)
     rows = NativeRunnerCheckpoint.objects.order_by("part")
-    before = list(rows.values_list("part", "material"))
+    before = list(rows.values_list("part", *SEALED_FIELDS))
     settings.PAPERCLIP_CHECKPOINT_KEYS = [TEST_KEY]  # the old key is gone
     out = StringIO()
     with pytest.raises(CommandError, match="2 part"):
@@ -303,7 +304,7 @@ def test_rotation_reports_parts_whose_key_is_lost_and_leaves_them(settings: Any)
     # Each lost part is named, and left exactly as it was.
     assert "unreadable part 'p0'" in out.getvalue()
     assert "unreadable part 'p1'" in out.getvalue()
-    assert list(rows.values_list("part", "material")) == before
+    assert list(rows.values_list("part", *SEALED_FIELDS)) == before
     assert not ActivityEvent.objects.filter(action="checkpoint_key.rotated").exists()
 
 
@@ -338,10 +339,11 @@ def test_both_base64_alphabets_are_read_and_stray_characters_are_refused() -> No
         parse_key(standard[:20] + "!" + standard[20:])
 
 
-@pytest.mark.parametrize("missing", ["keyId", "nonce", "ciphertext"])
-def test_an_envelope_missing_any_one_field_is_malformed(missing: str) -> None:
-    material = encrypt_part(B1, "p", "x", KEY)
-    del material[missing]
+@pytest.mark.parametrize(
+    "missing", [{"key_id": ""}, {"nonce": b""}, {"ciphertext": b""}], ids=lambda m: next(iter(m))
+)
+def test_an_envelope_missing_any_one_field_is_malformed(missing: dict[str, Any]) -> None:
+    material = dataclasses.replace(encrypt_part(B1, "p", "x", KEY), **missing)
     assert unreadable_reason(B1, "p", material) == "malformed_envelope"
 
 
@@ -389,34 +391,54 @@ GOLDEN_BINDING = Binding(
     uuid.UUID("22222222-2222-4222-8222-222222222222"),
     uuid.UUID("33333333-3333-4333-8333-333333333333"),
 )
-GOLDEN = {
-    "scheme": "paperclip_aes256gcm_v1",
-    "keyId": "630dcd2966c4",
-    "nonce": "Cph3zv/L3/tAGw0H",
-    "ciphertext": (
+# Written as base64 (the form parts were stored in before the bytea columns), decoded here.
+GOLDEN = Sealed(
+    scheme="paperclip_aes256gcm_v1",
+    key_id="630dcd2966c4",
+    nonce=base64.b64decode("Cph3zv/L3/tAGw0H"),
+    ciphertext=base64.b64decode(
         "ReuDPF5vBXxKy7uNkn/Qb9eRkVdsMucHl3AY3sHiiff9G5FQaEezu+oBlFKeoGZ1whYpGS/WUpb5ynFv6jZII+n8"
         "i4apjff0BQVflMCf1wqe8rYQ1XqXUs5JRvHN+d2VuS95aWVRwoHyI4U47132ISoUO5dAVL9q8hRlW8hxsaQyxx0o"
         "iWoOYzGhwDTcp9UIa+poCSBoHJk2k0mMY0YG2CfiVauVO3UVb/3gc/C5RC42R6SrNhsL3OQvbpdYJYe5bjjTZmec"
         "42zLTQ=="
     ),
-}
+)
 
 
-def test_a_part_written_before_stays_readable_byte_for_byte() -> None:
+# The same, sealed as v2 (the binding as JSON, a newline, the contents' bytes).
+GOLDEN_V2 = Sealed(
+    scheme="paperclip_aes256gcm_v2",
+    key_id="630dcd2966c4",
+    nonce=base64.b64decode("Cpj3zv/73/tAGw0H"),
+    ciphertext=base64.b64decode(
+        "pm/BpCXqJoWmph3h74qfPnito3JpiUuCwccZOPZaMWyC6F6kWoH6nsooRkT3E2yOPnNJNzKO64GJaBLaKWXXt7vV"
+        "uIU+x0xQrwoP71RCG8/pTJYciAwq5s2gblqh3ViTtUQNA2HDJSOgpCzjUFa0b8v38yegho8Vtoh7G5RC1HadWADl"
+        "FmYS8H0PwZ82T2/CZSJy6wz7b1OYl4SPJFckGdE81jR3c0VgfYeLrCylDJNfcJMCJYjDzRvDxI/XCxaTWZsbxw=="
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("sealed", "contents"), [(GOLDEN, "contents é"), (GOLDEN_V2, 'contents é\n"line"')]
+)
+def test_a_part_written_before_stays_readable_byte_for_byte(sealed: Sealed, contents: str) -> None:
     ring = KeyRing(keys=(GOLDEN_KEY,), source="settings")
-    assert decrypt_part(GOLDEN_BINDING, "hé", GOLDEN, ring) == "contents é"
+    assert decrypt_part(GOLDEN_BINDING, "hé", sealed, ring) == contents
     with pytest.raises(CheckpointUnreadable) as caught:
-        decrypt_part(GOLDEN_BINDING, "he", GOLDEN, ring)
+        decrypt_part(GOLDEN_BINDING, "he", sealed, ring)
     assert caught.value.details["reason"] == "authentication_failed"
 
 
-@pytest.mark.parametrize("field", ["nonce", "ciphertext"])
-def test_a_stray_character_in_the_base64_is_malformed_not_decoded_leniently(field: str) -> None:
-    material = encrypt_part(B1, "p", "x", KEY)
-    value = material[field]
-    assert unreadable_reason(B1, "p", {**material, field: value[:8] + "!" + value[8:]}) == (
-        "malformed_envelope"
-    )
+def test_new_parts_are_v2_and_v1_parts_stay_readable() -> None:
+    v2 = encrypt_part(B1, "p", 'a "quoted"\nline é', KEY)
+    v1 = encrypt_part(B1, "p", 'a "quoted"\nline é', KEY, scheme=SCHEME_V1)
+    assert v2.scheme == SCHEME != SCHEME_V1 == v1.scheme
+    assert decrypt_part(B1, "p", v2, keyring()) == 'a "quoted"\nline é'
+    assert decrypt_part(B1, "p", v1, keyring()) == 'a "quoted"\nline é'
+    # The scheme is authenticated: a part relabelled to the other one fails to decrypt.
+    for sealed, other in ((v2, SCHEME_V1), (v1, SCHEME)):
+        relabelled = dataclasses.replace(sealed, scheme=other)
+        assert unreadable_reason(B1, "p", relabelled) == "authentication_failed"
 
 
 @pytest.mark.parametrize(
@@ -435,15 +457,30 @@ def test_an_authentic_envelope_naming_another_row_is_refused(wrong: dict[str, An
     }
     nonce = bytes(12)
     ciphertext = KEY.aead.encrypt(
-        nonce, json.dumps(envelope).encode(), _associated_data(B1, "p", KEY.key_id)
+        nonce, json.dumps(envelope).encode(), _associated_data(B1, "p", KEY.key_id, SCHEME_V1)
     )
-    material = {
-        "scheme": "paperclip_aes256gcm_v1",
-        "keyId": KEY.key_id,
-        "nonce": base64.b64encode(nonce).decode(),
-        "ciphertext": base64.b64encode(ciphertext).decode(),
-    }
+    material = Sealed(SCHEME_V1, KEY.key_id, nonce, ciphertext)
     assert unreadable_reason(B1, "p", material) == "binding"
+    # v2: the binding before the newline, the contents after it.
+    contents = envelope.pop("contents")
+    body = contents.encode() if isinstance(contents, str) else b"\xff"  # not UTF-8
+    plaintext = json.dumps(envelope).encode() + b"\n" + body
+    ciphertext = KEY.aead.encrypt(nonce, plaintext, _associated_data(B1, "p", KEY.key_id))
+    assert unreadable_reason(B1, "p", Sealed(SCHEME, KEY.key_id, nonce, ciphertext)) == "binding"
+
+
+def test_a_v2_plaintext_without_its_newline_is_refused() -> None:
+    plaintext = json.dumps(
+        {
+            "companyId": str(B1.company_id),
+            "issueId": str(B1.issue_id),
+            "runId": str(B1.run_id),
+            "part": "p",
+        }
+    ).encode()
+    ciphertext = KEY.aead.encrypt(bytes(12), plaintext, _associated_data(B1, "p", KEY.key_id))
+    sealed = Sealed(SCHEME, KEY.key_id, bytes(12), ciphertext)
+    assert unreadable_reason(B1, "p", sealed) == "binding"
 
 
 @pytest.mark.parametrize("create", ["writer", "operator"])

@@ -108,8 +108,9 @@ def test_active_owner_writes_removes_resets_and_counts_parts() -> None:
     assert stored(fin) == {"header": secret}
     row = NativeRunnerCheckpoint.objects.get(run=fin.run, part="header")
     assert row.size_bytes == len(secret)
-    assert secret not in str(row.material)  # encrypted at rest
-    assert set(row.material) == {"scheme", "keyId", "nonce", "ciphertext"}
+    assert secret.encode() not in bytes(row.ciphertext)  # encrypted at rest
+    assert len(bytes(row.nonce)) == 12
+    assert row.scheme == "paperclip_aes256gcm_v2"
     assert ActivityEvent.objects.filter(run=fin.run, action="checkpoint.written").count() == 3
 
 
@@ -469,7 +470,9 @@ def test_unreadable_part_is_named_and_header_reads_null() -> None:
     header_row = NativeRunnerCheckpoint.objects.get(run=fin.run, part="header")
     zzz_row = NativeRunnerCheckpoint.objects.get(run=fin.run, part="zzz")
     # Swap the two ciphertexts between rows of the same run.
-    NativeRunnerCheckpoint.objects.filter(pk=header_row.pk).update(material=zzz_row.material)
+    NativeRunnerCheckpoint.objects.filter(pk=header_row.pk).update(
+        nonce=zzz_row.nonce, ciphertext=zzz_row.ciphertext
+    )
     binding = runner_run_get(run_id=fin.run_id, agent_id=None).binding
     assert checkpoint_header_load(binding=binding) is None
     with pytest.raises(CheckpointUnreadable) as exc:

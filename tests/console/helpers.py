@@ -129,7 +129,10 @@ def expired_authority(company: Company) -> NativeRunFinalization:
         issue=b.issue,
         run=b.run,
         part="session.jsonl",
-        material={"scheme": "aes-256-gcm", "keyId": "k1", "nonce": "", "ciphertext": ""},
+        scheme="aes-256-gcm",
+        key_id="k1",
+        nonce=b"",
+        ciphertext=b"",
         size_bytes=2048,
     )
     return NativeRunFinalization.objects.get(pk=b.run.pk)
