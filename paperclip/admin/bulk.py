@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Final
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import IGNORED_PARAMS, PAGE_VAR
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -124,7 +125,7 @@ def bulk_summary(spec: BulkAction, result: BulkResult, *, seen: int | None) -> s
         for key, words in spec.outcomes.items()
         if result.done.counts[key]
     )
-    text = f"{spec.verb}: {acted} matching row(s) acted on, one at a time"
+    text = f"{spec.title}: {acted} row(s) acted on, one at a time"
     if seen is not None and seen != acted:
         text += f" ({seen} matched when you confirmed; the filter was read again)"
     text += f". Done: {counts or 'none'}. Refused: {result.refused}"
@@ -133,6 +134,26 @@ def bulk_summary(spec: BulkAction, result: BulkResult, *, seen: int | None) -> s
         more = result.refused - len(named)
         text += " (" + "; ".join(named) + (f"; and {more} more" if more else "") + ")"
     return text + "."
+
+
+def describe_filter(changelist: Any, request: HttpRequest) -> list[str]:
+    """The changelist's active filter in words ("status: Running", "search: builder"), read from
+    the filter specs the changelist already built (no query of its own)."""
+    words: list[str] = []
+    covered: set[str] = set()
+    for spec in changelist.filter_specs:
+        expected = set(spec.expected_parameters())
+        covered |= expected
+        if not expected & set(request.GET):
+            continue
+        chosen = [str(c["display"]) for c in spec.choices(changelist) if c.get("selected")]
+        words.append(f"{spec.title}: {', '.join(chosen) or '(none)'}")
+    for key, values in request.GET.lists():
+        if key not in covered and key not in (*IGNORED_PARAMS, PAGE_VAR):
+            words.append(f"{key} = {', '.join(values)}")
+    if changelist.query:
+        words.append(f"search: {changelist.query}")
+    return words
 
 
 class BulkByFilterMixin:
@@ -194,10 +215,11 @@ class BulkByFilterMixin:
         try:
             # The changelist's own filtering (filters, search, company scope), from the
             # querystring the link carried; the form posts back to the same URL.
-            queryset = model_admin.get_changelist_instance(request).queryset
+            changelist_instance = model_admin.get_changelist_instance(request)
         except IncorrectLookupParameters:
             model_admin.message_user(request, "That filter is not valid.", messages.ERROR)
             return HttpResponseRedirect(changelist)
+        queryset = changelist_instance.queryset
         form = BulkReasonForm(request.POST if request.method == "POST" else None)
         form.fields["reason"].help_text = spec.reason_help
         if form.is_bound and form.is_valid():
@@ -211,6 +233,7 @@ class BulkByFilterMixin:
             "title": spec.title,
             "opts": opts,
             "spec": spec,
+            "filter_words": describe_filter(changelist_instance, request),
             "count": min(matched, BULK_CAP),
             "too_many": matched > BULK_CAP,
             "cap": BULK_CAP,

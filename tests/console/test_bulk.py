@@ -68,6 +68,7 @@ def test_interrupt_all_200_matching_runs_with_one_refused(
 
     confirm = client.get(f"{RUNS_BULK}?{query}").content.decode()
     assert 'data-count="200"' in confirm
+    assert f"<code>company: {company.name}</code>" in confirm
     assert confirm.count("<tr data-pk=") == bulk.BULK_PREVIEW
     assert 'value="Interrupt all 200 matching"' in confirm
 
@@ -80,7 +81,7 @@ def test_interrupt_all_200_matching_runs_with_one_refused(
     )
     assert done.redirect_chain == [(f"{RUNS}?{query}", 302)]
     text = _messages(done.content.decode())
-    assert "Interrupt: 200 matching row(s) acted on" in text
+    assert "Interrupt every matching run: 200 row(s) acted on" in text
     assert "199 interrupted" in text
     assert (
         f"Refused: 1 (run {ended.pk}: invalid_run_transition "
@@ -132,6 +133,7 @@ def test_force_release_all_stale_leases_leaves_the_live_ones(company: Company) -
     assert "Force-release all 3 matching…" in listing
     confirm = client.get(f"{LEASES_BULK}?staleness=stale").content.decode()
     assert 'data-count="3"' in confirm
+    assert "<code>owner: Stale (any reason)</code>" in confirm
     done = client.post(
         f"{LEASES_BULK}?staleness=stale", {"reason": "issues closed", "seen": "3"}, follow=True
     )
@@ -154,7 +156,7 @@ def test_acting_reads_the_filter_again(company: Company) -> None:
     HeartbeatRun.objects.filter(pk=runs[0].pk).update(status="succeeded")
     done = client.post(f"{RUNS_BULK}?{query}", {"reason": "host gone", "seen": "3"}, follow=True)
     text = _messages(done.content.decode())
-    assert "Interrupt: 2 matching row(s) acted on" in text
+    assert "Interrupt every matching run: 2 row(s) acted on" in text
     assert "(3 matched when you confirmed; the filter was read again)" in text
     assert "Refused: 0." in text
 
@@ -167,6 +169,7 @@ def test_more_than_the_cap_is_refused_with_nothing_done(
     client = staff(company)
     confirm = client.get(RUNS_BULK).content.decode()
     assert "More than 3 rows match this filter" in confirm
+    assert "none (every row you may see)" in confirm
     assert 'name="apply"' not in confirm
     refused = client.post(RUNS_BULK, {"reason": "everything", "seen": "3"}).content.decode()
     assert "More than 3 rows match this filter" in refused
