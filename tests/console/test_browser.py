@@ -4,7 +4,8 @@ and sees it leave the dashboard; force-releases a stale lease from its page; int
 orphaned run from its page; meets a held run's hold first on its page, with the hold's
 confirmation in place of "Finalize now"; retries a failed environment cleanup now;
 force-releases an environment lease its provider left active; interrupts every run a filter
-matches from the list (count, preview, reason, per-row outcome); resolves a failed sandbox run's
+matches, and retries every failed cleanup one matches, from the list (count, preview,
+reason, per-row outcome); resolves a failed sandbox run's
 recovery action waiting for the board; and a staff
 user of one company never sees another company's objects on any console page.
 
@@ -226,6 +227,7 @@ def test_interrupt_every_run_matching_a_filter(page: Any) -> None:
     bulk_link.click()
     confirmation = page.locator("#bulk-confirmation")
     assert confirmation.get_attribute("data-count") == "15"
+    assert page.locator("#bulk-filter").inner_text() == "Filter: company: Acme Robotics"
     assert page.locator("#bulk-preview tbody tr").count() == 10
     shot(page, "bulk-confirmation")
     page.fill("textarea[name=reason]", "rack 7 lost power; every agent on it is gone")
@@ -240,6 +242,32 @@ def test_interrupt_every_run_matching_a_filter(page: Any) -> None:
     theirs.refresh_from_db()
     assert theirs.status == "running"
     assert len(live) == ActivityEvent.objects.filter(action="heartbeat_run.status_changed").count()
+
+
+def test_retry_every_failed_cleanup_a_filter_matches(page: Any) -> None:
+    company = CompanyFactory(name="Acme Robotics")
+    failed = [backing_off(company) for _ in range(4)]
+    EnvironmentLeaseFactory(company=company, status="active")  # not matched by the filter
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/leases/environmentlease/")
+    page.click('#changelist-filter a:has-text("Cleanup failed")')
+    bulk_link = page.locator('a.bulk-link[data-bulk="retry-cleanup"]')
+    assert bulk_link.text_content() == "Retry cleanup of all 4 matching…"
+    bulk_link.click()
+    assert page.locator("#bulk-confirmation").get_attribute("data-count") == "4"
+    assert "needs attention: Cleanup failed" in page.locator("#bulk-filter").inner_text()
+    shot(page, "bulk-retry-cleanup-confirmation")
+    page.fill("textarea[name=reason]", "provider outage over")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "4 reopened" in message
+    assert "Refused: 0." in message
+    shot(page, "bulk-retry-cleanup-result")
+    reopened = ActivityEvent.objects.filter(action="environment_lease.cleanup_retry_requested")
+    assert sorted(reopened.values_list("entity_id", flat=True)) == sorted(
+        str(lease.pk) for lease in failed
+    )
 
 
 def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: Any) -> None:
