@@ -17,9 +17,18 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from leases.admin import FORCE_RELEASE_BULK
+from leases.errors import RuntimeLeaseSuperseded
 from leases.models import WorkspaceRuntimeLease
+from paperclip.access import board_actor
 from paperclip.admin import bulk
-from paperclip.models import ActivityEvent, BoardMembership, Company, HeartbeatRun
+from paperclip.models import (
+    ActivityEvent,
+    BoardMembership,
+    Company,
+    ExecutionWorkspace,
+    HeartbeatRun,
+)
 from tests.console.helpers import stale_lease
 from tests.console.test_pages import staff
 from tests.leases.environment.factories import EnvironmentLeaseFactory, backing_off
@@ -222,3 +231,17 @@ def test_the_confirmation_page_reads_a_fixed_number_of_queries(
         page = client.get(url)
     assert page.status_code == 200
     assert page.content.decode().count("<tr data-pk=") == bulk.BULK_PREVIEW
+
+
+def test_a_lease_reclaimed_after_the_filter_read_it_is_refused_and_kept(company: Company) -> None:
+    """Each lease is released only at the generation the filter read: one reclaimed between
+    the batch's read and its turn belongs to an owner the operator never saw."""
+    stale_lease(company, "ws-reclaimed")
+    read = WorkspaceRuntimeLease.objects.get()
+    workspace = ExecutionWorkspace.objects.get(pk=read.execution_workspace_id)
+    claim(workspace, AgentFactory(company=company))  # the next claim reclaims the stale lane
+    user = UserFactory(is_superuser=True)
+    with pytest.raises(RuntimeLeaseSuperseded):
+        FORCE_RELEASE_BULK.act(board_actor(user), read, "issues closed")
+    assert WorkspaceRuntimeLease.objects.get().generation == read.generation + 1
+    assert not ActivityEvent.objects.filter(action="runtime_lease.force_released").exists()
