@@ -3,8 +3,9 @@ operator's "Force-release selected leases" action (confirmation page, reason, au
 
 Leases are state-bearing, so the change form is read-only and there is no add/delete: every
 change goes through `leases.services` (the admin's own transaction could not host their
-durable transactions anyway). The live stale reason of a whole page is computed in the one
-changelist query (`with_stale_reason`), never per row.
+durable transactions anyway). "Force-release all N matching…" runs the same service on every
+lease the list's filter matches (paperclip.admin.bulk). The live stale reason of a whole page
+is computed in the one changelist query (`with_stale_reason`), never per row.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from leases.selectors import (
     with_stale_reason,
 )
 from leases.services import runtime_lease_force_release
+from paperclip.access import Actor
+from paperclip.admin.bulk import BulkAction, BulkByFilterMixin
 from paperclip.admin.lists import FlatCostListMixin
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
@@ -99,6 +102,39 @@ class StaleReasonFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _force_release_one(actor: Actor, lease: WorkspaceRuntimeLease, reason: str) -> str:
+    # Pinned to the generation the filter matched: a lease reclaimed since is someone else's.
+    result = runtime_lease_force_release(
+        company_id=lease.company_id,
+        execution_workspace_id=lease.execution_workspace_id,
+        actor_type="user",
+        actor_id=actor.actor_id,
+        reason=reason,
+        expected_generation=lease.generation,
+    )
+    return "released" if result.released else "gone"
+
+
+FORCE_RELEASE_BULK = BulkAction(
+    slug="force-release",
+    action="force_release_selected",
+    verb="Force-release",
+    title="Force-release every matching runtime lease",
+    act=_force_release_one,
+    outcomes={"released": "released", "gone": "already gone (nothing written)"},
+    name=lambda lease: lease.execution_workspace,
+    explanation="Force-releasing deletes each workspace's lease whatever its owner, so the "
+    "next claim gets the workspace; a lease reclaimed since the filter matched it is kept "
+    "(refused: runtime_lease_superseded).",
+    reason_help="Why the owners are being evicted; kept in each lease's audit row.",
+    columns=(
+        ("Owner", lambda lease: lease.owner_key),
+        ("Stale reason", lambda lease: getattr(lease, STALE_REASON, None) or "— (owner live)"),
+        ("Expires", lambda lease: lease.expires_at),
+    ),
+)
+
+
 class ForceReleaseForm(forms.Form):
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
@@ -110,7 +146,7 @@ class ForceReleaseForm(forms.Form):
 
 @admin.register(WorkspaceRuntimeLease)
 class WorkspaceRuntimeLeaseAdmin(
-    FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin
+    BulkByFilterMixin, FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ModelAdmin
 ):
     # Key columns first: at 1400 px the stale reason and renewal must stay on screen.
     list_display = (
@@ -128,6 +164,7 @@ class WorkspaceRuntimeLeaseAdmin(
     search_fields = ("owner_key", "execution_workspace__name", "company__name")
     ordering = ("expires_at",)
     actions = ("force_release_selected",)
+    bulk_actions = (FORCE_RELEASE_BULK,)
     fields = (
         "company",
         "execution_workspace",

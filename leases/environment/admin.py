@@ -6,7 +6,8 @@ no change form can bypass the cleanup protocol's guards. Environments are editab
 records: every admin save writes an audit row, and they are archived (status), never deleted
 here, because deleting one would strand its leases' allocations. Staff users who are not
 superusers see only their companies' rows (environments without a company, the instance-scoped
-variant, only superusers).
+variant, only superusers). "Retry cleanup of all N matching…" runs the retry on every lease
+the list's filter matches (paperclip.admin.bulk).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from leases.environment.export_resume import (
 from leases.environment.lifecycle import environment_lease_force_release
 from leases.environment.services import environment_lease_cleanup_retry_now
 from leases.models import EnvironmentLease
-from paperclip.access import board_actor
+from paperclip.access import Actor, board_actor
+from paperclip.admin.bulk import BulkAction, BulkByFilterMixin
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     AuditedAdmin,
@@ -59,6 +61,41 @@ class ReasonForm(forms.Form):
         help_text="Why (for example: the provider's outage is over, or its agent is gone); "
         "kept in each lease's audit row.",
     )
+
+
+def _retry_cleanup_one(actor: Actor, lease: EnvironmentLease, reason: str) -> str:
+    answer = environment_lease_cleanup_retry_now(
+        company_ids=actor.company_ids,
+        lease_id=lease.pk,
+        actor_type=actor.actor_type,
+        actor_id=actor.actor_id,
+        reason=reason,
+    )
+    return "reopened" if answer.reopened else "already_pending"
+
+
+RETRY_CLEANUP_BULK = BulkAction(
+    slug="retry-cleanup",
+    action="retry_cleanup_now",
+    verb="Retry cleanup of",
+    title="Retry the cleanup of every matching environment lease now",
+    act=_retry_cleanup_one,
+    outcomes={
+        "reopened": "reopened (the provider's next claim takes each; the outcome shows in "
+        "each lease's cleanup status)",
+        "already_pending": "already pending with no back-off (nothing written)",
+    },
+    name=lambda lease: f"lease {lease.pk}",
+    explanation="Retrying reopens each failed or backing-off cleanup at once, as the retry "
+    "sweep does when the back-off is over. A lease that is not pending cleanup, or whose "
+    "cleanup a provider holds right now, is refused and left as it is.",
+    reason_help="Why (for example: the provider's outage is over); kept in each lease's audit row.",
+    columns=(
+        ("Provider", lambda lease: lease.provider),
+        ("Status", lambda lease: lease.status),
+        ("Cleanup", lambda lease: lease.cleanup_status),
+    ),
+)
 
 
 class StopOnlyFilter(admin.SimpleListFilter):
@@ -106,7 +143,7 @@ class CleanupAttentionFilter(admin.SimpleListFilter):
         return queryset
 
 
-class EnvironmentLeaseAdmin(ReadOnlyAdmin):
+class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "company",
@@ -156,6 +193,7 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
     )
     fields = readonly_fields
     actions = ("retry_cleanup_now", "force_release")
+    bulk_actions = (RETRY_CLEANUP_BULK,)
 
     def detail_actions(self, request: HttpRequest, obj: EnvironmentLease) -> list[dict[str, Any]]:
         if obj.status == EnvironmentLease.Status.ACTIVE:

@@ -15,6 +15,7 @@ from django.utils.safestring import SafeString
 
 from leases.models import EnvironmentLease
 from leases.orphans import orphaned_runs, run_orphaned_since
+from paperclip.admin.bulk import BulkByFilterMixin
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
@@ -35,7 +36,7 @@ from paperclip.models import (
 )
 from paperclip.templatetags.console import relative, stamp
 from recovery.admin.finalization import FinalizeNowMixin, hold_detail_action, hold_panel
-from recovery.console.interrupt import InterruptRunMixin
+from recovery.console.interrupt import INTERRUPT_BULK, InterruptRunMixin
 from recovery.console.run_related import run_related
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import run_board_hold
@@ -77,7 +78,7 @@ class OrphanedFilter(admin.SimpleListFilter):
 
 
 @admin.register(HeartbeatRun)
-class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
+class HeartbeatRunAdmin(BulkByFilterMixin, InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "company",
@@ -100,6 +101,7 @@ class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
     search_fields = ("=id", "agent__name", "issue__title", "=issue__id")
     list_select_related = ("company", "agent", "issue")
     actions = ("finalize_now", "interrupt_selected")
+    bulk_actions = (INTERRUPT_BULK,)
     readonly_fields = ("related_objects",)
     fieldsets = (
         (

@@ -2,7 +2,8 @@
 page that shows each selected run (agent, issue, status, whether it is orphaned), a required
 reason, then `paperclip.services.run_interrupt`, the service behind
 `POST /api/heartbeat-runs/{id}/interrupt`, once a run. The service writes the audit row; the
-message says which runs were interrupted and which were refused and why.
+message says which runs were interrupted and which were refused and why. `INTERRUPT_BULK`
+runs the same service on every run matching the list's filter (paperclip.admin.bulk).
 """
 
 from __future__ import annotations
@@ -18,13 +19,46 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from leases.orphans import orphaned_runs
-from paperclip.access import board_actor
+from paperclip.access import Actor, board_actor
+from paperclip.admin.bulk import BulkAction
 from paperclip.admin.toolkit import act_on_each, report_each
 from paperclip.models import HeartbeatRun
 from paperclip.services import run_interrupt
 
 CONFIRMATION_TEMPLATE = "admin/console/interrupt_confirmation.html"
 MAX_REASON_CHARS = 2000  # as the API's InputSerializer
+
+
+def _interrupt_one(actor: Actor, run: HeartbeatRun, reason: str) -> str:
+    run_interrupt(
+        company_ids=actor.company_ids,
+        run_id=run.pk,
+        actor_type=actor.actor_type,
+        actor_id=actor.actor_id,
+        reason=reason,
+    )
+    return "interrupted"
+
+
+INTERRUPT_BULK = BulkAction(
+    slug="interrupt",
+    action="interrupt_selected",
+    verb="Interrupt",
+    title="Interrupt every matching run",
+    act=_interrupt_one,
+    outcomes={"interrupted": "interrupted (their issues' execution locks released)"},
+    name=lambda run: f"run {run.pk}",
+    explanation="Interrupting ends each live run at once: it becomes interrupted, its "
+    "controller lease ends and its issue's execution lock is released. A run that has "
+    "already ended is refused and left as it is.",
+    reason_help="Why the runs are ended (for example: the host their agents ran on is gone); "
+    "kept in each run's audit row.",
+    columns=(
+        ("Agent", lambda run: run.agent.name),
+        ("Issue", lambda run: run.issue.title if run.issue_id else "—"),
+        ("Status", lambda run: run.status),
+    ),
+)
 
 
 class InterruptRunForm(forms.Form):

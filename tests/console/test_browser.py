@@ -3,7 +3,9 @@ finds a held finalization from the dashboard, reads why it is held, confirms it 
 and sees it leave the dashboard; force-releases a stale lease from its page; interrupts an
 orphaned run from its page; meets a held run's hold first on its page, with the hold's
 confirmation in place of "Finalize now"; retries a failed environment cleanup now;
-force-releases an environment lease its provider left active; resolves a failed sandbox run's
+force-releases an environment lease its provider left active; interrupts every run a filter
+matches, and retries every failed cleanup one matches, from the list (count, preview,
+reason, per-row outcome); resolves a failed sandbox run's
 recovery action waiting for the board; and a staff
 user of one company never sees another company's objects on any console page.
 
@@ -26,12 +28,12 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.models import ActivityEvent, BoardMembership, Company
+from paperclip.models import ActivityEvent, BoardMembership, Company, HeartbeatRun
 from recovery.console.site import REFRESH_SECONDS
 from tests.console.helpers import held, invalid_marker_lease, orphaned_run, stale_lease
 from tests.console.test_recovery_resolve import sandbox_failed
 from tests.leases.environment.factories import EnvironmentLeaseFactory, backing_off
-from tests.paperclip.factories import CompanyFactory
+from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -206,6 +208,66 @@ def test_interrupt_an_orphaned_run_from_the_dashboard(page: Any) -> None:
     assert run.status == "interrupted"
     page.goto(f"{page.base_url}/admin/")
     assert page.locator('a.console-tile[data-kind="run_orphaned"]').count() == 0
+
+
+def test_interrupt_every_run_matching_a_filter(page: Any) -> None:
+    company = CompanyFactory(name="Acme Robotics")
+    other = CompanyFactory(name="Globex")
+    agent = AgentFactory(company=company, name="builder-7")
+    live = [HeartbeatRunFactory(company=company, agent=agent) for _ in range(14)]
+    ended = HeartbeatRunFactory(company=company, agent=agent, status="succeeded")
+    theirs = HeartbeatRunFactory(company=other)
+    operator(company, other, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/")
+    page.click('#changelist-filter a:has-text("Acme Robotics")')
+    bulk_link = page.locator('a.bulk-link[data-bulk="interrupt"]')
+    assert bulk_link.text_content() == "Interrupt all 15 matching…"
+    shot(page, "bulk-filtered-runs")
+    bulk_link.click()
+    confirmation = page.locator("#bulk-confirmation")
+    assert confirmation.get_attribute("data-count") == "15"
+    assert page.locator("#bulk-filter").inner_text() == "Filter: company: Acme Robotics"
+    assert page.locator("#bulk-preview tbody tr").count() == 10
+    shot(page, "bulk-confirmation")
+    page.fill("textarea[name=reason]", "rack 7 lost power; every agent on it is gone")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "14 interrupted" in message
+    assert f"Refused: 1 (run {ended.pk}: invalid_run_transition" in message
+    assert "company__id__exact" in page.url  # back on the filtered list
+    shot(page, "bulk-result")
+    statuses = set(HeartbeatRun.objects.filter(company=company).values_list("status", flat=True))
+    assert statuses == {"interrupted", "succeeded"}
+    theirs.refresh_from_db()
+    assert theirs.status == "running"
+    assert len(live) == ActivityEvent.objects.filter(action="heartbeat_run.status_changed").count()
+
+
+def test_retry_every_failed_cleanup_a_filter_matches(page: Any) -> None:
+    company = CompanyFactory(name="Acme Robotics")
+    failed = [backing_off(company) for _ in range(4)]
+    EnvironmentLeaseFactory(company=company, status="active")  # not matched by the filter
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/leases/environmentlease/")
+    page.click('#changelist-filter a:has-text("Cleanup failed")')
+    bulk_link = page.locator('a.bulk-link[data-bulk="retry-cleanup"]')
+    assert bulk_link.text_content() == "Retry cleanup of all 4 matching…"
+    bulk_link.click()
+    assert page.locator("#bulk-confirmation").get_attribute("data-count") == "4"
+    assert "needs attention: Cleanup failed" in page.locator("#bulk-filter").inner_text()
+    shot(page, "bulk-retry-cleanup-confirmation")
+    page.fill("textarea[name=reason]", "provider outage over")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "4 reopened" in message
+    assert "Refused: 0." in message
+    shot(page, "bulk-retry-cleanup-result")
+    reopened = ActivityEvent.objects.filter(action="environment_lease.cleanup_retry_requested")
+    assert sorted(reopened.values_list("entity_id", flat=True)) == sorted(
+        str(lease.pk) for lease in failed
+    )
 
 
 def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: Any) -> None:
