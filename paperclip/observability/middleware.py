@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
+from django.utils.functional import SimpleLazyObject
 
 from paperclip.models import Agent
 from paperclip.observability import metrics
@@ -28,7 +29,12 @@ def _route(request: HttpRequest) -> str:
 
 
 def _actor(request: HttpRequest) -> dict[str, str | None]:
+    """Who made the request, as far as the request itself found out. A console user the view
+    never looked up stays unresolved: resolving it here would load the session, a query the
+    request did not need, and a second failure (a 500) when the database has just gone away."""
     user = getattr(request, "user", None)
+    if isinstance(user, SimpleLazyObject):
+        user = request.__dict__.get("_cached_user")
     if isinstance(user, Agent):
         return {"actor_type": "agent", "actor_id": str(user.pk), "company_id": str(user.company_id)}
     if user is not None and getattr(user, "is_authenticated", False):

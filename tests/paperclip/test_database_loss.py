@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent
+from paperclip.testing.servers import free_port
 from tests.helpers import assert_error, raw_connection
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
@@ -115,3 +116,23 @@ def test_a_console_page_whose_database_is_lost_answers_503_then_works(
         assert "The database is unavailable" in page
         assert 'http-equiv="refresh"' in page
         assert superuser_client.get("/admin/").status_code == 200
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_console_page_while_the_database_stays_down_answers_503(
+    superuser_client: Any, debug: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No primary at all for the whole request (a failover in progress): every connection
+    attempt is refused. The page still answers 503, not 500: nothing after the view (the
+    request log's actor) goes back to the database for the session."""
+    assert superuser_client.get("/admin/").status_code == 200
+    connection.close()
+    monkeypatch.setitem(connection.settings_dict, "HOST", "127.0.0.1")
+    monkeypatch.setitem(connection.settings_dict, "PORT", str(free_port()))
+    with override_settings(DEBUG=debug):
+        response = superuser_client.get("/admin/")
+    assert response.status_code == 503
+    assert response["Retry-After"] == "2"
+    monkeypatch.undo()
+    connection.close()
+    assert superuser_client.get("/admin/").status_code == 200
