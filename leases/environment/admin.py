@@ -12,6 +12,7 @@ the list's filter matches (paperclip.admin.bulk).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -221,21 +222,41 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
     def retry_cleanup_now(
         self, request: HttpRequest, queryset: QuerySet[EnvironmentLease]
     ) -> HttpResponse | None:
-        leases = list(queryset.order_by("pk"))
+        return self._confirm_with_reason(
+            request,
+            list(queryset.order_by("pk")),
+            title="Retry environment cleanups now",
+            action_name="retry_cleanup_now",
+            template=RETRY_CLEANUP_TEMPLATE,
+            apply=self._retry_each,
+        )
+
+    def _confirm_with_reason(
+        self,
+        request: HttpRequest,
+        leases: list[EnvironmentLease],
+        *,
+        title: str,
+        action_name: str,
+        template: str,
+        apply: Callable[[HttpRequest, list[UUID], str], None],
+    ) -> HttpResponse | None:
+        """The action's confirmation page (the selected leases and a required reason), or,
+        once confirmed, `apply` to each of them (None: back to the list with its message)."""
         form = ReasonForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
-            self._retry_each(request, [lease.pk for lease in leases], form.cleaned_data["reason"])
+            apply(request, [lease.pk for lease in leases], form.cleaned_data["reason"])
             return None
         context = {
             **self.admin_site.each_context(request),
-            "title": "Retry environment cleanups now",
+            "title": title,
             "opts": self.model._meta,
             "leases": leases,
             "form": form,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            "action_name": "retry_cleanup_now",
+            "action_name": action_name,
         }
-        return TemplateResponse(request, RETRY_CLEANUP_TEMPLATE, context)
+        return TemplateResponse(request, template, context)
 
     def _retry_each(self, request: HttpRequest, lease_ids: list[UUID], reason: str) -> None:
         actor = board_actor(request.user)
@@ -270,21 +291,14 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
     def force_release(
         self, request: HttpRequest, queryset: QuerySet[EnvironmentLease]
     ) -> HttpResponse | None:
-        leases = list(queryset.select_related("heartbeat_run").order_by("pk"))
-        form = ReasonForm(request.POST if "apply" in request.POST else None)
-        if form.is_bound and form.is_valid():
-            self._force_each(request, [lease.pk for lease in leases], form.cleaned_data["reason"])
-            return None
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Force release environment leases",
-            "opts": self.model._meta,
-            "leases": leases,
-            "form": form,
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            "action_name": "force_release",
-        }
-        return TemplateResponse(request, FORCE_RELEASE_TEMPLATE, context)
+        return self._confirm_with_reason(
+            request,
+            list(queryset.select_related("heartbeat_run").order_by("pk")),
+            title="Force release environment leases",
+            action_name="force_release",
+            template=FORCE_RELEASE_TEMPLATE,
+            apply=self._force_each,
+        )
 
     def _force_each(self, request: HttpRequest, lease_ids: list[UUID], reason: str) -> None:
         actor = board_actor(request.user)
