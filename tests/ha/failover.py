@@ -433,6 +433,17 @@ def _check_workers(
             " AND j.task_name IN (SELECT task_name FROM procrastinate_periodic_defers)",
             [promoted_wall],
         ).fetchone()
+        # A job started before the crash and still `doing` at the end: its worker lost it (its
+        # outcome never recorded) and nothing will ever recover it.
+        doing = conn.execute(
+            "SELECT count(*) FROM procrastinate_jobs j WHERE j.status = 'doing' AND ("
+            " SELECT max(e.at) FROM procrastinate_events e"
+            " WHERE e.job_id = j.id AND e.type = 'started') < to_timestamp(%s)",
+            [promoted_wall],
+        ).fetchone()
+    report.figures["jobs started before the crash, still 'doing'"] = doing[0] if doing else 0
+    if doing and doing[0]:
+        report.violations.append(f"{doing[0]} job(s) from before the crash left 'doing'")
     report.figures["workers heartbeating after promotion"] = beats[0] if beats else 0
     report.figures["periodic jobs succeeded after promotion"] = periodic[0] if periodic else 0
     if not beats or beats[0] < len(workers):
