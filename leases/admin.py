@@ -38,10 +38,11 @@ from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
     DetailActionsMixin,
-    admin_id_link,
+    named_link,
+    short_id,
 )
 from paperclip.errors import DomainError
-from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
+from paperclip.models import Agent, BoardMembership, ExecutionWorkspace, HeartbeatRun, Issue
 from paperclip.templatetags.console import stamp
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class WorkspaceRuntimeLeaseAdmin(
 ):
     # Key columns first: at 1400 px the stale reason and renewal must stay on screen.
     list_display = (
-        "execution_workspace",
+        "workspace",
         "company",
         "stale_reason",
         "renewed",
@@ -123,7 +124,13 @@ class WorkspaceRuntimeLeaseAdmin(
         "generation",
         "last_action",
     )
-    list_select_related = ("execution_workspace", "company")
+    list_select_related = (
+        "execution_workspace",
+        "company",
+        "owner_issue",
+        "owner_run__agent",
+        "owner_agent",
+    )
     list_filter = (StalenessFilter, StaleReasonFilter, COMPANY_FILTER, "last_action")
     search_fields = ("owner_key", "execution_workspace__name", "company__name")
     ordering = ("expires_at",)
@@ -159,18 +166,24 @@ class WorkspaceRuntimeLeaseAdmin(
     def renewed(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
         return stamp(lease.renewed_at)
 
+    @admin.display(description="workspace", ordering="execution_workspace__name")
+    def workspace(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
+        return named_link(
+            ExecutionWorkspace,
+            lease.execution_workspace_id,
+            lease.execution_workspace.name,
+            limit=28,
+        )
+
     @admin.display(description="owner", ordering="owner_key")
     def owner(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
-        kind, _, ident = lease.owner_key.partition(":")
-        model = {"issue": Issue, "run": HeartbeatRun, "agent": Agent}.get(kind)
-        target = {
-            "issue": lease.owner_issue_id,
-            "run": lease.owner_run_id,
-            "agent": lease.owner_agent_id,
-        }.get(kind)
-        if model is None or target is None or str(target) != ident:
-            return format_html("<code>{}</code>", lease.owner_key)
-        return admin_id_link(model, target, format_html("<code>{}</code>", lease.owner_key))
+        return lease_owner_link(lease)
+
+    def detail_title(self, obj: WorkspaceRuntimeLease) -> str:
+        return (
+            f"{obj.execution_workspace.name} ({short_id(obj.execution_workspace_id)}), "
+            f"held by {lease_owner_name(obj)}"
+        )
 
     def detail_panels(self, request: HttpRequest, obj: WorkspaceRuntimeLease) -> list[SafeString]:
         reason = getattr(obj, STALE_REASON, None)
@@ -294,6 +307,44 @@ class WorkspaceRuntimeLeaseAdmin(
                 )
             else:
                 self.message_user(request, f"{workspace}: already gone.", messages.INFO)
+
+
+def lease_owner_name(lease: WorkspaceRuntimeLease) -> str:
+    """The owner in words: `issue “Fix login” (73bf1a2c)`, `run 73bf1a2c of agent-3`,
+    `agent agent-3 (73bf1a2c)`; the owner key when the owner row is gone."""
+    kind, _, ident = lease.owner_key.partition(":")
+    if kind == "issue" and lease.owner_issue is not None:
+        return f"issue “{lease.owner_issue.title}” ({short_id(ident)})"
+    if kind == "run" and lease.owner_run is not None:
+        return f"run {short_id(ident)} of {lease.owner_run.agent.name}"
+    if kind == "agent" and lease.owner_agent is not None:
+        return f"agent {lease.owner_agent.name} ({short_id(ident)})"
+    return lease.owner_key
+
+
+def lease_owner_link(lease: WorkspaceRuntimeLease) -> SafeString | str:
+    """The owner's name beside its short id, linked to its page (the owner key, with the
+    whole key in the title, when the owner row is gone)."""
+    kind, _, ident = lease.owner_key.partition(":")
+    model = {"issue": Issue, "run": HeartbeatRun, "agent": Agent}.get(kind)
+    target = {
+        "issue": lease.owner_issue_id,
+        "run": lease.owner_run_id,
+        "agent": lease.owner_agent_id,
+    }.get(kind)
+    if model is None or target is None or str(target) != ident:
+        return format_html('<code title="{}">{}</code>', lease.owner_key, lease.owner_key[:20])
+    return named_link(model, target, f"{kind}: {_owner_row_name(lease, kind)}", limit=30)
+
+
+def _owner_row_name(lease: WorkspaceRuntimeLease, kind: str) -> str:
+    if kind == "issue" and lease.owner_issue is not None:
+        return lease.owner_issue.title
+    if kind == "run" and lease.owner_run is not None:
+        return f"run of {lease.owner_run.agent.name}"
+    if kind == "agent" and lease.owner_agent is not None:
+        return lease.owner_agent.name
+    return "gone"
 
 
 def _pinned_generations(values: list[str]) -> dict[UUID, int]:

@@ -43,9 +43,11 @@ from paperclip.admin.toolkit import (
     ReadOnlyAdmin,
     act_on_each,
     console_panel,
+    named_link,
     report_each,
+    short_id,
 )
-from paperclip.models import Environment
+from paperclip.models import Environment, HeartbeatRun
 
 RETRY_CLEANUP_TEMPLATE = "admin/leases/environmentlease/retry_cleanup_confirmation.html"
 FORCE_RELEASE_TEMPLATE = "admin/leases/environmentlease/force_release_confirmation.html"
@@ -108,10 +110,11 @@ class CleanupAttentionFilter(admin.SimpleListFilter):
 
 class EnvironmentLeaseAdmin(ReadOnlyAdmin):
     list_display = (
-        "id",
+        "lease",
         "company",
+        "run",
         "provider",
-        "provider_lease_id",
+        "allocation",
         "status",
         "lease_policy",
         "cleanup_status",
@@ -131,7 +134,8 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         COMPANY_FILTER,
     )
     search_fields = ("=id", "=provider_lease_id", "=heartbeat_run__id")
-    list_select_related = ("company",)
+    list_select_related = ("company", "heartbeat_run__agent")
+    list_display_links = ("lease",)
     ordering = ("-last_used_at",)
     readonly_fields = (
         "id",
@@ -318,6 +322,27 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
                 )
             )
         return panels
+
+    @admin.display(description="lease", ordering="id")
+    def lease(self, lease: EnvironmentLease) -> SafeString:
+        return format_html('<code title="{}">{}</code>', lease.pk, short_id(lease.pk))
+
+    @admin.display(description="run")
+    def run(self, lease: EnvironmentLease) -> SafeString | str:
+        run = lease.heartbeat_run
+        if run is None:
+            return "—"
+        return named_link(HeartbeatRun, run.pk, f"run of {run.agent.name}", limit=24)
+
+    @admin.display(description="allocation", ordering="provider_lease_id")
+    def allocation(self, lease: EnvironmentLease) -> SafeString:
+        text = lease.provider_lease_id or "—"
+        shown = text if len(text) <= 24 else f"{text[:23]}…"
+        return format_html('<code title="{}">{}</code>', text, shown)
+
+    def detail_title(self, obj: EnvironmentLease) -> str:
+        run = f", run {short_id(obj.heartbeat_run_id)}" if obj.heartbeat_run_id else ""
+        return f"{obj.provider} lease {short_id(obj.pk)} ({obj.status}{run})"
 
     @admin.display(description="marker")
     def marker_state(self, lease: EnvironmentLease) -> SafeString | str:

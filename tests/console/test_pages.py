@@ -16,10 +16,16 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.models import ActivityEvent, BoardMembership, Company
+from paperclip.models import ActivityEvent, BoardMembership, Company, Issue
 from paperclip.receipts import OWNER_KEY
 from tests.console.helpers import held, one_of_each, stale_lease
-from tests.paperclip.factories import CompanyFactory, UserFactory
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    IssueFactory,
+    NativeRunFactory,
+    UserFactory,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -213,7 +219,7 @@ def test_company_filter_lists_only_the_operators_companies(company: Company) -> 
 
     # The key columns first, so that they stay on screen at 1400 px.
     columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
-    assert columns[:5] == ["execution_workspace", "company", "stale_reason", "renewed", "expires"]
+    assert columns[:5] == ["workspace", "company", "stale_reason", "renewed", "expires"]
 
 
 def test_console_templates_use_the_admins_breadcrumb_markup() -> None:
@@ -309,3 +315,39 @@ def test_detail_pages_say_why_in_words(company: Company) -> None:
         reverse("admin:leases_environmentlease_change", args=[world["cleanup_failed"].pk])
     ).content.decode()
     assert 'data-state="cleanup_failed"' in failed
+
+
+def test_lists_and_titles_name_agents_issues_and_workspaces_beside_short_ids(
+    company: Company,
+) -> None:
+    lease = stale_lease(company, "ws-named")
+    run = NativeRunFactory(
+        company=company,
+        agent=AgentFactory(company=company, name="agent-3"),
+        issue=IssueFactory(company=company, title="Fix login"),
+    )
+    ActivityEvent.objects.create(
+        company=company,
+        actor_type="agent",
+        actor_id=str(run.agent_id),
+        action="heartbeat_run.status_changed",
+        entity_type="heartbeat_run",
+        entity_id=str(run.pk),
+        run=run,
+    )
+    client = staff(company)
+    runs = client.get(reverse("admin:paperclip_heartbeatrun_changelist")).content.decode()
+    assert f'agent-3 <span class="console-id">({str(run.agent_id)[:8]})</span>' in runs
+    assert f'>Fix login <span class="console-id">({str(run.issue_id)[:8]})' in runs
+    leases = client.get(LEASES).content.decode()
+    workspace = lease.execution_workspace_id
+    assert f'ws-named <span class="console-id">({str(workspace)[:8]})</span>' in leases
+    owner = Issue.objects.get(pk=lease.owner_issue_id)
+    assert f'issue: {owner.title} <span class="console-id">' in leases
+    audit = client.get(reverse("admin:paperclip_activityevent_changelist")).content.decode()
+    assert "run of agent-3" in audit
+    assert f'agent-3 <span class="console-id">({str(run.agent_id)[:8]})</span>' in audit
+    page = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]))
+    assert f"run {str(run.pk)[:8]} of agent-3 on “Fix login”" in page.content.decode()
+    history = client.get(reverse("admin:paperclip_heartbeatrun_history", args=[run.pk]))
+    assert f"Activity of run {str(run.pk)[:8]} of agent-3" in history.content.decode()
