@@ -107,8 +107,9 @@ class ConsoleAdminSite(admin.AdminSite):
         )
 
     def search_view(self, request: HttpRequest) -> HttpResponse:
-        """Find a run, issue, workspace, lease, recovery action or company by id (any of the
-        operator's companies); one hit opens it, several are listed."""
+        """Find a run, issue, workspace, lease, recovery action, agent or company by id, short
+        id prefix, agent name or issue title (any of the operator's companies); one hit opens
+        it, several are listed."""
         from recovery.console.lookup import console_lookup
 
         query = (request.GET.get("q") or "").strip()
@@ -119,7 +120,7 @@ class ConsoleAdminSite(admin.AdminSite):
             return redirect(_change_url(hit.model, hit.pk))
         context = {
             **self.each_context(request),
-            "title": "Find by id",
+            "title": "Find",
             "query": query,
             "hits": [(hit, _change_url(hit.model, hit.pk)) for hit in visible],
         }

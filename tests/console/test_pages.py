@@ -351,3 +351,33 @@ def test_lists_and_titles_name_agents_issues_and_workspaces_beside_short_ids(
     assert f"run {str(run.pk)[:8]} of agent-3 on “Fix login”" in page.content.decode()
     history = client.get(reverse("admin:paperclip_heartbeatrun_history", args=[run.pk]))
     assert f"Activity of run {str(run.pk)[:8]} of agent-3" in history.content.decode()
+
+
+def test_search_finds_short_id_prefixes_agent_names_and_issue_titles(company: Company) -> None:
+    run = NativeRunFactory(
+        company=company,
+        agent=AgentFactory(company=company, name="agent-ergo-7"),
+        issue=IssueFactory(company=company, title="Rotate the billing keys"),
+    )
+    theirs = NativeRunFactory(
+        company=CompanyFactory(),
+        agent=AgentFactory(name="agent-ergo-8"),
+        issue=IssueFactory(title="Rotate the billing keys too"),
+    )
+    client = staff(company)
+
+    def found(query: str) -> list[Any]:
+        response = client.get(SEARCH, {"q": query, "list": "1"})
+        assert response.status_code == 200
+        return [hit.pk for hit, _ in response.context["hits"]]
+
+    assert run.pk in found(str(run.pk)[:8])
+    assert run.pk in found(str(run.pk)[:8].upper())
+    assert theirs.pk not in found(str(theirs.pk)[:8])
+    assert found("agent-ergo") == [run.agent_id]
+    assert found("billing keys") == [run.issue_id]
+    # One hit opens its page.
+    opened = client.get(SEARCH, {"q": "Agent-Ergo-7"})
+    assert opened.status_code == 302
+    assert opened["Location"] == reverse("admin:paperclip_agent_change", args=[run.agent_id])
+    assert "Nothing in your companies" in client.get(SEARCH, {"q": "zzz-no-such"}).content.decode()
