@@ -88,14 +88,19 @@ class ConsoleAdminSite(admin.AdminSite):
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         from paperclip.models import ActivityEvent
+        from recovery.console.names import audit_names
 
         ids = member_company_ids(request)
         recent = ActivityEvent.objects.order_by("-created_at")
         if ids is not None:
             recent = recent.filter(company_id__in=ids)
+        events = list(recent[:10])
+        names = audit_names(events)  # one query per entity type shown
         context = {
             **self._attention_context(request),
-            "recent_activity": list(recent[:10]),
+            "recent_activity": [
+                (event, names.entity_link(event), names.actor(event)) for event in events
+            ],
             **(extra_context or {}),
         }
         return super().index(request, context)
