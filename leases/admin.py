@@ -30,6 +30,8 @@ from leases.selectors import (
     STALE_REASON,
     STALE_REASONS,
     among_stale_candidates,
+    lease_renewal,
+    with_renewal_age,
     with_stale_reason,
 )
 from leases.services import runtime_lease_force_release
@@ -162,9 +164,16 @@ class WorkspaceRuntimeLeaseAdmin(
     def expires(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
         return stamp(lease.expires_at)
 
-    @admin.display(description="renewed (UTC)", ordering="renewed_at")
+    @admin.display(description="last renewal", ordering="renewed_at")
     def renewed(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
-        return stamp(lease.renewed_at)
+        cadence = lease_renewal(lease)
+        return format_html(
+            '<span title="{}; renewed {}">{}{}</span>',
+            cadence.text,
+            lease.renewed_at.isoformat(),
+            cadence.short,
+            format_html(' <strong class="console-late">late</strong>') if cadence.missed else "",
+        )
 
     @admin.display(description="workspace", ordering="execution_workspace__name")
     def workspace(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
@@ -191,7 +200,13 @@ class WorkspaceRuntimeLeaseAdmin(
             SafeString(
                 render_to_string(
                     "admin/leases/workspaceruntimelease/stale_panel.html",
-                    {"lease": obj, "reason": reason, "text": STALE_REASON_TEXT.get(reason or "")},
+                    {
+                        "lease": obj,
+                        "reason": reason,
+                        "text": STALE_REASON_TEXT.get(reason or ""),
+                        "owner": lease_owner_link(obj),
+                        "renewal": lease_renewal(obj).text,
+                    },
                 )
             )
         ]
@@ -208,7 +223,7 @@ class WorkspaceRuntimeLeaseAdmin(
         ]
 
     def get_queryset(self, request: HttpRequest) -> _Queryset:
-        queryset = with_stale_reason(super().get_queryset(request))
+        queryset = with_renewal_age(with_stale_reason(super().get_queryset(request)))
         user = request.user
         if not getattr(user, "is_superuser", False):
             # Board members see (and can act on) only their companies' leases.

@@ -381,3 +381,20 @@ def test_search_finds_short_id_prefixes_agent_names_and_issue_titles(company: Co
     assert opened.status_code == 302
     assert opened["Location"] == reverse("admin:paperclip_agent_change", args=[run.agent_id])
     assert "Nothing in your companies" in client.get(SEARCH, {"q": "zzz-no-such"}).content.decode()
+
+
+UNIT = r"\d+(\.\d)? (s|min|h)"
+RENEWAL = re.compile(rf"last renewal {UNIT} ago, expected every {UNIT} \(TTL {UNIT}\)")
+
+
+def test_a_leases_owner_is_shown_with_its_renewal_cadence(company: Company) -> None:
+    lease = stale_lease(company, "ws-renewal")
+    client = staff(company)
+    listed = client.get(LEASES).content.decode()
+    assert re.search(rf"{UNIT} ago, every {UNIT}", listed)
+    assert RENEWAL.search(listed)  # the whole sentence in the title attribute
+    page = client.get(reverse("admin:leases_workspaceruntimelease_change", args=[lease.id]))
+    assert RENEWAL.search(page.content.decode())
+    run = NativeRunFactory(company=company, execution_workspace_id=lease.execution_workspace_id)
+    run_page = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]))
+    assert RENEWAL.search(run_page.content.decode())
