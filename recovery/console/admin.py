@@ -35,7 +35,8 @@ from paperclip.templatetags.console import relative, stamp
 from recovery.admin.finalization import FinalizeNowMixin, hold_detail_action, hold_panel
 from recovery.console.interrupt import InterruptRunMixin
 from recovery.console.names import AuditNames, audit_names
-from recovery.console.run_related import run_related
+from recovery.console.run_related import RELATED_LIMIT, run_related
+from recovery.console.run_timeline import run_timeline
 from recovery.selectors.actions import run_board_hold
 from recovery.selectors.finalization import finalization_state
 
@@ -183,7 +184,9 @@ class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
     def timeline_run_id(self, obj: HeartbeatRun) -> Any:
         return obj.pk
 
-    @admin.display(description="lease, actions, checkpoints, coordinator, operations, audit")
+    @admin.display(
+        description="timeline, coordinator, leases, actions, checkpoints, operations, audit"
+    )
     def related_objects(self, obj: HeartbeatRun) -> SafeString:
         related = run_related(obj)
         state = (
@@ -194,7 +197,13 @@ class HeartbeatRunAdmin(InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
         return SafeString(  # rendered through an autoescaping template
             render_to_string(
                 "admin/console/run_related.html",
-                {"run": obj, "related": related, "finalization": state},
+                {
+                    "run": obj,
+                    "related": related,
+                    "finalization": state,
+                    "timeline": run_timeline(obj, related),
+                    "limit": RELATED_LIMIT,
+                },
             )
         )
 

@@ -80,6 +80,6 @@ def run_related(run: HeartbeatRun) -> RunRelated:
         activity=list(
             ActivityEvent.objects.filter(
                 Q(run_id=run.pk) | Q(entity_id=str(run.pk)), company_id=company
-            ).order_by("-created_at")[:20]
+            ).order_by("-created_at")[:RELATED_LIMIT]
         ),
     )

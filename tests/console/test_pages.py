@@ -398,3 +398,31 @@ def test_a_leases_owner_is_shown_with_its_renewal_cadence(company: Company) -> N
     run = NativeRunFactory(company=company, execution_workspace_id=lease.execution_workspace_id)
     run_page = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]))
     assert RENEWAL.search(run_page.content.decode())
+
+
+def test_run_page_shows_its_timeline_oldest_first_in_a_bounded_number_of_queries(
+    company: Company, django_assert_max_num_queries: Any
+) -> None:
+    world = one_of_each(company)
+    run = world["authority"].run
+    url = reverse("admin:paperclip_heartbeatrun_change", args=[run.pk])
+    client = staff(company)
+    with CaptureQueriesContext(connection) as few:
+        html = client.get(url).content.decode()
+    timeline = html[html.index('id="run-timeline"') : html.index("<h3>Coordinator</h3>")]
+    stamps = re.findall(r'<time datetime="([^"]+)"', timeline)
+    assert stamps and stamps == sorted(stamps)
+    assert "run created" in timeline
+    for n in range(5):
+        ActivityEvent.objects.create(
+            company=company,
+            actor_type="system",
+            actor_id="test",
+            action=f"run.step_{n}",
+            entity_type="heartbeat_run",
+            entity_id=str(run.pk),
+            run=run,
+        )
+    with django_assert_max_num_queries(len(few)):
+        more = client.get(url).content.decode()
+    assert "run.step_4" in more[more.index('id="run-timeline"') :]
