@@ -411,7 +411,8 @@ def test_run_page_shows_its_timeline_oldest_first_in_a_bounded_number_of_queries
         html = client.get(url).content.decode()
     timeline = html[html.index('id="run-timeline"') : html.index("<h3>Coordinator</h3>")]
     stamps = re.findall(r'<time datetime="([^"]+)"', timeline)
-    assert stamps and stamps == sorted(stamps)
+    assert stamps
+    assert stamps == sorted(stamps)
     assert "run created" in timeline
     for n in range(5):
         ActivityEvent.objects.create(
