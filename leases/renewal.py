@@ -30,15 +30,21 @@ class RenewalCadence:
 
     @property
     def short(self) -> str:
-        return f"{duration(self.age)} ago, every {duration(self.every)}"
+        return f"{duration(self.age)} ago, every {self._every}"
 
     @property
     def text(self) -> str:
         late = f"; late: {self.missed} renewals missed" if self.missed else ""
+        if self.ttl <= timedelta(0):  # expiry moved to or before the renewal (an expire)
+            return f"last renewal {duration(self.age)} ago, expected every ? (no TTL left)"
         return (
-            f"last renewal {duration(self.age)} ago, expected every {duration(self.every)} "
+            f"last renewal {duration(self.age)} ago, expected every {self._every} "
             f"(TTL {duration(self.ttl)}){late}"
         )
+
+    @property
+    def _every(self) -> str:
+        return duration(self.every) if self.every > timedelta(0) else "?"
 
 
 def renewal_cadence(

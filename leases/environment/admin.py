@@ -48,6 +48,7 @@ from paperclip.admin.toolkit import (
     short_id,
 )
 from paperclip.models import Environment, HeartbeatRun
+from paperclip.templatetags.console import age
 
 RETRY_CLEANUP_TEMPLATE = "admin/leases/environmentlease/retry_cleanup_confirmation.html"
 FORCE_RELEASE_TEMPLATE = "admin/leases/environmentlease/force_release_confirmation.html"
@@ -109,20 +110,19 @@ class CleanupAttentionFilter(admin.SimpleListFilter):
 
 
 class EnvironmentLeaseAdmin(ReadOnlyAdmin):
+    # Fits a 1366 px screen: the policy and the stop-only flag are filters (and on the page);
+    # the marker column says whether a stop-only marker is there and valid.
     list_display = (
         "lease",
         "company",
         "run",
-        "provider",
         "allocation",
         "status",
-        "lease_policy",
         "cleanup_status",
-        "failure_reason",
-        "stop_only",
+        "failure",
         "marker_state",
         "cleanup_claim",
-        "released_at",
+        "released",
     )
     list_filter = (
         CleanupAttentionFilter,
@@ -336,9 +336,19 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
 
     @admin.display(description="allocation", ordering="provider_lease_id")
     def allocation(self, lease: EnvironmentLease) -> SafeString:
-        text = lease.provider_lease_id or "—"
-        shown = text if len(text) <= 24 else f"{text[:23]}…"
-        return format_html('<code title="{}">{}</code>', text, shown)
+        return _cut(f"{lease.provider}:{lease.provider_lease_id or '—'}", 24, code=True)
+
+    @admin.display(description="failure", ordering="failure_reason")
+    def failure(self, lease: EnvironmentLease) -> SafeString | str:
+        return _cut(lease.failure_reason, 24) if lease.failure_reason else "—"
+
+    @admin.display(description="released (UTC)", ordering="released_at")
+    def released(self, lease: EnvironmentLease) -> SafeString | str:
+        if lease.released_at is None:
+            return "—"
+        return format_html(
+            '<span title="{}">{}</span>', lease.released_at.isoformat(), age(lease.released_at)
+        )
 
     def detail_title(self, obj: EnvironmentLease) -> str:
         run = f", run {short_id(obj.heartbeat_run_id)}" if obj.heartbeat_run_id else ""
@@ -351,7 +361,7 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         problem = stop_only_cleanup_problem(lease)
         if problem is None:
             return "valid"
-        return format_html('<strong class="errornote" title="{}">INVALID</strong>', problem)
+        return format_html('<strong class="console-late" title="{}">INVALID</strong>', problem)
 
     @admin.display(description="stop-only check")
     def stop_only_check(self, lease: EnvironmentLease) -> SafeString | str:
@@ -371,10 +381,10 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         return stop_only_cleanup_has(lease)
 
     @admin.display(description="cleanup claim")
-    def cleanup_claim(self, lease: EnvironmentLease) -> str:
+    def cleanup_claim(self, lease: EnvironmentLease) -> SafeString | str:
         metadata = lease.metadata if isinstance(lease.metadata, dict) else {}
         if metadata.get("pendingCleanupInFlight") is True:
-            return f"in flight: {metadata.get('pendingCleanupAttemptId')}"
+            return _cut(f"in flight: {metadata.get('pendingCleanupAttemptId')}", 20)
         return "-"
 
     @admin.display(description="export-resume marker")
@@ -385,6 +395,14 @@ class EnvironmentLeaseAdmin(ReadOnlyAdmin):
         if marker is None:
             return f"INVALID: {export_resume_problem(lease)} (never cleaned up automatically)"
         return f"{marker.schema} request {marker.request_id} result {marker.result_id}"
+
+
+def _cut(text: str, limit: int, *, code: bool = False) -> SafeString:
+    """`text` cut at `limit` characters, the whole of it in the title attribute."""
+    shown = text if len(text) <= limit else f"{text[: limit - 1]}…"
+    if code:
+        return format_html('<code title="{}">{}</code>', text, shown)
+    return format_html('<span title="{}">{}</span>', text, shown)
 
 
 class EnvironmentAdmin(AuditedAdmin):

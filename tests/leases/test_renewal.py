@@ -44,3 +44,9 @@ def test_durations_read_in_seconds_then_minutes_then_hours() -> None:
     assert duration(timedelta(seconds=119)) == "119 s"
     assert duration(timedelta(minutes=17, seconds=5)) == "17 min"
     assert duration(timedelta(hours=3, minutes=30)) == "3.5 h"
+
+
+def test_a_lease_expired_by_hand_has_no_interval_to_show() -> None:
+    cadence = renewal_cadence(age=timedelta(seconds=5), renewed_at=RENEWED, expires_at=RENEWED)
+    assert cadence.short == "5 s ago, every ?"
+    assert cadence.text == "last renewal 5 s ago, expected every ? (no TTL left)"
