@@ -40,11 +40,12 @@ from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
     DetailActionsMixin,
+    named_id,
     named_link,
     short_id,
 )
 from paperclip.errors import DomainError
-from paperclip.models import Agent, BoardMembership, ExecutionWorkspace, HeartbeatRun, Issue
+from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
 from paperclip.templatetags.console import stamp
 
 if TYPE_CHECKING:
@@ -177,12 +178,8 @@ class WorkspaceRuntimeLeaseAdmin(
 
     @admin.display(description="workspace", ordering="execution_workspace__name")
     def workspace(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
-        return named_link(
-            ExecutionWorkspace,
-            lease.execution_workspace_id,
-            lease.execution_workspace.name,
-            limit=28,
-        )
+        # Not a link of its own: the first column is the row's link to the lease.
+        return named_id(lease.execution_workspace.name, lease.execution_workspace_id, limit=28)
 
     @admin.display(description="owner", ordering="owner_key")
     def owner(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
