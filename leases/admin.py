@@ -256,7 +256,7 @@ class WorkspaceRuntimeLeaseAdmin(
     ) -> TemplateResponse | None:
         # The generation each lease had when the operator looked: a lease reclaimed or
         # re-created since then belongs to someone the operator never saw, so it is kept.
-        leases = list(queryset.select_related("execution_workspace").order_by("pk"))
+        leases = list(queryset.select_related(*self.list_select_related).order_by("pk"))
         form = ForceReleaseForm(request.POST if request.POST.get("confirm") == "yes" else None)
         if form.is_bound and form.is_valid():
             self._force_release(request, form.cleaned_data["reason"], leases)
@@ -266,6 +266,10 @@ class WorkspaceRuntimeLeaseAdmin(
             "title": "Force-release runtime leases",
             "opts": self.model._meta,
             "leases": leases,
+            # Who loses each workspace, and whether it is still renewing.
+            "rows": [
+                (lease, lease_owner_link(lease), lease_renewal(lease).text) for lease in leases
+            ],
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action_name": "force_release_selected",

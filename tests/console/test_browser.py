@@ -4,8 +4,9 @@ and sees it leave the dashboard; force-releases a stale lease from its page; int
 orphaned run from its page; meets a held run's hold first on its page, with the hold's
 confirmation in place of "Finalize now"; retries a failed environment cleanup now;
 force-releases an environment lease its provider left active; resolves a failed sandbox run's
-recovery action waiting for the board; and a staff
-user of one company never sees another company's objects on any console page.
+recovery action waiting for the board; a staff user of one company never sees another
+company's objects on any console page; and the lists and a run's page fit a 1366x768 laptop
+screen (screenshots `laptop-*.png`).
 
 Screenshots of the pages each test walks through are written to `.screenshots/`
 (ignored by git). Without chromium these tests fail in CI (CI=true) and are skipped elsewhere.

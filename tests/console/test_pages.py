@@ -398,6 +398,12 @@ def test_a_leases_owner_is_shown_with_its_renewal_cadence(company: Company) -> N
     run = NativeRunFactory(company=company, execution_workspace_id=lease.execution_workspace_id)
     run_page = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]))
     assert RENEWAL.search(run_page.content.decode())
+    # The force-release confirmation names whom it evicts, and whether they still renew.
+    confirm = client.post(
+        LEASES, {"action": "force_release_selected", "_selected_action": [str(lease.id)]}
+    ).content.decode()
+    assert RENEWAL.search(confirm)
+    assert f"({str(lease.owner_key.partition(':')[2])[:8]})" in confirm
 
 
 def test_run_page_shows_its_timeline_oldest_first_in_a_bounded_number_of_queries(
