@@ -31,6 +31,8 @@ from leases.selectors import (
     STALE_REASON,
     STALE_REASONS,
     among_stale_candidates,
+    lease_renewal,
+    with_renewal_age,
     with_stale_reason,
 )
 from leases.services import runtime_lease_force_release
@@ -41,7 +43,9 @@ from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
     DetailActionsMixin,
-    admin_id_link,
+    named_id,
+    named_link,
+    short_id,
 )
 from paperclip.errors import DomainError
 from paperclip.models import Agent, BoardMembership, HeartbeatRun, Issue
@@ -150,7 +154,7 @@ class WorkspaceRuntimeLeaseAdmin(
 ):
     # Key columns first: at 1400 px the stale reason and renewal must stay on screen.
     list_display = (
-        "execution_workspace",
+        "workspace",
         "company",
         "stale_reason",
         "renewed",
@@ -159,7 +163,13 @@ class WorkspaceRuntimeLeaseAdmin(
         "generation",
         "last_action",
     )
-    list_select_related = ("execution_workspace", "company")
+    list_select_related = (
+        "execution_workspace",
+        "company",
+        "owner_issue",
+        "owner_run__agent",
+        "owner_agent",
+    )
     list_filter = (StalenessFilter, StaleReasonFilter, COMPANY_FILTER, "last_action")
     search_fields = ("owner_key", "execution_workspace__name", "company__name")
     ordering = ("expires_at",)
@@ -192,22 +202,31 @@ class WorkspaceRuntimeLeaseAdmin(
     def expires(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
         return stamp(lease.expires_at)
 
-    @admin.display(description="renewed (UTC)", ordering="renewed_at")
+    @admin.display(description="last renewal", ordering="renewed_at")
     def renewed(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
-        return stamp(lease.renewed_at)
+        cadence = lease_renewal(lease)
+        return format_html(
+            '<span title="{}; renewed {}">{}{}</span>',
+            cadence.text,
+            lease.renewed_at.isoformat(),
+            cadence.short,
+            format_html(' <strong class="console-late">late</strong>') if cadence.missed else "",
+        )
+
+    @admin.display(description="workspace", ordering="execution_workspace__name")
+    def workspace(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
+        # Not a link of its own: the first column is the row's link to the lease.
+        return named_id(lease.execution_workspace.name, lease.execution_workspace_id, limit=28)
 
     @admin.display(description="owner", ordering="owner_key")
     def owner(self, lease: WorkspaceRuntimeLease) -> SafeString | str:
-        kind, _, ident = lease.owner_key.partition(":")
-        model = {"issue": Issue, "run": HeartbeatRun, "agent": Agent}.get(kind)
-        target = {
-            "issue": lease.owner_issue_id,
-            "run": lease.owner_run_id,
-            "agent": lease.owner_agent_id,
-        }.get(kind)
-        if model is None or target is None or str(target) != ident:
-            return format_html("<code>{}</code>", lease.owner_key)
-        return admin_id_link(model, target, format_html("<code>{}</code>", lease.owner_key))
+        return lease_owner_link(lease)
+
+    def detail_title(self, obj: WorkspaceRuntimeLease) -> str:
+        return (
+            f"{obj.execution_workspace.name} ({short_id(obj.execution_workspace_id)}), "
+            f"held by {lease_owner_name(obj)}"
+        )
 
     def detail_panels(self, request: HttpRequest, obj: WorkspaceRuntimeLease) -> list[SafeString]:
         reason = getattr(obj, STALE_REASON, None)
@@ -215,7 +234,13 @@ class WorkspaceRuntimeLeaseAdmin(
             SafeString(
                 render_to_string(
                     "admin/leases/workspaceruntimelease/stale_panel.html",
-                    {"lease": obj, "reason": reason, "text": STALE_REASON_TEXT.get(reason or "")},
+                    {
+                        "lease": obj,
+                        "reason": reason,
+                        "text": STALE_REASON_TEXT.get(reason or ""),
+                        "owner": lease_owner_link(obj),
+                        "renewal": lease_renewal(obj).text,
+                    },
                 )
             )
         ]
@@ -232,7 +257,7 @@ class WorkspaceRuntimeLeaseAdmin(
         ]
 
     def get_queryset(self, request: HttpRequest) -> _Queryset:
-        queryset = with_stale_reason(super().get_queryset(request))
+        queryset = with_renewal_age(with_stale_reason(super().get_queryset(request)))
         user = request.user
         if not getattr(user, "is_superuser", False):
             # Board members see (and can act on) only their companies' leases.
@@ -268,7 +293,7 @@ class WorkspaceRuntimeLeaseAdmin(
     ) -> TemplateResponse | None:
         # The generation each lease had when the operator looked: a lease reclaimed or
         # re-created since then belongs to someone the operator never saw, so it is kept.
-        leases = list(queryset.select_related("execution_workspace").order_by("pk"))
+        leases = list(queryset.select_related(*self.list_select_related).order_by("pk"))
         form = ForceReleaseForm(request.POST if request.POST.get("confirm") == "yes" else None)
         if form.is_bound and form.is_valid():
             self._force_release(request, form.cleaned_data["reason"], leases)
@@ -278,6 +303,10 @@ class WorkspaceRuntimeLeaseAdmin(
             "title": "Force-release runtime leases",
             "opts": self.model._meta,
             "leases": leases,
+            # Who loses each workspace, and whether it is still renewing.
+            "rows": [
+                (lease, lease_owner_link(lease), lease_renewal(lease).text) for lease in leases
+            ],
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action_name": "force_release_selected",
@@ -331,6 +360,44 @@ class WorkspaceRuntimeLeaseAdmin(
                 )
             else:
                 self.message_user(request, f"{workspace}: already gone.", messages.INFO)
+
+
+def lease_owner_name(lease: WorkspaceRuntimeLease) -> str:
+    """The owner in words: `issue “Fix login” (73bf1a2c)`, `run 73bf1a2c of agent-3`,
+    `agent agent-3 (73bf1a2c)`; the owner key when the owner row is gone."""
+    kind, _, ident = lease.owner_key.partition(":")
+    if kind == "issue" and lease.owner_issue is not None:
+        return f"issue “{lease.owner_issue.title}” ({short_id(ident)})"
+    if kind == "run" and lease.owner_run is not None:
+        return f"run {short_id(ident)} of {lease.owner_run.agent.name}"
+    if kind == "agent" and lease.owner_agent is not None:
+        return f"agent {lease.owner_agent.name} ({short_id(ident)})"
+    return lease.owner_key
+
+
+def lease_owner_link(lease: WorkspaceRuntimeLease) -> SafeString | str:
+    """The owner's name beside its short id, linked to its page (the owner key, with the
+    whole key in the title, when the owner row is gone)."""
+    kind, _, ident = lease.owner_key.partition(":")
+    model = {"issue": Issue, "run": HeartbeatRun, "agent": Agent}.get(kind)
+    target = {
+        "issue": lease.owner_issue_id,
+        "run": lease.owner_run_id,
+        "agent": lease.owner_agent_id,
+    }.get(kind)
+    if model is None or target is None or str(target) != ident:
+        return format_html('<code title="{}">{}</code>', lease.owner_key, lease.owner_key[:20])
+    return named_link(model, target, f"{kind}: {_owner_row_name(lease, kind)}", limit=30)
+
+
+def _owner_row_name(lease: WorkspaceRuntimeLease, kind: str) -> str:
+    if kind == "issue" and lease.owner_issue is not None:
+        return lease.owner_issue.title
+    if kind == "run" and lease.owner_run is not None:
+        return f"run of {lease.owner_run.agent.name}"
+    if kind == "agent" and lease.owner_agent is not None:
+        return lease.owner_agent.name
+    return "gone"
 
 
 def _pinned_generations(values: list[str]) -> dict[UUID, int]:

@@ -18,6 +18,8 @@ from uuid import UUID
 from django.db.models import (
     BooleanField,
     Case,
+    DurationField,
+    ExpressionWrapper,
     F,
     Func,
     OuterRef,
@@ -29,8 +31,10 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Cast, Coalesce, Now, NullIf, Substr
+from django.utils import timezone
 
 from leases.models import WorkspaceRuntimeLease
+from leases.renewal import RenewalCadence, renewal_cadence
 from paperclip.models import HeartbeatRun, Issue
 
 StaleReason = Literal[
@@ -285,6 +289,25 @@ def with_stale_reason(
     return queryset.alias(
         _owner_issue_ref=_owner_ref("issue"), _owner_run_ref=_owner_ref("run")
     ).annotate(stale_reason=stale_reason_expression())
+
+
+def with_renewal_age(
+    queryset: QuerySet[WorkspaceRuntimeLease],
+) -> QuerySet[WorkspaceRuntimeLease]:
+    """Annotate `renewal_age`: how long ago the owner last renewed, by database time (the
+    app server's clock may differ from the one that stamped `renewed_at`)."""
+    return queryset.annotate(
+        renewal_age=ExpressionWrapper(Now() - F("renewed_at"), output_field=DurationField())
+    )
+
+
+def lease_renewal(lease: WorkspaceRuntimeLease) -> RenewalCadence:
+    """The renewal cadence of a lease read through `with_renewal_age` (else by this server's
+    clock, for a lease loaded some other way)."""
+    age = getattr(lease, "renewal_age", None)
+    if age is None:
+        age = timezone.now() - lease.renewed_at
+    return renewal_cadence(age=age, renewed_at=lease.renewed_at, expires_at=lease.expires_at)
 
 
 def stale_candidate_ids() -> QuerySet[WorkspaceRuntimeLease, UUID]:

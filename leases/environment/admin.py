@@ -46,9 +46,12 @@ from paperclip.admin.toolkit import (
     ReadOnlyAdmin,
     act_on_each,
     console_panel,
+    named_link,
     report_each,
+    short_id,
 )
-from paperclip.models import Environment
+from paperclip.models import Environment, HeartbeatRun
+from paperclip.templatetags.console import age
 
 RETRY_CLEANUP_TEMPLATE = "admin/leases/environmentlease/retry_cleanup_confirmation.html"
 FORCE_RELEASE_TEMPLATE = "admin/leases/environmentlease/force_release_confirmation.html"
@@ -145,19 +148,19 @@ class CleanupAttentionFilter(admin.SimpleListFilter):
 
 
 class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
+    # Fits a 1366 px screen: the policy and the stop-only flag are filters (and on the page);
+    # the marker column says whether a stop-only marker is there and valid.
     list_display = (
-        "id",
+        "lease",
         "company",
-        "provider",
-        "provider_lease_id",
+        "run",
+        "allocation",
         "status",
-        "lease_policy",
         "cleanup_status",
-        "failure_reason",
-        "stop_only",
+        "failure",
         "marker_state",
         "cleanup_claim",
-        "released_at",
+        "released",
     )
     list_filter = (
         CleanupAttentionFilter,
@@ -169,7 +172,8 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
         COMPANY_FILTER,
     )
     search_fields = ("=id", "=provider_lease_id", "=heartbeat_run__id")
-    list_select_related = ("company",)
+    list_select_related = ("company", "heartbeat_run__agent")
+    list_display_links = ("lease",)
     ordering = ("-last_used_at",)
     readonly_fields = (
         "id",
@@ -371,6 +375,37 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
             )
         return panels
 
+    @admin.display(description="lease", ordering="id")
+    def lease(self, lease: EnvironmentLease) -> SafeString:
+        return format_html('<code title="{}">{}</code>', lease.pk, short_id(lease.pk))
+
+    @admin.display(description="run")
+    def run(self, lease: EnvironmentLease) -> SafeString | str:
+        run = lease.heartbeat_run
+        if run is None:
+            return "—"
+        return named_link(HeartbeatRun, run.pk, f"run of {run.agent.name}", limit=24)
+
+    @admin.display(description="allocation", ordering="provider_lease_id")
+    def allocation(self, lease: EnvironmentLease) -> SafeString:
+        return _cut(f"{lease.provider}:{lease.provider_lease_id or '—'}", 24, code=True)
+
+    @admin.display(description="failure", ordering="failure_reason")
+    def failure(self, lease: EnvironmentLease) -> SafeString | str:
+        return _cut(lease.failure_reason, 24) if lease.failure_reason else "—"
+
+    @admin.display(description="released (UTC)", ordering="released_at")
+    def released(self, lease: EnvironmentLease) -> SafeString | str:
+        if lease.released_at is None:
+            return "—"
+        return format_html(
+            '<span title="{}">{}</span>', lease.released_at.isoformat(), age(lease.released_at)
+        )
+
+    def detail_title(self, obj: EnvironmentLease) -> str:
+        run = f", run {short_id(obj.heartbeat_run_id)}" if obj.heartbeat_run_id else ""
+        return f"{obj.provider} lease {short_id(obj.pk)} ({obj.status}{run})"
+
     @admin.display(description="marker")
     def marker_state(self, lease: EnvironmentLease) -> SafeString | str:
         if not stop_only_cleanup_has(lease):
@@ -378,7 +413,7 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
         problem = stop_only_cleanup_problem(lease)
         if problem is None:
             return "valid"
-        return format_html('<strong class="errornote" title="{}">INVALID</strong>', problem)
+        return format_html('<strong class="console-late" title="{}">INVALID</strong>', problem)
 
     @admin.display(description="stop-only check")
     def stop_only_check(self, lease: EnvironmentLease) -> SafeString | str:
@@ -398,10 +433,10 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
         return stop_only_cleanup_has(lease)
 
     @admin.display(description="cleanup claim")
-    def cleanup_claim(self, lease: EnvironmentLease) -> str:
+    def cleanup_claim(self, lease: EnvironmentLease) -> SafeString | str:
         metadata = lease.metadata if isinstance(lease.metadata, dict) else {}
         if metadata.get("pendingCleanupInFlight") is True:
-            return f"in flight: {metadata.get('pendingCleanupAttemptId')}"
+            return _cut(f"in flight: {metadata.get('pendingCleanupAttemptId')}", 20)
         return "-"
 
     @admin.display(description="export-resume marker")
@@ -412,6 +447,14 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
         if marker is None:
             return f"INVALID: {export_resume_problem(lease)} (never cleaned up automatically)"
         return f"{marker.schema} request {marker.request_id} result {marker.result_id}"
+
+
+def _cut(text: str, limit: int, *, code: bool = False) -> SafeString:
+    """`text` cut at `limit` characters, the whole of it in the title attribute."""
+    shown = text if len(text) <= limit else f"{text[: limit - 1]}…"
+    if code:
+        return format_html('<code title="{}">{}</code>', text, shown)
+    return format_html('<span title="{}">{}</span>', text, shown)
 
 
 class EnvironmentAdmin(AuditedAdmin):

@@ -15,6 +15,7 @@ from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.safestring import SafeString
 
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
 from paperclip.admin.toolkit import (
@@ -23,6 +24,7 @@ from paperclip.admin.toolkit import (
     CompanyListFilter,
     ReadOnlyAdmin,
     act_on_each,
+    named_link,
     report_each,
 )
 from paperclip.credentials import agent_key_revoke, board_token_revoke
@@ -34,6 +36,7 @@ from paperclip.models import (
     Company,
     ExecutionWorkspace,
     ExecutionWorkspaceSnapshot,
+    HeartbeatRun,
     Issue,
     NativeRunResult,
     WorkspaceOperation,
@@ -294,8 +297,8 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
         "phase",
         "company",
         "status",
-        "execution_workspace",
-        "heartbeat_run",
+        "workspace",
+        "run",
         "lease_generation",
         "exit_code",
         "started_at",
@@ -303,3 +306,18 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
     )
     list_filter = ("phase", "status", recent_filter("started_at", "started"), COMPANY_FILTER)
     search_fields = ("id", "heartbeat_run__id", "execution_workspace__id", "command")
+    list_select_related = ("company", "execution_workspace", "heartbeat_run__agent")
+
+    @admin.display(description="workspace", ordering="execution_workspace__name")
+    def workspace(self, obj: WorkspaceOperation) -> SafeString | str:
+        workspace = obj.execution_workspace
+        if workspace is None:
+            return "—"
+        return named_link(ExecutionWorkspace, workspace.pk, workspace.name, limit=24)
+
+    @admin.display(description="run")
+    def run(self, obj: WorkspaceOperation) -> SafeString | str:
+        run = obj.heartbeat_run
+        if run is None:
+            return "—"
+        return named_link(HeartbeatRun, run.pk, f"run of {run.agent.name}", limit=24)

@@ -102,6 +102,38 @@ def admin_id_link(model: Any, pk: Any, label: Any = None) -> SafeString | str:
     return format_html('<a href="{}">{}</a>', url, label if label is not None else pk)
 
 
+# What the console shows of an id beside a name, and the shortest prefix its search accepts
+# (recovery.console.lookup): the first 8 hex digits, like a short git hash.
+SHORT_ID_CHARS = 8
+
+
+def short_id(pk: Any) -> str:
+    """The first SHORT_ID_CHARS hex digits of an id (the part before the first dash)."""
+    return str(pk)[:SHORT_ID_CHARS]
+
+
+def named_id(name: Any, pk: Any, *, limit: int = 40) -> SafeString:
+    """`agent-3 (73bf1a2c)`: a name (cut at `limit` characters) beside the start of its id;
+    the whole name and id are in the title attribute."""
+    text = str(name) if name not in (None, "") else "—"
+    shown = text if len(text) <= limit else f"{text[: limit - 1]}…"
+    return format_html(
+        '<span class="console-named" title="{} · {}">{} '
+        '<span class="console-id">({})</span></span>',
+        text,
+        pk,
+        shown,
+        short_id(pk),
+    )
+
+
+def named_link(model: Any, pk: Any, name: Any, *, limit: int = 40) -> SafeString | str:
+    """A link to the object of `model` with primary key `pk`, labelled `named_id(name, pk)`."""
+    if pk is None:
+        return "—"
+    return admin_id_link(model, pk, named_id(name, pk, limit=limit))
+
+
 class ActivityTimelineMixin:
     """The HISTORY page of a state-bearing object is its audit timeline: the ActivityEvent
     rows naming it (`timeline_entity_ids`) or, for runs, carrying its run id."""
@@ -113,6 +145,10 @@ class ActivityTimelineMixin:
 
     def timeline_run_id(self, obj: Any) -> Any:
         return None
+
+    def detail_title(self, obj: Any) -> str:
+        """How the object's pages (its change page, its timeline) name it: names beside ids."""
+        return str(obj)
 
     def history_view(
         self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
@@ -140,7 +176,7 @@ class ActivityTimelineMixin:
         opts = model_admin.model._meta
         context = {
             **model_admin.admin_site.each_context(request),
-            "title": f"Activity of {obj}",
+            "title": f"Activity of {self.detail_title(obj)}",
             "subtitle": None,
             "object": obj,
             "opts": opts,
@@ -187,6 +223,9 @@ class DetailActionsMixin:
                 if (offered := self._offered(request, item, obj)) is not None
             ]
             extra["console_panels"] = self.detail_panels(request, obj)
+            title = getattr(self, "detail_title", None)
+            if title is not None:
+                extra["subtitle"] = title(obj)
         response: HttpResponse = super().change_view(  # type: ignore[misc]
             request, object_id, form_url, extra
         )

@@ -29,13 +29,14 @@ from paperclip.admin.toolkit import (
     DetailActionsMixin,
     act_on_each,
     admin_id_link,
-    admin_link,
     member_company_ids,
+    named_link,
     report_each,
+    short_id,
 )
 from paperclip.errors import InvalidRequest
 from paperclip.ids import parse_uuid
-from paperclip.models import HeartbeatRun
+from paperclip.models import HeartbeatRun, Issue
 from paperclip.receipts import owner_line, raw_owner
 from paperclip.templatetags.console import stamp
 from recovery.errors import SourceFailure, SourceInspectionLimit
@@ -201,7 +202,7 @@ class IssueRecoveryActionAdmin(
     FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ActionAdmin
 ):
     list_display = (
-        "id",
+        "ref",
         "company",
         "issue",
         "run",
@@ -221,6 +222,7 @@ class IssueRecoveryActionAdmin(
         COMPANY_FILTER,
     )
     list_select_related = ("company", "source_issue")
+    list_display_links = ("ref",)
     search_fields = ("=id", "cause", "fingerprint", "next_action", "source_issue__title")
     ordering = ("-updated_at",)
     actions = ("confirm_owner_stop", "resolve_workspace_conflict", "resolve_recovery_action")
@@ -332,15 +334,25 @@ class IssueRecoveryActionAdmin(
         short = obj.cause.removeprefix("native_workspace_finalization_").replace("_", " ")
         return format_html('<span title="{}">{}</span>', obj.cause, short)
 
+    @admin.display(description="action", ordering="id")
+    def ref(self, obj: IssueRecoveryAction) -> SafeString:
+        return format_html('<code title="{}">{}</code>', obj.pk, short_id(obj.pk))
+
     @admin.display(description="source issue", ordering="source_issue__title")
     def issue(self, obj: IssueRecoveryAction) -> SafeString | str:
-        return admin_link(obj.source_issue)
+        return named_link(Issue, obj.source_issue_id, obj.source_issue.title, limit=32)
 
     @admin.display(description="run")
     def run(self, obj: IssueRecoveryAction) -> SafeString | str:
         evidence = _as_dict(obj.evidence)
         run_id = parse_uuid(evidence.get("runId"))
-        return admin_id_link(HeartbeatRun, run_id) if run_id is not None else "—"
+        if run_id is None:
+            return "—"
+        label = format_html('<code title="{}">{}</code>', run_id, short_id(run_id))
+        return admin_id_link(HeartbeatRun, run_id, label)
+
+    def detail_title(self, obj: IssueRecoveryAction) -> str:
+        return f"{obj.cause.replace('_', ' ')} ({obj.status}) on “{obj.source_issue.title}”"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IssueRecoveryAction]:
         qs = super().get_queryset(request).select_related("source_issue", "company")

@@ -8,37 +8,36 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from leases.models import EnvironmentLease
 from leases.orphans import orphaned_runs, run_orphaned_since
 from paperclip.admin.bulk import BulkByFilterMixin
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ReadOnlyAdmin,
-    admin_id_link,
     console_panel,
+    named_link,
+    short_id,
 )
-from paperclip.ids import parse_uuid
 from paperclip.models import (
     ActivityEvent,
     Agent,
-    Company,
-    ExecutionWorkspace,
     HeartbeatRun,
     Issue,
     NativeRunFinalization,
-    WorkspaceOperation,
 )
 from paperclip.templatetags.console import relative, stamp
 from recovery.admin.finalization import FinalizeNowMixin, hold_detail_action, hold_panel
 from recovery.console.interrupt import INTERRUPT_BULK, InterruptRunMixin
-from recovery.console.run_related import run_related
-from recovery.models import IssueRecoveryAction
+from recovery.console.names import AuditNames, audit_names
+from recovery.console.run_related import RELATED_LIMIT, run_related
+from recovery.console.run_timeline import run_timeline
 from recovery.selectors.actions import run_board_hold
 from recovery.selectors.finalization import finalization_state
 
@@ -79,17 +78,19 @@ class OrphanedFilter(admin.SimpleListFilter):
 
 @admin.register(HeartbeatRun)
 class HeartbeatRunAdmin(BulkByFilterMixin, InterruptRunMixin, FinalizeNowMixin, ReadOnlyAdmin):
+    # Names beside short ids, and short columns: the list fits a 1366 px screen.
     list_display = (
-        "id",
+        "run",
         "company",
-        "agent",
-        "issue",
+        "agent_named",
+        "issue_named",
         "status",
         "runtime_mode",
         "native_phase",
-        "created_at",
-        "finished_at",
+        "created",
+        "finished",
     )
+    list_display_links = ("run",)
     list_filter = (
         "status",
         OrphanedFilter,
@@ -145,6 +146,37 @@ class HeartbeatRunAdmin(BulkByFilterMixin, InterruptRunMixin, FinalizeNowMixin, 
         ),
     )
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[HeartbeatRun]:
+        # The page title names the agent and the issue (detail_title).
+        return super().get_queryset(request).select_related("company", "agent", "issue")
+
+    @admin.display(description="run", ordering="id")
+    def run(self, obj: HeartbeatRun) -> SafeString:
+        return format_html('<code title="{}">{}</code>', obj.pk, short_id(obj.pk))
+
+    @admin.display(description="agent", ordering="agent__name")
+    def agent_named(self, obj: HeartbeatRun) -> SafeString | str:
+        return named_link(Agent, obj.agent_id, obj.agent.name, limit=24)
+
+    @admin.display(description="issue", ordering="issue__title")
+    def issue_named(self, obj: HeartbeatRun) -> SafeString | str:
+        issue = obj.issue
+        if issue is None:
+            return "—"
+        return named_link(Issue, issue.pk, issue.title, limit=32)
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, obj: HeartbeatRun) -> SafeString | str:
+        return stamp(obj.created_at)
+
+    @admin.display(description="finished (UTC)", ordering="finished_at")
+    def finished(self, obj: HeartbeatRun) -> SafeString | str:
+        return stamp(obj.finished_at) if obj.finished_at else "—"
+
+    def detail_title(self, obj: HeartbeatRun) -> str:
+        on = f" on “{obj.issue.title}”" if obj.issue is not None else ""
+        return f"run {short_id(obj.pk)} of {obj.agent.name}{on}"
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [
             "related_objects",
@@ -154,7 +186,9 @@ class HeartbeatRunAdmin(BulkByFilterMixin, InterruptRunMixin, FinalizeNowMixin, 
     def timeline_run_id(self, obj: HeartbeatRun) -> Any:
         return obj.pk
 
-    @admin.display(description="lease, actions, checkpoints, coordinator, operations, audit")
+    @admin.display(
+        description="timeline, coordinator, leases, actions, checkpoints, operations, audit"
+    )
     def related_objects(self, obj: HeartbeatRun) -> SafeString:
         related = run_related(obj)
         state = (
@@ -165,7 +199,13 @@ class HeartbeatRunAdmin(BulkByFilterMixin, InterruptRunMixin, FinalizeNowMixin, 
         return SafeString(  # rendered through an autoescaping template
             render_to_string(
                 "admin/console/run_related.html",
-                {"run": obj, "related": related, "finalization": state},
+                {
+                    "run": obj,
+                    "related": related,
+                    "finalization": state,
+                    "timeline": run_timeline(obj, related),
+                    "limit": RELATED_LIMIT,
+                },
             )
         )
 
@@ -222,29 +262,50 @@ class HeartbeatRunAdmin(BulkByFilterMixin, InterruptRunMixin, FinalizeNowMixin, 
         self._finalize_each(request, list(queryset.order_by("pk").values_list("company_id", "pk")))
 
 
+def _names_of(event: ActivityEvent) -> AuditNames:
+    names = getattr(event, "console_names", None)
+    return names if names is not None else audit_names([event])
+
+
+class _NamedAuditChangeList(ChangeList):
+    """The audit log's page, with the names behind its ids read once for the whole page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows: list[ActivityEvent] = list(self.result_list)  # fills the page's result cache
+        names = audit_names(rows)
+        for row in rows:  # per row, not on the (shared) model admin
+            row.console_names = names  # type: ignore[attr-defined]
+
+
 @admin.register(ActivityEvent)
 class ActivityEventAdmin(ReadOnlyAdmin):
     list_display = (
         "created",
         "company",
         "action",
-        "actor_type",
-        "actor_id",
+        "actor",
         "entity_type",
         "entity",
     )
     list_select_related = ("company",)
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _NamedAuditChangeList
+
     @admin.display(description="when (UTC)", ordering="created_at")
     def created(self, obj: ActivityEvent) -> SafeString | str:
         return stamp(obj.created_at)
 
+    @admin.display(description="actor", ordering="actor_id")
+    def actor(self, obj: ActivityEvent) -> SafeString | str:
+        if obj.actor_type != "agent":
+            return format_html("{} <code>{}</code>", obj.actor_type, obj.actor_id[:24])
+        return _names_of(obj).actor(obj)
+
     @admin.display(description="entity", ordering="entity_id")
     def entity(self, obj: ActivityEvent) -> SafeString | str:
-        model = _ENTITY_MODELS.get(obj.entity_type)
-        if model is None or parse_uuid(obj.entity_id) is None:
-            return obj.entity_id
-        return admin_id_link(model, obj.entity_id)
+        return _names_of(obj).entity_link(obj)
 
     # No date_hierarchy and no stock "all values" filters: their links read every row
     # (paperclip.admin.lists).
@@ -256,18 +317,3 @@ class ActivityEventAdmin(ReadOnlyAdmin):
         COMPANY_FILTER,
     )
     search_fields = ("entity_id", "actor_id")
-
-
-# Audit rows' entity types whose id is the primary key of a console page (lease rows are named
-# by their workspace, whose page links on to the lease).
-_ENTITY_MODELS: dict[str, Any] = {
-    "company": Company,
-    "agent": Agent,
-    "issue": Issue,
-    "heartbeat_run": HeartbeatRun,
-    "execution_workspace": ExecutionWorkspace,
-    "native_run_finalization": NativeRunFinalization,
-    "workspace_operation": WorkspaceOperation,
-    "environment_lease": EnvironmentLease,
-    "issue_recovery_action": IssueRecoveryAction,
-}

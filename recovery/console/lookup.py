@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from django.db.models import Model, Q, QuerySet
 
@@ -22,6 +23,10 @@ from paperclip.models import (
 from recovery.models import IssueRecoveryAction
 
 MAX_QUERY_CHARS = 200
+# An id prefix shorter than this is taken as a name (four hex digits already narrow a table to
+# one row in 65536).
+MIN_PREFIX_HEX = 4
+_HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +37,22 @@ class LookupHit:
     label: str  # str(object)
 
 
+def id_prefix_range(text: str) -> tuple[UUID, UUID] | None:
+    """The uuids that start with the hex digits `text` (dashes ignored, as in a short id
+    `73bf1a2c`), as an inclusive range: PostgreSQL orders uuids by their bytes, so a prefix
+    is a range of the primary key's index. None unless `text` is MIN_PREFIX_HEX to 31 hex
+    digits."""
+    digits = text.lower().replace("-", "")
+    if not MIN_PREFIX_HEX <= len(digits) < 32 or not set(digits) <= _HEX:
+        return None
+    return UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f"))
+
+
 def console_lookup(*, query: str, company_ids: Collection[Any] | None) -> list[LookupHit]:
     """Objects named by `query`: a uuid (run, issue, workspace, runtime or environment lease,
-    recovery action, coordinator, agent, company), an owner key (`issue:<uuid>`,
-    `run:<uuid>`, `agent:<uuid>`) or a provider allocation id. Only the companies in
+    recovery action, coordinator, agent, company) or its first hex digits (a short id), an
+    owner key (`issue:<uuid>`, `run:<uuid>`, `agent:<uuid>`), a provider allocation id, an
+    agent's name or part of an issue's title or a workspace's name. Only the companies in
     `company_ids` (None: all); at most one query per kind; reads only."""
     text = query.strip()[:MAX_QUERY_CHARS]
     if not text or "\x00" in text:  # PostgreSQL text cannot hold NUL: nothing can match
@@ -49,7 +66,7 @@ def console_lookup(*, query: str, company_ids: Collection[Any] | None) -> list[L
     searches: list[tuple[str, QuerySet[Any]]] = []
     if uid is not None:
         searches += [
-            ("run", scoped(HeartbeatRun.objects.filter(pk=uid))),
+            ("run", scoped(HeartbeatRun.objects.filter(pk=uid).select_related("agent"))),
             ("issue", scoped(Issue.objects.filter(pk=uid))),
             ("execution workspace", scoped(ExecutionWorkspace.objects.filter(pk=uid))),
             (
@@ -80,13 +97,39 @@ def console_lookup(*, query: str, company_ids: Collection[Any] | None) -> list[L
                 scoped(NativeRunnerCheckpoint.objects.filter(pk=uid).defer("nonce", "ciphertext")),
             ),
         ]
-    else:
+    elif (prefix := id_prefix_range(text)) is not None:
+        searches += [
+            ("run", scoped(HeartbeatRun.objects.filter(pk__range=prefix).select_related("agent"))),
+            ("issue", scoped(Issue.objects.filter(pk__range=prefix))),
+            ("execution workspace", scoped(ExecutionWorkspace.objects.filter(pk__range=prefix))),
+            ("runtime lease", scoped(WorkspaceRuntimeLease.objects.filter(pk__range=prefix))),
+            ("environment lease", scoped(EnvironmentLease.objects.filter(pk__range=prefix))),
+            ("recovery action", scoped(IssueRecoveryAction.objects.filter(pk__range=prefix))),
+            ("agent", scoped(Agent.objects.filter(pk__range=prefix))),
+        ]
+    if uid is None:
+        # Names: a hex-looking word ("beef", "cafe01") may be a name as well as a prefix.
         searches += [
             ("runtime lease", scoped(WorkspaceRuntimeLease.objects.filter(owner_key=text))),
             ("environment lease", scoped(EnvironmentLease.objects.filter(provider_lease_id=text))),
+            ("agent", scoped(Agent.objects.filter(name__icontains=text))),
+            ("issue", scoped(Issue.objects.filter(title__icontains=text))),
+            (
+                "execution workspace",
+                scoped(ExecutionWorkspace.objects.filter(name__icontains=text)),
+            ),
         ]
     hits: list[LookupHit] = []
+    seen: set[tuple[type[Model], Any]] = set()
     for kind, queryset in searches:
         for obj in queryset.order_by("pk")[:20]:
-            hits.append(LookupHit(model=type(obj), pk=obj.pk, kind=kind, label=str(obj)))
+            if (type(obj), obj.pk) not in seen:  # an agent both named and prefixed "beef"
+                seen.add((type(obj), obj.pk))
+                hits.append(LookupHit(model=type(obj), pk=obj.pk, kind=kind, label=_label(obj)))
     return hits
+
+
+def _label(obj: Model) -> str:
+    if isinstance(obj, HeartbeatRun):
+        return f"run {str(obj.pk)[:8]} of {obj.agent.name}"
+    return str(obj)

@@ -7,20 +7,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db.models import Q
+from django.utils.safestring import SafeString
 
 from checkpoints.models import NativeRunnerCheckpoint
+from leases.admin import lease_owner_link
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
-from leases.selectors import with_stale_reason
+from leases.renewal import RenewalCadence
+from leases.selectors import lease_renewal, with_renewal_age, with_stale_reason
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunFinalization, WorkspaceOperation
 from recovery.models import IssueRecoveryAction
 
 RELATED_LIMIT = 50
+# What a runtime lease row's owner and workspace are named by, joined in its one query.
+_LEASE_NAMES = ("execution_workspace", "owner_issue", "owner_run__agent", "owner_agent")
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLeaseRow:
+    lease: WorkspaceRuntimeLease
+    owner: SafeString | str  # its name beside its short id, linked
+    renewal: RenewalCadence
 
 
 @dataclass(frozen=True, slots=True)
 class RunRelated:
     coordinator: NativeRunFinalization | None
-    runtime_leases: list[WorkspaceRuntimeLease]
+    runtime_leases: list[RuntimeLeaseRow]
     environment_leases: list[EnvironmentLease]
     recovery_actions: list[IssueRecoveryAction]
     checkpoint_parts: list[NativeRunnerCheckpoint]
@@ -35,11 +47,16 @@ def run_related(run: HeartbeatRun) -> RunRelated:
         lease_match |= Q(execution_workspace_id=run.execution_workspace_id)
     return RunRelated(
         coordinator=NativeRunFinalization.objects.filter(run_id=run.pk, company_id=company).first(),
-        runtime_leases=list(
-            with_stale_reason(
-                WorkspaceRuntimeLease.objects.filter(lease_match, company_id=company)
-            ).select_related("execution_workspace")[:RELATED_LIMIT]
-        ),
+        runtime_leases=[
+            RuntimeLeaseRow(lease, lease_owner_link(lease), lease_renewal(lease))
+            for lease in with_renewal_age(
+                with_stale_reason(
+                    WorkspaceRuntimeLease.objects.filter(lease_match, company_id=company)
+                )
+            ).select_related(
+                "execution_workspace", "owner_issue", "owner_run__agent", "owner_agent"
+            )[:RELATED_LIMIT]
+        ],
         environment_leases=list(
             EnvironmentLease.objects.filter(heartbeat_run_id=run.pk, company_id=company).order_by(
                 "-acquired_at"
@@ -63,6 +80,6 @@ def run_related(run: HeartbeatRun) -> RunRelated:
         activity=list(
             ActivityEvent.objects.filter(
                 Q(run_id=run.pk) | Q(entity_id=str(run.pk)), company_id=company
-            ).order_by("-created_at")[:20]
+            ).order_by("-created_at")[:RELATED_LIMIT]
         ),
     )

@@ -5,9 +5,9 @@ orphaned run from its page; meets a held run's hold first on its page, with the 
 confirmation in place of "Finalize now"; retries a failed environment cleanup now;
 force-releases an environment lease its provider left active; interrupts every run a filter
 matches, and retries every failed cleanup one matches, from the list (count, preview,
-reason, per-row outcome); resolves a failed sandbox run's
-recovery action waiting for the board; and a staff
-user of one company never sees another company's objects on any console page.
+reason, per-row outcome); resolves a failed sandbox run's recovery action waiting for the
+board; a staff user of one company never sees another company's objects on any console page;
+and the lists and a run's page fit a 1366x768 laptop screen (screenshots `laptop-*.png`).
 
 Screenshots of the pages each test walks through are written to `.screenshots/`
 (ignored by git). Without chromium these tests fail in CI (CI=true) and are skipped elsewhere.
@@ -30,7 +30,13 @@ from django.db import connection
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company, HeartbeatRun
 from recovery.console.site import REFRESH_SECONDS
-from tests.console.helpers import held, invalid_marker_lease, orphaned_run, stale_lease
+from tests.console.helpers import (
+    held,
+    invalid_marker_lease,
+    one_of_each,
+    orphaned_run,
+    stale_lease,
+)
 from tests.console.test_recovery_resolve import sandbox_failed
 from tests.leases.environment.factories import EnvironmentLeaseFactory, backing_off
 from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
@@ -398,3 +404,42 @@ def test_a_staff_user_of_one_company_never_sees_another_companys_objects(page: A
             html = html.replace(url.split("q=")[-1].split("&")[0], "")
         leaked = [secret for secret in secrets if secret in html]
         assert leaked == [], f"{url} shows {leaked}"
+
+
+LAPTOP = {"width": 1366, "height": 768}
+LAPTOP_LISTS = {
+    "runs": "/admin/paperclip/heartbeatrun/",
+    "runtime-leases": "/admin/leases/workspaceruntimelease/",
+    "environment-leases": "/admin/leases/environmentlease/",
+    "recovery-actions": "/admin/recovery/issuerecoveryaction/",
+    "audit-log": "/admin/paperclip/activityevent/",
+    "workspace-operations": "/admin/paperclip/workspaceoperation/",
+}
+
+
+def test_lists_and_a_run_page_fit_a_laptop_screen(page: Any) -> None:
+    """At 1366 px no list the operator works from scrolls sideways, and names sit beside
+    short ids."""
+    company = CompanyFactory()
+    one_of_each(company)
+    run = orphaned_run(company=company)  # a run with a lapsed lease: claims on its timeline
+    operator(company, username="laptop")
+    page.set_viewport_size(LAPTOP)
+    log_in(page, "laptop")
+    for name, path in LAPTOP_LISTS.items():
+        page.goto(f"{page.base_url}{path}")
+        page.wait_for_selector("#result_list")
+        shot(page, f"laptop-{name}")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= LAPTOP["width"], f"{name}: {width} px wide"
+        # Django scrolls a wide table inside its box: the table must fit that box too.
+        table, box = page.evaluate(
+            "[document.querySelector('#result_list').scrollWidth,"
+            " document.querySelector('.results').clientWidth]"
+        )
+        assert table <= box, f"{name}: table {table} px in a {box} px box"
+    assert page.locator("#result_list .console-id").count() > 0  # the last list names too
+    page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/{run.pk}/change/")
+    page.wait_for_selector("#run-timeline")
+    shot(page, "laptop-run")
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]

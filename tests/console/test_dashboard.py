@@ -18,7 +18,7 @@ from paperclip.models import ActivityEvent, BoardMembership, Company
 from recovery.console.attention import attention_summary
 from recovery.console.site import tile_url
 from tests.console.helpers import one_of_each
-from tests.paperclip.factories import CompanyFactory, UserFactory
+from tests.paperclip.factories import AgentFactory, CompanyFactory, IssueFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -167,3 +167,25 @@ def test_tiles_link_only_to_pages_the_operator_may_open(company: Company) -> Non
         '<a class="console-tile needs" href="/admin/paperclip/workerprocess/" '
         'data-kind="worker_heartbeat_stale"' in superuser_html
     )
+
+
+def test_recent_activity_links_to_each_entitys_page_by_name(company: Company) -> None:
+    agent = AgentFactory(company=company, name="agent-recent")
+    issue = IssueFactory(company=company, title="Recent issue")
+    for entity_type, entity_id in (("issue", issue.pk), ("agent", agent.pk)):
+        ActivityEvent.objects.create(
+            company=company,
+            actor_type="agent",
+            actor_id=str(agent.pk),
+            action=f"{entity_type}.updated",
+            entity_type=entity_type,
+            entity_id=str(entity_id),
+        )
+    html = staff_client(company).get(INDEX).content.decode()
+    recent = html[html.index('id="recent-actions-module"') :]
+    issue_url = reverse("admin:paperclip_issue_change", args=[issue.pk])
+    agent_url = reverse("admin:paperclip_agent_change", args=[agent.pk])
+    assert f'<a href="{issue_url}">' in recent
+    assert f'<a href="{agent_url}">' in recent
+    assert "Recent issue" in recent
+    assert f'agent-recent <span class="console-id">({str(agent.pk)[:8]})</span>' in recent

@@ -16,10 +16,16 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.models import ActivityEvent, BoardMembership, Company
+from paperclip.models import ActivityEvent, BoardMembership, Company, Issue
 from paperclip.receipts import OWNER_KEY
 from tests.console.helpers import held, one_of_each, stale_lease
-from tests.paperclip.factories import CompanyFactory, UserFactory
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    IssueFactory,
+    NativeRunFactory,
+    UserFactory,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -213,7 +219,7 @@ def test_company_filter_lists_only_the_operators_companies(company: Company) -> 
 
     # The key columns first, so that they stay on screen at 1400 px.
     columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
-    assert columns[:5] == ["execution_workspace", "company", "stale_reason", "renewed", "expires"]
+    assert columns[:5] == ["workspace", "company", "stale_reason", "renewed", "expires"]
 
 
 def test_console_templates_use_the_admins_breadcrumb_markup() -> None:
@@ -309,3 +315,121 @@ def test_detail_pages_say_why_in_words(company: Company) -> None:
         reverse("admin:leases_environmentlease_change", args=[world["cleanup_failed"].pk])
     ).content.decode()
     assert 'data-state="cleanup_failed"' in failed
+
+
+def test_lists_and_titles_name_agents_issues_and_workspaces_beside_short_ids(
+    company: Company,
+) -> None:
+    lease = stale_lease(company, "ws-named")
+    run = NativeRunFactory(
+        company=company,
+        agent=AgentFactory(company=company, name="agent-3"),
+        issue=IssueFactory(company=company, title="Fix login"),
+    )
+    ActivityEvent.objects.create(
+        company=company,
+        actor_type="agent",
+        actor_id=str(run.agent_id),
+        action="heartbeat_run.status_changed",
+        entity_type="heartbeat_run",
+        entity_id=str(run.pk),
+        run=run,
+    )
+    client = staff(company)
+    runs = client.get(reverse("admin:paperclip_heartbeatrun_changelist")).content.decode()
+    assert f'agent-3 <span class="console-id">({str(run.agent_id)[:8]})</span>' in runs
+    assert f'>Fix login <span class="console-id">({str(run.issue_id)[:8]})' in runs
+    leases = client.get(LEASES).content.decode()
+    workspace = lease.execution_workspace_id
+    assert f'ws-named <span class="console-id">({str(workspace)[:8]})</span>' in leases
+    owner = Issue.objects.get(pk=lease.owner_issue_id)
+    assert f'issue: {owner.title} <span class="console-id">' in leases
+    audit = client.get(reverse("admin:paperclip_activityevent_changelist")).content.decode()
+    assert "run of agent-3" in audit
+    assert f'agent-3 <span class="console-id">({str(run.agent_id)[:8]})</span>' in audit
+    page = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]))
+    assert f"run {str(run.pk)[:8]} of agent-3 on “Fix login”" in page.content.decode()
+    history = client.get(reverse("admin:paperclip_heartbeatrun_history", args=[run.pk]))
+    assert f"Activity of run {str(run.pk)[:8]} of agent-3" in history.content.decode()
+
+
+def test_search_finds_short_id_prefixes_agent_names_and_issue_titles(company: Company) -> None:
+    run = NativeRunFactory(
+        company=company,
+        agent=AgentFactory(company=company, name="agent-ergo-7"),
+        issue=IssueFactory(company=company, title="Rotate the billing keys"),
+    )
+    theirs = NativeRunFactory(
+        company=CompanyFactory(),
+        agent=AgentFactory(name="agent-ergo-8"),
+        issue=IssueFactory(title="Rotate the billing keys too"),
+    )
+    client = staff(company)
+
+    def found(query: str) -> list[Any]:
+        response = client.get(SEARCH, {"q": query, "list": "1"})
+        assert response.status_code == 200
+        return [hit.pk for hit, _ in response.context["hits"]]
+
+    assert run.pk in found(str(run.pk)[:8])
+    assert run.pk in found(str(run.pk)[:8].upper())
+    assert theirs.pk not in found(str(theirs.pk)[:8])
+    assert found("agent-ergo") == [run.agent_id]
+    assert found("billing keys") == [run.issue_id]
+    # One hit opens its page.
+    opened = client.get(SEARCH, {"q": "Agent-Ergo-7"})
+    assert opened.status_code == 302
+    assert opened["Location"] == reverse("admin:paperclip_agent_change", args=[run.agent_id])
+    assert "Nothing in your companies" in client.get(SEARCH, {"q": "zzz-no-such"}).content.decode()
+
+
+UNIT = r"\d+(\.\d)? (s|min|h)"
+RENEWAL = re.compile(rf"last renewal {UNIT} ago, expected every {UNIT} \(TTL {UNIT}\)")
+
+
+def test_a_leases_owner_is_shown_with_its_renewal_cadence(company: Company) -> None:
+    lease = stale_lease(company, "ws-renewal")
+    client = staff(company)
+    listed = client.get(LEASES).content.decode()
+    assert re.search(rf"{UNIT} ago, every {UNIT}", listed)
+    assert RENEWAL.search(listed)  # the whole sentence in the title attribute
+    page = client.get(reverse("admin:leases_workspaceruntimelease_change", args=[lease.id]))
+    assert RENEWAL.search(page.content.decode())
+    run = NativeRunFactory(company=company, execution_workspace_id=lease.execution_workspace_id)
+    run_page = client.get(reverse("admin:paperclip_heartbeatrun_change", args=[run.pk]))
+    assert RENEWAL.search(run_page.content.decode())
+    # The force-release confirmation names whom it evicts, and whether they still renew.
+    confirm = client.post(
+        LEASES, {"action": "force_release_selected", "_selected_action": [str(lease.id)]}
+    ).content.decode()
+    assert RENEWAL.search(confirm)
+    assert f"({str(lease.owner_key.partition(':')[2])[:8]})" in confirm
+
+
+def test_run_page_shows_its_timeline_oldest_first_in_a_bounded_number_of_queries(
+    company: Company, django_assert_max_num_queries: Any
+) -> None:
+    world = one_of_each(company)
+    run = world["authority"].run
+    url = reverse("admin:paperclip_heartbeatrun_change", args=[run.pk])
+    client = staff(company)
+    with CaptureQueriesContext(connection) as few:
+        html = client.get(url).content.decode()
+    timeline = html[html.index('id="run-timeline"') : html.index("<h3>Coordinator</h3>")]
+    stamps = re.findall(r'<time datetime="([^"]+)"', timeline)
+    assert stamps
+    assert stamps == sorted(stamps)
+    assert "run created" in timeline
+    for n in range(5):
+        ActivityEvent.objects.create(
+            company=company,
+            actor_type="system",
+            actor_id="test",
+            action=f"run.step_{n}",
+            entity_type="heartbeat_run",
+            entity_id=str(run.pk),
+            run=run,
+        )
+    with django_assert_max_num_queries(len(few)):
+        more = client.get(url).content.decode()
+    assert "run.step_4" in more[more.index('id="run-timeline"') :]
