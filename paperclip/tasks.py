@@ -11,13 +11,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models.functions import Now
 from procrastinate import JobContext
-from procrastinate import exceptions as procrastinate_exceptions
-from procrastinate import jobs as procrastinate_jobs
 from procrastinate.contrib.django import app
 
 from paperclip.models import JobError, WorkerProcess
 from paperclip.snapshots.adopt import ADOPT_TASK, CwdUnadoptable, workspace_cwd_adopt
 from paperclip.snapshots.collect import cas_collect
+from paperclip.worker.process import database_back_for, requeue_job
 from paperclip.worker.schedule import maintenance_task
 
 logger = logging.getLogger(__name__)
@@ -35,6 +34,11 @@ async def recover_stalled_jobs(context: JobContext, timestamp: int) -> str:
     dead owner's receipt (a board hold), never a second copy-back. A job whose queueing lock is
     already taken by a waiting job (the reconciler deferred the same work) is closed as failed
     instead: the waiting job does that work."""
+    back_for = database_back_for()
+    if back_for < settings.PAPERCLIP_WORKER_STALLED_AFTER_SECONDS:
+        # Every worker was cut off alike: give them a stalled timeout to heartbeat again
+        # before taking their silence for death (docs/worker.md#postgresql-failover).
+        return f"waiting: the database came back {back_for:.0f} s ago"
     manager = context.app.job_manager
     stalled = list(
         await manager.get_stalled_jobs(
@@ -43,13 +47,12 @@ async def recover_stalled_jobs(context: JobContext, timestamp: int) -> str:
     )
     retried = closed = 0
     for job in stalled:
-        try:
-            await manager.retry_job(job)
-            retried += 1
-        except procrastinate_exceptions.UniqueViolation:
-            await manager.finish_job(job, status=procrastinate_jobs.Status.FAILED, delete_job=False)
+        outcome = await requeue_job(manager, job)
+        if outcome.startswith("closed"):
             closed += 1
-        logger.warning("stalled job %s (%s) of a vanished worker recovered", job.id, job.task_name)
+        else:
+            retried += 1
+        logger.warning("stalled job %s (%s) of a lost worker: %s", job.id, job.task_name, outcome)
     return f"stalled {len(stalled)}: retried {retried}, closed {closed} (work already queued)"
 
 

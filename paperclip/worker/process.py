@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psutil
+import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
@@ -28,6 +29,10 @@ from django.db.models.functions import Now
 from procrastinate import JobContext, exceptions
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import app
+from procrastinate.job_context import JobResult
+from procrastinate.jobs import Job, Status
+from procrastinate.manager import JobManager
+from procrastinate.retry import RetryDecision
 
 from paperclip.host import kernel_boot_id
 from paperclip.models import JobError, WorkerProcess
@@ -123,6 +128,11 @@ async def record_errors_async(
     return result
 
 
+# psycopg's errors for a connection that failed or was lost (a pool that cannot connect raises
+# PoolTimeout, an OperationalError).
+_CONNECTION_LOST = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
 class ResilientWorker(procrastinate_worker.Worker):
     """Procrastinate's worker, riding out a lost database session.
 
@@ -131,9 +141,16 @@ class ResilientWorker(procrastinate_worker.Worker):
     failover, `pg_terminate_backend`): the pool replaces the connection at the next checkout.
     Here a database error in the heartbeat, the periodic deferrer, the LISTEN connection
     (reopened, on the new primary after a failover: docs/ha.md) or the job fetch is logged
-    and the loop goes on after a pause, for as long as the last successful heartbeat is younger
-    than the stalled-worker timeout. Past that, other workers treat this one as stalled and
-    retry its jobs, so it stops as Procrastinate would (and its supervisor restarts it).
+    and the loop goes on after a pause, however long the database stays away.
+
+    An outage longer than the stalled-worker timeout may have let another worker (one that
+    could still reach the database) take this one for dead and retry its running jobs. So
+    the first heartbeat after such an outage checks: when this worker's registration is gone
+    or one of its running jobs is no longer its own, it stops as Procrastinate would (after
+    its running jobs; its supervisor restarts it); otherwise it carries on. And while the
+    database has been back for less than that timeout, this process's stalled-job recovery
+    waits (`database_back_for`): every worker was cut off alike, and needs a heartbeat's time
+    to show it is alive (docs/worker.md#postgresql-failover).
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -149,8 +166,77 @@ class ResilientWorker(procrastinate_worker.Worker):
                 await self.app.job_manager.update_heartbeat(self.worker_id)
             except exceptions.ConnectorException as exc:
                 self._ride_out("the heartbeat", exc)
-            else:
-                self._heartbeat_ok_at = time.monotonic()
+                continue
+            silent = time.monotonic() - self._heartbeat_ok_at
+            self._heartbeat_ok_at = time.monotonic()
+            if silent > self.update_heartbeat_interval * 1.5 + 1:
+                _back_from_outage()
+                await self._requeue_lost_jobs()
+            if silent > self.stalled_worker_timeout:
+                await self._after_long_outage(silent)
+
+    async def _requeue_lost_jobs(self) -> None:
+        """After missed heartbeats: jobs `doing` under this worker that it no longer runs are
+        lost: their outcome was recorded on a primary that died before shipping it
+        (asynchronous replication), or never. They are queued again, as a stalled worker's
+        would be (our jobs are safe to run again). Only jobs started over a second ago (by the
+        database's clock) count: one fetched while this query runs is not in the running set
+        yet, and the lost ones started before the outage, longer ago than that."""
+        try:
+            rows = await self.app.connector.execute_query_all_async(
+                "SELECT j.id FROM procrastinate_jobs j WHERE j.worker_id = %(worker)s"
+                " AND j.status = 'doing' AND (SELECT max(e.at) FROM procrastinate_events e"
+                " WHERE e.job_id = j.id AND e.type = 'started') < now() - interval '1 second'",
+                worker=self.worker_id,
+            )
+            running = {c.job.id for c in self._running_jobs.values()}  # after the query
+            for job_id in [row["id"] for row in rows if row["id"] not in running]:
+                [job] = await self.app.job_manager.list_jobs_async(id=job_id)
+                outcome = await requeue_job(self.app.job_manager, job)
+                logger.warning(
+                    "worker %s: job %s (%s) was left doing with its outcome lost; %s",
+                    self.worker_id,
+                    job_id,
+                    job.task_name,
+                    outcome,
+                )
+        except exceptions.ConnectorException as exc:
+            self._ride_out("looking for lost jobs", exc)
+
+    async def _after_long_outage(self, silent: float) -> None:
+        """Carry on only if nobody took this worker for dead while it was cut off."""
+        running = [c.job.id for c in self._running_jobs.values() if c.job.id is not None]
+        try:
+            rows = await self.app.connector.execute_query_all_async(
+                "SELECT (SELECT count(*) FROM procrastinate_workers WHERE id = %(worker)s)"
+                " AS registered, (SELECT count(*) FROM procrastinate_jobs"
+                " WHERE id = ANY(%(jobs)s) AND (status = 'todo'"
+                " OR (status = 'doing' AND worker_id IS DISTINCT FROM %(worker)s))) AS taken",
+                worker=self.worker_id,
+                jobs=running,
+            )
+        except exceptions.ConnectorException as exc:
+            self._ride_out("the check after an outage", exc)
+            self._heartbeat_ok_at -= silent  # check again at the next heartbeat
+            return
+        registered, taken = rows[0]["registered"], rows[0]["taken"]
+        if registered and not taken:
+            logger.warning(
+                "worker %s: back after %.0f s without the database; none of its %d running"
+                " job(s) was taken over: carrying on",
+                self.worker_id,
+                silent,
+                len(running),
+            )
+            return
+        logger.error(
+            "worker %s: back after %.0f s without the database, and taken for dead meanwhile"
+            " (%s); stopping after its running jobs",
+            self.worker_id,
+            silent,
+            "its registration was pruned" if not registered else f"{taken} job(s) retried",
+        )
+        self.stop()  # type: ignore[no-untyped-call]
 
     async def _periodic_deferrer(self) -> None:  # a private hook of Procrastinate ~=3.10
         # `make run` starts its periodic tasks late, so the demo's seeded states stay visible
@@ -193,22 +279,69 @@ class ResilientWorker(procrastinate_worker.Worker):
             # The worker loop waits for a notification or the next poll, then fetches again.
             self._ride_out("fetching jobs", exc)
 
+    async def _persist_job_status(  # a private hook of Procrastinate ~=3.10
+        self,
+        job: Job,
+        status: Status,
+        retry_decision: RetryDecision | None,
+        context: JobContext,
+        job_result: JobResult | None,
+    ) -> None:
+        """Record a finished job's outcome, waiting for the database when it is away: given up,
+        the job's row would stay `doing` under a live worker, and nothing would ever recover
+        it. An error other than a lost connection is raised as before."""
+        while True:
+            try:
+                await super()._persist_job_status(
+                    job=job,
+                    status=status,
+                    retry_decision=retry_decision,
+                    context=context,
+                    job_result=job_result,
+                )
+            except exceptions.ConnectorException as exc:
+                if not isinstance(exc.__cause__, _CONNECTION_LOST):
+                    raise
+                self._ride_out(f"recording the outcome of job {job.id}", exc)
+                await asyncio.sleep(1.0)
+            else:
+                return
+
     def _ride_out(self, what: str, exc: exceptions.ConnectorException) -> None:
-        silent = time.monotonic() - self._heartbeat_ok_at
-        if silent > self.stalled_worker_timeout:
-            logger.error(
-                "worker %s: no heartbeat for %.0f s (stalled-worker timeout %g s); stopping",
-                self.worker_id,
-                silent,
-                self.stalled_worker_timeout,
-            )
-            raise exc
         logger.warning(
             "worker %s: database error in %s (%s); retrying",
             self.worker_id,
             what,
             " ".join(str(exc.__cause__ or exc).split()),
         )
+
+
+# When this process's worker last wrote a heartbeat after missing some (the database was
+# away): stalled-job recovery waits a stalled timeout from then (`database_back_for`).
+_back_at = time.monotonic() - 1e9
+
+
+def _back_from_outage() -> None:
+    global _back_at
+    _back_at = time.monotonic()
+
+
+async def requeue_job(manager: JobManager, job: Job) -> str:
+    """Queue a job again whose worker lost it (stalled, or its outcome lost); when its
+    queueing lock is taken by a waiting job (the reconciler deferred the same work), close it
+    as failed instead: the waiting job does that work. Says which."""
+    try:
+        await manager.retry_job(job)
+    except exceptions.UniqueViolation:
+        await manager.finish_job(job, status=Status.FAILED, delete_job=False)
+        return "closed (the same work is already queued)"
+    return "queued again"
+
+
+def database_back_for() -> float:
+    """Seconds since this process's worker wrote a heartbeat again after missing some (very
+    large when it never missed one)."""
+    return time.monotonic() - _back_at
 
 
 def _register(worker_id: int, *, concurrency: int, queues: Sequence[str]) -> None:

@@ -54,9 +54,10 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT = str(Path(sys.executable).with_name("paperclip-agent"))
 DATABASE = "paperclip_ha"
 # The workers' cadence, fast enough for a short test (production defaults: docs/worker.md).
+STALLED_SECONDS = 6
 WORKER_ENV = {
     "PAPERCLIP_WORKER_HEARTBEAT_SECONDS": "0.5",
-    "PAPERCLIP_WORKER_STALLED_AFTER_SECONDS": "20",
+    "PAPERCLIP_WORKER_STALLED_AFTER_SECONDS": str(STALLED_SECONDS),
     "PAPERCLIP_WORKER_POLL_SECONDS": "1",
     "PAPERCLIP_RECONCILE_INTERVAL_SECONDS": "1",
     "PAPERCLIP_LEASE_SWEEP_INTERVAL_SECONDS": "1",
@@ -231,8 +232,14 @@ def _fence(base_url: str, key: str, workspace: str, issue: str) -> int:
 
 
 def run_failover(
-    *, synchronous: bool = True, agents: int = 4, out: Path | None = None
+    *,
+    synchronous: bool = True,
+    agents: int = 4,
+    out: Path | None = None,
+    outage: float = 1.0,
 ) -> FailoverReport:
+    """`outage`: seconds between the crash and the promotion; longer than the workers'
+    stalled timeout (STALLED_SECONDS), every worker's heartbeat goes stale meanwhile."""
     report = FailoverReport(synchronous=synchronous)
     workdir = Path(tempfile.mkdtemp(prefix="paperclip-failover-", dir=out))
     cluster = ReplicatedCluster(synchronous=synchronous, log=say)
@@ -310,10 +317,11 @@ def run_failover(
             )
         killed_at = time.monotonic()
         cluster.crash_primary()
-        time.sleep(1.0)
+        time.sleep(outage)
         cluster.promote()
         promoted_at = time.monotonic()
         promoted_wall = time.time()
+        report.figures["seconds without a primary"] = outage
         report.figures["timeline after promotion"] = cluster.timeline(cluster.standby)
         _wait(lambda: all(a.proc.poll() is not None for a in fleet), "every agent done", 90)
         fence_after = _fence(
@@ -435,15 +443,15 @@ def _check_workers(
         ).fetchone()
         # A job started before the crash and still `doing` at the end: its worker lost it (its
         # outcome never recorded) and nothing will ever recover it.
-        doing = conn.execute(
-            "SELECT count(*) FROM procrastinate_jobs j WHERE j.status = 'doing' AND ("
-            " SELECT max(e.at) FROM procrastinate_events e"
+        stuck = conn.execute(
+            "SELECT j.id, j.task_name, j.worker_id FROM procrastinate_jobs j"
+            " WHERE j.status = 'doing' AND (SELECT max(e.at) FROM procrastinate_events e"
             " WHERE e.job_id = j.id AND e.type = 'started') < to_timestamp(%s)",
             [promoted_wall],
-        ).fetchone()
-    report.figures["jobs started before the crash, still 'doing'"] = doing[0] if doing else 0
-    if doing and doing[0]:
-        report.violations.append(f"{doing[0]} job(s) from before the crash left 'doing'")
+        ).fetchall()
+    report.figures["jobs started before the crash, still 'doing'"] = len(stuck)
+    if stuck:
+        report.violations.append(f"jobs from before the crash left 'doing': {stuck}")
     report.figures["workers heartbeating after promotion"] = beats[0] if beats else 0
     report.figures["periodic jobs succeeded after promotion"] = periodic[0] if periodic else 0
     if not beats or beats[0] < len(workers):
@@ -535,8 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async", dest="asynchronous", action="store_true")
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--outage", type=float, default=1.0, help="seconds without a primary")
     args = parser.parse_args(argv)
-    report = run_failover(synchronous=not args.asynchronous, agents=args.agents, out=args.out)
+    report = run_failover(
+        synchronous=not args.asynchronous, agents=args.agents, out=args.out, outage=args.outage
+    )
     print(report.summary(), flush=True)
     return 1 if report.violations else 0
 

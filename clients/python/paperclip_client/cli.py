@@ -43,6 +43,7 @@ from paperclip_client.client import Client
 from paperclip_client.errors import (
     ApiError,
     ConflictError,
+    DatabaseUnavailable,
     FinalizationNotAcquired,
     IssueExecutionLocked,
     OutcomeUnknown,
@@ -266,10 +267,14 @@ class Runner:
 
     def _run(self, agent_id: str | None, workdir: Path) -> int:
         args = self.args
-        run = self.client.run_create(
-            issue_id=args.issue,
-            execution_workspace_id=args.workspace,
-            workspace_dir=str(workdir),
+        run = self._patient(
+            "run",
+            lambda: self.client.run_create(
+                issue_id=args.issue,
+                execution_workspace_id=args.workspace,
+                workspace_dir=str(workdir),
+            ),
+            None,
         )
         self.run_id = run.id
         print(f"run: {run.id}", flush=True)
@@ -357,7 +362,9 @@ class Runner:
         interrupted (its later writes are refused) and take the issue."""
         for _ in range(3):
             try:
-                self.client.run_update(run_id, status="running")
+                self._patient(
+                    "run start", lambda: self.client.run_update(run_id, status="running"), None
+                )
                 return
             except IssueExecutionLocked as exc:
                 holder_id = str(exc.details.get("holder_run_id") or "")
@@ -539,18 +546,25 @@ class Runner:
 
     def _patient(self, what: str, step: Callable[[], T], keeper: RuntimeLeaseKeeper | None) -> T:
         """`step()`, repeated while the server cannot be reached (the request never got
-        through, so repeating is safe): until the lease's local deadline, after which
-        `ensure_held` declares the lease lost, or for 10 minutes without a lease."""
+        through) or its database is away (a failover: the server answers 503 and guarantees
+        the request changed nothing), after the client's own retries ran out; so repeating is
+        safe: until the lease's local deadline, after which `ensure_held` declares the lease
+        lost, or for 10 minutes without a lease."""
         give_up = time.monotonic() + PATIENCE_SECONDS
         while True:
             try:
                 return step()
-            except ServerUnreachable as exc:
+            except (ServerUnreachable, DatabaseUnavailable) as exc:
                 if keeper is not None and keeper.lost:
                     raise LeaseLost(keeper.lost_reason or "lost") from exc
                 if keeper is None and time.monotonic() >= give_up:
                     raise
-                say(f"{what}: server unreachable ({exc.reason}); retrying")
+                why = (
+                    f"server unreachable ({exc.reason})"
+                    if isinstance(exc, ServerUnreachable)
+                    else "the server's database is unavailable"
+                )
+                say(f"{what}: {why}; retrying")
                 time.sleep(PATIENCE_PAUSE_SECONDS)
 
     def _checkpoint(
