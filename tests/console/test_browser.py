@@ -202,6 +202,8 @@ def test_interrupt_an_orphaned_run_from_the_dashboard(page: Any) -> None:
     shot(page, "orphaned-run")
     page.click('button[data-console-action="interrupt_selected"]')
     assert page.locator(".breadcrumbs a", has_text="Heartbeat runs").count() == 1
+    # count() does not wait: wait for the confirmation page the click navigates to.
+    page.wait_for_selector(f'#interrupt-runs tr[data-run="{run.pk}"]')
     assert page.locator(f'#interrupt-runs tr[data-run="{run.pk}"]').count() == 1
     shot(page, "interrupt-confirmation")
     page.fill("textarea[name=reason]", "agent host lost (kill -9), issue blocked")
@@ -290,6 +292,7 @@ def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: 
     shot(page, "held-run")
     page.click('button[data-console-action="confirm_owner_stop"]')
     assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
+    page.wait_for_selector("#id_stop_evidence")
     assert page.locator("#id_stop_evidence").count() == 1
 
 
@@ -302,6 +305,7 @@ def test_retry_a_failed_cleanup_now_from_the_dashboard(page: Any) -> None:
     page.click(f'#result_list a[href*="/leases/environmentlease/{lease.pk}/change/"]')
     assert page.locator("#cleanup-verdict").get_attribute("data-state") == "cleanup_failed"
     page.click('button[data-console-action="retry_cleanup_now"]')
+    page.wait_for_selector(f'#retry-cleanup-leases tr[data-lease="{lease.pk}"]')
     assert page.locator(f'#retry-cleanup-leases tr[data-lease="{lease.pk}"]').count() == 1
     shot(page, "retry-cleanup-confirmation")
     page.fill("textarea[name=reason]", "provider outage over")
@@ -320,6 +324,7 @@ def test_force_release_an_environment_lease_from_its_page(page: Any) -> None:
     log_in(page, "ops")
     page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
     page.click('button[data-console-action="force_release"]')
+    page.wait_for_selector(f'#force-release-leases tr[data-lease="{lease.pk}"]')
     assert page.locator(f'#force-release-leases tr[data-lease="{lease.pk}"]').count() == 1
     shot(page, "environment-force-release-confirmation")
     page.fill("textarea[name=reason]", "provider agent is gone")
@@ -343,6 +348,7 @@ def test_resolve_a_board_recovery_action_from_its_page(page: Any) -> None:
     page.goto(f"{page.base_url}/admin/recovery/issuerecoveryaction/{action.pk}/change/")
     shot(page, "recovery-action-waiting-for-the-board")
     page.click('button[data-console-action="resolve_recovery_action"]')
+    page.wait_for_selector(f'#resolve-recovery-actions tr[data-action="{action.pk}"]')
     assert page.locator(f'#resolve-recovery-actions tr[data-action="{action.pk}"]').count() == 1
     page.check("input[name=outcome][value=restored]")
     page.fill("textarea[name=note]", "recovered the work from the retained sandbox")
