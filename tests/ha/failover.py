@@ -63,6 +63,7 @@ WORKER_ENV = {
     "PAPERCLIP_LEASE_SWEEP_INTERVAL_SECONDS": "1",
     "PAPERCLIP_STALLED_JOB_INTERVAL_SECONDS": "1",
 }
+OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"  # recovery.selectors
 FENCE_MASK = (1 << 40) - 1  # a fence's low bits: the generation (docs/leases.md#fence)
 RUN_LINE = re.compile(r"^run: ([0-9a-f-]{36})$")
 
@@ -465,7 +466,7 @@ def _check_runs(report: FailoverReport, url: str, fleet: list[Agent]) -> None:
     exits = Counter(a.proc.returncode for a in fleet)
     report.figures["agents' exit codes"] = dict(exits)
     report.figures["results acknowledged"] = len(acknowledged)
-    lost = committed = held = 0
+    lost = committed = held = lost_commits = 0
     with psycopg.connect(url, autocommit=True) as conn:
         for agent in acknowledged:
             run_id = agent.run_id
@@ -485,10 +486,17 @@ def _check_runs(report: FailoverReport, url: str, fleet: list[Agent]) -> None:
                 [run_id],
             ).fetchone()
             n_commits = commits[0] if commits else 0
-            if n_commits > 1 or (n_commits == 0 and not agent.said("held for the board")):
+            held_here = agent.said("held for the board") or _held(conn, run_id)
+            if n_commits > 1:
                 report.violations.append(f"run {run_id}: committed {n_commits} times")
+            elif n_commits == 0 and held_here:
+                held += 1  # held for the board
+            elif n_commits == 0 and report.synchronous:
+                report.violations.append(f"run {run_id}: neither committed nor held")
             elif n_commits == 0:
-                held += 1  # still held for the board
+                # Asynchronous: its commit (which its agent may have been told of) was lost
+                # with the old primary, and the run waits for its next attempt.
+                lost_commits += 1
             else:
                 # Committed once (also after a hold its agent saw: the owner's receipt was
                 # removed once the database answered, and the next attempt committed).
@@ -501,7 +509,18 @@ def _check_runs(report: FailoverReport, url: str, fleet: list[Agent]) -> None:
             [[a.run_id for a in acknowledged]],
         ).fetchone()
     report.figures["committed / held / lost"] = f"{committed} / {held} / {lost}"
+    report.figures["commits lost, run waiting to commit again"] = lost_commits
     report.figures["finalizations that took a second attempt"] = spanned[0] if spanned else 0
+
+
+def _held(conn: psycopg.Connection[Any], run_id: str) -> bool:
+    """The run waits for the board: a live owner-unverified recovery action names it."""
+    row = conn.execute(
+        "SELECT count(*) FROM issue_recovery_actions WHERE cause = %s"
+        " AND status IN ('active', 'escalated') AND evidence ->> 'runId' = %s",
+        [OWNER_UNVERIFIED_CAUSE, run_id],
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _check_tree(report: FailoverReport, conn: psycopg.Connection[Any], agent: Agent) -> None:

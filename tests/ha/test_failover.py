@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from paperclip.testing.replication import postgres_bindir
+from tests.ha import failover
 from tests.ha.failover import FailoverReport, Probe, _check_web, overlapping_owners, run_failover
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
@@ -59,6 +60,12 @@ def test_asynchronous_failover_keeps_every_safety_property(tmp_path: Path) -> No
     next_fence, next_generation = report.figures["next grant: fence / generation"].split(" / ")
     assert lost_generation == next_generation
     assert int(next_fence) > int(lost_fence)
+
+
+def test_the_scenario_names_the_owner_hold_as_recovery_does() -> None:
+    from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+
+    assert failover.OWNER_UNVERIFIED_CAUSE == OWNER_UNVERIFIED_CAUSE
 
 
 def test_the_checks_catch_bad_histories() -> None:
