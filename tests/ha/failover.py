@@ -30,7 +30,6 @@ Checked afterwards, on the new primary:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -48,7 +47,13 @@ import httpx
 import psycopg
 
 from paperclip.testing.replication import ReplicatedCluster
-from tests.chaos.run import Config, GunicornServer, stop_process_group
+from tests.chaos.run import (
+    Config,
+    GunicornServer,
+    cluster_database,
+    cluster_world,
+    stop_process_group,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = str(Path(sys.executable).with_name("paperclip-agent"))
@@ -178,21 +183,6 @@ def _node_env(url: str, data_dir: Path, application: str) -> dict[str, str]:
     }
 
 
-def _manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
-    return done.stdout
-
-
 def _wait(predicate: Any, what: str, within: float) -> float:
     """Poll `predicate` every 100 ms; the seconds it took. TimeoutError after `within`."""
     started = time.monotonic()
@@ -250,15 +240,11 @@ def run_failover(
     prober: Prober | None = None
     try:
         cluster.start()
-        cluster.create_database(DATABASE)
         url = cluster.url(DATABASE)
         env = _node_env(url, workdir / "data", "failover-node")
-        _manage(env, "migrate", "--noinput", "-v", "0")
-        seeded = subprocess.run(
-            [sys.executable, "-m", "tests.ha.world", str(agents + 1), str(workdir / "ws")],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        world = json.loads(seeded.stdout)
+        cluster_database(cluster, DATABASE, env)
+        seed = Config(agents=agents + 1, workspaces=agents + 1, issues_per_agent=1)
+        world = cluster_world(env, seed, cwd_root=str(workdir / "ws"))
         say(f"migrated and seeded {DATABASE} through {url}")
         config = Config(gunicorn_workers=2, gunicorn_threads=2)
         for name in ("web-a", "web-b"):
@@ -282,11 +268,9 @@ def run_failover(
         for log_path in (workdir / "worker-a.log", workdir / "worker-b.log"):
             _wait(lambda p=log_path: " running on " in p.read_text(), f"{log_path.stem} up", 60)
         nodes = {f"web-{i}": web.base_url for i, web in enumerate(webs)}
-        spare = world["agents"][-1]
-        fence_before = _fence(
-            webs[0].base_url, spare["key"], world["workspaces"][-1], spare["issues"][0]
-        )
-        prober = Prober(nodes, spare["key"])
+        spare = world.agents[-1]
+        fence_before = _fence(webs[0].base_url, spare.key, world.workspaces[-1], spare.issues[0])
+        prober = Prober(nodes, spare.key)
         prober.start()
         # The race, forced: once the first two agents have registered their snapshot, their
         # workspaces' rows are locked, so their finalizations claim ownership, start their
@@ -295,14 +279,14 @@ def run_failover(
         blocker = psycopg.connect(cluster.url(DATABASE))
         blocked = threading.Thread(target=_block_heads, args=(blocker, fleet), daemon=True)
         blocked.start()
-        for i, spec in enumerate(world["agents"][:-1]):
+        for i, spec in enumerate(world.agents[:-1]):
             fleet.append(
                 Agent(
                     url=webs[i % 2].base_url,
-                    key=spec["key"],
-                    workspace=world["workspaces"][i],
-                    issue=spec["issues"][0],
-                    workdir=workdir / "agents" / spec["name"],
+                    key=spec.key,
+                    workspace=world.workspaces[i],
+                    issue=spec.issues[0],
+                    workdir=workdir / "agents" / spec.name,
                 )
             )
             time.sleep(0.4)  # spread the runs so that some are in finalization at the crash
@@ -313,9 +297,7 @@ def run_failover(
             # stopped), lost with the primary. Its generation comes back on the
             # new primary; its fence must not.
             cluster.pause_replication()
-            fence_lost = _fence(
-                webs[0].base_url, spare["key"], world["workspaces"][-1], spare["issues"][0]
-            )
+            fence_lost = _fence(webs[0].base_url, spare.key, world.workspaces[-1], spare.issues[0])
         killed_at = time.monotonic()
         cluster.crash_primary()
         time.sleep(outage)
@@ -325,9 +307,7 @@ def run_failover(
         report.figures["seconds without a primary"] = outage
         report.figures["timeline after promotion"] = cluster.timeline(cluster.standby)
         _wait(lambda: all(a.proc.poll() is not None for a in fleet), "every agent done", 90)
-        fence_after = _fence(
-            webs[1].base_url, spare["key"], world["workspaces"][-1], spare["issues"][0]
-        )
+        fence_after = _fence(webs[1].base_url, spare.key, world.workspaces[-1], spare.issues[0])
         # A run its agent saw held may still commit: its owner's receipt is removed once the
         # database answers (in the background), and the next attempt goes on. Up to 15 s.
         with suppress(TimeoutError):
