@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 from django import db
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -22,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
+from paperclip.db.errors import connection_lost
 from paperclip.errors import DomainError
 from paperclip.observability.context import context_update
 
@@ -88,19 +88,11 @@ def _unavailable_body() -> dict[str, Any]:
     )
 
 
-def _database_lost(exc: BaseException) -> bool:
-    """The connection to PostgreSQL failed or was lost mid-request (a restart, a failover, a
-    terminated backend): Django's OperationalError / InterfaceError, or psycopg's own when it
-    escaped Django's wrapper. Lock timeouts never get here (they become `resource_busy`)."""
-    lost = (db.OperationalError, db.InterfaceError, psycopg.OperationalError)
-    return isinstance(exc, (*lost, psycopg.InterfaceError))
-
-
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
         set_rollback()
         return domain_error_response(exc)
-    if _database_lost(exc):
+    if connection_lost(exc):
         # The request's transaction is gone with its connection; drop the connection so the
         # next request opens a fresh one, and tell the client to retry.
         logger.warning("database unavailable during %s: %s", _view_name(context), exc)
@@ -178,7 +170,7 @@ def json_server_error(request: HttpRequest) -> HttpResponse:
     """handler500: never leaks internals. A lost database (the exception being handled) is a
     503 to retry, not a 500."""
     lost = sys.exc_info()[1]
-    if lost is not None and _database_lost(lost):
+    if lost is not None and connection_lost(lost):
         return database_unavailable_response(request, lost)
     return JsonResponse(error_body("internal_error", "Internal server error."), status=500)
 
@@ -223,7 +215,7 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        return database_unavailable_response(request, exc) if _database_lost(exc) else None
+        return database_unavailable_response(request, exc) if connection_lost(exc) else None
 
 
 # Django's own error pages that may reach an API path (an unknown path under DEBUG is its

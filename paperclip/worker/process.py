@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psutil
-import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
@@ -34,6 +33,7 @@ from procrastinate.jobs import Job, Status
 from procrastinate.manager import JobManager
 from procrastinate.retry import RetryDecision
 
+from paperclip.db.errors import connection_lost
 from paperclip.host import kernel_boot_id
 from paperclip.models import JobError, WorkerProcess
 from paperclip.observability import metrics
@@ -126,11 +126,6 @@ async def record_errors_async(
         raise
     observation.finish("succeeded", result)
     return result
-
-
-# psycopg's errors for a connection that failed or was lost (a pool that cannot connect raises
-# PoolTimeout, an OperationalError).
-_CONNECTION_LOST = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 class ResilientWorker(procrastinate_worker.Worker):
@@ -300,7 +295,7 @@ class ResilientWorker(procrastinate_worker.Worker):
                     job_result=job_result,
                 )
             except exceptions.ConnectorException as exc:
-                if not isinstance(exc.__cause__, _CONNECTION_LOST):
+                if not connection_lost(exc.__cause__):
                     raise
                 self._ride_out(f"recording the outcome of job {job.id}", exc)
                 await asyncio.sleep(1.0)
