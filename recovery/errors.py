@@ -103,6 +103,24 @@ class WorkspaceOwnerRecoveryStale(ConflictError):
     message = "The recorded workspace owner is no longer current. Refresh and inspect the run."
 
 
+class WorkspaceExportRetryStale(ConflictError):
+    code = "workspace_export_retry_stale"
+    message = (
+        "The export hold is no longer current: the saved result, its owner, what it exports or "
+        "its sandbox lease changed. Refresh and inspect the run."
+    )
+
+
+class WorkspaceExportStopUnconfirmed(ConflictError):
+    code = "workspace_export_stop_unconfirmed"
+    message = "The provider has not confirmed that the run's sandbox stopped."
+    remediation = (
+        "Stop the sandbox through its provider: its environment lease's stop-only cleanup "
+        "(claim, then a `stopped` receipt), or Retry cleanup now on the lease in the console; "
+        "then retry the export."
+    )
+
+
 class WorkerStopSignatureInvalid(RuleViolationError):
     code = "worker_stop_signature_invalid"
     message = "The worker stop receipt's signature does not verify."

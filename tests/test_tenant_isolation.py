@@ -138,6 +138,11 @@ def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
             "resolution": "discard",
             "note": "the other run's change wins",
         },
+        "api/issues/<uuid:issue_id>/recovery-actions/retry-workspace-export": {
+            "action_id": str(ids["action_id"]),
+            "run_id": run,
+            "repair_note": "freed the disk of the worker's volume",
+        },
         # A blob name of the other company, with bytes that are not its: refused alike.
         "api/cas/blobs/<str:name>": {},
         "_issue_for_body": issue,

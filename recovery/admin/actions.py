@@ -21,6 +21,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from leases.environment.export_resume import remote_termination_has
+from leases.models import EnvironmentLease
 from paperclip.access import board_actor
 from paperclip.admin.lists import FlatCostListMixin, IndexedValuesListFilter
 from paperclip.admin.toolkit import (
@@ -43,11 +45,20 @@ from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.attention import held_finalization_actions
-from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
+from recovery.selectors.source import (
+    MAXIMUM_SOURCES,
+    WORKSPACE_EXPORT_CAUSES,
+    recovery_source_inspect,
+)
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.actions import recovery_action_resolve
 from recovery.services.conflicts import CONFLICT_CAUSE, workspace_conflict_resolve
+from recovery.services.export_repair import (
+    EXPORT_REPAIR_CAUSE,
+    evidence_retry,
+    workspace_export_retry,
+)
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
     MIN_STOP_EVIDENCE_CHARS,
@@ -142,6 +153,28 @@ class ConflictResolutionForm(forms.Form):
     )
 
 
+class ExportRetryForm(forms.Form):
+    repair_note = forms.CharField(
+        label="Repair performed",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
+        max_length=MAX_STOP_EVIDENCE_CHARS,
+        strip=False,
+        help_text=(
+            "What you repaired so the export can succeed now (disk space, permissions, the "
+            f"workspace cwd, the sandbox): at least {MIN_STOP_EVIDENCE_CHARS} non-blank "
+            "characters, kept on the hold and in the audit log."
+        ),
+    )
+
+    def clean_repair_note(self) -> str:
+        value: str = self.cleaned_data["repair_note"]
+        if nonblank_length(value) < MIN_STOP_EVIDENCE_CHARS:
+            raise forms.ValidationError(
+                f"Say what you repaired in at least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."
+            )
+        return value
+
+
 class ResolveActionForm(forms.Form):
     outcome = forms.ChoiceField(
         label="Outcome",
@@ -169,7 +202,7 @@ def board_resolvable(
     and workspace-head conflicts are closed by their own confirmations, never by a note."""
     return queryset.filter(
         owner_type=IssueRecoveryAction.OwnerType.BOARD, status__in=LIVE_STATUSES
-    ).exclude(cause__in=(OWNER_UNVERIFIED_CAUSE, CONFLICT_CAUSE))
+    ).exclude(cause__in=(OWNER_UNVERIFIED_CAUSE, CONFLICT_CAUSE, *WORKSPACE_EXPORT_CAUSES))
 
 
 class HoldFilter(admin.SimpleListFilter):
@@ -225,7 +258,12 @@ class IssueRecoveryActionAdmin(
     list_display_links = ("ref",)
     search_fields = ("=id", "cause", "fingerprint", "next_action", "source_issue__title")
     ordering = ("-updated_at",)
-    actions = ("confirm_owner_stop", "resolve_workspace_conflict", "resolve_recovery_action")
+    actions = (
+        "confirm_owner_stop",
+        "resolve_workspace_conflict",
+        "retry_workspace_export",
+        "resolve_recovery_action",
+    )
     fieldsets = (
         (
             None,
@@ -266,6 +304,16 @@ class IssueRecoveryActionAdmin(
                 ),
                 _DETAILS_FIELDSET,
             )
+        if obj is not None and obj.cause in WORKSPACE_EXPORT_CAUSES:
+            return (
+                self.fieldsets[0],
+                (
+                    "What to do",
+                    {"fields": ("next_action", "export_failure", "export_binding", "export_retry")},
+                ),
+                ("Recovery source", {"fields": ("recovery_source",)}),
+                _DETAILS_FIELDSET,
+            )
         if obj is not None and obj.cause == CONFLICT_CAUSE:
             # A conflict is about two trees, never about a recovery source.
             return (
@@ -302,6 +350,16 @@ class IssueRecoveryActionAdmin(
                 {
                     "action": "resolve_workspace_conflict",
                     "label": "Resolve workspace conflict (publish or discard the run's tree)…",
+                    "primary": True,
+                }
+            ]
+        if obj.cause == EXPORT_REPAIR_CAUSE and obj.status in LIVE_STATUSES:
+            if evidence_retry(obj):
+                return []  # queued: the next action says where the outcome shows
+            return [
+                {
+                    "action": "retry_workspace_export",
+                    "label": "Retry workspace export…",
                     "primary": True,
                 }
             ]
@@ -381,6 +439,9 @@ class IssueRecoveryActionAdmin(
     def has_resolve_workspace_conflict_permission(self, request: HttpRequest) -> bool:
         return self.has_confirm_owner_stop_permission(request)
 
+    def has_retry_workspace_export_permission(self, request: HttpRequest) -> bool:
+        return self.has_confirm_owner_stop_permission(request)
+
     def has_resolve_recovery_action_permission(self, request: HttpRequest) -> bool:
         return self.has_confirm_owner_stop_permission(request)
 
@@ -440,6 +501,74 @@ class IssueRecoveryActionAdmin(
         return (
             f"confirmed by user {stop.get('actorId')} at {stop.get('confirmedAt')}: "
             f"{stop.get('stopEvidence')} — finalization of result {stop.get('resultId')} queued"
+        )
+
+    @admin.display(description="last export failure")
+    def export_failure(self, obj: IssueRecoveryAction) -> str:
+        failure = _as_dict(_as_dict(obj.evidence).get("failure"))
+        if not failure:
+            return "—"
+        return (
+            f"{failure.get('code')} after {failure.get('attempts')} attempt(s): "
+            f"{failure.get('detail')}"
+        )
+
+    @admin.display(description="what the export moves, and the sandbox")
+    def export_binding(self, obj: IssueRecoveryAction) -> SafeString | str:
+        evidence = _as_dict(obj.evidence)
+        descriptor = _as_dict(evidence.get("descriptor"))
+        if descriptor.get("kind") == "tree":
+            moved = format_html("snapshot tree <code>{}</code>", descriptor.get("tree"))
+        else:
+            moved = format_html(
+                "directory <code>{}</code>", descriptor.get("source") or "(none recorded)"
+            )
+        destination = descriptor.get("destination")
+        into = (
+            format_html("into <code>{}</code>", destination)
+            if destination
+            else "into the store only (the workspace has no cwd)"
+        )
+        lease_id = parse_uuid(evidence.get("leaseId"))
+        lease = (
+            EnvironmentLease.objects.filter(pk=lease_id, company_id=obj.company_id).first()
+            if lease_id is not None
+            else None
+        )
+        if lease_id is None:
+            sandbox = "no environment lease (nothing to stop)"
+        elif lease is None:
+            sandbox = f"environment lease {lease_id}: gone"
+        else:
+            stopped = (
+                "stop confirmed"
+                if lease.status in EnvironmentLease.RETIRED_STATUSES
+                and (lease.provider in (None, "", "local") or remote_termination_has(lease))
+                else "stop NOT confirmed yet: retry is refused until the provider reports it"
+            )
+            sandbox = format_html(
+                '<a href="{}">environment lease {}</a> ({} {}, {}, cleanup {}): {}',
+                reverse("admin:leases_environmentlease_change", args=[lease.pk]),
+                short_id(lease.pk),
+                lease.provider,
+                lease.provider_lease_id,
+                lease.status,
+                lease.cleanup_status or "none",
+                stopped,
+            )
+        return format_html("{} {}<br>{}", moved, into, sandbox)
+
+    @admin.display(description="retry")
+    def export_retry(self, obj: IssueRecoveryAction) -> str:
+        retry = evidence_retry(obj)
+        earlier = _as_dict(obj.evidence).get("retries")
+        count = len(earlier) if isinstance(earlier, list) else 0
+        tried = f" ({count} earlier retr{'y' if count == 1 else 'ies'} failed)" if count else ""
+        if not retry:
+            return "none queued" + tried
+        return (
+            f"queued by user {retry.get('actorId')} at {retry.get('requestedAt')}: "
+            f"{retry.get('repairNote')}{tried}"
         )
 
     @admin.display(description="recovery source")
@@ -580,6 +709,64 @@ class IssueRecoveryActionAdmin(
         return TemplateResponse(request, "admin/recovery/resolve_workspace_conflict.html", context)
 
     @admin.action(
+        description="Retry workspace export (after repairing its cause)",
+        permissions=["retry_workspace_export"],
+    )
+    def retry_workspace_export(
+        self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
+    ) -> HttpResponse | None:
+        holds = list(
+            queryset.filter(cause=EXPORT_REPAIR_CAUSE).select_related("source_issue").order_by("pk")
+        )
+        if not holds:
+            self.message_user(
+                request,
+                f"Select a held workspace export (cause {EXPORT_REPAIR_CAUSE}).",
+                messages.WARNING,
+            )
+            return None
+        form = ExportRetryForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            actor = board_actor(request.user)
+
+            def retry(hold: IssueRecoveryAction) -> str:
+                run_id = parse_uuid(_as_dict(hold.evidence).get("runId"))
+                if run_id is None:
+                    raise InvalidRequest("The hold names no run.")
+                answer = workspace_export_retry(
+                    actor=actor,
+                    issue_id=hold.source_issue_id,
+                    action_id=hold.pk,
+                    run_id=run_id,
+                    repair_note=form.cleaned_data["repair_note"],
+                )
+                return "repeated" if answer.replayed else "queued"
+
+            done = act_on_each(holds, retry, name=lambda hold: hold.pk)
+            report_each(
+                self,
+                request,
+                f"Export retry queued for {done.counts['queued']} run(s), "
+                f"{done.counts['repeated']} already queued (nothing changed); the worker "
+                "attempts each export now: the outcome shows in each run's finalization state "
+                "on its page, and the hold resolves when the run commits or asks for the next "
+                "repair if the export fails again. Refused: ",
+                done.failed,
+            )
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Retry workspace export",
+            "holds": [
+                (hold, self.export_failure(hold), self.export_binding(hold)) for hold in holds
+            ],
+            "form": form,
+            "opts": self.model._meta,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/recovery/retry_workspace_export.html", context)
+
+    @admin.action(
         description="Resolve selected recovery actions waiting for the board (note required)",
         permissions=["resolve_recovery_action"],
     )
@@ -655,6 +842,8 @@ def _why_not_resolvable(action: IssueRecoveryAction) -> str:
         return "an owner-stop hold: use Confirm owner stopped"
     if action.cause == CONFLICT_CAUSE:
         return "a workspace conflict: use Resolve workspace conflict"
+    if action.cause in WORKSPACE_EXPORT_CAUSES:
+        return "a held workspace export: use Retry workspace export"
     return f"owned by {action.owner_type}, not the board"
 
 

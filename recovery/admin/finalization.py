@@ -30,6 +30,7 @@ from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, run_board_hold
 from recovery.selectors.attention import failed_finalizations, retrying_finalizations
 from recovery.selectors.finalization import finalization_state
+from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import finalization_request
 
@@ -45,10 +46,15 @@ _HOLD_ACTIONS: dict[str, tuple[str, str, str]] = {
         "Resolve workspace conflict",
         HEAD_CONFLICT_CODE,
     ),
+    **{
+        cause: ("retry_workspace_export", "Retry workspace export", "workspace_export_failed")
+        for cause in WORKSPACE_EXPORT_CAUSES
+    },
 }
 _HOLD_BUTTONS: dict[str, str] = {
     OWNER_UNVERIFIED_CAUSE: "Held: confirm owner stopped…",
     HEAD_CONFLICT_CODE: "Held: resolve workspace conflict…",
+    **{cause: "Held: retry workspace export…" for cause in WORKSPACE_EXPORT_CAUSES},
 }
 
 
@@ -72,7 +78,13 @@ def hold_panel(hold: IssueRecoveryAction) -> SafeString:
     return SafeString(  # rendered through an autoescaping template
         render_to_string(
             "admin/recovery/hold_panel.html",
-            {"hold": hold, "title": reason.replace("_", " "), "label": label, "verdict": verdict},
+            {
+                "hold": hold,
+                "title": reason.replace("_", " "),
+                "label": label,
+                "verdict": verdict,
+                "export": hold.cause in WORKSPACE_EXPORT_CAUSES,
+            },
         )
     )
 

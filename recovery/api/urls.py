@@ -9,6 +9,7 @@ from recovery.api.views import (
     RunResultAcceptApi,
     WorkerStopRecordApi,
     WorkspaceConflictResolveApi,
+    WorkspaceExportRetryApi,
 )
 
 urlpatterns: list[URLPattern] = [
@@ -36,6 +37,11 @@ urlpatterns: list[URLPattern] = [
         "issues/<uuid:issue_id>/recovery-actions/resolve-workspace-conflict",
         WorkspaceConflictResolveApi.as_view(),
         name="issue-recovery-resolve-workspace-conflict",
+    ),
+    path(
+        "issues/<uuid:issue_id>/recovery-actions/retry-workspace-export",
+        WorkspaceExportRetryApi.as_view(),
+        name="issue-recovery-retry-workspace-export",
     ),
     path("platform/worker-stops", WorkerStopRecordApi.as_view(), name="platform-worker-stops"),
 ]

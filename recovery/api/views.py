@@ -44,6 +44,7 @@ from recovery.selectors.finalization import (
 )
 from recovery.services import recovery_owner_stop_confirm, result_accept
 from recovery.services.conflicts import workspace_conflict_resolve
+from recovery.services.export_repair import workspace_export_retry
 from recovery.services.finalization_jobs import finalization_request
 from recovery.services.owner_stop import (
     MAX_STOP_EVIDENCE_CHARS,
@@ -383,6 +384,74 @@ class OwnerStopConfirmApi(APIView):
                     "run_id": confirmation.run_id,
                     "result_id": confirmation.result_id,
                     "status": confirmation.status,
+                }
+            ).data,
+            status=status.HTTP_202_ACCEPTED,
+        )
+
+
+class WorkspaceExportRetryApi(APIView):
+    """A board member repaired what made the run's workspace export fail: one more export
+    attempt of the saved result is queued (docs/recovery.md#workspace-export-repair)."""
+
+    permission_classes = (IsBoard,)
+
+    @extend_schema_serializer(component_name="WorkspaceExportRetryInput")
+    class InputSerializer(StrictInputSerializer):
+        action_id = UUIDBodyField()
+        run_id = UUIDBodyField()
+        repair_note = serializers.CharField(
+            trim_whitespace=False, max_length=MAX_STOP_EVIDENCE_CHARS
+        )
+
+        def validate_repair_note(self, value: str) -> str:
+            if nonblank_length(value) < MIN_STOP_EVIDENCE_CHARS:
+                raise serializers.ValidationError(
+                    f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."
+                )
+            return value
+
+    @extend_schema_serializer(component_name="WorkspaceExportRetryOutput")
+    class OutputSerializer(serializers.Serializer[Any]):
+        run_id = serializers.UUIDField()
+        result_id = serializers.UUIDField()
+        lease_id = serializers.UUIDField(allow_null=True)
+        status = serializers.CharField()
+
+    @extend_schema(
+        request=InputSerializer,
+        responses={
+            202: OutputSerializer,
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                (409, "workspace_copyback_active"),
+                (409, "workspace_export_retry_stale"),
+                (409, "workspace_export_stop_unconfirmed"),
+                RESOURCE_BUSY,
+            ),
+        },
+        summary="Retry a held workspace export after the board repaired its cause",
+    )
+    def post(self, request: Request, issue_id: UUID) -> Response:
+        actor = actor_for(request)
+        scoped_get(Issue.objects.all(), actor, issue_id)
+        values = validated_body(self.InputSerializer, request.data)
+        retry = workspace_export_retry(
+            actor=actor,
+            issue_id=issue_id,
+            action_id=values["action_id"],
+            run_id=values["run_id"],
+            repair_note=values["repair_note"],
+        )
+        return Response(
+            self.OutputSerializer(
+                {
+                    "run_id": retry.run_id,
+                    "result_id": retry.result_id,
+                    "lease_id": retry.lease_id,
+                    "status": retry.status,
                 }
             ).data,
             status=status.HTTP_202_ACCEPTED,

@@ -10,6 +10,7 @@ from django.db.models.functions import Now
 
 from paperclip.models import HeartbeatRun, NativeRunFinalization
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
+from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
 
 OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"
 WAITING_PHASES = ("result_accepted", "workspace_finalizing")
@@ -30,8 +31,9 @@ def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecove
 
 def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | None:
     """The live recovery action that holds the run's finalization for the board, or None: an
-    owner-unverified hold whose stop is not confirmed yet, or an unresolved workspace head
-    conflict. The oldest one when there are several."""
+    owner-unverified hold whose stop is not confirmed yet, an unresolved workspace head
+    conflict, or a held workspace export waiting for its repair. The oldest one when there are
+    several."""
     return (
         IssueRecoveryAction.objects.filter(
             company_id=company_id, status__in=LIVE_STATUSES, evidence__runId=str(run_id)
@@ -39,6 +41,7 @@ def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | N
         .filter(
             (Q(cause=OWNER_UNVERIFIED_CAUSE) & ~Q(evidence__has_key="workspaceOwnerStop"))
             | Q(cause=HEAD_CONFLICT_CODE)
+            | Q(cause__in=WORKSPACE_EXPORT_CAUSES)
         )
         .select_related("source_issue")
         .order_by("created_at", "id")

@@ -56,9 +56,16 @@ from recovery.selectors.actions import (
     finalizations_waiting,
     run_issue_id,
 )
+from recovery.selectors.exports import (
+    result_workspace_tree,
+    workspace_destination,
+    workspace_dir,
+)
 from recovery.selectors.finalization import owner_hold_live
+from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
 from recovery.services.actions import resolve_in_tx
 from recovery.services.conflicts import conflict_hold_in_tx, conflict_mode
+from recovery.services.export_repair import export_hold_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
 from recovery.services.heads import (
     HeadMoved,
@@ -283,18 +290,6 @@ def result_accept(
 # --- finalization under ownership ---------------------------------------------------------
 
 
-def _workspace_dir(run: HeartbeatRun) -> str | None:
-    profile = run.runner_profile_json if isinstance(run.runner_profile_json, dict) else {}
-    binding = (profile.get("nativeExecutionInput") or {}).get("binding") or {}
-    value = binding.get("workspaceDir") if isinstance(binding, dict) else None
-    return value if isinstance(value, str) and value else None
-
-
-def _destination(run: HeartbeatRun, issue: Issue) -> str | None:
-    workspace = run.execution_workspace or issue.execution_workspace
-    return workspace.cwd if workspace is not None and workspace.cwd else None
-
-
 def _terminal_state(result: NativeRunResult | None) -> str:
     data = result.result_json if result is not None else None
     terminal = data.get("terminal") if isinstance(data, dict) else None
@@ -458,6 +453,20 @@ def _schedule_retry(
         coordinator.next_attempt_at = None if exhausted else Now() + timedelta(seconds=delay)
         coordinator.updated_at = Now()
         coordinator.save()
+        if exhausted:
+            # The board gets a hold to repair the cause and retry the export
+            # (docs/recovery.md#workspace-export-repair).
+            hold = export_hold_in_tx(
+                issue=_issue,
+                run=run,
+                coordinator=coordinator,
+                failure={"code": code, "detail": detail[:2000], "attempts": coordinator.attempt},
+            )
+            coordinator.failure_detail = {
+                **coordinator.failure_detail,
+                "recoveryActionId": str(hold.pk),
+            }
+            coordinator.save(update_fields=["failure_detail"])
         activity_record(
             company_id=company_id,
             actor_type="system",
@@ -598,13 +607,14 @@ def _commit(
                 "issueLockCleared": issue_lock_cleared,
             },
         )
-        for hold in recovery_actions_for_update().filter(
+        holds = recovery_actions_for_update().filter(
             company_id=company_id,
             source_issue_id=issue.pk,
-            cause=OWNER_UNVERIFIED_CAUSE,
+            cause__in=(OWNER_UNVERIFIED_CAUSE, *WORKSPACE_EXPORT_CAUSES),
             status__in=LIVE_STATUSES,
             evidence__runId=str(run_id),
-        ):
+        )
+        for hold in holds:
             resolve_in_tx(
                 action=hold,
                 status=IssueRecoveryAction.Status.RESOLVED,
@@ -651,7 +661,7 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
         # nothing.
         return _outcome(coordinator, run, "not_due")
     issue = Issue.objects.select_related("execution_workspace").get(pk=coordinator.issue_id)
-    tree = _workspace_tree(coordinator)
+    tree = result_workspace_tree(coordinator.result_id)
     if tree is not None:
         return _publish_owned(ownership, run=run, issue=issue, coordinator=coordinator, tree=tree)
     barrier = WorkspaceOperation.objects.filter(
@@ -671,7 +681,7 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
             operation_id=barrier.pk,
             copied=None,
         )
-    source, destination = _workspace_dir(run), _destination(run, issue)
+    source, destination = workspace_dir(run), workspace_destination(run, issue)
     operation = _start_operation(
         ownership=ownership, run=run, issue=issue, source=source, destination=destination
     )
@@ -730,19 +740,6 @@ def _workspace_id(run: HeartbeatRun, issue: Issue) -> UUID | None:
     return run.execution_workspace_id or issue.execution_workspace_id
 
 
-def _workspace_tree(coordinator: NativeRunFinalization) -> str | None:
-    """The tree the accepted result names (`workspace_tree`), if any."""
-    if coordinator.result_id is None:
-        return None
-    data = (
-        NativeRunResult.objects.filter(pk=coordinator.result_id)
-        .values_list("result_json", flat=True)
-        .first()
-    )
-    tree = data.get("workspaceTree") if isinstance(data, dict) else None
-    return tree if isinstance(tree, str) else None
-
-
 def _publish_owned(
     ownership: FinalizationOwnership,
     *,
@@ -766,7 +763,7 @@ def _publish_owned(
         run=run,
         issue=issue,
         source=None,
-        destination=_destination(run, issue),
+        destination=workspace_destination(run, issue),
         command="publish",
         observation="snapshot",
     )

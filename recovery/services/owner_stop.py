@@ -19,7 +19,7 @@ from paperclip.db.locking import (
     require_transaction,
     set_local_lock_timeout,
 )
-from paperclip.errors import InvalidRequest, NotFoundError
+from paperclip.errors import ConflictError, InvalidRequest, NotFoundError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
 from paperclip.receipts import OWNER_KEY, raw_owner, read_owner
 from recovery.adapters.identity import current_controller_identity, evaluate_controller_takeover
@@ -155,7 +155,7 @@ def recovery_owner_stop_confirm(
 
 
 @dataclass(frozen=True, slots=True)
-class _Binding:
+class HoldBinding:
     """The rows a confirmation reads and writes, locked in the lock order."""
 
     issue: Issue
@@ -186,7 +186,7 @@ def _confirm_in_tx(
     if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
         raise WorkspaceCopybackActive(run_id=str(run_id))
     set_local_lock_timeout()
-    bound = _lock_binding(
+    bound = lock_hold_binding(
         company_id=company_id, issue_id=issue_id, action_id=action_id, run_id=run_id
     )
     replay = _replay(
@@ -210,9 +210,16 @@ def _confirm_in_tx(
     )
 
 
-def _lock_binding(*, company_id: UUID, issue_id: UUID, action_id: UUID, run_id: UUID) -> _Binding:
+def lock_hold_binding(
+    *,
+    company_id: UUID,
+    issue_id: UUID,
+    action_id: UUID,
+    run_id: UUID,
+    stale: type[ConflictError] = WorkspaceOwnerRecoveryStale,
+) -> HoldBinding:
     """Lock issue, coordinator, run and recovery action (the lock order); any missing is a
-    stale confirmation (`binding_missing`)."""
+    stale request (`stale`, reason `binding_missing`)."""
     issue = issues_for_update().filter(pk=issue_id, company_id=company_id).first()
     coordinator = (
         coordinators_for_update()
@@ -226,17 +233,14 @@ def _lock_binding(*, company_id: UUID, issue_id: UUID, action_id: UUID, run_id: 
         .first()
     )
     if issue is None or coordinator is None or run is None or action is None:
-        raise WorkspaceOwnerRecoveryStale(reason="binding_missing")
-    return _Binding(issue, coordinator, run, action)
+        raise stale(reason="binding_missing")
+    return HoldBinding(issue, coordinator, run, action)
 
 
-def _require_hold_current(bound: _Binding, *, company_id: UUID, run_id: UUID) -> UUID:
-    """The hold, the run, its coordinator, the issue and the accepted result are all still
-    the ones the hold was recorded for, and no newer run of the issue exists; otherwise the
-    confirmation is stale, naming the first check that failed. Returns the accepted result."""
-    issue, coordinator, run, action = bound.issue, bound.coordinator, bound.run, bound.action
-    stale = WorkspaceOwnerRecoveryStale
-    evidence = bound.evidence
+def _require_hold_current(bound: HoldBinding, *, company_id: UUID, run_id: UUID) -> UUID:
+    """The hold is still the live owner-unverified hold of this run, and the saved result is
+    still current (`require_saved_result_current`). Returns the accepted result."""
+    action, evidence = bound.action, bound.evidence
     if (
         action.cause != OWNER_UNVERIFIED_CAUSE
         or action.owner_type != IssueRecoveryAction.OwnerType.BOARD
@@ -244,18 +248,31 @@ def _require_hold_current(bound: _Binding, *, company_id: UUID, run_id: UUID) ->
         or action.status not in LIVE_STATUSES
         or evidence.get("runId") != str(run_id)
     ):
-        raise stale(reason="action_not_current")
+        raise WorkspaceOwnerRecoveryStale(reason="action_not_current")
+    return require_saved_result_current(
+        bound, company_id=company_id, phases=_ADMISSIBLE_PHASES, stale=WorkspaceOwnerRecoveryStale
+    )
+
+
+def require_saved_result_current(
+    bound: HoldBinding,
+    *,
+    company_id: UUID,
+    phases: tuple[str, ...],
+    stale: type[ConflictError],
+) -> UUID:
+    """The run, its coordinator (in one of `phases`, unowned), the issue and the accepted
+    result are all still the ones a board hold was recorded for, and no newer run of the issue
+    exists; otherwise `stale`, naming the first check that failed. Returns the accepted
+    result. Shared by the owner-stop confirmation and the export retry."""
+    issue, coordinator, run = bound.issue, bound.coordinator, bound.run
     if (
         run.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE
         or run.status != HeartbeatRun.Status.RUNNING
         or run_issue_id(run) != issue.pk
     ):
         raise stale(reason="run_not_current")
-    if (
-        coordinator.phase not in _ADMISSIBLE_PHASES
-        or coordinator.lease_owner
-        or coordinator.result_id is None
-    ):
+    if coordinator.phase not in phases or coordinator.lease_owner or coordinator.result_id is None:
         raise stale(reason="coordinator_not_waiting")
     if (
         issue.status in _CLOSED_ISSUE_STATUSES
@@ -291,7 +308,7 @@ def _require_hold_current(bound: _Binding, *, company_id: UUID, run_id: UUID) ->
     return coordinator.result_id
 
 
-def _require_owner_stoppable(bound: _Binding, *, owner_token: str) -> Any:
+def _require_owner_stoppable(bound: HoldBinding, *, owner_token: str) -> Any:
     """The run's receipt is still the owner the hold recorded (`owner_changed` otherwise) and,
     when it ran on this host and boot, its process is dead (`WorkspaceControllerAlive` otherwise).
     Returns the raw receipt."""
@@ -314,7 +331,7 @@ def _require_owner_stoppable(bound: _Binding, *, owner_token: str) -> Any:
 
 
 def _record_confirmation(
-    bound: _Binding,
+    bound: HoldBinding,
     *,
     actor: Actor,
     company_id: UUID,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from checkpoints.models import NativeRunnerCheckpoint
 from leases.models import EnvironmentLease
@@ -17,6 +17,7 @@ from paperclip.models import (
     WorkspaceOperation,
 )
 from recovery.models import IssueRecoveryAction
+from recovery.services.export_repair import export_hold_in_tx
 from tests.leases.environment.factories import EnvironmentLeaseFactory, export_marker, set_meta
 from tests.leases.factories import claim, expire, running_run
 from tests.paperclip.factories import (
@@ -43,6 +44,28 @@ def held(
     b = make_binding(company=company, receipt=receipt, phase=phase)
     action = hold_for_board(b, receipt)
     return b, action, receipt
+
+
+def held_export(company: Company) -> tuple[Binding, IssueRecoveryAction]:
+    """A run whose export spent its retry budget and is held for the board's repair, as the
+    finalizer leaves it (export_hold_in_tx in the transaction of its last failure)."""
+    b = make_binding(company=company, phase="retryable_failure")
+    NativeRunFinalization.objects.filter(pk=b.run.pk).update(
+        failure_code="workspace_copyback_retry_exhausted", attempt=5
+    )
+    b.refresh()
+    with transaction.atomic():
+        action = export_hold_in_tx(
+            issue=b.issue,
+            run=b.run,
+            coordinator=b.coordinator,
+            failure={
+                "code": "copyback_io_error",
+                "detail": "No space left on device",
+                "attempts": 5,
+            },
+        )
+    return b, action
 
 
 def stale_lease(company: Company, name: str = "ws") -> Any:

@@ -2,7 +2,8 @@
 finds a held finalization from the dashboard, reads why it is held, confirms it from its page
 and sees it leave the dashboard; force-releases a stale lease from its page; interrupts an
 orphaned run from its page; meets a held run's hold first on its page, with the hold's
-confirmation in place of "Finalize now"; retries a failed environment cleanup now;
+confirmation in place of "Finalize now"; retries a held workspace export from the run's page;
+retries a failed environment cleanup now;
 force-releases an environment lease its provider left active; interrupts every run a filter
 matches, and retries every failed cleanup one matches, from the list (count, preview,
 reason, per-row outcome); resolves a failed sandbox run's recovery action waiting for the
@@ -30,8 +31,10 @@ from django.db import connection
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company, HeartbeatRun
 from recovery.console.site import REFRESH_SECONDS
+from recovery.services import run_finalize
 from tests.console.helpers import (
     held,
+    held_export,
     invalid_marker_lease,
     one_of_each,
     orphaned_run,
@@ -294,6 +297,38 @@ def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: 
     assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
     page.wait_for_selector("#id_stop_evidence")
     assert page.locator("#id_stop_evidence").count() == 1
+
+
+def test_retry_a_held_workspace_export_from_the_runs_page(page: Any) -> None:
+    company = CompanyFactory(name="Acme Robotics")
+    b, hold = held_export(company)
+    operator(company, username="ops")
+    log_in(page, "ops")
+    page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/{b.run.pk}/change/")
+    panel = page.locator("#board-hold")
+    assert panel.get_attribute("data-hold") == str(hold.pk)
+    assert "workspace export failed" in panel.inner_text()
+    assert page.locator('button[data-console-action="finalize_now"]').count() == 0
+    shot(page, "held-export-run")
+    page.click('button[data-console-action="retry_workspace_export"]')
+    page.wait_for_selector("#id_repair_note")
+    assert "No space left on device" in page.locator("#content").inner_text()
+    page.fill("#id_repair_note", "freed 40 GiB on the worker's volume (df shows 61% used)")
+    shot(page, "retry-workspace-export-confirmation")
+    page.click("input[name=apply]")
+    message = page.locator("ul.messagelist").inner_text()
+    assert "Export retry queued for 1 run(s), 0 already queued" in message
+    assert "Refused: none" in message
+    shot(page, "retry-workspace-export-queued")
+    retried = ActivityEvent.objects.filter(action="issue.workspace_export_retry_requested")
+    assert retried.count() == 1
+    # The attempt the worker makes (Playwright's event loop rules out a worker in this thread).
+    run_finalize(company_id=company.pk, run_id=b.run.pk)
+    hold.refresh_from_db()
+    assert (hold.status, hold.outcome) == ("resolved", "restored")
+    page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/{b.run.pk}/change/")
+    page.wait_for_selector("#run-timeline")
+    assert page.locator("#board-hold").count() == 0
 
 
 def test_retry_a_failed_cleanup_now_from_the_dashboard(page: Any) -> None:

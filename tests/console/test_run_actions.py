@@ -24,7 +24,7 @@ from paperclip.models import (
     NativeRunFinalization,
 )
 from recovery.selectors.actions import HEAD_CONFLICT_CODE
-from tests.console.helpers import held, one_of_each, orphaned_run
+from tests.console.helpers import held, held_export, one_of_each, orphaned_run
 from tests.console.test_pages import ACTIONS, staff
 from tests.paperclip.factories import HeartbeatRunFactory, UserFactory
 from tests.recovery.factories import RecoveryActionFactory, make_binding
@@ -210,3 +210,39 @@ def test_a_run_held_over_a_head_conflict_offers_the_resolution(company: Company)
         RUNS, {"action": "finalize_now", "_selected_action": [str(b.run.pk)]}, follow=True
     ).content.decode()
     assert "held for the board (workspace_head_conflict), nothing queued" in done
+
+
+def test_a_run_whose_export_is_held_offers_the_retry_and_no_finalize_now(
+    company: Company, django_assert_max_num_queries: Any
+) -> None:
+    b, hold = held_export(company)
+    client = staff(company)
+    html = _page(client, b.run)
+    assert 'data-console-action="finalize_now"' not in html
+    assert 'data-console-action="retry_workspace_export"' in html
+    assert f'id="board-hold" data-cause="{hold.cause}" data-hold="{hold.pk}"' in html
+    assert "Exporting the saved result into the workspace failed on every attempt" in html
+    assert html.index('id="board-hold"') < html.index('class="form-row')
+    action_page = client.get(
+        reverse("admin:recovery_issuerecoveryaction_change", args=[hold.pk])
+    ).content.decode()
+    assert "copyback_io_error after 5 attempt(s): No space left on device" in action_page
+    assert "no environment lease (nothing to stop)" in action_page
+    assert 'data-console-action="resolve_recovery_action"' not in action_page
+    done = client.post(
+        RUNS, {"action": "finalize_now", "_selected_action": [str(b.run.pk)]}, follow=True
+    ).content.decode()
+    assert "held for the board (workspace_export_failed), nothing queued" in done
+    assert "use Retry workspace export" in done
+    # The confirmation page reads a fixed number of queries, however many holds are selected.
+    body = {"action": "retry_workspace_export", "_selected_action": [str(hold.pk)]}
+    with CaptureQueriesContext(connection) as few:
+        page = client.post(ACTIONS, body)
+    assert 'id="id_repair_note"' in page.content.decode()
+    more = [str(held_export(company)[1].pk) for _ in range(4)]
+    with django_assert_max_num_queries(len(few)):
+        client.post(ACTIONS, {**body, "_selected_action": [str(hold.pk), *more]})
+    # A note too short is asked again and nothing is queued.
+    short = client.post(ACTIONS, {**body, "apply": "1", "repair_note": "fixed"}).content.decode()
+    assert "Say what you repaired" in short
+    assert not ActivityEvent.objects.filter(action="issue.workspace_export_retry_requested")
