@@ -9,8 +9,8 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
 from checkpoints.models import NativeRunnerCheckpoint
-from paperclip.admin.toolkit import ReadOnlyAdmin, admin_id_link
-from paperclip.models import HeartbeatRun, Issue
+from paperclip.admin.names import issue_link, run_link, run_name
+from paperclip.admin.toolkit import ReadOnlyAdmin, short_id
 
 
 @admin.register(NativeRunnerCheckpoint)
@@ -20,31 +20,49 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
 
     list_display = (
         "part",
-        "run_link",
-        "issue_link",
+        "run_named",
+        "issue_named",
         "company",
         "size_bytes",
         "key_id",
         "updated_at",
     )
     list_filter = (("company", admin.RelatedOnlyFieldListFilter),)
-    search_fields = ("part", "=run__id", "=issue__id")
-    list_select_related = ("company",)
+    search_fields = ("part", "=run__id", "=issue__id", "run__agent__name", "issue__title")
+    list_select_related = ("company", "run__agent", "issue")
     ordering = ("-updated_at",)
     # The sealed part (nonce, ciphertext) is deliberately absent from every view.
-    fields = ("part", "run", "issue", "company", "size_bytes", "key_id", "created_at", "updated_at")
+    fields = (
+        "part",
+        "run_named",
+        "issue_named",
+        "company",
+        "size_bytes",
+        "key_id",
+        "created_at",
+        "updated_at",
+    )
     readonly_fields = fields
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> Any:
         # Company-scoped by ReadOnlyAdmin. Never load the (possibly megabytes of) ciphertext
         # just to render a list.
-        return super().get_queryset(request).defer("nonce", "ciphertext")
+        # The change page names the run's agent and the issue too.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related(*self.list_select_related)
+            .defer("nonce", "ciphertext")
+        )
 
-    @admin.display(description="run", ordering="run_id")
-    def run_link(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
-        return admin_id_link(HeartbeatRun, obj.run_id)
+    @admin.display(description="run", ordering="run__agent__name")
+    def run_named(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
+        return run_link(obj.run)
 
-    @admin.display(description="issue", ordering="issue_id")
-    def issue_link(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
-        return admin_id_link(Issue, obj.issue_id)
+    @admin.display(description="issue", ordering="issue__title")
+    def issue_named(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
+        return issue_link(obj.issue)
+
+    def detail_title(self, obj: NativeRunnerCheckpoint) -> str:
+        return f"{obj.part} of {run_name(obj.run)} ({short_id(obj.run_id)}) on “{obj.issue.title}”"

@@ -40,17 +40,17 @@ from leases.environment.services import environment_lease_cleanup_retry_now
 from leases.models import EnvironmentLease
 from paperclip.access import Actor, board_actor
 from paperclip.admin.bulk import BulkAction, BulkByFilterMixin
+from paperclip.admin.names import run_link
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     AuditedAdmin,
     ReadOnlyAdmin,
     act_on_each,
     console_panel,
-    named_link,
     report_each,
     short_id,
 )
-from paperclip.models import Environment, HeartbeatRun
+from paperclip.models import Environment
 from paperclip.templatetags.console import age
 
 RETRY_CLEANUP_TEMPLATE = "admin/leases/environmentlease/retry_cleanup_confirmation.html"
@@ -181,7 +181,7 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
         "environment",
         "execution_workspace",
         "issue",
-        "heartbeat_run",
+        "run",
         "status",
         "lease_policy",
         "provider",
@@ -381,10 +381,7 @@ class EnvironmentLeaseAdmin(BulkByFilterMixin, ReadOnlyAdmin):
 
     @admin.display(description="run")
     def run(self, lease: EnvironmentLease) -> SafeString | str:
-        run = lease.heartbeat_run
-        if run is None:
-            return "—"
-        return named_link(HeartbeatRun, run.pk, f"run of {run.agent.name}", limit=24)
+        return run_link(lease.heartbeat_run)
 
     @admin.display(description="allocation", ordering="provider_lease_id")
     def allocation(self, lease: EnvironmentLease) -> SafeString:

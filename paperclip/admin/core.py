@@ -15,17 +15,19 @@ from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
+from paperclip.admin.names import issue_link, run_link, run_name, workspace_link
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     AuditedAdmin,
     CompanyListFilter,
     ReadOnlyAdmin,
     act_on_each,
-    named_link,
     report_each,
+    short_id,
 )
 from paperclip.credentials import agent_key_revoke, board_token_revoke
 from paperclip.models import (
@@ -36,7 +38,6 @@ from paperclip.models import (
     Company,
     ExecutionWorkspace,
     ExecutionWorkspaceSnapshot,
-    HeartbeatRun,
     Issue,
     NativeRunResult,
     WorkspaceOperation,
@@ -196,23 +197,39 @@ class IssueAdmin(AuditedAdmin):
         "company",
         "status",
         "assignee_agent",
-        "execution_run",
+        "execution_run_named",
         "hidden_at",
         "updated_at",
     )
     list_filter = ("status", ("hidden_at", admin.EmptyFieldListFilter), COMPANY_FILTER)
     search_fields = ("title", "id")
-    list_select_related = ("company", "assignee_agent")
+    list_select_related = ("company", "assignee_agent", "execution_run__agent")
     autocomplete_fields = ("company", "assignee_agent", "execution_workspace")
     # The execution lock moves only with run status changes (services).
     readonly_fields = (
         "id",
-        "execution_run",
-        "checkout_run",
+        "execution_run_named",
+        "checkout_run_named",
         "execution_locked_at",
         "created_at",
         "updated_at",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Issue]:
+        # The change page names the runs holding the issue by their agents.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related(*self.list_select_related, "checkout_run__agent")
+        )
+
+    @admin.display(description="execution run", ordering="execution_run__agent__name")
+    def execution_run_named(self, obj: Issue) -> SafeString | str:
+        return run_link(obj.execution_run)
+
+    @admin.display(description="checkout run")
+    def checkout_run_named(self, obj: Issue) -> SafeString | str:
+        return run_link(obj.checkout_run)
 
 
 class ExecutionWorkspaceAdminForm(_ModelForm):
@@ -253,13 +270,21 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
         "id",
         "runtime_lease_generation",
         "head_tree",
-        "head_run",
+        "head_run_named",
         "head_committed_at",
         "cwd_tree",
         "opened_at",
         "created_at",
         "updated_at",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ExecutionWorkspace]:
+        # The change page names the run that published the head by its agent.
+        return super().get_queryset(request).select_related("company", "head_run__agent")
+
+    @admin.display(description="head run")
+    def head_run_named(self, obj: ExecutionWorkspace) -> SafeString | str:
+        return run_link(obj.head_run)
 
     def save_model(
         self, request: HttpRequest, obj: ExecutionWorkspace, form: Any, change: bool
@@ -270,25 +295,82 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
             workspace_cwd_adopt_defer_in_tx(company_id=obj.company_id, workspace_id=obj.pk)
 
 
+def _ref(pk: Any) -> SafeString:
+    """A row's own short id (its first column, the link to its page), the whole id on hover."""
+    return format_html('<code title="{}">{}</code>', pk, short_id(pk))
+
+
 @admin.register(ExecutionWorkspaceSnapshot)
 class ExecutionWorkspaceSnapshotAdmin(ReadOnlyAdmin):
-    list_display = ("id", "execution_workspace", "status", "created_at")
-    list_filter = ("status",)
-    search_fields = ("id", "execution_workspace__id")
+    list_display = ("snapshot", "workspace", "company", "status", "created_at")
+    list_display_links = ("snapshot",)
+    list_filter = ("status", COMPANY_FILTER)
+    search_fields = ("id", "execution_workspace__id", "execution_workspace__name")
+    list_select_related = ("company", "execution_workspace")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ExecutionWorkspaceSnapshot]:
+        return super().get_queryset(request).select_related(*self.list_select_related)
+
+    @admin.display(description="snapshot", ordering="id")
+    def snapshot(self, obj: ExecutionWorkspaceSnapshot) -> SafeString:
+        return _ref(obj.pk)
+
+    @admin.display(description="workspace", ordering="execution_workspace__name")
+    def workspace(self, obj: ExecutionWorkspaceSnapshot) -> SafeString | str:
+        return workspace_link(obj.execution_workspace)
+
+    def detail_title(self, obj: ExecutionWorkspaceSnapshot) -> str:
+        workspace = obj.execution_workspace
+        return (
+            f"snapshot {short_id(obj.pk)} of {workspace.name} ({short_id(workspace.pk)}), "
+            f"{obj.status}"
+        )
 
 
 @admin.register(NativeRunResult)
 class NativeRunResultAdmin(ReadOnlyAdmin):
     list_display = (
-        "id",
-        "run",
+        "result",
+        "run_named",
+        "issue_named",
         "schema_status",
         "rejection_code",
         "caller_result_id",
         "created_at",
     )
+    list_display_links = ("result",)
     list_filter = ("schema_status", COMPANY_FILTER)
-    search_fields = ("id", "run__id", "caller_result_id", "server_fingerprint")
+    search_fields = (
+        "id",
+        "run__id",
+        "caller_result_id",
+        "server_fingerprint",
+        "run__agent__name",
+        "issue__title",
+    )
+    list_select_related = ("run__agent", "issue")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[NativeRunResult]:
+        # The change page names the run's agent and the issue (detail_title).
+        return super().get_queryset(request).select_related(*self.list_select_related)
+
+    @admin.display(description="result", ordering="id")
+    def result(self, obj: NativeRunResult) -> SafeString:
+        return _ref(obj.pk)
+
+    @admin.display(description="run", ordering="run__agent__name")
+    def run_named(self, obj: NativeRunResult) -> SafeString | str:
+        return run_link(obj.run)
+
+    @admin.display(description="issue", ordering="issue__title")
+    def issue_named(self, obj: NativeRunResult) -> SafeString | str:
+        return issue_link(obj.issue)
+
+    def detail_title(self, obj: NativeRunResult) -> str:
+        return (
+            f"result {short_id(obj.pk)} ({obj.schema_status}) of {run_name(obj.run)} "
+            f"({short_id(obj.run_id)}) on “{obj.issue.title}”"
+        )
 
 
 @admin.register(WorkspaceOperation)
@@ -310,14 +392,8 @@ class WorkspaceOperationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="workspace", ordering="execution_workspace__name")
     def workspace(self, obj: WorkspaceOperation) -> SafeString | str:
-        workspace = obj.execution_workspace
-        if workspace is None:
-            return "—"
-        return named_link(ExecutionWorkspace, workspace.pk, workspace.name, limit=24)
+        return workspace_link(obj.execution_workspace)
 
     @admin.display(description="run")
     def run(self, obj: WorkspaceOperation) -> SafeString | str:
-        run = obj.heartbeat_run
-        if run is None:
-            return "—"
-        return named_link(HeartbeatRun, run.pk, f"run of {run.agent.name}", limit=24)
+        return run_link(obj.heartbeat_run)

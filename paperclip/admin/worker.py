@@ -6,16 +6,20 @@ cancel) stay available on the job list.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, Max, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from procrastinate.contrib.django import app as procrastinate_app
 from procrastinate.contrib.django.admin import ProcrastinateJobAdmin
 from procrastinate.contrib.django.models import (
@@ -24,7 +28,9 @@ from procrastinate.contrib.django.models import (
     ProcrastinateWorker,
 )
 
-from paperclip.admin.toolkit import NoWritesMixin
+from paperclip.admin.names import CORE_KINDS, names_by_kind
+from paperclip.admin.toolkit import NoWritesMixin, named_link, short_id
+from paperclip.ids import parse_uuid
 from paperclip.models import (
     JobError,
     WorkerProcess,
@@ -176,17 +182,100 @@ class PeriodicTaskRunAdmin(_SuperuserReadOnly):
         return error.error[:200] if error is not None else ""
 
 
-class JobWithErrorAdmin(ProcrastinateJobAdmin, _SuperuserReadOnly):
-    """Procrastinate's job admin, for superusers, with the error each failed job ended with."""
+# The job arguments that name a console object, and the kind of object each names.
+JOB_ARG_KINDS: dict[str, str] = {
+    "company_id": "company",
+    "agent_id": "agent",
+    "issue_id": "issue",
+    "run_id": "heartbeat_run",
+    "workspace_id": "execution_workspace",
+    "execution_workspace_id": "execution_workspace",
+}
 
-    list_display = [*ProcrastinateJobAdmin.list_display, "error"]
+
+def _job_ids(job: ProcrastinateJob) -> list[tuple[str, str, UUID]]:
+    """(argument, kind, id) of each of the job's arguments that names a console object."""
+    args = job.args if isinstance(job.args, dict) else {}
+    found = []
+    for arg, kind in JOB_ARG_KINDS.items():
+        uid = parse_uuid(args.get(arg))
+        if uid is not None:
+            found.append((arg, kind, uid))
+    return found
+
+
+def job_page_names(jobs: list[ProcrastinateJob]) -> dict[tuple[str, UUID], str]:
+    """The names behind the jobs' arguments (one query per kind of object named)."""
+    wanted: dict[str, set[UUID]] = defaultdict(set)
+    for job in jobs:
+        for _arg, kind, uid in _job_ids(job):
+            wanted[kind].add(uid)
+    return names_by_kind(wanted, CORE_KINDS)
+
+
+def job_last_errors(jobs: list[ProcrastinateJob]) -> dict[int, str]:
+    """The last error of each failed job among `jobs`, in one query."""
+    failed = [job.pk for job in jobs if job.status == "failed"]
+    if not failed:
+        return {}
+    rows = (
+        JobError.objects.filter(job_id__in=failed)
+        .order_by("job_id", "-id")
+        .distinct("job_id")
+        .values_list("job_id", "error")
+    )
+    return dict(rows)
+
+
+class _NamedJobChangeList(ChangeList):
+    """The job list, with the names behind its arguments and its errors read once per page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        jobs: list[ProcrastinateJob] = list(self.result_list)
+        names = job_page_names(jobs)
+        errors = job_last_errors(jobs)
+        for job in jobs:  # per row, not on the (shared) model admin
+            job.console_names = names  # type: ignore[attr-defined]
+            job.console_errors = errors  # type: ignore[attr-defined]
+
+
+class JobWithErrorAdmin(ProcrastinateJobAdmin, _SuperuserReadOnly):
+    """Procrastinate's job admin, for superusers, with what each job is about (the names
+    behind the ids in its arguments) and the error each failed job ended with."""
+
+    list_display = [*ProcrastinateJobAdmin.list_display, "about", "error"]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _NamedJobChangeList
+
+    @admin.display(description="about")
+    def about(self, obj: ProcrastinateJob) -> SafeString | str:
+        names = getattr(obj, "console_names", None)
+        if names is None:
+            names = job_page_names([obj])
+        links = [
+            named_link(
+                CORE_KINDS[kind].model,
+                uid,
+                names.get((kind, uid), f"{kind.replace('_', ' ')} {short_id(uid)}"),
+                limit=24,
+            )
+            for _arg, kind, uid in _job_ids(obj)
+        ]
+        if not links:
+            return "—"
+        return format_html_join(SafeString("<br>"), "{}", ((link,) for link in links))
 
     @admin.display(description="error")
     def error(self, obj: ProcrastinateJob) -> str:
         if obj.status != "failed":
             return ""
-        found = JobError.objects.filter(job_id=obj.pk).order_by("-id").first()
-        return found.error[:200] if found is not None else "(no error recorded)"
+        errors = getattr(obj, "console_errors", None)
+        if errors is None:
+            errors = job_last_errors([obj])
+        found = errors.get(obj.pk)
+        return found[:200] if found is not None else "(no error recorded)"
 
 
 admin.site.unregister(ProcrastinateJob)

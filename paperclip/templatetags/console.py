@@ -27,6 +27,20 @@ def relative(value: datetime, now: datetime | None = None) -> str:
     return f"in {timeuntil(value, now, depth=1)}"
 
 
+def when(value: Any) -> SafeString | str:
+    """`<time title="2026-12-01 14:03:22 UTC">3 hours ago</time>`: the short form of `stamp`
+    for lists with several times a row."""
+    if not isinstance(value, datetime):
+        return "—"
+    local = timezone.localtime(value)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        value.isoformat(),
+        date_format(local, "Y-m-d H:i:s T"),
+        relative(value),
+    )
+
+
 @register.filter
 def age(value: Any) -> str:
     if not isinstance(value, datetime):

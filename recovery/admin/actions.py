@@ -25,6 +25,7 @@ from leases.environment.export_resume import remote_termination_has
 from leases.models import EnvironmentLease
 from paperclip.access import board_actor
 from paperclip.admin.lists import FlatCostListMixin, IndexedValuesListFilter
+from paperclip.admin.names import run_link
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
@@ -849,11 +850,12 @@ def _why_not_resolvable(action: IssueRecoveryAction) -> str:
 
 @admin.register(WorkerStopReceipt)
 class WorkerStopReceiptAdmin(_ReceiptAdmin):
-    list_display = ("worker_id", "run", "owner_token", "stopped_at", "recorded_at")
-    search_fields = ("worker_id", "owner_token")
+    list_display = ("worker_id", "run_named", "owner_token", "stopped_at", "recorded_at")
+    search_fields = ("worker_id", "owner_token", "=run__id", "run__agent__name")
+    list_select_related = ("run__agent",)
     readonly_fields = (
         "company",
-        "run",
+        "run_named",
         "owner_token",
         "worker_id",
         "stopped_at",
@@ -862,9 +864,13 @@ class WorkerStopReceiptAdmin(_ReceiptAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerStopReceipt]:
-        qs = super().get_queryset(request)
+        qs = super().get_queryset(request).select_related(*self.list_select_related)
         company_ids = member_company_ids(request)
         return qs if company_ids is None else qs.filter(company_id__in=company_ids)
+
+    @admin.display(description="run", ordering="run__agent__name")
+    def run_named(self, obj: WorkerStopReceipt) -> SafeString | str:
+        return run_link(obj.run)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -10,21 +10,24 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
+from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from checkpoints.attention import expired_authority_coordinators
+from paperclip.admin.names import issue_link, run_link, run_name
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ReadOnlyAdmin,
     act_on_each,
-    admin_id_link,
     console_panel,
     report_each,
+    short_id,
 )
 from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
+from paperclip.templatetags.console import when
 from recovery.errors import FinalizationNotAcquired
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, run_board_hold
@@ -159,20 +162,25 @@ class CoordinatorAttentionFilter(admin.SimpleListFilter):
 
 @admin.register(NativeRunFinalization)
 class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
+    # The coordinator's id is its run's: the first column links to the coordinator, the run
+    # column to the run's page.
     list_display = (
-        "run_link",
+        "ref",
+        "run_named",
+        "issue_named",
         "company",
         "phase",
         "attempt",
-        "controller_generation",
-        "lease_expires_at",
-        "failure_code",
-        "next_attempt_at",
-        "updated_at",
+        "generation",
+        "lease_expires",
+        "failure",
+        "next_attempt",
+        "updated",
     )
     list_filter = (CoordinatorAttentionFilter, "phase", COMPANY_FILTER)
-    search_fields = ("=run__id", "=issue__id", "lease_owner")
-    list_select_related = ("company",)
+    search_fields = ("=run__id", "=issue__id", "lease_owner", "run__agent__name", "issue__title")
+    list_select_related = ("company", "run__agent", "issue")
+    list_display_links = ("ref",)
     actions = ("finalize_now",)
 
     def timeline_entity_ids(self, obj: NativeRunFinalization) -> list[str]:
@@ -181,9 +189,52 @@ class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
     def timeline_run_id(self, obj: NativeRunFinalization) -> Any:
         return obj.pk
 
-    @admin.display(description="run", ordering="run_id")
-    def run_link(self, obj: NativeRunFinalization) -> SafeString | str:
-        return admin_id_link(HeartbeatRun, obj.run_id)
+    def get_queryset(self, request: HttpRequest) -> QuerySet[NativeRunFinalization]:
+        # The page title names the run's agent and the issue (detail_title).
+        return super().get_queryset(request).select_related(*self.list_select_related)
+
+    @admin.display(description="coordinator", ordering="run_id")
+    def ref(self, obj: NativeRunFinalization) -> SafeString:
+        return format_html('<code title="{}">{}</code>', obj.run_id, short_id(obj.run_id))
+
+    @admin.display(description="run", ordering="run__agent__name")
+    def run_named(self, obj: NativeRunFinalization) -> SafeString | str:
+        return run_link(obj.run)
+
+    @admin.display(description="issue", ordering="issue__title")
+    def issue_named(self, obj: NativeRunFinalization) -> SafeString | str:
+        return issue_link(obj.issue)
+
+    # Short times and codes (the whole value on hover): the list fits a 1366 px screen.
+    @admin.display(description="gen.", ordering="controller_generation")
+    def generation(self, obj: NativeRunFinalization) -> int:
+        return obj.controller_generation
+
+    @admin.display(description="lease expires", ordering="lease_expires_at")
+    def lease_expires(self, obj: NativeRunFinalization) -> SafeString | str:
+        return when(obj.lease_expires_at)
+
+    @admin.display(description="failure", ordering="failure_code")
+    def failure(self, obj: NativeRunFinalization) -> SafeString | str:
+        code = obj.failure_code
+        if not code:
+            return "—"
+        shown = code if len(code) <= 14 else f"{code[:13]}…"
+        return format_html('<code title="{}">{}</code>', code, shown)
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt(self, obj: NativeRunFinalization) -> SafeString | str:
+        return when(obj.next_attempt_at)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj: NativeRunFinalization) -> SafeString | str:
+        return when(obj.updated_at)
+
+    def detail_title(self, obj: NativeRunFinalization) -> str:
+        return (
+            f"coordinator of {run_name(obj.run)} ({short_id(obj.run_id)}) "
+            f"on “{obj.issue.title}” ({obj.phase})"
+        )
 
     def detail_panels(self, request: HttpRequest, obj: NativeRunFinalization) -> list[SafeString]:
         run = HeartbeatRun.objects.filter(pk=obj.run_id, company_id=obj.company_id).first()

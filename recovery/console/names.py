@@ -5,53 +5,34 @@ of rows; reads only."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
-from django.db.models import Model
 from django.utils.safestring import SafeString
 
 from leases.models import EnvironmentLease
+from paperclip.admin.names import CORE_KINDS, NameKind, names_by_kind
 from paperclip.admin.toolkit import named_link, short_id
 from paperclip.ids import parse_uuid
 from paperclip.models import (
     ActivityEvent,
     Agent,
-    Company,
-    ExecutionWorkspace,
-    HeartbeatRun,
-    Issue,
     NativeRunFinalization,
     WorkspaceOperation,
 )
 from recovery.models import IssueRecoveryAction
 
-
-@dataclass(frozen=True, slots=True)
-class _Kind:
-    model: type[Model]
-    name: Callable[[Any], str]
-    related: tuple[str, ...] = ()
-
-
-def _run_name(run: HeartbeatRun) -> str:
-    return f"run of {run.agent.name}"
-
-
 # Audit rows' entity types whose id is the primary key of a console page, and how each is
 # named (lease rows are named by their workspace, whose page links on to the lease).
-ENTITY_KINDS: dict[str, _Kind] = {
-    "company": _Kind(Company, lambda o: o.name),
-    "agent": _Kind(Agent, lambda o: o.name),
-    "issue": _Kind(Issue, lambda o: o.title),
-    "heartbeat_run": _Kind(HeartbeatRun, _run_name, ("agent",)),
-    "execution_workspace": _Kind(ExecutionWorkspace, lambda o: o.name),
-    "native_run_finalization": _Kind(NativeRunFinalization, lambda o: f"coordinator ({o.phase})"),
-    "workspace_operation": _Kind(WorkspaceOperation, str),
-    "environment_lease": _Kind(EnvironmentLease, lambda o: f"{o.provider} ({o.status})"),
-    "issue_recovery_action": _Kind(IssueRecoveryAction, lambda o: o.cause.replace("_", " ")),
+ENTITY_KINDS: dict[str, NameKind] = {
+    **CORE_KINDS,
+    "native_run_finalization": NameKind(
+        NativeRunFinalization, lambda o: f"coordinator ({o.phase})"
+    ),
+    "workspace_operation": NameKind(WorkspaceOperation, str),
+    "environment_lease": NameKind(EnvironmentLease, lambda o: f"{o.provider} ({o.status})"),
+    "issue_recovery_action": NameKind(IssueRecoveryAction, lambda o: o.cause.replace("_", " ")),
 }
 
 
@@ -92,13 +73,6 @@ def audit_names(events: Iterable[ActivityEvent]) -> AuditNames:
         actor = parse_uuid(event.actor_id) if event.actor_type == "agent" else None
         if actor is not None:
             agents.add(actor)
-    entities: dict[tuple[str, UUID], str] = {}
-    for entity_type, ids in sorted(wanted.items()):
-        kind = ENTITY_KINDS[entity_type]
-        rows = kind.model._default_manager.filter(pk__in=ids)
-        if kind.related:
-            rows = rows.select_related(*kind.related)
-        for obj in rows:
-            entities[(entity_type, obj.pk)] = kind.name(obj)
+    entities = names_by_kind(wanted, ENTITY_KINDS)
     names = dict(Agent.objects.filter(pk__in=agents).values_list("pk", "name")) if agents else {}
     return AuditNames(entities=entities, agents=names)

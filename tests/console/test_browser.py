@@ -29,7 +29,13 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from leases.models import WorkspaceRuntimeLease
-from paperclip.models import ActivityEvent, BoardMembership, Company, HeartbeatRun
+from paperclip.models import (
+    ActivityEvent,
+    BoardMembership,
+    Company,
+    ExecutionWorkspaceSnapshot,
+    HeartbeatRun,
+)
 from recovery.console.site import REFRESH_SECONDS
 from recovery.services import run_finalize
 from tests.console.helpers import (
@@ -42,7 +48,12 @@ from tests.console.helpers import (
 )
 from tests.console.test_recovery_resolve import sandbox_failed
 from tests.leases.environment.factories import EnvironmentLeaseFactory, backing_off
-from tests.paperclip.factories import AgentFactory, CompanyFactory, HeartbeatRunFactory
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    ExecutionWorkspaceFactory,
+    HeartbeatRunFactory,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -455,6 +466,11 @@ LAPTOP_LISTS = {
     "recovery-actions": "/admin/recovery/issuerecoveryaction/",
     "audit-log": "/admin/paperclip/activityevent/",
     "workspace-operations": "/admin/paperclip/workspaceoperation/",
+    "coordinators": "/admin/paperclip/nativerunfinalization/",
+    "checkpoint-parts": "/admin/checkpoints/nativerunnercheckpoint/",
+    "run-results": "/admin/paperclip/nativerunresult/",
+    "workspace-snapshots": "/admin/paperclip/executionworkspacesnapshot/",
+    "issues": "/admin/paperclip/issue/",
 }
 
 
@@ -464,6 +480,8 @@ def test_lists_and_a_run_page_fit_a_laptop_screen(page: Any) -> None:
     company = CompanyFactory()
     one_of_each(company)
     run = orphaned_run(company=company)  # a run with a lapsed lease: claims on its timeline
+    workspace = ExecutionWorkspaceFactory(company=company, name="ws-snapshotted")
+    ExecutionWorkspaceSnapshot.objects.create(company=company, execution_workspace=workspace)
     operator(company, username="laptop")
     page.set_viewport_size(LAPTOP)
     log_in(page, "laptop")
