@@ -113,7 +113,7 @@ def test_seed_demo_is_idempotent_and_prints_working_credentials() -> None:
     assert counts["companies"] == 1
     assert counts["agents"] == 3  # two workers and a provider
     assert counts["issues"] >= 5
-    assert counts["workspaces"] == 3
+    assert counts["workspaces"] == 4
     assert counts["runs"] >= 3
     assert counts["coordinators"] >= 1
     assert counts["active_keys"] == 3

@@ -5,7 +5,10 @@ a few runs (one native run running and holding its issue), all through the servi
 log tells the story. One native run has posted its result, but its finalization controller died
 in the middle of a copy-back (simulated: its owner receipt names a process of this host that has
 exited): the worker holds that run for the board, and confirming the owner stop in the admin lets
-the worker commit it a moment later. One runtime lease outlives its issue (closed after the
+the worker commit it a moment later. Another native run's export into its workspace failed on
+every attempt (the archive workspace's cwd lies under a regular file, a stand-in for a full
+disk): it is held for the board's repair, and removing that file, then "Retry workspace
+export", lets the worker commit it. One runtime lease outlives its issue (closed after the
 claim): it is stale until the worker's sweep deletes it. Both show on the admin's dashboard.
 A provider agent drives environment leases of a demo sandbox environment through the lifecycle
 services, one in each interesting state (see `ENVIRONMENT_LEASES`): active, pending cleanup,
@@ -64,6 +67,7 @@ from paperclip.models import (
     ExecutionWorkspace,
     HeartbeatRun,
     Issue,
+    NativeRunFinalization,
     NativeRunResult,
 )
 from paperclip.receipts import OWNER_KEY
@@ -71,6 +75,7 @@ from recovery.models import IssueRecoveryAction
 from recovery.selectors.source import HISTORICAL_SOURCE_SCHEMA
 from recovery.services import result_accept
 from recovery.services.actions import RecoveryActionInput, recovery_action_upsert_source_scoped
+from recovery.services.export_repair import export_hold_in_tx
 
 COMPANY_NAME = "Demo Company"
 USERNAME = "demo-board"
@@ -86,6 +91,7 @@ WORKSPACES = (
     ("demo-workspace-main", "main"),
     ("demo-workspace-review", "review"),
     ("demo-workspace-export", "export"),
+    ("demo-workspace-archive", "archive/repo"),
 )
 LOGINS_FILE = "logins.txt"
 HELD_TITLE = "Publish the nightly export"
@@ -100,6 +106,12 @@ STALE_TITLE = "Retire the staging sandbox"
 SOURCE_TITLE = "Rebuild the sandbox image"
 SOURCE_ALLOCATION = "sbx-demo-source"
 HELD_WORKDIR = "export-run"  # the runner's directory
+# A run whose export into its workspace failed on every attempt: the archive workspace's cwd
+# sits under a regular file (a stand-in for a full or read-only disk) until the board "repairs"
+# it by removing that file, then retries the export.
+EXPORT_HELD_TITLE = "Archive the build logs"
+EXPORT_HELD_WORKDIR = "archive-run"
+EXPORT_BLOCKER = "archive"
 # How long the seeded states the worker would repair once due stay visible: the failed
 # cleanup's back-off is this long (docs/setup.md#the-demo).
 STAYS_PUT = timedelta(minutes=15)
@@ -115,6 +127,7 @@ ISSUES = (
     (HELD_TITLE, Issue.Status.IN_PROGRESS, 1),
     (STALE_TITLE, Issue.Status.IN_PROGRESS, 0),
     (SOURCE_TITLE, Issue.Status.BLOCKED, 1),
+    (EXPORT_HELD_TITLE, Issue.Status.IN_PROGRESS, 0),
 )
 # One environment lease per interesting state, keyed by its allocation id (what makes the step
 # idempotent): (provider_lease_id, the run's issue title, policy, workspace index or None,
@@ -325,7 +338,7 @@ class Command(BaseCommand):
         issues: dict[str, Issue],
     ) -> None:
         alpha, beta = agents
-        main, review, export = workspaces
+        main, review, export, archive = workspaces
         plan: list[tuple[Agent, str, str, ExecutionWorkspace | None, list[str]]] = [
             (alpha, "legacy", "Ship runtime leases", None, ["running", "succeeded"]),
             (alpha, "native", "Encrypt runner checkpoints", main, ["running"]),
@@ -345,6 +358,7 @@ class Command(BaseCommand):
                 run = services.run_transition(actor=actor, run_id=run.pk, to_status=step).run
             self.stdout.write(f"Created {mode} run {run.pk} for {title!r} [{run.status}]")
         self._held_run(actor, beta, export, issues[HELD_TITLE])
+        self._held_export(actor, alpha, archive, issues[EXPORT_HELD_TITLE])
         self._stale_lease(actor, alpha, review, issues[STALE_TITLE])
 
     def _stale_lease(
@@ -425,6 +439,78 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Created native run {run.pk} for {issue.title!r}: result accepted, its controller "
             "gone mid copy-back; the worker holds it for the board (admin: Issue recovery actions)"
+        )
+
+    def _held_export(
+        self, actor: Any, agent: Agent, workspace: ExecutionWorkspace, issue: Issue
+    ) -> None:
+        """A native run whose export into its workspace fails for real on every attempt (the
+        cwd's parent is a regular file): the finalizer's attempts spend the retry budget and the
+        board gets the hold whose button is "Retry workspace export"."""
+        workdir = self.demo_dir / EXPORT_HELD_WORKDIR
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        (workdir / "logs" / "build-1042.log").write_text("build 1042: ok (3 m 12 s)\n")
+        blocker = self.demo_dir / EXPORT_BLOCKER
+        if not blocker.is_file():
+            shutil.rmtree(blocker, ignore_errors=True)
+            blocker.write_text(
+                "A stand-in for a full disk: the archive workspace's cwd cannot be created under "
+                "this file. Remove it, then use Retry workspace export on the held run.\n"
+            )
+        run = services.run_create(
+            actor=actor,
+            agent_id=agent.pk,
+            runtime_mode="native",
+            issue_id=issue.pk,
+            execution_workspace_id=workspace.pk,
+            workspace_dir=str(workdir),
+        ).run
+        services.run_transition(actor=actor, run_id=run.pk, to_status="running")
+        result_accept(
+            company_id=run.company_id,
+            run_id=run.pk,
+            agent_id=agent.pk,
+            result={"summary": "archived 1 build log"},
+            run_terminal_state="succeeded",
+            caller_result_id="seed-demo-archive",
+        )
+        # The worker's attempts over its back-off (about 8 minutes), already spent: the last
+        # one's failure is what the next attempt meets for real while the blocker is there.
+        attempts = int(settings.PAPERCLIP_FINALIZE_MAX_ATTEMPTS)
+        detail = f"[Errno 20] Not a directory: '{workspace.cwd}'"
+        with transaction.atomic():
+            coordinator = NativeRunFinalization.objects.get(run_id=run.pk)
+            row_update_audited(
+                coordinator,
+                {
+                    "phase": NativeRunFinalization.Phase.RETRYABLE_FAILURE,
+                    "attempt": attempts,
+                    "failure_code": "workspace_copyback_retry_exhausted",
+                    "failure_detail": {
+                        "workspaceFinalizeAttempt": attempts,
+                        "code": "copyback_io_error",
+                        "detail": detail,
+                    },
+                    "next_attempt_at": None,
+                },
+                company_id=run.company_id,
+                actor_type="system",
+                actor_id="seed_demo",
+                action="run.workspace_finalize_retry_exhausted",
+                entity_type="heartbeat_run",
+                entity_id=run.pk,
+                run_id=run.pk,
+                details={"simulated": f"{attempts} failed export attempts", "detail": detail},
+            )
+            export_hold_in_tx(
+                issue=issue,
+                run=HeartbeatRun.objects.get(pk=run.pk),
+                coordinator=coordinator,
+                failure={"code": "copyback_io_error", "detail": detail, "attempts": attempts},
+            )
+        self.stdout.write(
+            f"Created native run {run.pk} for {issue.title!r}: its export failed on every "
+            f"attempt; remove {blocker} and use Retry workspace export (admin: the run's page)"
         )
 
     def _environment_leases(
