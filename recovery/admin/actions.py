@@ -312,7 +312,7 @@ class IssueRecoveryActionAdmin(
                     "What to do",
                     {"fields": ("next_action", "export_failure", "export_binding", "export_retry")},
                 ),
-                ("Recovery source", {"fields": ("recovery_source",)}),
+                # The run still waits for its export: no recovery source to inspect.
                 _DETAILS_FIELDSET,
             )
         if obj is not None and obj.cause == CONFLICT_CAUSE:

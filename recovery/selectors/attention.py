@@ -51,7 +51,7 @@ TILES: tuple[TileSource, ...] = (
     counted_tile(
         "finalization_failed",
         "Finalizations failed (retries spent)",
-        "Fix the copy-back cause, then finalize now.",
+        "The export is held: repair its cause, then Retry workspace export on the run.",
         failed_finalizations,
         NativeRunFinalization.objects.all,
         "updated_at",
