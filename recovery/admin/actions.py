@@ -13,6 +13,7 @@ from uuid import UUID
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
@@ -25,7 +26,7 @@ from leases.environment.export_resume import remote_termination_has
 from leases.models import EnvironmentLease
 from paperclip.access import board_actor
 from paperclip.admin.lists import FlatCostListMixin, IndexedValuesListFilter
-from paperclip.admin.names import run_link
+from paperclip.admin.names import CORE_KINDS, names_by_kind, run_link
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ActivityTimelineMixin,
@@ -231,6 +232,27 @@ def _is_owner_hold(obj: IssueRecoveryAction | None) -> bool:
     return obj is not None and obj.cause == OWNER_UNVERIFIED_CAUSE
 
 
+def _evidence_run_id(action: IssueRecoveryAction) -> UUID | None:
+    return parse_uuid(_as_dict(action.evidence).get("runId"))
+
+
+def _run_names(actions: list[IssueRecoveryAction]) -> dict[tuple[str, UUID], str]:
+    """The names of the runs the actions' evidence names (one query for the page)."""
+    ids = {run_id for run_id in map(_evidence_run_id, actions) if run_id is not None}
+    return names_by_kind({"heartbeat_run": ids}, CORE_KINDS)
+
+
+class _NamedRunChangeList(ChangeList):
+    """The recovery-action list, with the runs its evidence names read once per page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        actions: list[IssueRecoveryAction] = list(self.result_list)
+        names = _run_names(actions)
+        for action in actions:  # per row, not on the (shared) model admin
+            action.console_run_names = names  # type: ignore[attr-defined]
+
+
 @admin.register(IssueRecoveryAction)
 class IssueRecoveryActionAdmin(
     FlatCostListMixin, DetailActionsMixin, ActivityTimelineMixin, _ActionAdmin
@@ -403,12 +425,20 @@ class IssueRecoveryActionAdmin(
 
     @admin.display(description="run")
     def run(self, obj: IssueRecoveryAction) -> SafeString | str:
-        evidence = _as_dict(obj.evidence)
-        run_id = parse_uuid(evidence.get("runId"))
+        run_id = _evidence_run_id(obj)
         if run_id is None:
             return "—"
+        names = getattr(obj, "console_run_names", None)
+        if names is None:  # a detail page: this one run
+            names = _run_names([obj])
+        name = names.get(("heartbeat_run", run_id))
+        if name is not None:
+            return named_link(HeartbeatRun, run_id, name, limit=24)
         label = format_html('<code title="{}">{}</code>', run_id, short_id(run_id))
         return admin_id_link(HeartbeatRun, run_id, label)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _NamedRunChangeList
 
     def detail_title(self, obj: IssueRecoveryAction) -> str:
         return f"{obj.cause.replace('_', ' ')} ({obj.status}) on “{obj.source_issue.title}”"

@@ -1,7 +1,7 @@
 """Names beside ids on every list and page that shows an agent's, issue's, workspace's or run's
 id (docs/runbook.md, "Names beside ids"): coordinators, checkpoint parts, run results, workspace
-snapshots and heads, issues' runs, stop receipts, environment leases and the worker's jobs,
-each list in a number of queries that does not grow with its rows."""
+snapshots and heads, issues' runs, stop receipts, environment leases, recovery actions and the
+worker's jobs, each list in a number of queries that does not grow with its rows."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from recovery.services import finalization_defer_in_tx
 from tests.console.test_pages import staff
 from tests.leases.environment.factories import EnvironmentLeaseFactory
 from tests.paperclip.factories import UserFactory
-from tests.recovery.factories import Binding, make_binding
+from tests.recovery.factories import Binding, RecoveryActionFactory, make_binding
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
@@ -57,6 +57,7 @@ def named(company: Company, tag: str) -> Binding:
         signature="sig",
     )
     EnvironmentLeaseFactory(company=company, heartbeat_run=b.run)
+    RecoveryActionFactory(company=company, source_issue=b.issue, evidence={"runId": str(b.run.pk)})
     job_id = finalization_defer_in_tx(company_id=company.pk, run_id=b.run.pk)
     with connection.cursor() as cursor:
         cursor.execute("UPDATE procrastinate_jobs SET status = 'failed' WHERE id = %s", [job_id])
@@ -92,6 +93,7 @@ NAMED_LISTS: dict[str, tuple[Any, ...]] = {
     "admin:recovery_workerstopreceipt_changelist": (run_named,),
     "admin:leases_environmentlease_changelist": (run_named,),
     "admin:procrastinate_procrastinatejob_changelist": (run_named,),
+    "admin:recovery_issuerecoveryaction_changelist": (run_named,),
 }
 
 
