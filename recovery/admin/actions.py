@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -24,7 +26,7 @@ from django.utils.safestring import SafeString
 
 from leases.environment.export_resume import remote_termination_has
 from leases.models import EnvironmentLease
-from paperclip.access import board_actor
+from paperclip.access import Actor, board_actor
 from paperclip.admin.lists import FlatCostListMixin, IndexedValuesListFilter
 from paperclip.admin.names import CORE_KINDS, names_by_kind, run_link
 from paperclip.admin.toolkit import (
@@ -691,53 +693,34 @@ class IssueRecoveryActionAdmin(
     def resolve_workspace_conflict(
         self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
     ) -> HttpResponse | None:
-        holds = list(queryset.filter(cause=CONFLICT_CAUSE).order_by("pk"))
-        if not holds:
-            self.message_user(
-                request,
-                f"Select a workspace head conflict (cause {CONFLICT_CAUSE}).",
-                messages.WARNING,
+        def resolve(actor: Actor, hold: IssueRecoveryAction, run_id: UUID, form: Any) -> str:
+            answer = workspace_conflict_resolve(
+                actor=actor,
+                issue_id=hold.source_issue_id,
+                action_id=hold.pk,
+                run_id=run_id,
+                resolution=form.cleaned_data["resolution"],
+                note=form.cleaned_data["note"],
             )
-            return None
-        form = ConflictResolutionForm(request.POST if "apply" in request.POST else None)
-        if "apply" in request.POST and form.is_valid():
-            actor = board_actor(request.user)
-            resolution = form.cleaned_data["resolution"]
+            return "repeated" if answer.replayed else "resolved"
 
-            def resolve(hold: IssueRecoveryAction) -> str:
-                run_id = parse_uuid(_as_dict(hold.evidence).get("runId"))
-                if run_id is None:
-                    raise InvalidRequest("The hold names no run.")
-                answer = workspace_conflict_resolve(
-                    actor=actor,
-                    issue_id=hold.source_issue_id,
-                    action_id=hold.pk,
-                    run_id=run_id,
-                    resolution=resolution,
-                    note=form.cleaned_data["note"],
-                )
-                return "repeated" if answer.replayed else "resolved"
-
-            done = act_on_each(holds, resolve, name=lambda hold: hold.pk)
-            report_each(
-                self,
-                request,
-                f"Resolved {done.counts['resolved']} ({resolution}), "
-                f"{done.counts['repeated']} already resolved so; the runs' finalization is queued "
+        return self._act_on_holds(
+            request,
+            queryset,
+            cause=CONFLICT_CAUSE,
+            what="a workspace head conflict",
+            form_class=ConflictResolutionForm,
+            act=resolve,
+            summary=lambda counts, form: (
+                f"Resolved {counts['resolved']} ({form.cleaned_data['resolution']}), "
+                f"{counts['repeated']} already resolved so; the runs' finalization is queued "
                 "for the worker: the outcome will show in each run's finalization state on its "
-                "page. Refused: ",
-                done.failed,
-            )
-            return None
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Resolve workspace conflict",
-            "holds": [(hold, _as_dict(hold.evidence)) for hold in holds],
-            "form": form,
-            "opts": self.model._meta,
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, "admin/recovery/resolve_workspace_conflict.html", context)
+                "page. Refused: "
+            ),
+            title="Resolve workspace conflict",
+            template="admin/recovery/resolve_workspace_conflict.html",
+            row=lambda hold: (hold, _as_dict(hold.evidence)),
+        )
 
     @admin.action(
         description="Retry workspace export (after repairing its cause)",
@@ -746,56 +729,78 @@ class IssueRecoveryActionAdmin(
     def retry_workspace_export(
         self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
     ) -> HttpResponse | None:
-        holds = list(
-            queryset.filter(cause=EXPORT_REPAIR_CAUSE).select_related("source_issue").order_by("pk")
-        )
-        if not holds:
-            self.message_user(
-                request,
-                f"Select a held workspace export (cause {EXPORT_REPAIR_CAUSE}).",
-                messages.WARNING,
+        def retry(actor: Actor, hold: IssueRecoveryAction, run_id: UUID, form: Any) -> str:
+            answer = workspace_export_retry(
+                actor=actor,
+                issue_id=hold.source_issue_id,
+                action_id=hold.pk,
+                run_id=run_id,
+                repair_note=form.cleaned_data["repair_note"],
             )
+            return "repeated" if answer.replayed else "queued"
+
+        return self._act_on_holds(
+            request,
+            queryset,
+            cause=EXPORT_REPAIR_CAUSE,
+            what="a held workspace export",
+            form_class=ExportRetryForm,
+            act=retry,
+            summary=lambda counts, _form: (
+                f"Export retry queued for {counts['queued']} run(s), "
+                f"{counts['repeated']} already queued (nothing changed); the worker "
+                "attempts each export now: the outcome shows in each run's finalization state "
+                "on its page, and the hold resolves when the run commits or asks for the next "
+                "repair if the export fails again. Refused: "
+            ),
+            title="Retry workspace export",
+            template="admin/recovery/retry_workspace_export.html",
+            row=lambda hold: (hold, self.export_failure(hold), self.export_binding(hold)),
+        )
+
+    def _act_on_holds(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[IssueRecoveryAction],
+        *,
+        cause: str,
+        what: str,
+        form_class: type[forms.Form],
+        act: Callable[[Actor, IssueRecoveryAction, UUID, Any], str],
+        summary: Callable[[Counter[str], Any], str],
+        title: str,
+        template: str,
+        row: Callable[[IssueRecoveryAction], tuple[Any, ...]],
+    ) -> HttpResponse | None:
+        """A board hold's own confirmation, for the selected holds of `cause`: the page with
+        `form` (one `row` a hold), then `act` once a hold with the run its evidence names, and
+        a message of what was done (`summary`), repeated, or refused and why."""
+        holds = list(queryset.filter(cause=cause).select_related("source_issue").order_by("pk"))
+        if not holds:
+            self.message_user(request, f"Select {what} (cause {cause}).", messages.WARNING)
             return None
-        form = ExportRetryForm(request.POST if "apply" in request.POST else None)
+        form = form_class(request.POST if "apply" in request.POST else None)
         if "apply" in request.POST and form.is_valid():
             actor = board_actor(request.user)
 
-            def retry(hold: IssueRecoveryAction) -> str:
-                run_id = parse_uuid(_as_dict(hold.evidence).get("runId"))
+            def one(hold: IssueRecoveryAction) -> str:
+                run_id = _evidence_run_id(hold)
                 if run_id is None:
                     raise InvalidRequest("The hold names no run.")
-                answer = workspace_export_retry(
-                    actor=actor,
-                    issue_id=hold.source_issue_id,
-                    action_id=hold.pk,
-                    run_id=run_id,
-                    repair_note=form.cleaned_data["repair_note"],
-                )
-                return "repeated" if answer.replayed else "queued"
+                return act(actor, hold, run_id, form)
 
-            done = act_on_each(holds, retry, name=lambda hold: hold.pk)
-            report_each(
-                self,
-                request,
-                f"Export retry queued for {done.counts['queued']} run(s), "
-                f"{done.counts['repeated']} already queued (nothing changed); the worker "
-                "attempts each export now: the outcome shows in each run's finalization state "
-                "on its page, and the hold resolves when the run commits or asks for the next "
-                "repair if the export fails again. Refused: ",
-                done.failed,
-            )
+            done = act_on_each(holds, one, name=lambda hold: hold.pk)
+            report_each(self, request, summary(done.counts, form), done.failed)
             return None
         context = {
             **self.admin_site.each_context(request),
-            "title": "Retry workspace export",
-            "holds": [
-                (hold, self.export_failure(hold), self.export_binding(hold)) for hold in holds
-            ],
+            "title": title,
+            "holds": [row(hold) for hold in holds],
             "form": form,
             "opts": self.model._meta,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
-        return TemplateResponse(request, "admin/recovery/retry_workspace_export.html", context)
+        return TemplateResponse(request, template, context)
 
     @admin.action(
         description="Resolve selected recovery actions waiting for the board (note required)",

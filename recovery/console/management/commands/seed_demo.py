@@ -379,6 +379,25 @@ class Command(BaseCommand):
             "issue: the lease is stale (owner_issue_terminal) until swept or force-released"
         )
 
+    def _native_running(
+        self,
+        actor: Any,
+        agent: Agent,
+        workspace: ExecutionWorkspace,
+        issue: Issue,
+        workdir: Path,
+    ) -> HeartbeatRun:
+        """A native run of `agent` on `issue`, started, with `workdir` as its directory."""
+        run = services.run_create(
+            actor=actor,
+            agent_id=agent.pk,
+            runtime_mode="native",
+            issue_id=issue.pk,
+            execution_workspace_id=workspace.pk,
+            workspace_dir=str(workdir),
+        ).run
+        return services.run_transition(actor=actor, run_id=run.pk, to_status="running").run
+
     def _held_run(
         self, actor: Any, agent: Agent, workspace: ExecutionWorkspace, issue: Issue
     ) -> None:
@@ -388,15 +407,7 @@ class Command(BaseCommand):
         (workdir / "out").mkdir(parents=True, exist_ok=True)
         (workdir / "out" / "export.csv").write_text("id,total\n1,42\n")
         (workdir / "README.md").write_text("Nightly export produced by demo-agent-beta.\n")
-        run = services.run_create(
-            actor=actor,
-            agent_id=agent.pk,
-            runtime_mode="native",
-            issue_id=issue.pk,
-            execution_workspace_id=workspace.pk,
-            workspace_dir=str(workdir),
-        ).run
-        run = services.run_transition(actor=actor, run_id=run.pk, to_status="running").run
+        run = self._native_running(actor, agent, workspace, issue, workdir)
         # A real process of this host that has exited: its receipt can't be proven stopped
         # mid copy-back (no barrier), which is exactly what the board must confirm.
         gone = subprocess.run(
@@ -457,15 +468,7 @@ class Command(BaseCommand):
                 "A stand-in for a full disk: the archive workspace's cwd cannot be created under "
                 "this file. Remove it, then use Retry workspace export on the held run.\n"
             )
-        run = services.run_create(
-            actor=actor,
-            agent_id=agent.pk,
-            runtime_mode="native",
-            issue_id=issue.pk,
-            execution_workspace_id=workspace.pk,
-            workspace_dir=str(workdir),
-        ).run
-        services.run_transition(actor=actor, run_id=run.pk, to_status="running")
+        run = self._native_running(actor, agent, workspace, issue, workdir)
         result_accept(
             company_id=run.company_id,
             run_id=run.pk,
