@@ -695,14 +695,12 @@ def report(results: dict[str, list[Step]], round_trips: float, args: argparse.Na
                 f"{rate}/s",
             )
         )
+        label = f"production server sustains >= {TARGET_RAW_RATIO}x the raw upsert's rate"
         if raw is not None:
-            targets.append(
-                (
-                    f"production server sustains >= {TARGET_RAW_RATIO}x the raw upsert's rate",
-                    rate >= TARGET_RAW_RATIO * raw.rate,
-                    f"{rate / raw.rate:.2f}x ({rate}/{raw.rate})",
-                )
-            )
+            ratio = rate / raw.rate
+            targets.append((label, ratio >= TARGET_RAW_RATIO, f"{ratio:.2f}x ({rate}/{raw.rate})"))
+        else:  # the machine was too busy for the baseline itself: no ratio to judge
+            log(f"(not judged: {label}: the raw upsert sustained no rate in this run)")
         if server_cpu_us is not None:
             targets.append(
                 (
