@@ -22,8 +22,10 @@ Server configurations compared (each started afresh on the same database):
 
 - `production`: what `python -m paperclip.serve` runs (docs/setup.md#serving), the
   configuration the target is judged on;
-- `gunicorn-gthread`: gunicorn, 2 workers x 4 threads (the previous recommendation);
-- more with --servers.
+- `production-drf`: the same server with every claim served by the DRF view
+  (PAPERCLIP_LEAN_CLAIM_VIEW=false), the path before leases/api/lean.py, as a comparison;
+- `granian-2x4`, `gunicorn-2x4`: granian and gunicorn gthread, 2 workers x 4 threads;
+- more with --servers (any of them with `-drf`).
 
 It also counts PostgreSQL round trips per renew, from libpq's own protocol trace of the
 server process's connection (in-process WSGI calls, the same middleware and view): every
