@@ -306,6 +306,9 @@ if PAPERCLIP_METRICS_ENABLED:
 
 # --- Paperclip settings (PAPERCLIP_ prefix) -------------------------------------------------
 PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = env.int("PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS", default=1800)
+# The claim endpoint serves well-formed agent requests without DRF's generic machinery
+# (leases/api/lean.py); false serves every request through the DRF view (a bench comparison).
+PAPERCLIP_LEAN_CLAIM_VIEW = env.bool("PAPERCLIP_LEAN_CLAIM_VIEW", default=True)
 PAPERCLIP_COPYBACK_BACKEND = env.str(
     "PAPERCLIP_COPYBACK_BACKEND", default="recovery.adapters.copyback.LocalDirectoryCopyback"
 )

@@ -2,9 +2,9 @@
 
 from django.urls import URLPattern, path
 
+from leases.api.lean import runtime_lease_claim_view
 from leases.api.views import (
     RunSnapshotRegisterApi,
-    RuntimeLeaseClaimApi,
     RuntimeLeaseDetailApi,
     RuntimeLeaseReleaseApi,
     WorkspaceOperationCreateApi,
@@ -18,7 +18,7 @@ urlpatterns: list[URLPattern] = [
     ),
     path(
         "execution-workspaces/<uuid:workspace_id>/runtime-lease/claim",
-        RuntimeLeaseClaimApi.as_view(),
+        runtime_lease_claim_view,  # the DRF view for all but plain agent requests
         name="runtime-lease-claim",
     ),
     path(

@@ -209,15 +209,24 @@ class AgentKeyAuthentication(_BearerAuthentication):
     kind = AGENT_KEY_KIND
 
     def authenticate(self, request: Request) -> tuple[Agent, AgentApiKey] | None:
-        parsed = parse_bearer(_authorization(request), self.kind)
-        if parsed is None:
-            return None
-        key = _verify(AgentApiKey, *parsed)
-        if not isinstance(key, AgentApiKey):  # pragma: no cover - _verify returns its model
-            raise exceptions.AuthenticationFailed()
-        if key.agent.status == Agent.Status.TERMINATED:
-            raise exceptions.AuthenticationFailed("This agent has been terminated.")
-        return key.agent, key
+        return authenticate_agent_key(_authorization(request))
+
+
+def authenticate_agent_key(header: str) -> tuple[Agent, AgentApiKey] | None:
+    """An `Authorization` header's agent key → (Agent, AgentApiKey); None when the header
+    carries no agent key; AuthenticationFailed when it carries a malformed, unknown, wrong,
+    revoked or terminated agent's one. What `AgentKeyAuthentication` does, callable without
+    DRF's request (the lean claim view, leases/api/lean.py). Nothing is cached: revocation
+    is read from the row on every request."""
+    parsed = parse_bearer(header, AGENT_KEY_KIND)
+    if parsed is None:
+        return None
+    key = _verify(AgentApiKey, *parsed)
+    if not isinstance(key, AgentApiKey):  # pragma: no cover - _verify returns its model
+        raise exceptions.AuthenticationFailed()
+    if key.agent.status == Agent.Status.TERMINATED:
+        raise exceptions.AuthenticationFailed("This agent has been terminated.")
+    return key.agent, key
 
 
 class BoardTokenAuthentication(_BearerAuthentication):

@@ -93,19 +93,25 @@ class StrictJSONParser(JSONParser):
             raise InvalidRequest(
                 fields={_BODY: [f"Send UTF-8 JSON; charset {charset!r} is not accepted."]}
             )
-        raw = stream.read() if stream is not None else b""
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _bad("", "The body is not valid UTF-8.") from exc
-        try:
-            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-        except RecursionError as exc:
-            raise _bad("", f"Nested deeper than {MAX_DEPTH} levels.") from exc
-        except ValueError as exc:
-            raise _bad("", f"The body is not valid JSON ({_short(exc)}).") from exc
-        check_json_value(data)
-        return data
+        return parse_json_body(stream.read() if stream is not None else b"")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """`raw` (a request body) as JSON under the rules above; InvalidRequest otherwise. The
+    parser's whole work once the media type is settled, shared with the lean claim view
+    (leases/api/lean.py), so both are as strict by construction."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad("", "The body is not valid UTF-8.") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError as exc:
+        raise _bad("", f"Nested deeper than {MAX_DEPTH} levels.") from exc
+    except ValueError as exc:
+        raise _bad("", f"The body is not valid JSON ({_short(exc)}).") from exc
+    check_json_value(data)
+    return data
 
 
 def _charset(media_type: str | None) -> str | None:
