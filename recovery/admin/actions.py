@@ -16,7 +16,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
@@ -49,9 +49,9 @@ from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.attention import held_finalization_actions
+from recovery.selectors.exports import HELD_EXPORT, is_held_export
 from recovery.selectors.source import (
     MAXIMUM_SOURCES,
-    WORKSPACE_EXPORT_CAUSES,
     recovery_source_inspect,
 )
 from recovery.selectors.verdict import owner_hold_verdict
@@ -206,7 +206,7 @@ def board_resolvable(
     and workspace-head conflicts are closed by their own confirmations, never by a note."""
     return queryset.filter(
         owner_type=IssueRecoveryAction.OwnerType.BOARD, status__in=LIVE_STATUSES
-    ).exclude(cause__in=(OWNER_UNVERIFIED_CAUSE, CONFLICT_CAUSE, *WORKSPACE_EXPORT_CAUSES))
+    ).exclude(Q(cause__in=(OWNER_UNVERIFIED_CAUSE, CONFLICT_CAUSE)) | HELD_EXPORT)
 
 
 class HoldFilter(admin.SimpleListFilter):
@@ -329,7 +329,7 @@ class IssueRecoveryActionAdmin(
                 ),
                 _DETAILS_FIELDSET,
             )
-        if obj is not None and obj.cause in WORKSPACE_EXPORT_CAUSES:
+        if is_held_export(obj):
             return (
                 self.fieldsets[0],
                 (
@@ -378,7 +378,7 @@ class IssueRecoveryActionAdmin(
                     "primary": True,
                 }
             ]
-        if obj.cause == EXPORT_REPAIR_CAUSE and obj.status in LIVE_STATUSES:
+        if is_held_export(obj) and obj.status in LIVE_STATUSES:
             if evidence_retry(obj):
                 return []  # queued: the next action says where the outcome shows
             return [
@@ -878,7 +878,7 @@ def _why_not_resolvable(action: IssueRecoveryAction) -> str:
         return "an owner-stop hold: use Confirm owner stopped"
     if action.cause == CONFLICT_CAUSE:
         return "a workspace conflict: use Resolve workspace conflict"
-    if action.cause in WORKSPACE_EXPORT_CAUSES:
+    if is_held_export(action):
         return "a held workspace export: use Retry workspace export"
     return f"owned by {action.owner_type}, not the board"
 

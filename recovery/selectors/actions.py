@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 
 from paperclip.models import HeartbeatRun, NativeRunFinalization
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
+from recovery.selectors.exports import HELD_EXPORT
 
 OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"
 WAITING_PHASES = ("result_accepted", "workspace_finalizing")
@@ -41,7 +41,7 @@ def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | N
         .filter(
             (Q(cause=OWNER_UNVERIFIED_CAUSE) & ~Q(evidence__has_key="workspaceOwnerStop"))
             | Q(cause=HEAD_CONFLICT_CODE)
-            | Q(cause__in=WORKSPACE_EXPORT_CAUSES)
+            | HELD_EXPORT
         )
         .select_related("source_issue")
         .order_by("created_at", "id")

@@ -5,11 +5,30 @@ the board's export repair, which checks that none of it changed since the hold."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
+
+from django.db.models import Q
 
 from leases.models import EnvironmentLease
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
+from recovery.models import IssueRecoveryAction
+from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
+
+# A held export the finalizer opened carries its descriptor; an export-cause action recorded
+# otherwise (a failed run's retained sandbox as its recovery source) is inspected, not retried.
+HELD_EXPORT: Final = Q(cause__in=WORKSPACE_EXPORT_CAUSES, evidence__has_key="descriptor")
+
+
+def is_held_export(action: IssueRecoveryAction | None) -> bool:
+    """The action is a held workspace export that Retry workspace export answers."""
+    evidence = action.evidence if action is not None else None
+    return (
+        action is not None
+        and action.cause in WORKSPACE_EXPORT_CAUSES
+        and isinstance(evidence, dict)
+        and "descriptor" in evidence
+    )
 
 
 def workspace_dir(run: HeartbeatRun) -> str | None:

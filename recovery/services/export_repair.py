@@ -18,7 +18,6 @@ from typing import Any, Final, Literal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
 from leases.environment.export_resume import export_resume_preserve, remote_termination_has
@@ -35,10 +34,13 @@ from recovery.errors import (
     WorkspaceExportRetryStale,
     WorkspaceExportStopUnconfirmed,
 )
-from recovery.locks import finalization_lock_key, recovery_actions_for_update
+from recovery.locks import finalization_lock_key
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.exports import export_descriptor, run_environment_lease
-from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
+from recovery.selectors.exports import (
+    export_descriptor,
+    is_held_export,
+    run_environment_lease,
+)
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
 from recovery.services.owner_stop import (
@@ -248,7 +250,7 @@ def _require_export_hold_current(bound: HoldBinding, *, company_id: UUID, run_id
     action, evidence = bound.action, bound.evidence
     stale = WorkspaceExportRetryStale
     if (
-        action.cause not in WORKSPACE_EXPORT_CAUSES
+        not is_held_export(action)
         or action.owner_type != IssueRecoveryAction.OwnerType.BOARD
         or action.status not in LIVE_STATUSES
         or evidence.get("runId") != str(run_id)
@@ -356,17 +358,4 @@ def _record_retry(
     )
     return ExportRetry(
         run_id=run.pk, result_id=result_id, lease_id=lease.pk if lease is not None else None
-    )
-
-
-def export_holds_for_update(
-    *, company_id: UUID, issue_id: UUID, run_id: UUID
-) -> QuerySet[IssueRecoveryAction]:
-    """The run's live export-repair holds, locked (the commit resolves them)."""
-    return recovery_actions_for_update().filter(
-        Q(cause__in=WORKSPACE_EXPORT_CAUSES),
-        company_id=company_id,
-        source_issue_id=issue_id,
-        status__in=LIVE_STATUSES,
-        evidence__runId=str(run_id),
     )

@@ -57,12 +57,12 @@ from recovery.selectors.actions import (
     run_issue_id,
 )
 from recovery.selectors.exports import (
+    HELD_EXPORT,
     result_workspace_tree,
     workspace_destination,
     workspace_dir,
 )
 from recovery.selectors.finalization import owner_hold_live
-from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
 from recovery.services.actions import resolve_in_tx
 from recovery.services.conflicts import conflict_hold_in_tx, conflict_mode
 from recovery.services.export_repair import export_hold_in_tx
@@ -608,9 +608,9 @@ def _commit(
             },
         )
         holds = recovery_actions_for_update().filter(
+            Q(cause=OWNER_UNVERIFIED_CAUSE) | HELD_EXPORT,
             company_id=company_id,
             source_issue_id=issue.pk,
-            cause__in=(OWNER_UNVERIFIED_CAUSE, *WORKSPACE_EXPORT_CAUSES),
             status__in=LIVE_STATUSES,
             evidence__runId=str(run_id),
         )
