@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final, Protocol
+from typing import IO, Any, BinaryIO, Final, Protocol
 from uuid import UUID
 
 from django.conf import settings
@@ -652,6 +652,21 @@ def cas_open(
     except FileNotFoundError:
         return None  # collected between the two reads
     return CasBlobReader(digest=digest, size=size, chunks=chunks)
+
+
+def cas_blob_file(
+    *, company_id: UUID, digest: str, known: Mapping[str, tuple[int, int]]
+) -> BinaryIO | None:
+    """The filesystem backend's file of a blob among `known` (rows read by `cas_rows`),
+    opened for reading (unbuffered, so that a reader can copy it in the kernel); None for the
+    postgres backend, a name not in `known` or bytes that are gone (`cas_open` then answers).
+    The caller closes it and must never write to it."""
+    if settings.PAPERCLIP_CAS_BACKEND == "postgres" or digest not in known:
+        return None
+    try:
+        return open(blob_path(company_id, _checked_name(digest)), "rb", buffering=0)
+    except FileNotFoundError:
+        return None
 
 
 class _DirectoryCache:

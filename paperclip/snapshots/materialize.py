@@ -19,13 +19,16 @@ Entry, directories included), a function that opens a blob, and a `check` that r
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
 import re
 import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -40,6 +43,9 @@ from paperclip.snapshots.trees import (
 )
 
 CHUNK_BYTES: Final = 1 << 20
+# Files of one directory written at once: a write is mostly system calls (open, copy, chmod,
+# close, rename), which release the GIL.
+WRITE_THREADS: Final = 4
 TEMP_MARK: Final = ".pcl-tmp-"
 _TEMP_NAME = re.compile(r"\..*\.pcl-tmp-[0-9a-f]{16}", re.DOTALL)
 _TEMP_OVERHEAD: Final = len(".") + len(TEMP_MARK) + 16
@@ -93,9 +99,11 @@ def materialize(
     # below it is followed.
     root = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        work = _Materializer(children, previous, open_blob, check, check_every, durable)
-        work.check()
-        work.directory(root, "")
+        with ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="materialize") as pool:
+            work = _Materializer(children, previous, open_blob, check, check_every, durable)
+            work.pool = pool
+            work.check()
+            work.directory(root, "")
     finally:
         os.close(root)
     return work.report()
@@ -169,6 +177,34 @@ def is_temp_name(name: str) -> bool:
     return _TEMP_NAME.fullmatch(name) is not None
 
 
+def _copy(source: BinaryIO, out: int, limit: int, tick: Callable[[], None]) -> int:
+    """Copy `source` to the descriptor `out`, stopping once more than `limit` bytes came:
+    the bytes copied. A source that is a real file is copied in the kernel
+    (`copy_file_range`), else piece by piece."""
+    size = 0
+    try:
+        source_fd = source.fileno()
+    except (OSError, AttributeError, io.UnsupportedOperation):
+        source_fd = None
+    if source_fd is not None:
+        try:
+            while done := os.copy_file_range(source_fd, out, max(limit - size, 0) + 1):
+                size += done
+                if size > limit:
+                    return size
+            return size
+        except OSError as exc:
+            if size or exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+    while data := source.read(CHUNK_BYTES):
+        size += len(data)
+        if size > limit:
+            break
+        _write_all(out, data)
+        tick()
+    return size
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -192,6 +228,7 @@ class _Materializer:
         self.check_every = check_every
         self.durable = durable
         self.last_check = 0.0
+        self.pool: ThreadPoolExecutor | None = None
         self.written = self.bytes_written = self.symlinks = self.directories = 0
         self.modes = self.removed = self.unchanged = self.temporaries = 0
 
@@ -219,6 +256,7 @@ class _Materializer:
         """Make the open directory `fd` (at `path`) hold exactly its target entries."""
         wanted = self.children.get(path, {})
         changed = False
+        writes: list[tuple[str, str, Entry]] = []  # files to write, once the others are done
         for name in sorted(os.listdir(fd)):
             if name in wanted:
                 continue
@@ -238,9 +276,10 @@ class _Materializer:
             if entry.type == "dir":
                 changed |= self.dir_entry(fd, name, where, entry, found)
             elif entry.type == "file":
-                changed |= self.file_entry(fd, name, where, entry, found)
+                changed |= self.file_entry(fd, name, where, entry, found, writes)
             else:
                 changed |= self.symlink_entry(fd, name, entry, found)
+        self.write_files(fd, writes)
         if changed and self.durable:
             os.fsync(fd)
 
@@ -310,7 +349,13 @@ class _Materializer:
         return changed
 
     def file_entry(
-        self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result | None
+        self,
+        fd: int,
+        name: str,
+        path: str,
+        entry: Entry,
+        found: os.stat_result | None,
+        writes: list[tuple[str, str, Entry]],
     ) -> bool:
         if found is not None and stat.S_ISDIR(found.st_mode):
             self.tick()
@@ -327,9 +372,37 @@ class _Materializer:
             if found.st_nlink == 1 and self.chmod_file(fd, name, found, entry.mode):
                 self.modes += 1
                 return True
-        self.tick()
-        self.write_file(fd, name, path, entry)
+        writes.append((name, path, entry))
         return True
+
+    def write_files(self, fd: int, writes: list[tuple[str, str, Entry]]) -> None:
+        """Write the files `writes` names in the open directory `fd`, several at once; every
+        one has finished (written or failed) before this returns or raises."""
+        if not writes:
+            return
+        self.tick()
+        if self.pool is None or len(writes) == 1:
+            for name, path, entry in writes:
+                self.count_written(self.write_file(fd, name, path, entry, tick=self.tick))
+                self.tick()
+            return
+        futures = [
+            self.pool.submit(self.write_file, fd, name, path, entry) for name, path, entry in writes
+        ]
+        wait(futures)
+        failure: BaseException | None = None
+        for future in futures:
+            if (exc := future.exception()) is not None:
+                failure = failure or exc
+            else:
+                self.count_written(future.result())
+        if failure is not None:
+            raise failure
+        self.tick()
+
+    def count_written(self, size: int) -> None:
+        self.written += 1
+        self.bytes_written += size
 
     def same_content(
         self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result
@@ -379,7 +452,11 @@ class _Materializer:
             os.close(handle)
         return True
 
-    def write_file(self, fd: int, name: str, path: str, entry: Entry) -> None:
+    def write_file(
+        self, fd: int, name: str, path: str, entry: Entry, tick: Callable[[], None] = _nothing
+    ) -> int:
+        """Write one file through a temporary sibling and a rename; its size. Safe to run in
+        a thread: touches no counter and calls only `tick`."""
         temporary = temp_name(name)
         out = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=fd)
         try:
@@ -387,12 +464,9 @@ class _Materializer:
             if entry.size or entry.digest != _EMPTY_BLOB:
                 for blob in entry.blobs():
                     with self.open_blob(blob) as source:
-                        while data := source.read(CHUNK_BYTES):
-                            size += len(data)
-                            if size > entry.size:
-                                break
-                            _write_all(out, data)
-                            self.tick()
+                        size += _copy(source, out, entry.size - size, tick)
+                    if size > entry.size:
+                        break
             if size != entry.size:
                 raise TreeInvalid(path, "size_mismatch", f"{size} bytes, {entry.size} expected")
             os.fchmod(out, entry.mode)
@@ -404,8 +478,7 @@ class _Materializer:
             raise
         os.close(out)
         os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
-        self.written += 1
-        self.bytes_written += size
+        return size
 
     def symlink_entry(self, fd: int, name: str, entry: Entry, found: os.stat_result | None) -> bool:
         if (

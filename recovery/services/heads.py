@@ -32,7 +32,13 @@ from paperclip.activity import activity_record
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.cas import cas_load_many, cas_open, cas_rows, cas_store_blobs
+from paperclip.snapshots.cas import (
+    cas_blob_file,
+    cas_load_many,
+    cas_open,
+    cas_rows,
+    cas_store_blobs,
+)
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3
 from paperclip.snapshots.trees import (
@@ -399,6 +405,9 @@ def workspace_materialize(
                 company_id: UUID = company_id,
                 known: dict[str, tuple[int, int]] = known,
             ) -> BinaryIO:
+                file = cas_blob_file(company_id=company_id, digest=digest, known=known)
+                if file is not None:
+                    return file  # the store's own file: materialize copies it in the kernel
                 reader = cas_open(company_id=company_id, digest=digest, known=known)
                 if reader is None:
                     raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")
