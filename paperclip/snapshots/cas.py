@@ -621,15 +621,18 @@ def cas_rows(*, company_id: UUID, digests: Iterable[str]) -> dict[str, tuple[int
     """The company's blob rows (id, size) among `digests`, by name, a query per
     MAX_FIND_MISSING names: for callers about to open many blobs (`cas_open(known=...)`),
     which would otherwise look each row up alone. Reads only."""
-    from paperclip.models import CasBlob
-
     wanted = sorted(set(digests))
     found: dict[str, tuple[int, int]] = {}
     for start in range(0, len(wanted), MAX_FIND_MISSING):
-        rows = CasBlob.objects.filter(
-            company_id=company_id, digest__in=wanted[start : start + MAX_FIND_MISSING]
-        ).values_list("digest", "id", "size")
-        found.update((str(d), (int(i), int(n))) for d, i, n in rows)
+        # One array parameter, not 10,000 placeholders (the ORM's `__in`).
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                "SELECT digest, id, size FROM cas_blobs"
+                " WHERE company_id = %s AND digest = ANY(%s::text[])",
+                [company_id, wanted[start : start + MAX_FIND_MISSING]],
+            )
+            rows: list[tuple[str, int, int]] = cursor.fetchall()
+        found.update((d, (i, n)) for d, i, n in rows)
     return found
 
 

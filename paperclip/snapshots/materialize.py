@@ -28,7 +28,6 @@ import secrets
 import stat
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -43,9 +42,6 @@ from paperclip.snapshots.trees import (
 )
 
 CHUNK_BYTES: Final = 1 << 20
-# Files of one directory written at once: a write is mostly system calls (open, copy, chmod,
-# close, rename), which release the GIL.
-WRITE_THREADS: Final = 4
 TEMP_MARK: Final = ".pcl-tmp-"
 _TEMP_NAME = re.compile(r"\..*\.pcl-tmp-[0-9a-f]{16}", re.DOTALL)
 _TEMP_OVERHEAD: Final = len(".") + len(TEMP_MARK) + 16
@@ -99,11 +95,11 @@ def materialize(
     # below it is followed.
     root = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="materialize") as pool:
-            work = _Materializer(children, previous, open_blob, check, check_every, durable)
-            work.pool = pool
-            work.check()
-            work.directory(root, "")
+        # One file at a time: threads were measured slower (2 cores; creates and renames in
+        # one directory serialize on its lock in the kernel anyway).
+        work = _Materializer(children, previous, open_blob, check, check_every, durable)
+        work.check()
+        work.directory(root, "")
     finally:
         os.close(root)
     return work.report()
@@ -228,7 +224,6 @@ class _Materializer:
         self.check_every = check_every
         self.durable = durable
         self.last_check = 0.0
-        self.pool: ThreadPoolExecutor | None = None
         self.written = self.bytes_written = self.symlinks = self.directories = 0
         self.modes = self.removed = self.unchanged = self.temporaries = 0
 
@@ -256,7 +251,6 @@ class _Materializer:
         """Make the open directory `fd` (at `path`) hold exactly its target entries."""
         wanted = self.children.get(path, {})
         changed = False
-        writes: list[tuple[str, str, Entry]] = []  # files to write, once the others are done
         for name in sorted(os.listdir(fd)):
             if name in wanted:
                 continue
@@ -276,10 +270,9 @@ class _Materializer:
             if entry.type == "dir":
                 changed |= self.dir_entry(fd, name, where, entry, found)
             elif entry.type == "file":
-                changed |= self.file_entry(fd, name, where, entry, found, writes)
+                changed |= self.file_entry(fd, name, where, entry, found)
             else:
                 changed |= self.symlink_entry(fd, name, entry, found)
-        self.write_files(fd, writes)
         if changed and self.durable:
             os.fsync(fd)
 
@@ -349,13 +342,7 @@ class _Materializer:
         return changed
 
     def file_entry(
-        self,
-        fd: int,
-        name: str,
-        path: str,
-        entry: Entry,
-        found: os.stat_result | None,
-        writes: list[tuple[str, str, Entry]],
+        self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result | None
     ) -> bool:
         if found is not None and stat.S_ISDIR(found.st_mode):
             self.tick()
@@ -372,37 +359,11 @@ class _Materializer:
             if found.st_nlink == 1 and self.chmod_file(fd, name, found, entry.mode):
                 self.modes += 1
                 return True
-        writes.append((name, path, entry))
-        return True
-
-    def write_files(self, fd: int, writes: list[tuple[str, str, Entry]]) -> None:
-        """Write the files `writes` names in the open directory `fd`, several at once; every
-        one has finished (written or failed) before this returns or raises."""
-        if not writes:
-            return
         self.tick()
-        if self.pool is None or len(writes) == 1:
-            for name, path, entry in writes:
-                self.count_written(self.write_file(fd, name, path, entry, tick=self.tick))
-                self.tick()
-            return
-        futures = [
-            self.pool.submit(self.write_file, fd, name, path, entry) for name, path, entry in writes
-        ]
-        wait(futures)
-        failure: BaseException | None = None
-        for future in futures:
-            if (exc := future.exception()) is not None:
-                failure = failure or exc
-            else:
-                self.count_written(future.result())
-        if failure is not None:
-            raise failure
-        self.tick()
-
-    def count_written(self, size: int) -> None:
+        size = self.write_file(fd, name, path, entry)
         self.written += 1
         self.bytes_written += size
+        return True
 
     def same_content(
         self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result
@@ -452,11 +413,8 @@ class _Materializer:
             os.close(handle)
         return True
 
-    def write_file(
-        self, fd: int, name: str, path: str, entry: Entry, tick: Callable[[], None] = _nothing
-    ) -> int:
-        """Write one file through a temporary sibling and a rename; its size. Safe to run in
-        a thread: touches no counter and calls only `tick`."""
+    def write_file(self, fd: int, name: str, path: str, entry: Entry) -> int:
+        """Write one file through a temporary sibling and a rename; its size."""
         temporary = temp_name(name)
         out = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=fd)
         try:
@@ -464,7 +422,7 @@ class _Materializer:
             if entry.size or entry.digest != _EMPTY_BLOB:
                 for blob in entry.blobs():
                     with self.open_blob(blob) as source:
-                        size += _copy(source, out, entry.size - size, tick)
+                        size += _copy(source, out, entry.size - size, self.tick)
                     if size > entry.size:
                         break
             if size != entry.size:
