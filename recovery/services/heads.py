@@ -346,7 +346,9 @@ def _without_special_bits(entries: dict[str, Entry]) -> dict[str, Entry]:
     """Permission bits only: an agent's tree never makes a setuid, setgid or sticky entry in a
     cwd written by a worker that may run as root."""
     return {
-        path: entry if entry.type == "symlink" else replace(entry, mode=entry.mode & 0o777)
+        path: entry
+        if entry.type == "symlink" or entry.mode <= 0o777
+        else replace(entry, mode=entry.mode & 0o777)
         for path, entry in entries.items()
     }
 
