@@ -198,6 +198,8 @@ def _copy(source: _Region, out: int) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(out, view) :]
+    if source.left:  # the spooled file ended early: never place a short blob
+        raise OSError(errno.EIO, f"{source.left} bytes of a spooled blob missing")
 
 
 def _file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
