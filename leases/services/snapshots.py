@@ -46,14 +46,20 @@ class SnapshotRegistration:
 def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
     """Read and validate `tree` from the company's store (its directories a level per query,
     repeats from the per-process cache); `missing` lists the directory blobs that are not
-    stored. File contents are not looked up here: registration checks them on the rows.
-    Raises SnapshotTreeInvalid."""
+    stored. File contents are not looked up here: registration checks them on the rows. Its
+    `entries` hold directories and symlinks only (a web process registering a 50,000-file
+    tree keeps no entry per file). Raises SnapshotTreeInvalid."""
 
     def load_many(names: list[str]) -> dict[str, bytes]:
         return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
 
     try:
-        return walk(tree, load_many=load_many, max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES)
+        return walk(
+            tree,
+            load_many=load_many,
+            max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
+            keep_files=False,  # registration needs the counts and the blobs, not the paths
+        )
     except TreeInvalid as exc:
         raise SnapshotTreeInvalid(path=exc.path, reason=exc.reason) from exc
 

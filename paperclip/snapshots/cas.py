@@ -24,20 +24,21 @@ find-missing answers such a blob missing and the next upload of it writes the by
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
 import os
 import re
-import shutil
 import tempfile
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final, Protocol
+from typing import IO, Any, BinaryIO, Final, Protocol
 from uuid import UUID
 
 from django.conf import settings
@@ -121,7 +122,7 @@ def cas_company(*, actor: Actor, company_id: str | None) -> UUID:
 
 
 class _Backend(Protocol):
-    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: IO[bytes]) -> None:
+    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: _Region) -> None:
         """Store the bytes of `source` for the row `blob_id` (inside its transaction)."""
 
     def present(self, *, company_id: UUID, digest: str, size: int) -> bool:
@@ -141,18 +142,26 @@ def blob_path(company_id: UUID | str, digest: str) -> Path:
 
 
 class _Filesystem:
-    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: IO[bytes]) -> None:
-        path = blob_path(company_id, digest)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: _Region) -> None:
+        path = str(blob_path(company_id, digest))
+        directory, _, name = path.rpartition("/")
+        temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
         try:
-            with temporary.open("wb") as out:
-                shutil.copyfileobj(source, out, READ_BYTES)
-                out.flush()
-                os.fsync(out.fileno())
+            out = os.open(temporary, _CREATE_FLAGS, 0o666)
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)
+            out = os.open(temporary, _CREATE_FLAGS, 0o666)
+        try:
+            try:
+                _copy(source, out)
+                os.fsync(out)
+            finally:
+                os.close(out)
             os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        except BaseException:
+            with suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
 
     def present(self, *, company_id: UUID, digest: str, size: int) -> bool:
         try:
@@ -168,6 +177,31 @@ class _Filesystem:
         return _file_chunks(handle)
 
 
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+def _copy(source: _Region, out: int) -> None:
+    """Write `source`'s bytes to the descriptor `out`: in the kernel (`copy_file_range`, no
+    Python buffers) when the source is a real file, else piece by piece."""
+    if source.fd is not None:
+        try:
+            while source.left > 0:
+                done = os.copy_file_range(source.fd, out, source.left, offset_src=source.offset)
+                if done <= 0:
+                    break
+                source.offset += done
+                source.left -= done
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+    while data := source.read(READ_BYTES):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view) :]
+    if source.left:  # the spooled file ended early: never place a short blob
+        raise OSError(errno.EIO, f"{source.left} bytes of a spooled blob missing")
+
+
 def _file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
     try:
         while data := handle.read(READ_BYTES):
@@ -177,7 +211,7 @@ def _file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
 
 
 class _Postgres:
-    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: IO[bytes]) -> None:
+    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: _Region) -> None:
         CasBlobChunk.objects.filter(blob_id=blob_id).delete()  # (a re-placed row's old pieces)
         seq = 0
         # Bound server-side: Django's client-side binding would copy each piece into the
@@ -237,20 +271,56 @@ class _Readable(Protocol):
 
 @dataclass(slots=True)
 class _Spooled:
+    """A verified blob's bytes: `size` bytes of `file` from `offset` (a batch shares one file)."""
+
     digest: str
     size: int
     file: IO[bytes]
+    offset: int = 0
+    fd: int | None = None  # `file`'s descriptor when it is a real file (kernel-side copies)
+
+    def reader(self) -> _Region:
+        return _Region(self.file, self.offset, self.size, self.fd)
+
+
+class _Region:
+    """`size` bytes of `file` from `offset`, read in pieces (`read(n)`, b"" at the end);
+    `fd` is the file's descriptor when it is a real file."""
+
+    def __init__(self, file: IO[bytes], offset: int, size: int, fd: int | None = None) -> None:
+        self.file, self.offset, self.left, self.fd = file, offset, size, fd
+
+    def read(self, size: int = -1, /) -> bytes:
+        want = self.left if size < 0 else min(size, self.left)
+        if want <= 0:
+            return b""
+        self.file.seek(self.offset)
+        data = self.file.read(want)
+        self.offset += len(data)
+        self.left -= len(data)
+        return data
 
 
 def _spool(
-    stream: _Readable | None, *, digest: str, length: int | None, max_bytes: int
+    stream: _Readable | None,
+    *,
+    digest: str,
+    length: int | None,
+    max_bytes: int,
+    into: IO[bytes] | None = None,
 ) -> _Spooled:
     """Read `stream` (exactly `length` bytes when given, else to its end) into a spooled
-    temporary file, hashing as it goes; BlobTooLarge as soon as it passes `max_bytes`,
-    BlobDigestMismatch when the bytes are not `digest`'s."""
+    temporary file (or append it to `into`, a batch's file), hashing as it goes; BlobTooLarge
+    as soon as it passes `max_bytes`, BlobDigestMismatch when the bytes are not `digest`'s."""
     if length is not None and length > max_bytes:
         raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
-    spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+    own = into is None
+    spool: IO[bytes] = (
+        tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+        if into is None
+        else into
+    )
+    offset = spool.tell()
     try:
         hasher = hashlib.sha256()
         size = 0
@@ -274,10 +344,10 @@ def _spool(
         if actual != digest:
             raise BlobDigestMismatch(digest=digest, actual=actual, size=size)
     except BaseException:
-        spool.close()
+        if own:
+            spool.close()
         raise
-    spool.seek(0)
-    return _Spooled(digest=digest, size=size, file=spool)
+    return _Spooled(digest=digest, size=size, file=spool, offset=offset)
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -315,9 +385,8 @@ def _store(company_id: UUID, spooled: Sequence[_Spooled]) -> dict[str, bool]:
             if inserted or not backend.present(
                 company_id=company_id, digest=digest, size=blob.size
             ):
-                blob.file.seek(0)
                 backend.place(
-                    blob_id=blob_id, company_id=company_id, digest=digest, source=blob.file
+                    blob_id=blob_id, company_id=company_id, digest=digest, source=blob.reader()
                 )
                 if inserted:
                     placed.append(digest)
@@ -374,10 +443,11 @@ class _Body:
         self.stream = stream
         self.unread = length  # not yet taken from `stream`
         self.buffer = b""
+        self.at = 0  # what of `buffer` was taken (no copy of the rest per read)
 
     @property
     def remaining(self) -> int:
-        return self.unread + len(self.buffer)
+        return self.unread + len(self.buffer) - self.at
 
     def _fill(self) -> bool:
         if self.stream is None or self.unread <= 0:
@@ -387,25 +457,31 @@ class _Body:
             self.unread = 0  # the client sent less than its Content-Length
             return False
         self.unread -= len(data)
-        self.buffer += data
+        self.buffer = self.buffer[self.at :] + data if self.at < len(self.buffer) else data
+        self.at = 0
         return True
 
     def read(self, size: int = -1, /) -> bytes:
-        if not self.buffer:
+        if self.at >= len(self.buffer):
             self._fill()
-        take = len(self.buffer) if size < 0 else size
-        data, self.buffer = self.buffer[:take], self.buffer[take:]
+        if self.at == 0 and (size < 0 or size >= len(self.buffer)):
+            data, self.buffer = self.buffer, b""
+            return data
+        end = len(self.buffer) if size < 0 else self.at + size
+        data = self.buffer[self.at : end]
+        self.at += len(data)
         return data
 
     def line(self, limit: int) -> bytes | None:
         """The next line without its newline; None at the end of the body; ValueError when
         no newline comes within `limit` bytes or before the end."""
-        while b"\n" not in self.buffer[:limit]:
-            if len(self.buffer) >= limit or not self._fill():
-                if not self.buffer:
+        while (end := self.buffer.find(b"\n", self.at, self.at + limit)) < 0:
+            if len(self.buffer) - self.at >= limit or not self._fill():
+                if self.at >= len(self.buffer):
                     return None
                 raise ValueError("unterminated")
-        line, _, self.buffer = self.buffer.partition(b"\n")
+        line = self.buffer[self.at : end]
+        self.at = end + 1
         return line
 
 
@@ -425,6 +501,16 @@ def _frame_header(body: _Body) -> tuple[str, int] | None:
     if size_text != "0" and size_text.startswith("0"):
         raise _bad_frame("A frame size has leading zeros.")
     return name, int(size_text)
+
+
+def _batch_file() -> IO[bytes]:
+    """An unnamed temporary file for a batch's frames: in the filesystem store's directory
+    (the same filesystem as the blobs), else the system's temporary directory."""
+    if settings.PAPERCLIP_CAS_BACKEND != "postgres":
+        directory = Path(settings.PAPERCLIP_CAS_DIR)
+        directory.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryFile(dir=directory)
+    return tempfile.TemporaryFile()
 
 
 def _bad_frame(message: str) -> InvalidRequest:
@@ -448,7 +534,10 @@ def cas_put_batch(*, company_id: UUID, stream: _Readable | None, length: int) ->
     body = _Body(stream, length)
     spooled: list[_Spooled] = []
     order: list[str] = []
-    try:
+    # All frames go to one temporary file on disk (never the batch in memory: a web process
+    # serves several batches at once), next to the store so its bytes are copied into place
+    # by the kernel.
+    with _batch_file() as into:
         while (header := _frame_header(body)) is not None:
             name, size = header
             if len(order) >= MAX_BATCH_BLOBS:
@@ -458,17 +547,19 @@ def cas_put_batch(*, company_id: UUID, stream: _Readable | None, length: int) ->
             if size > body.remaining:
                 raise _bad_frame(f"The body ends inside the frame of {name}.")
             try:
-                spooled.append(_spool(body, digest=name, length=size, max_bytes=max_blob))
+                spooled.append(
+                    _spool(body, digest=name, length=size, max_bytes=max_blob, into=into)
+                )
             except InvalidRequest as exc:
                 raise _bad_frame(f"The body ends inside the frame of {name}.") from exc
             order.append(name)
         created: dict[str, bool] = {}
         if spooled:
+            into.flush()
+            for blob in spooled:
+                blob.fd = into.fileno()
             with busy_on_lock_timeout(), transaction.atomic(durable=True):
                 created = _store(company_id, spooled)
-    finally:
-        for blob in spooled:
-            blob.file.close()
     stored: list[str] = []
     existing: list[str] = []
     seen: set[str] = set()
@@ -532,15 +623,18 @@ def cas_rows(*, company_id: UUID, digests: Iterable[str]) -> dict[str, tuple[int
     """The company's blob rows (id, size) among `digests`, by name, a query per
     MAX_FIND_MISSING names: for callers about to open many blobs (`cas_open(known=...)`),
     which would otherwise look each row up alone. Reads only."""
-    from paperclip.models import CasBlob
-
     wanted = sorted(set(digests))
     found: dict[str, tuple[int, int]] = {}
     for start in range(0, len(wanted), MAX_FIND_MISSING):
-        rows = CasBlob.objects.filter(
-            company_id=company_id, digest__in=wanted[start : start + MAX_FIND_MISSING]
-        ).values_list("digest", "id", "size")
-        found.update((str(d), (int(i), int(n))) for d, i, n in rows)
+        # One array parameter, not 10,000 placeholders (the ORM's `__in`).
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                "SELECT digest, id, size FROM cas_blobs"
+                " WHERE company_id = %s AND digest = ANY(%s::text[])",
+                [company_id, wanted[start : start + MAX_FIND_MISSING]],
+            )
+            rows: list[tuple[str, int, int]] = cursor.fetchall()
+        found.update((d, (i, n)) for d, i, n in rows)
     return found
 
 
@@ -563,6 +657,21 @@ def cas_open(
     except FileNotFoundError:
         return None  # collected between the two reads
     return CasBlobReader(digest=digest, size=size, chunks=chunks)
+
+
+def cas_blob_file(
+    *, company_id: UUID, digest: str, known: Mapping[str, tuple[int, int]]
+) -> BinaryIO | None:
+    """The filesystem backend's file of a blob among `known` (rows read by `cas_rows`),
+    opened for reading (unbuffered, so that a reader can copy it in the kernel); None for the
+    postgres backend, a name not in `known` or bytes that are gone (`cas_open` then answers).
+    The caller closes it and must never write to it."""
+    if settings.PAPERCLIP_CAS_BACKEND == "postgres" or digest not in known:
+        return None
+    try:
+        return open(blob_path(company_id, _checked_name(digest)), "rb", buffering=0)
+    except FileNotFoundError:
+        return None
 
 
 class _DirectoryCache:

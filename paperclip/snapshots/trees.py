@@ -234,18 +234,22 @@ def walk(
     max_entries: int = 2_000_000,
     contents: Callable[[Iterable[str]], Iterable[str]] | None = None,
     load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
+    keep_files: bool = True,
 ) -> Walk:
     """Read the tree `root`, validating every directory, the depth (at most 256 directories),
     cycles and symlinks (a target must stay inside the tree, also through the tree's other
     symlinks). Directories are read level by level: through `load_many(names)` (the stored
     ones among them, by name: one call per level) when given, else `load(name)` (None: not
     stored) one by one. `contents(names)`, when given, answers which file blobs are missing;
-    else none are looked up. Raises TreeInvalid."""
+    else none are looked up. `keep_files=False` leaves files out of `entries` (directories
+    and symlinks stay: the symlink check needs them), for callers that need only the counts
+    and the blobs of a large tree. Raises TreeInvalid."""
     if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
         raise TreeInvalid("", "bad_digest")
     result = Walk(root=root)
     level: list[tuple[str, str, tuple[str, ...]]] = [("", root, ())]
     depth = 0
+    count = 0
     while level:
         if depth > MAX_DEPTH:
             raise TreeInvalid(level[0][0], "too_deep")
@@ -268,8 +272,10 @@ def walk(
             result.directories.setdefault(digest, path)
             for entry in decode_dir(data, path):
                 where = _join(path, entry.name)
-                result.entries[where] = entry
-                if len(result.entries) > max_entries:
+                if keep_files or entry.type != "file":
+                    result.entries[where] = entry
+                count += 1
+                if count > max_entries:
                     raise TreeInvalid(where, "too_many_entries")
                 if entry.type == "dir":
                     assert entry.digest is not None  # noqa: S101 - decode_dir checked it

@@ -32,7 +32,13 @@ from paperclip.activity import activity_record
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.cas import cas_load_many, cas_open, cas_rows, cas_store_blobs
+from paperclip.snapshots.cas import (
+    cas_blob_file,
+    cas_load_many,
+    cas_open,
+    cas_rows,
+    cas_store_blobs,
+)
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3
 from paperclip.snapshots.trees import (
@@ -340,7 +346,9 @@ def _without_special_bits(entries: dict[str, Entry]) -> dict[str, Entry]:
     """Permission bits only: an agent's tree never makes a setuid, setgid or sticky entry in a
     cwd written by a worker that may run as root."""
     return {
-        path: entry if entry.type == "symlink" else replace(entry, mode=entry.mode & 0o777)
+        path: entry
+        if entry.type == "symlink" or entry.mode <= 0o777
+        else replace(entry, mode=entry.mode & 0o777)
         for path, entry in entries.items()
     }
 
@@ -399,6 +407,9 @@ def workspace_materialize(
                 company_id: UUID = company_id,
                 known: dict[str, tuple[int, int]] = known,
             ) -> BinaryIO:
+                file = cas_blob_file(company_id=company_id, digest=digest, known=known)
+                if file is not None:
+                    return file  # the store's own file: materialize copies it in the kernel
                 reader = cas_open(company_id=company_id, digest=digest, known=known)
                 if reader is None:
                     raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")

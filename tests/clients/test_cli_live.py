@@ -15,6 +15,7 @@ too.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
@@ -33,6 +34,7 @@ from django.db import connection
 from checkpoints.models import NativeRunnerCheckpoint
 from paperclip.models import (
     ActivityEvent,
+    CasBlob,
     ExecutionWorkspace,
     HeartbeatRun,
     Issue,
@@ -378,3 +380,34 @@ def test_bad_flags_a_refused_key_and_an_unreachable_server_give_one_line(
         assert len(lines) == 1, (argv, done.stderr)
         assert word in lines[0]
         assert "Traceback" not in done.stderr
+
+
+def test_a_workdir_whose_index_names_a_collected_blob_uploads_it_when_registration_refuses(
+    gunicorn_url: str,
+    worker: Worker,
+    world: World,
+    tmp_path: Path,
+    clis: list[Cli],
+    live_cas_dir: Path,
+) -> None:
+    """A later run does not ask the store about the blobs its workdir's index names; when one
+    of them is gone after all, registration's `snapshot_blobs_missing` makes it ask and upload."""
+    work = tmp_path / "work"
+    first = Cli(gunicorn_url, world, work, "sh", "-c", "echo kept > kept.txt")
+    clis.append(first)
+    assert first.wait() == 0, first.output()
+    materialized(world.workspace, worker)
+    kept = "sha256:" + hashlib.sha256(b"kept\n").hexdigest()
+    assert CasBlob.objects.filter(company_id=world.workspace.company_id, digest=kept).delete()[0]
+    (live_cas_dir / str(world.workspace.company_id) / kept[7:9] / kept[7:]).unlink()
+
+    second = Cli(gunicorn_url, world, work, "sh", "-c", "echo new > new.txt")
+    clis.append(second)
+    assert second.wait() == 0, second.output()
+    assert any("index named; uploading them" in line for line in second.out), second.output()
+    materialized(world.workspace, worker)
+    assert files(world.dest) == {
+        "kept.txt": b"kept\n",
+        "new.txt": b"new\n",
+    }
+    assert CasBlob.objects.filter(company_id=world.workspace.company_id, digest=kept).exists()

@@ -653,3 +653,41 @@ def test_progress_is_said_at_most_every_interval() -> None:
     slow = workdir.Progress(lines.append, "upload", 100, every=3600)
     slow.add(10)
     assert len(lines) == 1
+
+
+class AskingStore(FakeStore):
+    """Records every name asked about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def find_missing(self, names: Sequence[str]) -> list[str]:
+        self.asked.extend(names)
+        return super().find_missing(names)
+
+
+def test_a_later_snapshot_trusting_the_index_asks_only_about_new_blobs(tmp_path: Path) -> None:
+    store, root = AskingStore(), tmp_path / "w"
+    make(root, {"a.txt": "one", "d/b.txt": "two", "d/c.txt": "three"})
+    first = take(store, root)
+    make(root, {"d/b.txt": "changed"})
+    store.asked.clear()
+    second = workdir.snapshot(
+        store, root, say=lambda _: None, warn=lambda _: None, trust_index=(SERVER, WORKSPACE)
+    )
+    new_blobs = {trees.blob_name(b"changed"), *second.scan.dirs} - set(first.scan.dirs)
+    assert set(store.asked) == new_blobs
+    assert second.uploaded == sum(len(store.blobs[n]) for n in new_blobs)
+
+
+def test_the_index_of_another_server_or_workspace_is_not_trusted(tmp_path: Path) -> None:
+    store, root = AskingStore(), tmp_path / "w"
+    make(root, {"a.txt": "one"})
+    take(store, root)
+    index = workdir.load_index(root)
+    assert workdir.stored_by_index(root, index, server=SERVER, workspace="ws-2") == set()
+    assert workdir.stored_by_index(root, index, server="http://other", workspace=WORKSPACE) == set()
+    assert trees.blob_name(b"one") in workdir.stored_by_index(
+        root, index, server=SERVER, workspace=WORKSPACE
+    )

@@ -49,6 +49,7 @@ from paperclip_client.errors import (
     OutcomeUnknown,
     PaperclipError,
     ServerUnreachable,
+    SnapshotBlobsMissing,
     WorkspaceRuntimeLeaseConflict,
 )
 from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
@@ -520,23 +521,37 @@ class Runner:
     def _snapshot(self, run_id: str, runtime: RuntimeLeaseKeeper, workdir: Path) -> SnapshotResult:
         """Snapshot the workdir, upload what the server lacks, register it (fenced); the
         index is written only once the server holds the snapshot."""
-        taken = snapshot(
-            ClientStore(self.client), workdir, say=say, warn=warn, threads=self.args.transfers
-        )
-        runtime.ensure_held()
-        try:
-            self.client.snapshot_register(
-                run_id,
-                tree=taken.tree,
-                base=self.base,
-                generation=runtime.generation,
-                fence=runtime.fence,
+        trust: tuple[str, str] | None = (self.client.base_url, self.args.workspace)
+        while True:
+            taken = snapshot(
+                ClientStore(self.client),
+                workdir,
+                say=say,
+                warn=warn,
+                threads=self.args.transfers,
+                trust_index=trust,
             )
-        except ConflictError as exc:
-            if exc.code.startswith("workspace_runtime_lease_"):
-                runtime.mark_lost(f"the snapshot was refused: {exc.code}")
-                raise LeaseLost(runtime.lost_reason or exc.code) from exc
-            raise
+            runtime.ensure_held()
+            try:
+                self.client.snapshot_register(
+                    run_id,
+                    tree=taken.tree,
+                    base=self.base,
+                    generation=runtime.generation,
+                    fence=runtime.fence,
+                )
+                break
+            except SnapshotBlobsMissing:
+                if trust is None:
+                    raise
+                # The store no longer holds blobs the index vouched for: ask about them all.
+                say("snapshot: the server lacks blobs the workdir's index named; uploading them")
+                trust = None
+            except ConflictError as exc:
+                if exc.code.startswith("workspace_runtime_lease_"):
+                    runtime.mark_lost(f"the snapshot was refused: {exc.code}")
+                    raise LeaseLost(runtime.lost_reason or exc.code) from exc
+                raise
         commit_snapshot(workdir, taken, server=self.client.base_url, workspace=self.args.workspace)
         say(
             f"snapshot: {taken.tree} {taken.files} files, {taken.bytes} bytes,"

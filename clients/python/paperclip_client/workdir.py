@@ -32,7 +32,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -510,14 +510,22 @@ class SnapshotResult:
 
 
 def upload(
-    store: Store, workdir: Path, found: Scan, *, say: Say, threads: int = TRANSFER_THREADS
+    store: Store,
+    workdir: Path,
+    found: Scan,
+    *,
+    say: Say,
+    threads: int = TRANSFER_THREADS,
+    known: Collection[str] = frozenset(),
 ) -> int:
     """Upload the blobs of `found` that the store lacks; the bytes sent. Batches and large
     blobs are sent by up to `threads` requests at once. Batch bodies are streamed from the
     files (never held in memory) and not hashed again: the store checks every blob, and a
-    mismatch means the file changed since the scan (`WorkdirChanged`)."""
+    mismatch means the file changed since the scan (`WorkdirChanged`). Names in `known` are
+    taken as stored without asking (`stored_by_index`)."""
     limits = store.limits()
-    names = list(found.sources) + [n for n in found.dirs if n not in found.sources]
+    names = [n for n in found.sources if n not in known]
+    names += [n for n in found.dirs if n not in found.sources and n not in known]
     missing = store.find_missing(names)
     del names
     total = sum(len(found.dirs[n]) if n in found.dirs else found.sources[n][2] for n in missing)
@@ -646,6 +654,27 @@ def _nofollow(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW)
 
 
+def stored_by_index(workdir: Path, index: Index | None, *, server: str, workspace: str) -> set[str]:
+    """The blobs the workdir's index names (its files' contents and its tree's directories)
+    when it was written for this server and workspace: the store held them then (the index
+    is written only after a checkout from it or a registration with it), so a later run need
+    not ask about them. The store may have collected some since (only ones no head or live
+    run reaches, past the grace): registration then answers `snapshot_blobs_missing`, and the
+    caller snapshots again without this set."""
+    if index is None or index.tree is None or index.server != server:
+        return set()
+    if index.workspace != workspace:
+        return set()
+    known: set[str] = set(_load_dirs(workdir))
+    for row in index.files.values():
+        content = row[4] if isinstance(row, list) and len(row) > 4 else None
+        if isinstance(content, str):
+            known.add(content)
+        elif isinstance(content, list):
+            known.update(c for c in content if isinstance(c, str))
+    return known
+
+
 def snapshot(
     store: Store,
     workdir: Path,
@@ -654,15 +683,23 @@ def snapshot(
     warn: Say,
     attempts: int = 3,
     threads: int = TRANSFER_THREADS,
+    trust_index: tuple[str, str] | None = None,
 ) -> SnapshotResult:
     """Scan the workdir (with its stat cache) and upload what the store lacks. The index is
-    not written here: `commit_snapshot` does it once the snapshot is registered."""
+    not written here: `commit_snapshot` does it once the snapshot is registered.
+    `trust_index` (server, workspace): blobs the index names for them are not asked about
+    (`stored_by_index`)."""
     limits = store.limits()
     for attempt in range(attempts):
         index = load_index(workdir)
         found = scan(workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn)
+        known = (
+            stored_by_index(workdir, index, server=trust_index[0], workspace=trust_index[1])
+            if trust_index is not None
+            else set()
+        )
         try:
-            uploaded = upload(store, workdir, found, say=say, threads=threads)
+            uploaded = upload(store, workdir, found, say=say, threads=threads, known=known)
         except WorkdirChanged as exc:
             if attempt == attempts - 1:
                 raise

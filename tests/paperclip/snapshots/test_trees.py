@@ -234,3 +234,26 @@ def test_build_then_walk_gives_the_same_entries(entries: dict[str, Entry]) -> No
     for data in blobs.values():
         assert trees.encode_dir(trees.decode_dir(data)) == data
     assert json.loads(blobs[root])["schema"] == "paperclip.dir.v1"
+
+
+@settings(max_examples=40)
+@given(entries=entry_sets())
+def test_a_walk_without_files_counts_and_reaches_the_same(entries: dict[str, Entry]) -> None:
+    root, blobs = trees.build(entries)
+    whole, lean = trees.walk(root, blobs.get), trees.walk(root, blobs.get, keep_files=False)
+    assert lean.entries == {p: e for p, e in whole.entries.items() if e.type != "file"}
+    assert (lean.files, lean.bytes, lean.reached()) == (whole.files, whole.bytes, whole.reached())
+
+
+def test_a_walk_without_files_still_refuses_escaping_symlinks_and_too_many_entries() -> None:
+    sub = _dir(
+        {"name": "out", "type": "symlink", "target": "up/.."},
+        {"name": "up", "type": "symlink", "target": ".."},
+    )
+    root = _dir({"name": "sub", "type": "dir", "mode": 0o755, "digest": blob_name(sub)})
+    store = {blob_name(root): root, blob_name(sub): sub}
+    with pytest.raises(TreeInvalid, match="escaping_symlink"):
+        trees.walk(blob_name(root), store.get, keep_files=False)
+    files = _dir(_file("a"), _file("b"), _file("c"))
+    with pytest.raises(TreeInvalid, match="too_many_entries"):
+        trees.walk(blob_name(files), {blob_name(files): files}.get, max_entries=2, keep_files=False)
