@@ -6,15 +6,14 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.utils.safestring import SafeString
 
 from checkpoints.models import NativeRunnerCheckpoint
-from paperclip.admin.names import issue_link, run_link, run_name
+from paperclip.admin.names import RunIssueColumns, run_name
 from paperclip.admin.toolkit import ReadOnlyAdmin, short_id
 
 
 @admin.register(NativeRunnerCheckpoint)
-class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
+class NativeRunnerCheckpointAdmin(RunIssueColumns, ReadOnlyAdmin):
     """Rows are limited to the staff user's companies (superusers: all), like every board view;
     the company filter offers only companies that have visible parts."""
 
@@ -55,14 +54,6 @@ class NativeRunnerCheckpointAdmin(ReadOnlyAdmin):
             .select_related(*self.list_select_related)
             .defer("nonce", "ciphertext")
         )
-
-    @admin.display(description="run", ordering="run__agent__name")
-    def run_named(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
-        return run_link(obj.run)
-
-    @admin.display(description="issue", ordering="issue__title")
-    def issue_named(self, obj: NativeRunnerCheckpoint) -> SafeString | str:
-        return issue_link(obj.issue)
 
     def detail_title(self, obj: NativeRunnerCheckpoint) -> str:
         return f"{obj.part} of {run_name(obj.run)} ({short_id(obj.run_id)}) on “{obj.issue.title}”"

@@ -19,7 +19,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
-from paperclip.admin.names import issue_link, run_link, run_name, workspace_link
+from paperclip.admin.names import RunIssueColumns, run_link, run_name, workspace_link
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     AuditedAdmin,
@@ -328,7 +328,7 @@ class ExecutionWorkspaceSnapshotAdmin(ReadOnlyAdmin):
 
 
 @admin.register(NativeRunResult)
-class NativeRunResultAdmin(ReadOnlyAdmin):
+class NativeRunResultAdmin(RunIssueColumns, ReadOnlyAdmin):
     list_display = (
         "result",
         "run_named",
@@ -357,14 +357,6 @@ class NativeRunResultAdmin(ReadOnlyAdmin):
     @admin.display(description="result", ordering="id")
     def result(self, obj: NativeRunResult) -> SafeString:
         return _ref(obj.pk)
-
-    @admin.display(description="run", ordering="run__agent__name")
-    def run_named(self, obj: NativeRunResult) -> SafeString | str:
-        return run_link(obj.run)
-
-    @admin.display(description="issue", ordering="issue__title")
-    def issue_named(self, obj: NativeRunResult) -> SafeString | str:
-        return issue_link(obj.issue)
 
     def detail_title(self, obj: NativeRunResult) -> str:
         return (

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.contrib import admin
 from django.db.models import Model
 from django.utils.safestring import SafeString
 
@@ -43,6 +44,19 @@ def workspace_link(workspace: ExecutionWorkspace | None, *, limit: int = 24) -> 
     if workspace is None:
         return "—"
     return named_link(ExecutionWorkspace, workspace.pk, workspace.name, limit=limit)
+
+
+class RunIssueColumns:
+    """The `run_named` and `issue_named` columns of a list whose rows have `run` and `issue`
+    (select_related("run__agent", "issue"))."""
+
+    @admin.display(description="run", ordering="run__agent__name")
+    def run_named(self, obj: Any) -> SafeString | str:
+        return run_link(obj.run)
+
+    @admin.display(description="issue", ordering="issue__title")
+    def issue_named(self, obj: Any) -> SafeString | str:
+        return issue_link(obj.issue)
 
 
 @dataclass(frozen=True, slots=True)

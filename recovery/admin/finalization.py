@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from checkpoints.attention import expired_authority_coordinators
-from paperclip.admin.names import issue_link, run_link, run_name
+from paperclip.admin.names import RunIssueColumns, run_name
 from paperclip.admin.toolkit import (
     COMPANY_FILTER,
     ReadOnlyAdmin,
@@ -161,7 +161,7 @@ class CoordinatorAttentionFilter(admin.SimpleListFilter):
 
 
 @admin.register(NativeRunFinalization)
-class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
+class NativeRunFinalizationAdmin(RunIssueColumns, FinalizeNowMixin, ReadOnlyAdmin):
     # The coordinator's id is its run's: the first column links to the coordinator, the run
     # column to the run's page.
     list_display = (
@@ -196,14 +196,6 @@ class NativeRunFinalizationAdmin(FinalizeNowMixin, ReadOnlyAdmin):
     @admin.display(description="coordinator", ordering="run_id")
     def ref(self, obj: NativeRunFinalization) -> SafeString:
         return format_html('<code title="{}">{}</code>', obj.run_id, short_id(obj.run_id))
-
-    @admin.display(description="run", ordering="run__agent__name")
-    def run_named(self, obj: NativeRunFinalization) -> SafeString | str:
-        return run_link(obj.run)
-
-    @admin.display(description="issue", ordering="issue__title")
-    def issue_named(self, obj: NativeRunFinalization) -> SafeString | str:
-        return issue_link(obj.issue)
 
     # Short times and codes (the whole value on hover): the list fits a 1366 px screen.
     @admin.display(description="gen.", ordering="controller_generation")
