@@ -24,7 +24,6 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from leases.environment.export_resume import remote_termination_has
 from leases.models import EnvironmentLease
 from paperclip.access import Actor, board_actor
 from paperclip.admin.lists import FlatCostListMixin, IndexedValuesListFilter
@@ -49,7 +48,7 @@ from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.attention import held_finalization_actions
-from recovery.selectors.exports import HELD_EXPORT, is_held_export
+from recovery.selectors.exports import HELD_EXPORT, is_held_export, lease_stop_confirmed
 from recovery.selectors.source import (
     MAXIMUM_SOURCES,
     recovery_source_inspect,
@@ -575,8 +574,7 @@ class IssueRecoveryActionAdmin(
         else:
             stopped = (
                 "stop confirmed"
-                if lease.status in EnvironmentLease.RETIRED_STATUSES
-                and (lease.provider in (None, "", "local") or remote_termination_has(lease))
+                if lease_stop_confirmed(lease)
                 else "stop NOT confirmed yet: retry is refused until the provider reports it"
             )
             sandbox = format_html(

@@ -46,11 +46,7 @@ from recovery.services import recovery_owner_stop_confirm, result_accept
 from recovery.services.conflicts import workspace_conflict_resolve
 from recovery.services.export_repair import workspace_export_retry
 from recovery.services.finalization_jobs import finalization_request
-from recovery.services.owner_stop import (
-    MAX_STOP_EVIDENCE_CHARS,
-    MIN_STOP_EVIDENCE_CHARS,
-    nonblank_length,
-)
+from recovery.services.owner_stop import MAX_STOP_EVIDENCE_CHARS, board_text_problem
 from recovery.services.worker_stops import worker_stop_record
 
 
@@ -336,10 +332,8 @@ class OwnerStopConfirmApi(APIView):
             return value
 
         def validate_stop_evidence(self, value: str) -> str:
-            if nonblank_length(value) < MIN_STOP_EVIDENCE_CHARS:
-                raise serializers.ValidationError(
-                    f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."
-                )
+            if (problem := board_text_problem(value)) is not None:
+                raise serializers.ValidationError(problem)
             return value
 
     @extend_schema_serializer(component_name="OwnerStopConfirmOutput")
@@ -405,10 +399,8 @@ class WorkspaceExportRetryApi(APIView):
         )
 
         def validate_repair_note(self, value: str) -> str:
-            if nonblank_length(value) < MIN_STOP_EVIDENCE_CHARS:
-                raise serializers.ValidationError(
-                    f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."
-                )
+            if (problem := board_text_problem(value)) is not None:
+                raise serializers.ValidationError(problem)
             return value
 
     @extend_schema_serializer(component_name="WorkspaceExportRetryOutput")

@@ -10,6 +10,7 @@ from uuid import UUID
 
 from django.db.models import Q
 
+from leases.environment.export_resume import remote_termination_has
 from leases.models import EnvironmentLease
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
 from recovery.models import IssueRecoveryAction
@@ -75,3 +76,11 @@ def run_environment_lease(run: HeartbeatRun) -> EnvironmentLease | None:
         .order_by("-acquired_at", "-id")
         .first()
     )
+
+
+def lease_stop_confirmed(lease: EnvironmentLease) -> bool:
+    """The run's sandbox is known to be stopped: a stop receipt bound to the lease for a remote
+    provider, the lease retired for a `local` one (or none named)."""
+    if lease.provider in (None, "", "local"):
+        return lease.status in EnvironmentLease.RETIRED_STATUSES
+    return remote_termination_has(lease)

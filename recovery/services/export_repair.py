@@ -20,7 +20,7 @@ from uuid import UUID
 from django.db import transaction
 from django.db.models.functions import Now
 
-from leases.environment.export_resume import export_resume_preserve, remote_termination_has
+from leases.environment.export_resume import export_resume_preserve
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
 from paperclip.access import Actor
 from paperclip.activity import activity_record
@@ -39,16 +39,15 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.exports import (
     export_descriptor,
     is_held_export,
+    lease_stop_confirmed,
     run_environment_lease,
 )
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
 from recovery.services.owner_stop import (
-    MAX_STOP_EVIDENCE_CHARS,
-    MIN_STOP_EVIDENCE_CHARS,
     HoldBinding,
+    board_text_problem,
     lock_hold_binding,
-    nonblank_length,
     require_saved_result_current,
 )
 
@@ -64,7 +63,6 @@ QUEUED_NEXT_ACTION: Final = (
     "The outcome shows in the run's finalization state."
 )
 _RETRY_KEY: Final = "workspaceExportRetry"
-_LOCAL_PROVIDERS: Final = (None, "", "local")
 
 
 def _fingerprint(run_id: UUID, result_id: UUID | None) -> str:
@@ -200,14 +198,8 @@ def workspace_export_retry(
     finalization job (explicit: attempted although the budget is spent) and the audit row
     `issue.workspace_export_retry_requested`.
     """
-    if nonblank_length(repair_note) < MIN_STOP_EVIDENCE_CHARS:
-        raise InvalidRequest(
-            fields={"repair_note": [f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."]}
-        )
-    if len(repair_note) > MAX_STOP_EVIDENCE_CHARS:
-        raise InvalidRequest(
-            fields={"repair_note": [f"At most {MAX_STOP_EVIDENCE_CHARS} characters."]}
-        )
+    if (problem := board_text_problem(repair_note)) is not None:
+        raise InvalidRequest(fields={"repair_note": [problem]})
     company_id = Issue.objects.filter(pk=issue_id).values_list("company_id", flat=True).first()
     if company_id is None or not actor.can_access(company_id):
         raise NotFoundError()
@@ -304,12 +296,7 @@ def _require_lease_current(bound: HoldBinding) -> EnvironmentLease | None:
         )
         if competing:
             raise WorkspaceExportRetryStale(reason="competing_lease")
-    stopped = (
-        current.status in EnvironmentLease.RETIRED_STATUSES
-        if current.provider in _LOCAL_PROVIDERS
-        else remote_termination_has(current)
-    )
-    if not stopped:
+    if not lease_stop_confirmed(current):
         raise WorkspaceExportStopUnconfirmed(
             lease_id=str(current.pk),
             lease_status=current.status,

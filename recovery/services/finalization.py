@@ -451,8 +451,6 @@ def _schedule_retry(
             else NativeRunFinalization.Phase.WORKSPACE_FINALIZING
         )
         coordinator.next_attempt_at = None if exhausted else Now() + timedelta(seconds=delay)
-        coordinator.updated_at = Now()
-        coordinator.save()
         if exhausted:
             # The board gets a hold to repair the cause and retry the export
             # (docs/recovery.md#workspace-export-repair).
@@ -462,11 +460,9 @@ def _schedule_retry(
                 coordinator=coordinator,
                 failure={"code": code, "detail": detail[:2000], "attempts": coordinator.attempt},
             )
-            coordinator.failure_detail = {
-                **coordinator.failure_detail,
-                "recoveryActionId": str(hold.pk),
-            }
-            coordinator.save(update_fields=["failure_detail"])
+            coordinator.failure_detail["recoveryActionId"] = str(hold.pk)
+        coordinator.updated_at = Now()
+        coordinator.save()
         activity_record(
             company_id=company_id,
             actor_type="system",

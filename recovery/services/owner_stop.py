@@ -62,6 +62,17 @@ def nonblank_length(text: str) -> int:
     return sum(1 for ch in text if not ch.isspace())
 
 
+def board_text_problem(text: str) -> str | None:
+    """What is wrong with a board member's written attestation (stop evidence, a repair
+    note), or None: at least MIN_STOP_EVIDENCE_CHARS non-blank characters, at most
+    MAX_STOP_EVIDENCE_CHARS in all. One rule for the services and their API serializers."""
+    if nonblank_length(text) < MIN_STOP_EVIDENCE_CHARS:
+        return f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."
+    if len(text) > MAX_STOP_EVIDENCE_CHARS:
+        return f"At most {MAX_STOP_EVIDENCE_CHARS} characters."
+    return None
+
+
 def _replay(
     *,
     action: IssueRecoveryAction | None,
@@ -118,10 +129,8 @@ def recovery_owner_stop_confirm(
     fields: dict[str, list[str]] = {}
     if controller_and_copyback_stopped is not True:
         fields["controller_and_copyback_stopped"] = ["Confirm that the owner has stopped."]
-    if nonblank_length(stop_evidence) < MIN_STOP_EVIDENCE_CHARS:
-        fields["stop_evidence"] = [f"At least {MIN_STOP_EVIDENCE_CHARS} non-blank characters."]
-    elif len(stop_evidence) > MAX_STOP_EVIDENCE_CHARS:
-        fields["stop_evidence"] = [f"At most {MAX_STOP_EVIDENCE_CHARS} characters."]
+    if (problem := board_text_problem(stop_evidence)) is not None:
+        fields["stop_evidence"] = [problem]
     if fields:
         raise InvalidRequest(fields=fields)
     visible = Issue.objects.filter(pk=issue_id).values_list("company_id", flat=True).first()
