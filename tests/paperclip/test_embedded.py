@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 45
 
 # Joins the embedded server through settings.py (as every manage.py process does), runs a
-# query, reports, then holds its registration for argv[2] seconds.
+# query, reports, then holds its registration for argv[2] seconds, or until the file argv[3]
+# (when given) exists.
 CLIENT = """
 import json, os, sys, time
 import psycopg
@@ -48,7 +49,10 @@ report = {
 with open(sys.argv[1] + ".tmp", "w") as fh:
     json.dump(report, fh)
 os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-time.sleep(float(sys.argv[2]))
+until = time.monotonic() + float(sys.argv[2])
+release = sys.argv[3] if len(sys.argv) > 3 else None
+while time.monotonic() < until and not (release and os.path.exists(release)):
+    time.sleep(0.05)
 """
 
 
@@ -72,11 +76,14 @@ class Clients:
         self.procs: list[subprocess.Popen[bytes]] = []
         self._n = 0
 
-    def spawn(self, hold: float = 0.0) -> tuple[subprocess.Popen[bytes], Path]:
+    def spawn(
+        self, hold: float = 0.0, release: Path | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
         self._n += 1
         report = self.data_dir / f"client-{self._n}.json"
         proc = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, str(report), str(hold)],
+            [sys.executable, "-c", CLIENT, str(report), str(hold)]
+            + ([str(release)] if release is not None else []),
             cwd=REPO,
             env=_env(self.data_dir),
         )
@@ -178,9 +185,13 @@ def test_first_start_initialises_serves_and_stops_with_its_last_client(
 
 
 def test_processes_starting_at_once_share_one_server(data_dir: Path, clients: Clients) -> None:
-    spawned = [clients.spawn(hold=1.0) for _ in range(3)]
+    # Each holds its registration until all three have reported: however slowly a loaded
+    # machine starts them, none leaves (and stops the server) before the last has joined.
+    release = data_dir / "release"
+    spawned = [clients.spawn(hold=START_TIMEOUT, release=release) for _ in range(3)]
 
     reports = [clients.wait_report(proc, report) for proc, report in spawned]
+    release.touch()
 
     assert len({r["started"] for r in reports}) == 1
     assert all(proc.wait(START_TIMEOUT) == 0 for proc, _ in spawned)
