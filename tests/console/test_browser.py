@@ -109,8 +109,15 @@ def log_in(page: Any, username: str) -> None:
     page.goto(f"{page.base_url}/admin/login/?next=/admin/")
     page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
+    follow(page, "input[type=submit]")
     page.wait_for_selector("#attention")
+
+
+def follow(page: Any, target: Any) -> None:
+    """Click a link or submit button and wait until the page it opens has loaded: a locator's
+    count() does not wait, so an assertion right after a bare click can read the old page."""
+    with page.expect_navigation():
+        (page.locator(target) if isinstance(target, str) else target).click()
 
 
 def fresh_worker_heartbeat() -> None:
@@ -140,9 +147,9 @@ def test_confirm_a_held_finalization_from_the_dashboard(page: Any) -> None:
     assert "UTC" in tile.inner_text()
     shot(page, "dashboard")
 
-    tile.click()
+    follow(page, tile)
     clicks += 1
-    page.click(f'#result_list a[href*="/recovery/issuerecoveryaction/{action.pk}/change/"]')
+    follow(page, f'#result_list a[href*="/recovery/issuerecoveryaction/{action.pk}/change/"]')
     clicks += 1
     verdict = page.locator("#owner-verdict")
     assert verdict.get_attribute("data-verdict") == "same_host_dead_no_barrier"
@@ -150,14 +157,14 @@ def test_confirm_a_held_finalization_from_the_dashboard(page: Any) -> None:
     assert page.locator("text=Recovery source inspection").count() == 0
     shot(page, "held-finalization")
 
-    page.click('button[data-console-action="confirm_owner_stop"]')
+    follow(page, 'button[data-console-action="confirm_owner_stop"]')
     clicks += 1
     assert page.locator("h1").count() == 1
     assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
     page.fill("#id_stop_evidence", EVIDENCE)
     page.check("#id_confirmed")
     clicks += 1
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     clicks += 1
     assert "Confirmed 1" in page.locator("ul.messagelist").inner_text()
 
@@ -189,17 +196,17 @@ def test_force_release_a_stale_lease_from_its_page(page: Any) -> None:
     lease = stale_lease(company, "acme-review")
     operator(company, username="ops")
     log_in(page, "ops")
-    page.click(
-        'a.console-tile[data-kind="runtime_lease_stale"][data-detail="owner_issue_terminal"]'
+    follow(
+        page, 'a.console-tile[data-kind="runtime_lease_stale"][data-detail="owner_issue_terminal"]'
     )
-    page.click(f'#result_list a[href*="/leases/workspaceruntimelease/{lease.id}/change/"]')
+    follow(page, f'#result_list a[href*="/leases/workspaceruntimelease/{lease.id}/change/"]')
     assert page.locator("#stale-verdict").get_attribute("data-reason") == "owner_issue_terminal"
     shot(page, "stale-lease")
-    page.click('button[data-console-action="force_release_selected"]')
+    follow(page, 'button[data-console-action="force_release_selected"]')
     assert page.locator(".breadcrumbs a", has_text="Workspace runtime leases").count() == 1
     shot(page, "force-release-confirmation")
     page.fill("textarea[name=reason]", "issue closed, lane blocked")
-    page.click("input[type=submit][value^='Force-release']")
+    follow(page, "input[type=submit][value^='Force-release']")
     assert "released the lease" in page.locator("ul.messagelist").inner_text()
     assert not WorkspaceRuntimeLease.objects.filter(pk=lease.id).exists()
     page.goto(f"{page.base_url}/admin/")
@@ -210,18 +217,18 @@ def test_interrupt_an_orphaned_run_from_the_dashboard(page: Any) -> None:
     run = orphaned_run()
     operator(run.company, username="ops")
     log_in(page, "ops")
-    page.click('a.console-tile[data-kind="run_orphaned"]')
-    page.click(f'#result_list a[href*="/paperclip/heartbeatrun/{run.pk}/change/"]')
+    follow(page, 'a.console-tile[data-kind="run_orphaned"]')
+    follow(page, f'#result_list a[href*="/paperclip/heartbeatrun/{run.pk}/change/"]')
     assert page.locator("#orphaned-verdict").get_attribute("data-state") == "orphaned"
     shot(page, "orphaned-run")
-    page.click('button[data-console-action="interrupt_selected"]')
+    follow(page, 'button[data-console-action="interrupt_selected"]')
     assert page.locator(".breadcrumbs a", has_text="Heartbeat runs").count() == 1
     # count() does not wait: wait for the confirmation page the click navigates to.
     page.wait_for_selector(f'#interrupt-runs tr[data-run="{run.pk}"]')
     assert page.locator(f'#interrupt-runs tr[data-run="{run.pk}"]').count() == 1
     shot(page, "interrupt-confirmation")
     page.fill("textarea[name=reason]", "agent host lost (kill -9), issue blocked")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     message = page.locator("ul.messagelist").inner_text()
     assert "Interrupted 1 run(s)" in message
     assert "Refused: none" in message
@@ -242,18 +249,18 @@ def test_interrupt_every_run_matching_a_filter(page: Any) -> None:
     operator(company, other, username="ops")
     log_in(page, "ops")
     page.goto(f"{page.base_url}/admin/paperclip/heartbeatrun/")
-    page.click('#changelist-filter a:has-text("Acme Robotics")')
+    follow(page, '#changelist-filter a:has-text("Acme Robotics")')
     bulk_link = page.locator('a.bulk-link[data-bulk="interrupt"]')
     assert bulk_link.text_content() == "Interrupt all 15 matching…"
     shot(page, "bulk-filtered-runs")
-    bulk_link.click()
+    follow(page, bulk_link)
     confirmation = page.locator("#bulk-confirmation")
     assert confirmation.get_attribute("data-count") == "15"
     assert page.locator("#bulk-filter").inner_text() == "Filter: company: Acme Robotics"
     assert page.locator("#bulk-preview tbody tr").count() == 10
     shot(page, "bulk-confirmation")
     page.fill("textarea[name=reason]", "rack 7 lost power; every agent on it is gone")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     message = page.locator("ul.messagelist").inner_text()
     assert "14 interrupted" in message
     assert f"Refused: 1 (run {ended.pk}: invalid_run_transition" in message
@@ -273,15 +280,15 @@ def test_retry_every_failed_cleanup_a_filter_matches(page: Any) -> None:
     operator(company, username="ops")
     log_in(page, "ops")
     page.goto(f"{page.base_url}/admin/leases/environmentlease/")
-    page.click('#changelist-filter a:has-text("Cleanup failed")')
+    follow(page, '#changelist-filter a:has-text("Cleanup failed")')
     bulk_link = page.locator('a.bulk-link[data-bulk="retry-cleanup"]')
     assert bulk_link.text_content() == "Retry cleanup of all 4 matching…"
-    bulk_link.click()
+    follow(page, bulk_link)
     assert page.locator("#bulk-confirmation").get_attribute("data-count") == "4"
     assert "needs attention: Cleanup failed" in page.locator("#bulk-filter").inner_text()
     shot(page, "bulk-retry-cleanup-confirmation")
     page.fill("textarea[name=reason]", "provider outage over")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     message = page.locator("ul.messagelist").inner_text()
     assert "4 reopened" in message
     assert "Refused: 0." in message
@@ -304,7 +311,7 @@ def test_a_held_runs_page_opens_with_its_hold_and_offers_its_confirmation(page: 
     assert hold.bounding_box()["y"] < first_field.bounding_box()["y"]  # type: ignore[index]
     assert page.locator('button[data-console-action="finalize_now"]').count() == 0
     shot(page, "held-run")
-    page.click('button[data-console-action="confirm_owner_stop"]')
+    follow(page, 'button[data-console-action="confirm_owner_stop"]')
     assert page.locator(".breadcrumbs a", has_text="Issue recovery actions").count() == 1
     page.wait_for_selector("#id_stop_evidence")
     assert page.locator("#id_stop_evidence").count() == 1
@@ -321,12 +328,12 @@ def test_retry_a_held_workspace_export_from_the_runs_page(page: Any) -> None:
     assert "workspace export failed" in panel.inner_text()
     assert page.locator('button[data-console-action="finalize_now"]').count() == 0
     shot(page, "held-export-run")
-    page.click('button[data-console-action="retry_workspace_export"]')
+    follow(page, 'button[data-console-action="retry_workspace_export"]')
     page.wait_for_selector("#id_repair_note")
     assert "No space left on device" in page.locator("#content").inner_text()
     page.fill("#id_repair_note", "freed 40 GiB on the worker's volume (df shows 61% used)")
     shot(page, "retry-workspace-export-confirmation")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     message = page.locator("ul.messagelist").inner_text()
     assert "Export retry queued for 1 run(s), 0 already queued" in message
     assert "Refused: none" in message
@@ -347,15 +354,15 @@ def test_retry_a_failed_cleanup_now_from_the_dashboard(page: Any) -> None:
     lease = backing_off(company)
     operator(company, username="ops")
     log_in(page, "ops")
-    page.click('a.console-tile[data-kind="cleanup_failed"]')
-    page.click(f'#result_list a[href*="/leases/environmentlease/{lease.pk}/change/"]')
+    follow(page, 'a.console-tile[data-kind="cleanup_failed"]')
+    follow(page, f'#result_list a[href*="/leases/environmentlease/{lease.pk}/change/"]')
     assert page.locator("#cleanup-verdict").get_attribute("data-state") == "cleanup_failed"
-    page.click('button[data-console-action="retry_cleanup_now"]')
+    follow(page, 'button[data-console-action="retry_cleanup_now"]')
     page.wait_for_selector(f'#retry-cleanup-leases tr[data-lease="{lease.pk}"]')
     assert page.locator(f'#retry-cleanup-leases tr[data-lease="{lease.pk}"]').count() == 1
     shot(page, "retry-cleanup-confirmation")
     page.fill("textarea[name=reason]", "provider outage over")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     assert "Cleanup reopened for 1 lease(s)" in page.locator("ul.messagelist").inner_text()
     lease.refresh_from_db()
     assert lease.cleanup_status == "pending"
@@ -369,12 +376,12 @@ def test_force_release_an_environment_lease_from_its_page(page: Any) -> None:
     operator(company, username="ops")
     log_in(page, "ops")
     page.goto(f"{page.base_url}/admin/leases/environmentlease/{lease.pk}/change/")
-    page.click('button[data-console-action="force_release"]')
+    follow(page, 'button[data-console-action="force_release"]')
     page.wait_for_selector(f'#force-release-leases tr[data-lease="{lease.pk}"]')
     assert page.locator(f'#force-release-leases tr[data-lease="{lease.pk}"]').count() == 1
     shot(page, "environment-force-release-confirmation")
     page.fill("textarea[name=reason]", "provider agent is gone")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     message = page.locator("ul.messagelist").inner_text()
     assert "Force-released 1 lease(s) as failed" in message
     assert "(now: 1 pending_cleanup)" in message
@@ -393,13 +400,13 @@ def test_resolve_a_board_recovery_action_from_its_page(page: Any) -> None:
     log_in(page, "ops")
     page.goto(f"{page.base_url}/admin/recovery/issuerecoveryaction/{action.pk}/change/")
     shot(page, "recovery-action-waiting-for-the-board")
-    page.click('button[data-console-action="resolve_recovery_action"]')
+    follow(page, 'button[data-console-action="resolve_recovery_action"]')
     page.wait_for_selector(f'#resolve-recovery-actions tr[data-action="{action.pk}"]')
     assert page.locator(f'#resolve-recovery-actions tr[data-action="{action.pk}"]').count() == 1
     page.check("input[name=outcome][value=restored]")
     page.fill("textarea[name=note]", "recovered the work from the retained sandbox")
     shot(page, "resolve-recovery-action-confirmation")
-    page.click("input[name=apply]")
+    follow(page, "input[name=apply]")
     message = page.locator("ul.messagelist").inner_text()
     assert "Closed 1 recovery action(s): resolved with outcome restored" in message
     shot(page, "recovery-action-resolved")
