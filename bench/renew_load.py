@@ -22,13 +22,15 @@ Server configurations compared (each started afresh on the same database):
 
 - `production`: what `python -m paperclip.serve` runs (docs/setup.md#serving), the
   configuration the target is judged on;
+- `production-handler`: the same server with the lean view behind Django's handler and
+  middleware chain (PAPERCLIP_FRONT_ROUTES=false), the path before paperclip/api/front.py;
 - `production-drf`: the same server with every claim served by the DRF view
   (PAPERCLIP_LEAN_CLAIM_VIEW=false), the path before leases/api/lean.py, as a comparison;
-- `granian-2x4`, `gunicorn-2x4`: granian and gunicorn gthread, 2 workers x 4 threads;
-- more with --servers (any of them with `-drf`).
+- `gunicorn-2x4`: gunicorn gthread, 2 workers x 4 threads;
+- more with --servers (`granian-WxT`, `gunicorn-WxT`, any of them with `-handler` or `-drf`).
 
 It also counts PostgreSQL round trips per renew, from libpq's own protocol trace of the
-server process's connection (in-process WSGI calls, the same middleware and view): every
+server process's connection (in-process calls of the WSGI application the servers serve): every
 `Query` or `Sync` message the client sends is one round trip.
 
 The load generator shares the 2-core machine with the server and PostgreSQL, as in the
@@ -260,14 +262,26 @@ def _granian(workers: int | None, threads: int | None) -> Callable[[int], list[s
 
 
 # `<configuration>-drf`: the same server with every claim served by the DRF view, the path
-# before the lean view (leases/api/lean.py), kept as a comparison.
+# before the lean view (leases/api/lean.py), kept as a comparison; `<configuration>-handler`:
+# the lean view behind Django's handler and middleware chain, the path before the front
+# (paperclip/api/front.py).
 DRF_SUFFIX = "-drf"
+HANDLER_SUFFIX = "-handler"
 
 
 def server_config(name: str) -> ServerConfig:
     """`production` (python -m paperclip.serve as shipped), `granian-WxT` or `gunicorn-WxT`
     (W workers x T threads); any of them with `-drf` serves the claim through the DRF view
-    (PAPERCLIP_LEAN_CLAIM_VIEW=false)."""
+    (PAPERCLIP_LEAN_CLAIM_VIEW=false), with `-handler` the lean view behind Django's handler
+    (PAPERCLIP_FRONT_ROUTES=false)."""
+    if name.endswith(HANDLER_SUFFIX):
+        base = server_config(name.removesuffix(HANDLER_SUFFIX))
+        return ServerConfig(
+            name,
+            f"{base.describe}; the claim behind Django's handler (PAPERCLIP_FRONT_ROUTES=false)",
+            base.command,
+            {**base.env, "PAPERCLIP_FRONT_ROUTES": "false"},
+        )
     if name.endswith(DRF_SUFFIX):
         base = server_config(name.removesuffix(DRF_SUFFIX))
         return ServerConfig(
@@ -310,7 +324,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=48)
     parser.add_argument(
         "--servers",
-        default="production,production-drf,granian-2x4,gunicorn-2x4",
+        default="production,production-handler,production-drf,gunicorn-2x4",
         help=(
             "production, granian-WxT, gunicorn-WxT (W workers x T threads), each optionally"
             " with -drf (claims through the DRF view), comma-separated"
@@ -579,10 +593,10 @@ def count_round_trips(workspace_id: uuid.UUID, secret: str, body: bytes) -> floa
     process's connection while the WSGI handler serves renews in-process (the same URL
     conf, middleware, authentication and view as a server): each `Query` (simple protocol)
     or `Sync` (end of an extended-protocol exchange) sent is one round trip."""
-    from django.core.handlers.wsgi import WSGIHandler
     from django.db import connection
 
-    app = WSGIHandler()
+    from paperclip.wsgi import application as app  # what the servers serve, the front first
+
     logging.getLogger("paperclip.request").setLevel(logging.WARNING)  # the servers log theirs
 
     def renew() -> None:
@@ -607,7 +621,9 @@ def count_round_trips(workspace_id: uuid.UUID, secret: str, body: bytes) -> floa
 
         response = app(environ, start_response)
         payload = b"".join(response)
-        response.close()
+        close = getattr(response, "close", None)
+        if close is not None:  # (the front answers a list, already closed)
+            close()
         if statuses != ["200 OK"] or b'"renewed"' not in payload:
             raise RuntimeError(f"renew failed: {statuses} {payload[:200]!r}")
 

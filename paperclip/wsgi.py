@@ -10,6 +10,8 @@ from django.http import HttpResponseBase
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "paperclip.settings")
 django_application = get_wsgi_application()
 
+from paperclip.api.front import answer as front_answer  # noqa: E402 - needs the apps loaded
+
 
 def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
     """Django's WSGI application, answering a response held in memory (every API answer) as
@@ -17,6 +19,9 @@ def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> 
     iterable it drives chunk by chunk, taking the GIL back for each step and for `close()`
     (measured in the renew path's profile, docs/performance.md#the-renew-path). Streaming
     responses (downloads, files) stay iterables, closed by the server when sent."""
+    answered = front_answer(environ, start_response)  # the renew, ahead of the handler
+    if answered is not None:
+        return answered
     response = django_application(environ, start_response)
     if isinstance(response, HttpResponseBase) and not response.streaming:
         try:

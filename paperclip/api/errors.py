@@ -238,19 +238,24 @@ class ApiJsonErrorsMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
-        if response.status_code < 400 or not request.path.startswith("/api/"):
-            return response
-        if response.get("Content-Type", "").startswith("application/json"):
-            return response
-        code, message = _DJANGO_ERROR_CODES.get(
-            response.status_code,
-            ("internal_error", "Internal server error.")
-            if response.status_code >= 500
-            else ("invalid_request", "The request was rejected."),
-        )
-        replaced = JsonResponse(error_body(code, message), status=response.status_code)
-        for header in ("Allow", "Retry-After", "X-Request-ID"):
-            if header in response:
-                replaced[header] = response[header]
-        return replaced
+        return api_json_error(request, self.get_response(request))
+
+
+def api_json_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """`response`, or for an error on an `/api/` path that is not JSON, the API's JSON error
+    in its place (ApiJsonErrorsMiddleware's step, also called by `paperclip.api.front`)."""
+    if response.status_code < 400 or not request.path.startswith("/api/"):
+        return response
+    if response.get("Content-Type", "").startswith("application/json"):
+        return response
+    code, message = _DJANGO_ERROR_CODES.get(
+        response.status_code,
+        ("internal_error", "Internal server error.")
+        if response.status_code >= 500
+        else ("invalid_request", "The request was rejected."),
+    )
+    replaced = JsonResponse(error_body(code, message), status=response.status_code)
+    for header in ("Allow", "Retry-After", "X-Request-ID"):
+        if header in response:
+            replaced[header] = response[header]
+    return replaced

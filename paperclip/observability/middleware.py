@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextvars import Token
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import SimpleLazyObject
@@ -42,6 +44,55 @@ def _actor(request: HttpRequest) -> dict[str, str | None]:
     return {}
 
 
+def request_begin(request: HttpRequest) -> tuple[str, dict[str, object], Token[Any]]:
+    """The request's id and its log context, set for everything it logs: (request id,
+    context, the token that resets it)."""
+    request_id = request_id_accept(request.META.get("HTTP_X_REQUEST_ID"))
+    context: dict[str, object] = {"request_id": request_id}
+    return request_id, context, log_context.set(context)
+
+
+def request_end(
+    request: HttpRequest,
+    response: HttpResponse,
+    *,
+    request_id: str,
+    context: dict[str, object],
+    elapsed: float,
+    route: str,
+    url_kwargs: Mapping[str, object],
+) -> None:
+    """What every answered request records: its X-Request-ID header, the HTTP counters and its
+    one log line. Shared by the middleware and the requests served ahead of Django's handler
+    (`paperclip.api.front`)."""
+    response["X-Request-ID"] = request_id
+    method = request.method if request.method in _METHODS else "OTHER"
+    status = response.status_code
+    metrics.HTTP_REQUESTS.labels(route, method, str(status)).inc()
+    metrics.HTTP_DURATION.labels(route, method).observe(elapsed)
+    error = context.get("error")
+    if status >= 400 and isinstance(error, str):
+        metrics.error_observed(error, status)
+    ids = {key: str(value) for key, value in url_kwargs.items() if key in _ID_KWARGS}
+    context.update(_actor(request))
+    logger.info(
+        "%s %s %s %.1f ms",
+        method,
+        route,
+        status,
+        elapsed * 1000,
+        extra={
+            "http": {
+                "route": route,
+                "method": method,
+                "status": status,
+                "duration_ms": round(elapsed * 1000, 3),
+                **ids,
+            }
+        },
+    )
+
+
 class RequestObservabilityMiddleware:
     """First in MIDDLEWARE: every response carries X-Request-ID (an upstream proxy's, when it
     is a safe token, else a new one), every request moves the HTTP counters and writes one line
@@ -52,44 +103,19 @@ class RequestObservabilityMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        request_id = request_id_accept(request.META.get("HTTP_X_REQUEST_ID"))
-        context: dict[str, object] = {"request_id": request_id}
-        token = log_context.set(context)
+        request_id, context, token = request_begin(request)
         started = time.perf_counter()
         try:
             response = self.get_response(request)
-            elapsed = time.perf_counter() - started
-            response["X-Request-ID"] = request_id
-            route = _route(request)
-            method = request.method if request.method in _METHODS else "OTHER"
-            status = response.status_code
-            metrics.HTTP_REQUESTS.labels(route, method, str(status)).inc()
-            metrics.HTTP_DURATION.labels(route, method).observe(elapsed)
-            error = context.get("error")
-            if status >= 400 and isinstance(error, str):
-                metrics.error_observed(error, status)
             match = request.resolver_match
-            ids = {
-                key: str(value)
-                for key, value in (match.kwargs.items() if match else ())
-                if key in _ID_KWARGS
-            }
-            context.update(_actor(request))
-            logger.info(
-                "%s %s %s %.1f ms",
-                method,
-                route,
-                status,
-                elapsed * 1000,
-                extra={
-                    "http": {
-                        "route": route,
-                        "method": method,
-                        "status": status,
-                        "duration_ms": round(elapsed * 1000, 3),
-                        **ids,
-                    }
-                },
+            request_end(
+                request,
+                response,
+                request_id=request_id,
+                context=context,
+                elapsed=time.perf_counter() - started,
+                route=_route(request),
+                url_kwargs=match.kwargs if match else {},
             )
             return response
         finally:
