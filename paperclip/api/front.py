@@ -17,7 +17,7 @@ the request's id, its metrics and its one log line (`paperclip.observability.mid
 an exception escaping the view answered as the handler would. A request any of those would
 answer itself (a disallowed host, an HTTPS redirect), a body of unknown or large size, a
 script prefix, or a view that declines (returns None) goes to Django's handler instead, the
-body still unread. `tests/leases/api/test_claim_front.py` holds both paths' answers, headers,
+body still unread; so does every request when MIDDLEWARE is not the chain the front mirrors. `tests/leases/api/test_claim_front.py` holds both paths' answers, headers,
 audit rows, metrics and log lines equal.
 """
 
@@ -62,6 +62,21 @@ class FrontRoute:
 
 
 _ROUTES: list[FrontRoute] = []
+
+# The middleware chain whose steps `answer` makes itself. Any other MIDDLEWARE setting (one
+# added, removed or reordered) turns the front off: every request then goes to the handler.
+MIRRORED_MIDDLEWARE: Final = (
+    "paperclip.observability.middleware.RequestObservabilityMiddleware",
+    "paperclip.api.errors.ApiJsonErrorsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "paperclip.api.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "paperclip.api.middleware.CsrfViewMiddleware",
+    "paperclip.api.middleware.AuthenticationMiddleware",
+    "paperclip.api.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "paperclip.api.errors.DatabaseUnavailableMiddleware",
+)
 
 
 def front_route_register(route: FrontRoute) -> None:
@@ -114,6 +129,7 @@ def answer(environ: dict[str, Any], start_response: Callable[..., Any]) -> Itera
     if (
         not _ROUTES
         or not settings.PAPERCLIP_FRONT_ROUTES
+        or tuple(settings.MIDDLEWARE) != MIRRORED_MIDDLEWARE
         or environ.get("SCRIPT_NAME")
         or settings.FORCE_SCRIPT_NAME is not None
     ):

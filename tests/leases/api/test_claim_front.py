@@ -385,6 +385,20 @@ def test_audit_metrics_and_the_log_line_are_the_handlers(
     assert ActivityEvent.objects.count() == audit_rows  # renews and refusals write nothing
 
 
+def test_another_middleware_chain_turns_the_front_off(
+    workspace: Any, secret: str, handler_calls: list[str]
+) -> None:
+    from django.conf import settings
+
+    assert tuple(settings.MIDDLEWARE) == front.MIRRORED_MIDDLEWARE
+    extra = [*settings.MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]
+    with override_settings(MIDDLEWARE=extra):
+        assert call(path(workspace.pk), secret, {"action": "start"})[0] == "200 OK"
+    assert handler_calls == [path(workspace.pk)]
+    assert call(path(workspace.pk), secret, {"action": "start"})[0] == "200 OK"
+    assert handler_calls == [path(workspace.pk)]  # the front again
+
+
 # --- the registration is the URL conf's ------------------------------------------------------
 
 
