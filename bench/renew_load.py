@@ -261,35 +261,31 @@ def _granian(workers: int | None, threads: int | None) -> Callable[[int], list[s
     return command
 
 
-# `<configuration>-drf`: the same server with every claim served by the DRF view, the path
-# before the lean view (leases/api/lean.py), kept as a comparison; `<configuration>-handler`:
-# the lean view behind Django's handler and middleware chain, the path before the front
-# (paperclip/api/front.py).
-DRF_SUFFIX = "-drf"
-HANDLER_SUFFIX = "-handler"
+# A configuration's slower paths, kept as comparisons: `<configuration>-handler` serves the
+# lean view behind Django's handler and middleware chain, the path before the front
+# (paperclip/api/front.py); `<configuration>-drf` every claim through the DRF view, the path
+# before the lean view (leases/api/lean.py).
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "-handler": (
+        "the claim behind Django's handler (PAPERCLIP_FRONT_ROUTES=false)",
+        {"PAPERCLIP_FRONT_ROUTES": "false"},
+    ),
+    "-drf": (
+        "every claim through the DRF view (PAPERCLIP_LEAN_CLAIM_VIEW=false)",
+        {"PAPERCLIP_LEAN_CLAIM_VIEW": "false"},
+    ),
+}
 
 
 def server_config(name: str) -> ServerConfig:
     """`production` (python -m paperclip.serve as shipped), `granian-WxT` or `gunicorn-WxT`
-    (W workers x T threads); any of them with `-drf` serves the claim through the DRF view
-    (PAPERCLIP_LEAN_CLAIM_VIEW=false), with `-handler` the lean view behind Django's handler
-    (PAPERCLIP_FRONT_ROUTES=false)."""
-    if name.endswith(HANDLER_SUFFIX):
-        base = server_config(name.removesuffix(HANDLER_SUFFIX))
-        return ServerConfig(
-            name,
-            f"{base.describe}; the claim behind Django's handler (PAPERCLIP_FRONT_ROUTES=false)",
-            base.command,
-            {**base.env, "PAPERCLIP_FRONT_ROUTES": "false"},
-        )
-    if name.endswith(DRF_SUFFIX):
-        base = server_config(name.removesuffix(DRF_SUFFIX))
-        return ServerConfig(
-            name,
-            f"{base.describe}; every claim through the DRF view (PAPERCLIP_LEAN_CLAIM_VIEW=false)",
-            base.command,
-            {**base.env, "PAPERCLIP_LEAN_CLAIM_VIEW": "false"},
-        )
+    (W workers x T threads); any of them with a suffix of VARIANTS (`-handler`, `-drf`)."""
+    for suffix, (describe, env) in VARIANTS.items():
+        if name.endswith(suffix):
+            base = server_config(name.removesuffix(suffix))
+            return ServerConfig(
+                name, f"{base.describe}; {describe}", base.command, {**base.env, **env}
+            )
     if name == "production":
         return ServerConfig(name, "python -m paperclip.serve, as shipped", _granian(None, None))
     match = re.fullmatch(r"(granian|gunicorn)-(\d+)x(\d+)", name)

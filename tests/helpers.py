@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 from django.core.management import call_command
+from prometheus_client import REGISTRY
 
 from paperclip.db.advisory import connection_params
 
@@ -94,3 +95,8 @@ _ROW_LOCK_WAITERS = (
     " OR (locktype = 'tuple' AND database = (SELECT oid FROM pg_database"
     "  WHERE datname = current_database()) AND relation = %(table)s::regclass))"
 )
+
+
+def sample(name: str, **labels: str) -> float:
+    """A metric's current value in this process's registry (0 when never set)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0

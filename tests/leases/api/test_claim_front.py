@@ -27,13 +27,13 @@ from django.db import close_old_connections
 from django.middleware.security import SecurityMiddleware
 from django.test import override_settings
 from django.urls import resolve
-from prometheus_client import REGISTRY
 
 import paperclip.wsgi
 from leases.api import lean
 from paperclip.api import front
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.models import ActivityEvent, Agent
+from tests.helpers import sample
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 
@@ -317,30 +317,6 @@ def test_the_request_signals_are_sent_once_each(
         signals.request_started.disconnect(on_started)
         signals.request_finished.disconnect(on_finished)
     assert sent == ["started", "finished"]
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-def request_lines() -> Iterator[list[logging.LogRecord]]:
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep()
-    logger = logging.getLogger("paperclip.request")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def test_audit_metrics_and_the_log_line_are_the_handlers(

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.test import override_settings
-from prometheus_client import REGISTRY
 from rest_framework.test import APIClient
 
 from leases.api import lean
@@ -25,7 +23,7 @@ from leases.api.views import RuntimeLeaseClaimApi
 from paperclip.api.serializers import StrictInputSerializer, validated_body
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.models import ActivityEvent, Agent
-from tests.helpers import assert_error
+from tests.helpers import assert_error, sample
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
     AgentFactory,
@@ -388,30 +386,6 @@ def test_other_requests_are_handed_to_the_drf_view(
 
 
 # --- audit, metrics and the request log line ----------------------------------------------
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-def request_lines() -> Iterator[list[logging.LogRecord]]:
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep()
-    logger = logging.getLogger("paperclip.request")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def test_one_audit_row_for_a_create_none_for_renews_or_refusals(

@@ -24,14 +24,10 @@ from prometheus_client import REGISTRY
 from paperclip.activity import activity_record
 from paperclip.observability import metrics
 from paperclip.observability.logs import ContextFilter, JsonFormatter
-from tests.helpers import assert_error
+from tests.helpers import assert_error, sample
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 
 pytestmark = pytest.mark.django_db
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def claim_url(workspace: Any) -> str:
