@@ -753,6 +753,8 @@ def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
     half_grace = settings.PAPERCLIP_CAS_GRACE_SECONDS / 2
     for start in range(0, len(wanted), MAX_FIND_MISSING):
         batch = wanted[start : start + MAX_FIND_MISSING]
+        # The names are sent once and only the missing ones come back (the present ones are
+        # nearly all of a registration's 50,000): the same rows are locked and touched.
         with prepared_cursor() as cursor:
             cursor.execute(
                 """
@@ -760,20 +762,24 @@ def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
                     UPDATE cas_blobs SET referenced_at = now()
                     WHERE id IN (
                         SELECT id FROM cas_blobs
-                        WHERE company_id = %s AND digest = ANY(%s::text[])
-                          AND referenced_at < now() - make_interval(secs => %s::double precision)
+                        WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
+                          AND referenced_at
+                              < now() - make_interval(secs => %(half_grace)s::double precision)
                         ORDER BY digest FOR NO KEY UPDATE
                     )
                     RETURNING digest
                 )
-                SELECT digest FROM cas_blobs WHERE company_id = %s AND digest = ANY(%s::text[])
-                UNION SELECT digest FROM touched
+                SELECT digest FROM unnest(%(batch)s::text[]) AS wanted(digest)
+                EXCEPT (
+                    SELECT digest FROM cas_blobs
+                    WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
+                    UNION SELECT digest FROM touched
+                )
                 """,
-                [company_id, batch, half_grace, company_id, batch],
+                {"company": company_id, "batch": batch, "half_grace": half_grace},
             )
-            present = {row[0] for row in cursor.fetchall()}
-        missing.extend(d for d in batch if d not in present)
-    return missing
+            missing.extend(row[0] for row in cursor.fetchall())
+    return sorted(missing)
 
 
 def cas_store_blobs(*, company_id: UUID, blobs: Mapping[str, bytes]) -> None:

@@ -188,6 +188,40 @@ def _entry(raw: object, path: str) -> Entry:
 def decode_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
     """The entries of one directory blob, validated strictly: canonical bytes, the schema,
     known fields of the right types, good and unique names (TreeInvalid otherwise)."""
+    entries = _decode_canonical(data, path)
+    return entries if entries is not None else _decode_strict(data, path)
+
+
+def _decode_canonical(data: bytes, path: str) -> tuple[Entry, ...] | None:
+    """The entries of a blob that is valid and canonical, checked without the duplicate-key
+    hook and without re-encoding the entries: the bytes must equal the canonical encoding of
+    what they parse to (which has every key once, so they hold no duplicate key) and the names
+    must be strictly increasing as UTF-8 bytes (so unique, and in `encode_dir`'s order); a
+    validated entry's `as_json()` is exactly its parsed object. None for any other blob:
+    `_decode_strict` then finds the reason."""
+    try:
+        value = json.loads(data)
+        if (
+            not isinstance(value, dict)
+            or len(value) != 2
+            or value.get("schema") != SCHEMA
+            or not isinstance(value.get("entries"), list)
+            or canonical_json(value) != data
+        ):
+            return None
+        entries = tuple(_entry(raw, path) for raw in value["entries"])
+    except (UnicodeDecodeError, ValueError, TypeError, TreeInvalid):
+        return None
+    previous = b""
+    for entry in entries:
+        key = entry.name.encode("utf-8")
+        if previous and key <= previous:
+            return None
+        previous = key
+    return entries
+
+
+def _decode_strict(data: bytes, path: str) -> tuple[Entry, ...]:
     try:
         value = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as exc:

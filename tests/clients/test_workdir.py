@@ -307,6 +307,36 @@ def test_a_racily_clean_entry_is_read_again(tmp_path: Path) -> None:
     assert workdir.scan(root, max_blob_bytes=10**6, index=index, warn=print).hashed == 1
 
 
+def test_the_index_is_read_again_only_when_its_file_changed(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"a": "one"})
+    first = take(FakeStore(), root)
+    index = workdir.load_index(root)
+    assert index is not None
+    assert index.tree == first.tree
+    index.written_ns = 0  # a caller's change stays its own
+    again = workdir.load_index(root)
+    assert again is not None
+    assert again.files is index.files  # not parsed again
+    assert again.written_ns == os.stat(root / ".paperclip" / "index.json").st_mtime_ns
+
+    (root / "a").write_text("two")  # a new snapshot renames a new index over the old one
+    old(root / "a")
+    second = take(FakeStore(), root)
+    assert second.tree != first.tree
+    renamed = workdir.load_index(root)
+    assert renamed is not None
+    assert renamed.tree == second.tree
+
+    path = root / ".paperclip" / "index.json"  # written in place, same inode and size
+    text = path.read_text().replace(second.tree, first.tree)
+    with path.open("r+") as handle:
+        handle.write(text)
+    rewritten = workdir.load_index(root)
+    assert rewritten is not None
+    assert rewritten.tree == first.tree
+
+
 def test_a_missing_or_broken_index_means_hash_everything(tmp_path: Path) -> None:
     root = tmp_path / "w"
     make(root, {"a": "one"})

@@ -95,6 +95,13 @@ EMPTY_TREE: Final = blob_name(EMPTY_DIR)
 def name_ok(name: object) -> bool:
     if not isinstance(name, str):
         return False
+    if name.isascii():  # the common case, without encoding: one byte per character
+        return (
+            0 < len(name) <= MAX_NAME_BYTES
+            and name not in (".", "..")
+            and "/" not in name
+            and "\0" not in name
+        )
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:

@@ -265,3 +265,21 @@ def test_an_upload_while_the_collector_holds_the_row_recreates_it_with_bytes(
     # Whichever came first, the blob is there with its bytes.
     assert kept(company.pk, blob)["row"]
     assert b"".join(_read(company.pk, blob)) == data
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pin_answers_the_missing_names_sorted_and_touches_only_old_rows(company: Company) -> None:
+    young, old_one = store(company.pk, b"young"), store(company.pk, b"old")
+    other = CompanyFactory()
+    elsewhere = store(other.pk, b"another company's")
+    age(old_one)
+    before = dict(CasBlob.objects.filter(company=company).values_list("digest", "referenced_at"))
+    absent = sorted(name_of(bytes([i])) for i in range(3))
+    with transaction.atomic():
+        missing = cas_pin(
+            company_id=company.pk, digests=[absent[2], young, elsewhere, old_one, *absent, young]
+        )
+    assert missing == sorted([*absent, elsewhere])
+    after = dict(CasBlob.objects.filter(company=company).values_list("digest", "referenced_at"))
+    assert after[young] == before[young]  # young: only read
+    assert after[old_one] > before[old_one]  # old: touched, safe from the collector again

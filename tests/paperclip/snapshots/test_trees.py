@@ -142,6 +142,24 @@ def test_non_canonical_or_foreign_bytes_are_refused(blob: tuple[bytes, str]) -> 
     assert _reason(data) == reason
 
 
+@given(
+    names=st.lists(
+        st.text(min_size=1, max_size=12).filter(lambda n: trees.name_problem(n) is None),
+        max_size=8,
+        unique=True,
+    )
+)
+def test_the_quick_decode_of_a_canonical_blob_is_the_strict_one(names: list[str]) -> None:
+    blob = trees.encode_dir(
+        Entry(name=n, type="file", mode=0o644, size=7, digest=FILE) for n in names
+    )
+    assert trees._decode_canonical(blob, "") == trees._decode_strict(blob, "")
+    assert {e.name for e in trees.decode_dir(blob)} == set(names)
+    unsorted = canonical_json({"entries": [_file(n) for n in names[::-1]], "schema": trees.SCHEMA})
+    if len(names) > 1 and unsorted != blob:
+        assert trees._decode_canonical(unsorted, "") is None  # the strict decode says why
+
+
 def test_unsorted_entries_are_not_canonical() -> None:
     raw = canonical_json({"entries": [_file("b"), _file("a")], "schema": "paperclip.dir.v1"})
     assert _reason(raw) == "not_canonical"
