@@ -739,6 +739,39 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
     return found
 
 
+_PIN: Final = """
+    WITH touched AS (
+        UPDATE cas_blobs SET referenced_at = now()
+        WHERE id IN (
+            SELECT id FROM cas_blobs
+            WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
+              AND referenced_at < now() - make_interval(secs => %(half_grace)s::double precision)
+            ORDER BY digest FOR NO KEY UPDATE
+        )
+        RETURNING digest
+    ),
+    held AS (
+        SELECT digest,
+               referenced_at < now() - make_interval(secs => %(half_grace)s::double precision)
+                   AS old
+        FROM cas_blobs
+        WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
+    )
+    SELECT wanted.digest, 'absent' FROM unnest(%(batch)s::text[]) AS wanted(digest)
+    WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.digest = wanted.digest)
+    UNION ALL
+    SELECT held.digest, 'unsure' FROM held
+    WHERE held.old AND NOT EXISTS (SELECT 1 FROM touched WHERE touched.digest = held.digest)
+"""
+
+# Of the "unsure" names, those another transaction made young meanwhile (read afresh).
+_PIN_RECHECK: Final = """
+    SELECT digest FROM cas_blobs
+    WHERE company_id = %(company)s AND digest = ANY(%(names)s::text[])
+      AND referenced_at >= now() - make_interval(secs => %(half_grace)s::double precision)
+"""
+
+
 def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
     """In the caller's transaction, make sure the company's blobs among `digests` outlive it
     long enough to be referenced: those whose `referenced_at` is older than half the grace
@@ -746,39 +779,32 @@ def cas_pin(*, company_id: UUID, digests: Iterable[str]) -> list[str]:
     them or then finds them young); younger ones cannot reach the grace meanwhile and are only
     read. Returns the names the company does not hold (sorted). Snapshot registration calls it
     with every blob the tree reaches, so that none is collected once the snapshot exists; a
-    tree that mostly reuses recent blobs writes only its old rows."""
+    tree that mostly reuses recent blobs writes only its old rows.
+
+    A name counts as held only when its row is young or was touched here: an old row the
+    statement saw but could not touch was changed by a transaction that committed meanwhile
+    (the statement waited for its lock), either a collection that deleted it or another
+    reference that made it young; a fresh read of those few tells which."""
     require_transaction()
     wanted = sorted(set(digests))
     missing: list[str] = []
     half_grace = settings.PAPERCLIP_CAS_GRACE_SECONDS / 2
     for start in range(0, len(wanted), MAX_FIND_MISSING):
         batch = wanted[start : start + MAX_FIND_MISSING]
-        # The names are sent once and only the missing ones come back (the present ones are
-        # nearly all of a registration's 50,000): the same rows are locked and touched.
+        # The names are sent once and only the missing or unsure ones come back (the held
+        # ones are nearly all of a registration's 50,000).
         with prepared_cursor() as cursor:
-            cursor.execute(
-                """
-                WITH touched AS (
-                    UPDATE cas_blobs SET referenced_at = now()
-                    WHERE id IN (
-                        SELECT id FROM cas_blobs
-                        WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
-                          AND referenced_at
-                              < now() - make_interval(secs => %(half_grace)s::double precision)
-                        ORDER BY digest FOR NO KEY UPDATE
-                    )
-                    RETURNING digest
+            cursor.execute(_PIN, {"company": company_id, "batch": batch, "half_grace": half_grace})
+            unsure: list[str] = []
+            for digest, state in cursor.fetchall():
+                (missing if state == "absent" else unsure).append(digest)
+            if unsure:
+                cursor.execute(
+                    _PIN_RECHECK,
+                    {"company": company_id, "names": unsure, "half_grace": half_grace},
                 )
-                SELECT digest FROM unnest(%(batch)s::text[]) AS wanted(digest)
-                EXCEPT (
-                    SELECT digest FROM cas_blobs
-                    WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
-                    UNION SELECT digest FROM touched
-                )
-                """,
-                {"company": company_id, "batch": batch, "half_grace": half_grace},
-            )
-            missing.extend(row[0] for row in cursor.fetchall())
+                young = {row[0] for row in cursor.fetchall()}
+                missing.extend(name for name in unsure if name not in young)
     return sorted(missing)
 
 

@@ -16,7 +16,7 @@ from paperclip.models import ActivityEvent, CasBlob, Company, HeartbeatRun, RunS
 from paperclip.snapshots import trees
 from paperclip.snapshots.cas import cas_pin, cas_put
 from paperclip.snapshots.collect import CollectProgress, cas_collect
-from tests.helpers import raw_connection
+from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
     CompanyFactory,
     ExecutionWorkspaceFactory,
@@ -283,3 +283,56 @@ def test_a_pin_answers_the_missing_names_sorted_and_touches_only_old_rows(compan
     after = dict(CasBlob.objects.filter(company=company).values_list("digest", "referenced_at"))
     assert after[young] == before[young]  # young: only read
     assert after[old_one] > before[old_one]  # old: touched, safe from the collector again
+
+
+def _pin_behind(company: Company, blob: str, holder_sql: str) -> list[str]:
+    """`cas_pin` of `blob` (an old row) while another transaction, `holder_sql` on the row,
+    holds its lock: the pin is seen queued behind it, then the holder commits."""
+    results: list[Any] = []
+
+    def pin() -> None:
+        try:
+            with transaction.atomic():
+                results.append(cas_pin(company_id=company.pk, digests=[blob]))
+        except BaseException as exc:
+            results.append(exc)
+        finally:
+            connection.close()
+
+    with raw_connection(autocommit=False) as holder:
+        holder.execute(holder_sql, [str(company.pk), blob])
+        thread = threading.Thread(target=pin)
+        thread.start()
+        assert wait_for_lock_waiters(holder=holder, table="cas_blobs")
+        holder.commit()
+    thread.join(timeout=10)
+    assert len(results) == 1, results
+    assert not isinstance(results[0], BaseException), results
+    missing: list[str] = results[0]
+    return missing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pin_queued_behind_a_collection_that_deletes_the_row_answers_it_missing(
+    company: Company,
+) -> None:
+    """The race: the pin's statement saw the old row, then waited for the collector's lock
+    on it; the collector committed the delete. The name must come back missing (the CLI then
+    uploads it again), never held: a snapshot must not reference a collected blob."""
+    blob = store(company.pk, b"being collected")
+    age(blob)
+    deleting = (  # as the collector deletes: the row, and the postgres backend's bytes
+        "WITH gone AS (DELETE FROM cas_blobs WHERE company_id = %s AND digest = %s RETURNING id)"
+        " DELETE FROM cas_blob_chunks WHERE blob_id IN (SELECT id FROM gone)"
+    )
+    assert _pin_behind(company, blob, deleting) == [blob]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pin_queued_behind_another_reference_answers_it_held(company: Company) -> None:
+    """The same race with a reference (an upload, another registration) that made the row
+    young meanwhile: the blob is held, and safe from the collector."""
+    blob = store(company.pk, b"referenced meanwhile")
+    age(blob)
+    touching = "UPDATE cas_blobs SET referenced_at = now() WHERE company_id = %s AND digest = %s"
+    assert _pin_behind(company, blob, touching) == []
