@@ -17,8 +17,9 @@ the request's id, its metrics and its one log line (`paperclip.observability.mid
 an exception escaping the view answered as the handler would. A request any of those would
 answer itself (a disallowed host, an HTTPS redirect), a body of unknown or large size, a
 script prefix, or a view that declines (returns None) goes to Django's handler instead, the
-body still unread; so does every request when MIDDLEWARE is not the chain the front mirrors. `tests/leases/api/test_claim_front.py` holds both paths' answers, headers,
-audit rows, metrics and log lines equal.
+body still unread; so does every request when MIDDLEWARE is not the chain the front mirrors.
+`tests/leases/api/test_claim_front.py` holds both paths' answers, headers, audit rows, metrics
+and log lines equal.
 """
 
 from __future__ import annotations
