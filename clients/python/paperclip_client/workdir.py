@@ -272,6 +272,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(temp, path)
 
 
+@_gc_paused()
 def save_state(
     workdir: Path,
     *,
@@ -283,19 +284,6 @@ def save_state(
 ) -> None:
     """Record that the workdir holds `tree` (its directory blobs `dirs`), with the stat cache
     `files`: the directory blobs first, the index last (the index names the tree)."""
-    with _gc_paused():
-        _save_state(workdir, tree=tree, server=server, workspace=workspace, files=files, dirs=dirs)
-
-
-def _save_state(
-    workdir: Path,
-    *,
-    tree: str | None,
-    server: str,
-    workspace: str,
-    files: Mapping[str, Stat],
-    dirs: Mapping[str, bytes],
-) -> None:
     _write_atomic(
         _state(workdir) / DIRS,
         json.dumps(
