@@ -619,70 +619,40 @@ class IssueRecoveryActionAdmin(
     def confirm_owner_stop(
         self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
     ) -> HttpResponse | None:
-        holds = list(queryset.filter(cause=OWNER_UNVERIFIED_CAUSE).order_by("pk"))
-        if not holds:
-            self.message_user(
-                request,
-                f"Select an unverified workspace-owner hold (cause {OWNER_UNVERIFIED_CAUSE}).",
-                messages.WARNING,
+        def confirm(actor: Actor, hold: IssueRecoveryAction, run_id: UUID, form: Any) -> str:
+            owner = _as_dict(_as_dict(hold.evidence).get("owner"))
+            recovery_owner_stop_confirm(
+                actor=actor,
+                issue_id=hold.source_issue_id,
+                action_id=hold.pk,
+                run_id=run_id,
+                owner_token=str(owner.get("token", "")),
+                stop_evidence=form.cleaned_data["stop_evidence"],
+                controller_and_copyback_stopped=form.cleaned_data["confirmed"],
             )
-            return None
-        form = OwnerStopForm(request.POST if "apply" in request.POST else None)
-        if "apply" in request.POST and form.is_valid():
-            actor = board_actor(request.user)
+            return "confirmed"
 
-            def confirm(bound: tuple[IssueRecoveryAction, UUID]) -> str:
-                hold, run_id = bound
-                raw = _as_dict(hold.evidence).get("owner")
-                owner = _as_dict(raw)
-                recovery_owner_stop_confirm(
-                    actor=actor,
-                    issue_id=hold.source_issue_id,
-                    action_id=hold.pk,
-                    run_id=run_id,
-                    owner_token=str(owner.get("token", "")),
-                    stop_evidence=form.cleaned_data["stop_evidence"],
-                    controller_and_copyback_stopped=form.cleaned_data["confirmed"],
-                )
-                return "confirmed"
-
-            runs = [(hold, parse_uuid(_as_dict(hold.evidence).get("runId"))) for hold in holds]
-            unbound = [
-                f"{hold.pk}: invalid_request (the hold names no run)"
-                for hold, run_id in runs
-                if run_id is None
-            ]
-            done = act_on_each(
-                [(hold, run_id) for hold, run_id in runs if run_id is not None],
-                confirm,
-                name=lambda bound: bound[0].pk,
-            )
-            report_each(
-                self,
-                request,
-                f"Confirmed {done.counts['confirmed']}; finalization queued for the worker: the "
+        return self._act_on_holds(
+            request,
+            queryset,
+            cause=OWNER_UNVERIFIED_CAUSE,
+            what="an unverified workspace-owner hold",
+            form_class=OwnerStopForm,
+            act=confirm,
+            summary=lambda counts, _form: (
+                f"Confirmed {counts['confirmed']}; finalization queued for the worker: the "
                 "outcome will show in each run's finalization state on its page (the hold "
-                "resolves once the run is committed). Refused: ",
-                unbound + done.failed,
-            )
-            return None
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Confirm owner stopped and resume finalization",
-            "holds": [
-                (
-                    hold,
-                    self.recorded_owner(hold),
-                    self.current_receipt(hold),
-                    owner_hold_verdict(hold),
-                )
-                for hold in holds
-            ],
-            "form": form,
-            "opts": self.model._meta,
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, "admin/recovery/confirm_owner_stop.html", context)
+                "resolves once the run is committed). Refused: "
+            ),
+            title="Confirm owner stopped and resume finalization",
+            template="admin/recovery/confirm_owner_stop.html",
+            row=lambda hold: (
+                hold,
+                self.recorded_owner(hold),
+                self.current_receipt(hold),
+                owner_hold_verdict(hold),
+            ),
+        )
 
     @admin.action(
         description="Resolve workspace conflict (publish or discard the run's tree)",
