@@ -138,17 +138,10 @@ def failed_cleanup_lease(company: Company) -> EnvironmentLease:
     )
 
 
-def expired_authority(company: Company) -> NativeRunFinalization:
-    """A running run whose controller lease lapsed while it holds a checkpoint part."""
-    b = make_binding(company=company, phase="observed", with_result=False)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE native_run_finalizations SET lease_expires_at = now() - interval '1 hour',"
-            " lease_owner = 'gone' WHERE run_id = %s",
-            [b.run.pk],
-        )
-    NativeRunnerCheckpoint.objects.create(
-        company=company,
+def checkpoint_part(b: Binding) -> NativeRunnerCheckpoint:
+    """A stored checkpoint part of the binding's run (its bytes do not matter to the console)."""
+    return NativeRunnerCheckpoint.objects.create(
+        company=b.run.company,
         issue=b.issue,
         run=b.run,
         part="session.jsonl",
@@ -158,6 +151,18 @@ def expired_authority(company: Company) -> NativeRunFinalization:
         ciphertext=b"",
         size_bytes=2048,
     )
+
+
+def expired_authority(company: Company) -> NativeRunFinalization:
+    """A running run whose controller lease lapsed while it holds a checkpoint part."""
+    b = make_binding(company=company, phase="observed", with_result=False)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE native_run_finalizations SET lease_expires_at = now() - interval '1 hour',"
+            " lease_owner = 'gone' WHERE run_id = %s",
+            [b.run.pk],
+        )
+    checkpoint_part(b)
     return NativeRunFinalization.objects.get(pk=b.run.pk)
 
 

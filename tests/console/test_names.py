@@ -18,6 +18,7 @@ from leases.models import EnvironmentLease
 from paperclip.models import Company, ExecutionWorkspace, ExecutionWorkspaceSnapshot, JobError
 from recovery.models import WorkerStopReceipt
 from recovery.services import finalization_defer_in_tx
+from tests.console.helpers import checkpoint_part
 from tests.console.test_pages import staff
 from tests.leases.environment.factories import EnvironmentLeaseFactory
 from tests.paperclip.factories import UserFactory
@@ -36,17 +37,7 @@ def named(company: Company, tag: str) -> Binding:
     b.issue.title = f"Issue{tag}"
     b.issue.save(update_fields=["title"])
     ExecutionWorkspace.objects.filter(pk=b.workspace.pk).update(name=f"ws{tag}", head_run=b.run)
-    NativeRunnerCheckpoint.objects.create(
-        company=company,
-        issue=b.issue,
-        run=b.run,
-        part="session.jsonl",
-        scheme="aes-256-gcm",
-        key_id="k1",
-        nonce=b"",
-        ciphertext=b"",
-        size_bytes=2048,
-    )
+    checkpoint_part(b)
     ExecutionWorkspaceSnapshot.objects.create(company=company, execution_workspace=b.workspace)
     WorkerStopReceipt.objects.create(
         company=company,
