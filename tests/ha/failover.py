@@ -126,16 +126,25 @@ class Prober(threading.Thread):
 class Agent:
     """One `paperclip-agent run` process; its output read by a thread."""
 
-    def __init__(self, *, url: str, key: str, workspace: str, issue: str, workdir: Path) -> None:
+    def __init__(
+        self, *, url: str, key: str, workspace: str, issue: str, workdir: Path, gated: bool
+    ) -> None:
         workdir.mkdir(parents=True)
         self.log_path = workdir.with_suffix(".log")
         self.token = f"{workspace}:{time.monotonic_ns()}"
         self.lines: list[str] = []
+        # A gated agent's command writes its file and then waits for the gate (a file beside
+        # the workdir, never in a snapshot) before it exits: nothing after it happens before
+        # the test opens the gate.
+        self.gate = workdir.with_suffix(".gate") if gated else None
+        command = f'printf %s "{self.token}" > result.txt'
+        if self.gate is not None:
+            command += f" && while [ ! -e '{self.gate}' ]; do sleep 0.05; done"
         self.proc = subprocess.Popen(
             [
                 AGENT, "run", "--workspace", workspace, "--issue", issue,
                 "--workdir", str(workdir), "--lease-ttl", "60", "--",
-                "sh", "-c", f'printf %s "{self.token}" > result.txt',
+                "sh", "-c", command,
             ],
             env={**os.environ, "PAPERCLIP_URL": url, "PAPERCLIP_AGENT_KEY": key},
             stdout=subprocess.PIPE,
@@ -272,10 +281,11 @@ def run_failover(
         fence_before = _fence(webs[0].base_url, spare.key, world.workspaces[-1], spare.issues[0])
         prober = Prober(nodes, spare.key)
         prober.start()
-        # The race, forced: once the first two agents have registered their snapshot, their
-        # workspaces' rows are locked, so their finalizations claim ownership, start their
-        # operation and then wait inside the commit that moves the head, until the primary
-        # dies under them.
+        # The race, forced: once the first two agents hold their runtime lease (the claim is
+        # the only step of an agent's that locks its workspace row), their workspaces' rows
+        # are locked, and only then are their commands let go (their gates), so their
+        # finalizations claim ownership, start their operation and then wait inside the
+        # commit that moves the head, until the primary dies under them.
         blocker = psycopg.connect(cluster.url(DATABASE))
         blocked = threading.Thread(target=_block_heads, args=(blocker, fleet), daemon=True)
         blocked.start()
@@ -287,6 +297,7 @@ def run_failover(
                     workspace=world.workspaces[i],
                     issue=spec.issues[0],
                     workdir=workdir / "agents" / spec.name,
+                    gated=i < 2,
                 )
             )
             time.sleep(0.4)  # spread the runs so that some are in finalization at the crash
@@ -346,12 +357,14 @@ def _block_heads(conn: psycopg.Connection[Any], fleet: list[Agent]) -> None:
     pending = 2
     while pending:
         for agent in fleet[:2]:
-            if agent.said("snapshot: ") and not getattr(agent, "blocked", False):
+            if agent.said("lease: runtime lease") and not getattr(agent, "blocked", False):
                 conn.execute(
                     "SELECT 1 FROM execution_workspaces WHERE id = %s FOR NO KEY UPDATE",
                     [agent.workspace],
                 )
                 agent.blocked = True
+                assert agent.gate is not None
+                agent.gate.touch()
         pending = 2 - sum(bool(getattr(a, "blocked", False)) for a in fleet[:2])
         time.sleep(0.005)  # watching the agents' output
 
