@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from paperclip_client.cli import EXIT_USAGE, main
+from paperclip_client.cli import EXIT_USAGE, fail, main, say, warn
 
 WS = ["run", "--workspace", "w", "--issue", "i", "--url", "http://x", "--key", "k"]
 
@@ -37,3 +39,32 @@ def test_bad_usage_is_one_line_and_exit_2(
     assert len(err.splitlines()) == 1
     assert err.startswith("paperclip-agent: error: ")
     assert word in err
+
+
+class _Writes:
+    """A stream that keeps each write() apart, as an unbuffered pipe would send them."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+@pytest.mark.parametrize("function", [say, warn, fail])
+def test_each_line_is_one_write(
+    function: Any, stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command shares the CLI's stdout and stderr: with PYTHONUNBUFFERED, a line written
+    as its text and then its newline let the command's output land between the two."""
+    sink = _Writes()
+    monkeypatch.setattr(f"sys.{stream}", sink)
+    function("started: pid 1 in /w: sh -c 'echo done'")
+    if sink.writes:  # the stream this function writes to
+        assert len(sink.writes) == 1
+        assert sink.writes[0].endswith("'echo done'\n")

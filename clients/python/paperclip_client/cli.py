@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, NoReturn, TypeVar
+from typing import IO, Any, NoReturn, TextIO, TypeVar
 
 from paperclip_client.client import Client
 from paperclip_client.errors import (
@@ -139,16 +139,24 @@ def _transfers(text: str) -> int:
     return value
 
 
+def emit(stream: TextIO, line: str) -> None:
+    """One line in one write: the command's output shares our stdout and stderr, and print()
+    writes the text and its newline apart, which an unbuffered stream (PYTHONUNBUFFERED)
+    sends as two writes with the command's output free to land between them."""
+    stream.write(f"{line}\n")
+    stream.flush()
+
+
 def say(line: str) -> None:
-    print(f"{PROG}: {line}", flush=True)
+    emit(sys.stdout, f"{PROG}: {line}")
 
 
 def warn(line: str) -> None:
-    print(f"{PROG}: warning: {line}", file=sys.stderr, flush=True)
+    emit(sys.stderr, f"{PROG}: warning: {line}")
 
 
 def fail(line: str) -> None:
-    print(f"{PROG}: error: {line}", file=sys.stderr, flush=True)
+    emit(sys.stderr, f"{PROG}: error: {line}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -278,7 +286,7 @@ class Runner:
             None,
         )
         self.run_id = run.id
-        print(f"run: {run.id}", flush=True)
+        emit(sys.stdout, f"run: {run.id}")
         self._say_issue_holder(run.id, agent_id)
 
         shown: list[object] = []
