@@ -301,7 +301,10 @@ def run_failover(
                 )
             )
             time.sleep(0.4)  # spread the runs so that some are in finalization at the crash
-        _wait(lambda: _finalizations_waiting(blocker) >= 2, "two finalizations waiting", 120)
+        # Watched from a connection of its own, in autocommit: pg_stat_activity is read once
+        # per transaction, and the blocker's stays open (its first read would be the only one).
+        with psycopg.connect(cluster.url(DATABASE), autocommit=True) as watcher:
+            _wait(lambda: _finalizations_waiting(watcher) >= 2, "two finalizations waiting", 120)
         fence_lost = None
         if not synchronous:
             # Asynchronous: a grant the primary acknowledges but never ships (its WAL sender
@@ -381,10 +384,14 @@ def _uncommitted(url: str, fleet: list[Agent]) -> int:
 
 
 def _finalizations_waiting(conn: psycopg.Connection[Any]) -> int:
-    """Worker sessions waiting for a row lock (the blocker's) on this server."""
+    """Worker sessions waiting for a lock in the statement that moves a workspace head (the
+    blocker's row lock). Only that statement: another job waiting a moment for a row the
+    waiting finalization holds (its run's, its coordinator's) is not a second finalization."""
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND application_name LIKE 'worker-%%'"
+        " WHERE wait_event_type = 'Lock' AND state = 'active'"
+        " AND application_name LIKE 'worker-%%'"
+        " AND query LIKE 'UPDATE execution_workspaces SET head_tree%%'"
     ).fetchone()
     return int(row[0]) if row else 0
 
