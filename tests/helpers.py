@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from io import StringIO
 from typing import Any
 
 import psycopg
 from django.core.management import call_command
+from django.test import override_settings
 from prometheus_client import REGISTRY
 
 from paperclip.db.advisory import connection_params
@@ -100,3 +102,36 @@ _ROW_LOCK_WAITERS = (
 def sample(name: str, **labels: str) -> float:
     """A metric's current value in this process's registry (0 when never set)."""
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def each_way(
+    setting: str,
+    send: Callable[[], None],
+    *,
+    counters: Callable[[], Sequence[float]],
+    request_lines: list[logging.LogRecord],
+    on_commit: Any,
+) -> tuple[list[tuple[float, ...]], list[list[tuple[str, dict[str, Any]]]]]:
+    """`send` run with `setting` True, then False (two paths that must look alike from
+    outside): for each, how far `counters` moved and the request log lines written, each as
+    its message without the duration and its `http` fields without `duration_ms`.
+    `on_commit` is pytest-django's `django_capture_on_commit_callbacks` fixture."""
+    deltas: list[tuple[float, ...]] = []
+    lines: list[list[tuple[str, dict[str, Any]]]] = []
+    for value in (True, False):
+        with override_settings(**{setting: value}):
+            before = counters()
+            with on_commit(execute=True):
+                send()
+            deltas.append(tuple(a - b for a, b in zip(counters(), before, strict=True)))
+        lines.append(
+            [
+                (
+                    record.getMessage().rsplit(" ", 2)[0],
+                    {k: v for k, v in record.http.items() if k != "duration_ms"},  # type: ignore[attr-defined]
+                )
+                for record in request_lines
+            ]
+        )
+        request_lines.clear()
+    return deltas, lines

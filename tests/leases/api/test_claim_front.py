@@ -33,7 +33,7 @@ from leases.api import lean
 from paperclip.api import front
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.models import ActivityEvent, Agent
-from tests.helpers import sample
+from tests.helpers import each_way, sample
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 
@@ -341,20 +341,19 @@ def test_audit_metrics_and_the_log_line_are_the_handlers(
     claim(other, rival)
     claim(workspace, agent)
     audit_rows = ActivityEvent.objects.count()
-    deltas, lines = [], []
-    for ahead in (True, False):
-        with override_settings(PAPERCLIP_FRONT_ROUTES=ahead):
-            before = counters()
-            with django_capture_on_commit_callbacks(execute=True):
-                assert call(path(workspace.pk), secret, {"action": "start"})[0] == "200 OK"
-                assert call(path(other.pk), secret, {"action": "start"})[0].startswith("409")
-            deltas.append(tuple(a - b for a, b in zip(counters(), before, strict=True)))
-        lines.append([(r.getMessage().rsplit(" ", 2)[0], dict(r.http)) for r in request_lines])  # type: ignore[attr-defined]
-        request_lines.clear()
+
+    def send() -> None:
+        assert call(path(workspace.pk), secret, {"action": "start"})[0] == "200 OK"
+        assert call(path(other.pk), secret, {"action": "start"})[0].startswith("409")
+
+    deltas, lines = each_way(
+        "PAPERCLIP_FRONT_ROUTES",
+        send,
+        counters=counters,
+        request_lines=request_lines,
+        on_commit=django_capture_on_commit_callbacks,
+    )
     assert deltas[0] == deltas[1] == (1.0, 1.0, 2.0, 1.0)
-    for entries in lines:
-        for entry in entries:
-            entry[1].pop("duration_ms")
     assert lines[0] == lines[1]
     assert [entry[1]["status"] for entry in lines[0]] == [200, 409]
     assert lines[0][0][1]["workspace_id"] == str(workspace.pk)

@@ -23,7 +23,7 @@ from leases.api.views import RuntimeLeaseClaimApi
 from paperclip.api.serializers import StrictInputSerializer, validated_body
 from paperclip.credentials import agent_key_create, agent_key_revoke
 from paperclip.models import ActivityEvent, Agent
-from tests.helpers import assert_error, sample
+from tests.helpers import assert_error, each_way, sample
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
     AgentFactory,
@@ -422,21 +422,18 @@ def test_metrics_and_the_request_log_line_are_the_drf_views(
             sample("paperclip_api_errors_total", code="invalid_request", status="400"),
         )
 
-    deltas = []
-    lines = []
-    for lean_view in (True, False):
-        with override_settings(PAPERCLIP_LEAN_CLAIM_VIEW=lean_view):
-            before = counters()
-            with django_capture_on_commit_callbacks(execute=True):
-                assert send(agent_client, workspace.pk, {"action": "start"}).status_code == 200
-                assert send(agent_client, workspace.pk, {"action": 7}).status_code == 400
-            deltas.append(tuple(a - b for a, b in zip(counters(), before, strict=True)))
-        lines.append([(r.getMessage().rsplit(" ", 2)[0], r.http) for r in request_lines])  # type: ignore[attr-defined]
-        request_lines.clear()
+    def both() -> None:
+        assert send(agent_client, workspace.pk, {"action": "start"}).status_code == 200
+        assert send(agent_client, workspace.pk, {"action": 7}).status_code == 400
+
+    deltas, lines = each_way(
+        "PAPERCLIP_LEAN_CLAIM_VIEW",
+        both,
+        counters=counters,
+        request_lines=request_lines,
+        on_commit=django_capture_on_commit_callbacks,
+    )
     assert deltas[0] == deltas[1] == (1.0, 1.0, 2.0, 1.0)
-    for entries in lines:
-        for entry in entries:
-            entry[1].pop("duration_ms")
     assert lines[0] == lines[1]
     assert [entry[1]["status"] for entry in lines[0]] == [200, 400]
 
