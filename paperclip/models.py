@@ -429,6 +429,9 @@ class RunSnapshot(models.Model):
     base = models.TextField(null=True, blank=True)
     files = models.BigIntegerField()
     bytes = models.BigIntegerField()
+    # Entries of every kind (null: registered before this was counted); a later registration
+    # compares its tree with a head that has it instead of walking the whole tree.
+    entries = models.BigIntegerField(null=True, blank=True)
     lease_generation = models.BigIntegerField()
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 

@@ -1,16 +1,23 @@
 """Snapshot registration: a run's agent names the tree of its workdir, fenced by the runtime
 lease it holds (docs/snapshots.md#registering-a-snapshot).
 
-The tree is read and validated outside the transaction (it may be large); inside it the lease
-row is share-locked and the fence checked as for any fenced write, and every blob the tree and
-its base reach is touched (`referenced_at = now()`), which both proves they are stored and
-keeps the collector away from them (docs/snapshots.md#collection). Nothing is written on any
-error.
+The tree is read and validated outside the transaction (it may be large). When the workspace's
+head is a tree registered with its counts, only the directories where the two differ are read
+(`trees.walk_changes`) and only the blobs the head does not reach are pinned: the head's are
+whole and stay so (docs/snapshots.md#registering-against-the-head), which the transaction
+re-checks under the company's roots lock, held shared until the commit, so no collection reads
+its roots between this check and the snapshot's existence. Otherwise the whole tree is walked
+and every blob it reaches pinned. Inside the transaction the lease row is share-locked and the
+fence checked as for any fenced write, and the blobs to pin are touched (`referenced_at =
+now()`), which both proves they are stored and keeps the collector away from them
+(docs/snapshots.md#collection). Nothing is written on any error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 from uuid import UUID
 
@@ -26,11 +33,13 @@ from leases.errors import (
 from leases.services.operations import require_fence
 from leases.services.shared import audit, preconditions
 from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner
+from paperclip.db.advisory import advisory_xact_lock_shared
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.errors import InvalidRequest
-from paperclip.models import HeartbeatRun, RunSnapshot
+from paperclip.models import ExecutionWorkspace, HeartbeatRun, RunSnapshot
 from paperclip.snapshots.cas import cas_load_many, cas_pin
-from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk
+from paperclip.snapshots.collect import roots_lock_key
+from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk, walk_changes
 
 MAX_MISSING_LISTED: Final = 1000
 # Directory blobs are read whole; one this large is not a directory anyone meant.
@@ -43,20 +52,92 @@ class SnapshotRegistration:
     created: bool  # False for a repeat of the same tree
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a registration pins and records. `head`: the head whose blobs it trusts (None:
+    it trusts nothing and pins every blob the tree reaches)."""
+
+    pin: list[str]
+    files: int
+    bytes: int
+    entries: int
+    head: str | None = None
+
+
+class _HeadMoved(Exception):
+    """The head a plan trusts is no longer the head: plan again without it."""
+
+
+def _load_directories(company_id: UUID) -> Callable[[list[str]], dict[str, bytes]]:
+    def load_many(names: list[str]) -> dict[str, bytes]:
+        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
+
+    return load_many
+
+
+def _plan_against_head(*, company_id: UUID, workspace_id: UUID, tree: str) -> _Plan | None:
+    """Plan from the differences with the workspace's head, when the head is a registered
+    tree whose counts are known and the comparison can vouch for the tree (None otherwise)."""
+    head = (
+        ExecutionWorkspace.objects.filter(pk=workspace_id)
+        .values_list("head_tree", flat=True)
+        .first()
+    )
+    if not head:
+        return None
+    counts = (
+        RunSnapshot.objects.filter(company_id=company_id, tree=head, entries__isnull=False)
+        .values_list("files", "bytes", "entries")
+        .first()
+    )
+    if counts is None or counts[2] is None:
+        return None  # a merged, adopted or older head: its counts are not known
+    changes = walk_changes(tree, head, load_many=_load_directories(company_id))
+    if changes is None:
+        return None
+    entries = counts[2] + changes.entries
+    if entries > settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES:
+        return None  # the whole walk names the entry past the limit
+    return _Plan(
+        pin=sorted(changes.new),
+        files=counts[0] + changes.files,
+        bytes=counts[1] + changes.bytes,
+        entries=entries,
+        head=head,
+    )
+
+
+def _plan_whole(*, company_id: UUID, tree: str) -> _Plan:
+    walked = snapshot_walk(company_id=company_id, tree=tree)
+    _raise_missing(walked.missing)
+    return _Plan(
+        pin=sorted(walked.reached()), files=walked.files, bytes=walked.bytes, entries=walked.count
+    )
+
+
+def _require_head_in_tx(*, company_id: UUID, workspace_id: UUID, head: str) -> None:
+    """Hold the company's roots lock shared until the commit, then check (in a statement of
+    its own, so with a snapshot taken after the lock) that `head` is still the head."""
+    advisory_xact_lock_shared(roots_lock_key(company_id))
+    current = (
+        ExecutionWorkspace.objects.filter(pk=workspace_id)
+        .values_list("head_tree", flat=True)
+        .first()
+    )
+    if current != head:
+        raise _HeadMoved
+
+
 def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
     """Read and validate `tree` from the company's store (its directories a level per query,
     repeats from the per-process cache); `missing` lists the directory blobs that are not
     stored. File contents are not looked up here: registration checks them on the rows. Its
     `entries` hold directories and symlinks only (a web process registering a 50,000-file
     tree keeps no entry per file). Raises SnapshotTreeInvalid."""
-
-    def load_many(names: list[str]) -> dict[str, bytes]:
-        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
-
     try:
         return walk(
             tree,
-            load_many=load_many,
+            load_many=_load_directories(company_id),
             max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
             keep_files=False,  # registration needs the counts and the blobs, not the paths
         )
@@ -83,8 +164,9 @@ def run_snapshot_register(
     for the run's agent, fenced by the runtime lease of the run's workspace.
 
     The lease must be held at `generation` by the run (`run:<id>`) or by the run's issue
-    (`issue:<id>`). Locks: the lease row FOR SHARE (as every fenced write), then the blob rows
-    the trees reach. Raises InvalidRequest, SnapshotTreeInvalid (400), SnapshotBlobsMissing
+    (`issue:<id>`). Locks: when the plan trusts the head, the company's roots advisory lock
+    (shared); the lease row FOR SHARE (as every fenced write), then the rows of the blobs to
+    pin. Raises InvalidRequest, SnapshotTreeInvalid (400), SnapshotBlobsMissing
     (409, at most 1,000 names), RuntimeLeaseSuperseded / RuntimeLeaseOwnerIneligible (409),
     the lease's 404/403s, ResourceBusy. Audited once; a repeat of a registered tree writes
     nothing.
@@ -105,12 +187,44 @@ def run_snapshot_register(
             fields={"run_id": ["The run names no execution workspace."]},
         )
     issue_id: UUID | None = run["native_issue_id"] or run["issue_id"]
-    walked = snapshot_walk(company_id=company_id, tree=tree)
-    _raise_missing(walked.missing)
+    register = partial(
+        _register,
+        company_id=company_id,
+        run_id=run_id,
+        agent_id=agent_id,
+        workspace_id=workspace_id,
+        issue_id=issue_id,
+        tree=tree,
+        base=base,
+        generation=generation,
+        fence=fence,
+    )
+    plan = _plan_against_head(company_id=company_id, workspace_id=workspace_id, tree=tree)
+    if plan is not None:
+        try:
+            return register(plan)
+        except _HeadMoved:
+            pass  # another run published meanwhile: trust nothing this time
+    return register(_plan_whole(company_id=company_id, tree=tree))
+
+
+def _register(
+    plan: _Plan,
+    *,
+    company_id: UUID,
+    run_id: UUID,
+    agent_id: UUID,
+    workspace_id: UUID,
+    issue_id: UUID | None,
+    tree: str,
+    base: str | None,
+    generation: int,
+    fence: int | None,
+) -> SnapshotRegistration:
     # The base's own blob only: publishing reads the base's directories to merge, and a base
     # collected meanwhile is merged as an empty tree, which holds overlapping paths for the
     # board rather than losing anything (docs/snapshots.md#merging).
-    reached = sorted(walked.reached() | ({base} if base is not None else set()))
+    pin = sorted({*plan.pin, *([base] if base is not None else [])})
     owner = RuntimeLeaseOwner.for_agent(agent_id, run_id=run_id)
     with busy_on_lock_timeout(BUSY_MESSAGE):
         try:
@@ -118,6 +232,10 @@ def run_snapshot_register(
                 preconditions(
                     company_id=company_id, execution_workspace_id=workspace_id, owner=owner
                 )
+                if plan.head is not None:  # advisory locks first (docs/locking.md)
+                    _require_head_in_tx(
+                        company_id=company_id, workspace_id=workspace_id, head=plan.head
+                    )
                 locked = locks.runtime_lease_for_share(
                     execution_workspace_id=workspace_id,
                     company_id=company_id,
@@ -144,15 +262,16 @@ def run_snapshot_register(
                         "This run registered the tree already, from another base.",
                         fields={"base": [f"The tree was registered with base {existing.base}."]},
                     )
-                _raise_missing(cas_pin(company_id=company_id, digests=reached))
+                _raise_missing(cas_pin(company_id=company_id, digests=pin))
                 snapshot = RunSnapshot.objects.create(
                     company_id=company_id,
                     run_id=run_id,
                     execution_workspace_id=workspace_id,
                     tree=tree,
                     base=base,
-                    files=walked.files,
-                    bytes=walked.bytes,
+                    files=plan.files,
+                    bytes=plan.bytes,
+                    entries=plan.entries,
                     lease_generation=generation,
                 )
                 audit(
@@ -164,8 +283,8 @@ def run_snapshot_register(
                     details={
                         "tree": tree,
                         "base": base,
-                        "files": walked.files,
-                        "bytes": walked.bytes,
+                        "files": plan.files,
+                        "bytes": plan.bytes,
                         "generation": generation,
                     },
                 )

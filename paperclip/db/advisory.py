@@ -32,6 +32,16 @@ def advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
 
 
+def advisory_xact_lock_shared(key: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Block until the transaction-scoped advisory lock for `key` is held in shared mode: any
+    number of shared holders together, none beside an exclusive one (`advisory_xact_lock`).
+    Read what the lock protects in a later statement: in READ COMMITTED, this statement's own
+    snapshot was taken before the wait."""
+    _require_atomic(using, "advisory_xact_lock_shared")
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))", [key])
+
+
 def try_advisory_xact_lock(key: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     """Take the transaction-scoped advisory lock for `key` if free; False when another holds it."""
     _require_atomic(using, "try_advisory_xact_lock")

@@ -3,12 +3,15 @@
 A blob is kept while it is young (uploaded, or referenced by an upload, a find-missing answer
 or a snapshot registration, within `PAPERCLIP_CAS_GRACE_SECONDS` on the database clock) or
 reachable from a root of its company: a workspace's head (and the tree its `cwd` was last made
-equal to), or the tree and base of a snapshot of a live run (not terminal, or its finalization
-coordinator exists and has not settled: committed, terminal failure, applied).
+equal to), the tree and base of a snapshot of a live run (not terminal, or its finalization
+coordinator exists and has not settled: committed, terminal failure, applied), and the tree
+and base of every snapshot registered within the grace.
 
-Per company: one reachability pass (reading directory blobs through `trees.walk`), then the
-old unreachable rows are deleted in batches, each batch one transaction that re-checks the
-age on the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a blob after the
+Per company: the roots are read under the company's roots lock (`roots_lock_key`, exclusive,
+for that read only; a registration that trusts the head's blobs holds it shared until it
+commits), then one reachability pass (reading each directory blob once), then the old
+unreachable rows are deleted in batches, each batch one transaction that re-checks the age on
+the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a blob after the
 reachability pass (it holds the row, or has committed a young `referenced_at`) wins. The bytes
 go in the same transaction, before its commit, while the deleted rows are still locked.
 """
@@ -19,14 +22,17 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Final, Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
+from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
@@ -77,32 +83,57 @@ def _live_snapshot_filter() -> Q:
     )
 
 
-def _roots(company_id: UUID) -> set[str]:
+def roots_lock_key(company_id: UUID) -> str:
+    """The advisory key that orders reading a company's roots against registrations that
+    trust its head's blobs without touching them (leases.services.snapshots)."""
+    return f"cas-roots:{company_id}"
+
+
+def _roots(company_id: UUID, grace: int) -> set[str]:
+    """The company's roots, read under its roots lock. Snapshots are read before heads: a
+    commit that publishes a snapshot (its run settles and the head moves, in one transaction)
+    between the two reads is then seen on one side or the other, never on neither."""
     roots: set[str] = set()
-    for head, cwd in ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
-        "head_tree", "cwd_tree"
-    ):
-        roots.update(t for t in (head, cwd) if t)
-    snapshots = RunSnapshot.objects.filter(company_id=company_id).filter(_live_snapshot_filter())
-    for tree, base in snapshots.values_list("tree", "base"):
-        roots.update(t for t in (tree, base) if t)
+    recent = Q(created_at__gte=Now() - timedelta(seconds=grace))
+    with transaction.atomic():
+        advisory_xact_lock(roots_lock_key(company_id))
+        snapshots = RunSnapshot.objects.filter(company_id=company_id).filter(
+            _live_snapshot_filter() | recent
+        )
+        for tree, base in snapshots.values_list("tree", "base"):
+            roots.update(t for t in (tree, base) if t)
+        for head, cwd in ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
+            "head_tree", "cwd_tree"
+        ):
+            roots.update(t for t in (head, cwd) if t)
     return roots
 
 
-def cas_reachable(company_id: UUID) -> set[str]:
-    """Every blob name reachable from the company's roots (names it lacks included). Raises
-    TreeInvalid when a root cannot be read as a tree."""
-    cache: dict[str, bytes | None] = {}
+def cas_reachable(company_id: UUID, grace: int | None = None) -> set[str]:
+    """Every blob name reachable from the company's roots (names it lacks included), each
+    directory blob read and decoded once however many roots share it. Raises TreeInvalid when
+    a directory cannot be read as one."""
+    grace = int(settings.PAPERCLIP_CAS_GRACE_SECONDS) if grace is None else grace
     max_bytes = settings.PAPERCLIP_CAS_MAX_BLOB_BYTES
-
-    def load(name: str) -> bytes | None:
-        if name not in cache:
-            cache[name] = cas_load(company_id=company_id, digest=name, max_bytes=max_bytes)
-        return cache[name]
-
     reached: set[str] = set()
-    for root in sorted(_roots(company_id)):
-        reached |= trees.walk(root, load).reached()
+    pending = sorted(_roots(company_id, grace))
+    while pending:
+        name = pending.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        data = cas_load(company_id=company_id, digest=name, max_bytes=max_bytes)
+        if data is None:
+            continue  # not stored: nothing below it to keep
+        if trees.blob_name(data) != name:
+            raise trees.TreeInvalid("", "digest_mismatch", name)
+        for entry in trees.decode_dir(data):
+            if entry.type == "dir":
+                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                if entry.digest not in reached:
+                    pending.append(entry.digest)
+            else:
+                reached.update(entry.blobs())
     return reached
 
 
@@ -204,7 +235,7 @@ def cas_collect(
     for company_id in companies:
         old = _old_blobs(company_id, grace)
         try:
-            reachable = cas_reachable(company_id)
+            reachable = cas_reachable(company_id, grace)
         except trees.TreeInvalid as exc:
             logger.warning(
                 "cas collection skips company %s: a root is not a tree (%s)", company_id, exc

@@ -256,6 +256,7 @@ class Walk:
     missing: list[str] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
+    count: int = 0  # entries of every kind, the root not counted
 
     def reached(self) -> set[str]:
         return {self.root, *self.directories, *self.contents}
@@ -320,11 +321,119 @@ def walk(
                     result.contents.update(entry.blobs())
         level = following
         depth += 1
+    result.count = count
     result.missing = list(dict.fromkeys(result.missing))
     check_symlinks(result.entries)
     if contents is not None:
         result.missing.extend(contents(sorted(result.contents)))
     return result
+
+
+@dataclass(slots=True)
+class Changes:
+    """How `root` differs from `head`, read only where the two differ: `new` holds the blobs
+    `root` reaches in the parts that differ and `head` does not reach there (directory blobs,
+    file contents and chunks); `files`, `bytes` and `entries` are what `root` has more than
+    `head` (negative: fewer); `read` counts the directory blobs read, both sides."""
+
+    root: str
+    head: str
+    new: set[str] = field(default_factory=set)
+    files: int = 0
+    bytes: int = 0
+    entries: int = 0
+    read: int = 0
+
+
+def walk_changes(
+    root: str, head: str, *, load_many: Callable[[list[str]], Mapping[str, bytes]]
+) -> Changes | None:
+    """Compare the tree `root` with `head`, a tree known to be valid and whole, path by path,
+    a level per `load_many` call: a subdirectory with the same blob at the same path in both
+    is not entered (it is the same subtree at the same depth, already valid), so a change of
+    a few files reads a few directories on each side whatever the tree's size. The
+    directories read on `root`'s side are validated as `walk` validates them.
+
+    None when this cannot vouch for `root`: a directory either side lacks or one that is
+    invalid, a cycle, the depth limit, or a symlink added, removed or changed (whether a
+    symlink stays inside the tree depends on every other symlink, and only when the two
+    trees' symlinks are the same is `head`'s check `root`'s). The caller then walks the
+    whole tree, which finds the exact reason or a tree that is fine after all."""
+    if not (BLOB_NAME.fullmatch(root) and BLOB_NAME.fullmatch(head)):
+        return None
+    changes = Changes(root=root, head=head)
+    if root == head:
+        return changes
+    ours, theirs = {root}, {head}
+    links: tuple[dict[str, str], dict[str, str]] = ({}, {})
+    # (path, our directory blob, theirs at the same path, our chain of directory blobs)
+    level: list[tuple[str, str | None, str | None, tuple[str, ...]]] = [("", root, head, ())]
+    depth = 0
+    while level:
+        if depth > MAX_DEPTH:
+            return None
+        names = sorted({d for _, mine, other, _ in level for d in (mine, other) if d})
+        stored = load_many(names)
+        changes.read += len(names)
+        following: list[tuple[str, str | None, str | None, tuple[str, ...]]] = []
+        for path, mine, other, chain in level:
+            try:
+                own = _stored_dir(stored, mine, path)
+                old = _stored_dir(stored, other, path)
+            except TreeInvalid:
+                return None
+            if own is None or old is None or (mine is not None and mine in chain):
+                return None
+            chain = (*chain, mine) if mine is not None else chain
+            for sign, entries, against, reached, found in (
+                (1, own, old, ours, links[0]),
+                (-1, old, own, theirs, links[1]),
+            ):
+                for entry in entries.values():
+                    twin = against.get(entry.name)
+                    if (
+                        entry.type == "dir"
+                        and twin is not None
+                        and twin.type == "dir"
+                        and twin.digest == entry.digest
+                    ):
+                        continue  # the same subtree at the same path: not entered
+                    where = _join(path, entry.name)
+                    changes.entries += sign
+                    if entry.type == "dir":
+                        assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                        reached.add(entry.digest)
+                        beside = twin.digest if twin is not None and twin.type == "dir" else None
+                        if sign > 0:
+                            following.append((where, entry.digest, beside, chain))
+                        elif beside is None:  # a directory we no longer have: count it out
+                            following.append((where, None, entry.digest, chain))
+                    elif entry.type == "file":
+                        changes.files += sign
+                        changes.bytes += sign * entry.size
+                        reached.update(entry.blobs())
+                    else:
+                        found[where] = entry.target
+        level = following
+        depth += 1
+    if links[0] != links[1]:
+        return None
+    changes.new = ours - theirs
+    return changes
+
+
+def _stored_dir(
+    stored: Mapping[str, bytes], digest: str | None, path: str
+) -> dict[str, Entry] | None:
+    """The entries by name of the directory blob `digest` ({} for None; None: not stored)."""
+    if digest is None:
+        return {}
+    data = stored.get(digest)
+    if data is None:
+        return None
+    if blob_name(data) != digest:
+        raise TreeInvalid(path, "digest_mismatch")
+    return {entry.name: entry for entry in decode_dir(data, path)}
 
 
 def check_symlinks(entries: Mapping[str, Entry]) -> None:

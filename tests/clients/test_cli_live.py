@@ -391,7 +391,9 @@ def test_a_workdir_whose_index_names_a_collected_blob_uploads_it_when_registrati
     live_cas_dir: Path,
 ) -> None:
     """A later run does not ask the store about the blobs its workdir's index names; when one
-    of them is gone after all, registration's `snapshot_blobs_missing` makes it ask and upload."""
+    of them is gone after all, registration's `snapshot_blobs_missing` makes it ask and upload.
+    (The second run adds a symlink, so its registration walks the whole tree: one against the
+    head trusts the head's blobs to be stored, and this test takes one away by hand.)"""
     work = tmp_path / "work"
     first = Cli(gunicorn_url, world, work, "sh", "-c", "echo kept > kept.txt")
     clis.append(first)
@@ -401,7 +403,7 @@ def test_a_workdir_whose_index_names_a_collected_blob_uploads_it_when_registrati
     assert CasBlob.objects.filter(company_id=world.workspace.company_id, digest=kept).delete()[0]
     (live_cas_dir / str(world.workspace.company_id) / kept[7:9] / kept[7:]).unlink()
 
-    second = Cli(gunicorn_url, world, work, "sh", "-c", "echo new > new.txt")
+    second = Cli(gunicorn_url, world, work, "sh", "-c", "echo new > new.txt; ln -s new.txt link")
     clis.append(second)
     assert second.wait() == 0, second.output()
     assert any("index named; uploading them" in line for line in second.out), second.output()
@@ -409,5 +411,7 @@ def test_a_workdir_whose_index_names_a_collected_blob_uploads_it_when_registrati
     assert files(world.dest) == {
         "kept.txt": b"kept\n",
         "new.txt": b"new\n",
+        "link": b"new\n",
     }
+    assert os.readlink(world.dest / "link") == "new.txt"
     assert CasBlob.objects.filter(company_id=world.workspace.company_id, digest=kept).exists()

@@ -116,8 +116,9 @@ def test_what_a_head_reaches_is_kept(company: Company) -> None:
         (HeartbeatRun.Status.SUCCEEDED, "committed", False),
     ],
 )
-def test_what_a_live_runs_snapshot_reaches_is_kept(
-    company: Company, status: str, phase: str | None, live: bool
+@pytest.mark.parametrize("registered_days_ago", [0, 2])
+def test_what_a_live_runs_snapshot_or_one_registered_within_the_grace_reaches_is_kept(
+    company: Company, status: str, phase: str | None, live: bool, registered_days_ago: int
 ) -> None:
     root, reached = tree_of(company.pk, {"x": b"run work", "d/y": b"more"})
     base, base_reached = tree_of(company.pk, {"x": b"before"})
@@ -137,10 +138,14 @@ def test_what_a_live_runs_snapshot_reaches_is_kept(
         bytes=12,
         lease_generation=1,
     )
+    RunSnapshot.objects.filter(run=run).update(created_at=_ago(registered_days_ago * DAY))
     age(*reached, *base_reached)
     cas_collect(batch_size=100)
-    assert all(kept(company.pk, n)["row"] == live for n in reached + base_reached)
-    if not live:
+    # A snapshot registered within the grace is a root whatever its run's state: a
+    # registration that trusted the head touched only what the head did not have.
+    root_now = live or registered_days_ago == 0
+    assert all(kept(company.pk, n)["row"] == root_now for n in reached + base_reached)
+    if not root_now:
         assert all(kept(company.pk, n) == NOTHING for n in reached)
 
 

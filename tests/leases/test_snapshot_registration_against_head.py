@@ -1,0 +1,212 @@
+"""Registering a tree against the workspace's head: only the directories where the two differ
+are read and only the blobs the head lacks are pinned, with the same counts as the whole walk;
+a head that moves meanwhile sends the registration to the whole walk; and a collection cannot
+read its roots between the registration's check of the head and its commit, which the forced
+race below shows (docs/snapshots.md#registering-against-the-head)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.db import connection
+from django.db.models.expressions import RawSQL
+
+from leases.services import run_snapshot_register
+from leases.services import snapshots as registration
+from paperclip.models import CasBlob, ExecutionWorkspace, HeartbeatRun, RunSnapshot
+from paperclip.snapshots import trees
+from paperclip.snapshots.cas import cas_load, cas_open
+from paperclip.snapshots.collect import cas_collect
+from tests.helpers import wait_for_lock_waiters
+from tests.leases.factories import running_run
+from tests.paperclip.factories import HeartbeatRunFactory
+from tests.recovery.snapshots import Files, store_tree
+
+LAYOUT: Files = {
+    f"pkg{i}/mod{j}/file{k}.py": b"# %d %d %d\n" % (i, j, k)
+    for i in range(6)
+    for j in range(4)
+    for k in range(5)
+} | {"README.md": b"hello\n", "pkg0/link": "mod0/file0.py"}
+CHANGE: Files = {"pkg3/mod1/file2.py": b"# changed\n", "pkg3/mod1/new.py": b"# new\n"}
+
+
+def _age_all(company_id: UUID, only: set[str] | None = None) -> None:
+    old = RawSQL("now() - interval '2 days'", [])
+    rows = CasBlob.objects.filter(company_id=company_id)
+    if only is not None:
+        rows = rows.filter(digest__in=only)
+    rows.update(created_at=old, referenced_at=old)
+
+
+def _young(company_id: UUID) -> set[str]:
+    young = RawSQL("now() - interval '1 hour'", [])
+    return set(
+        CasBlob.objects.filter(company_id=company_id, referenced_at__gt=young).values_list(
+            "digest", flat=True
+        )
+    )
+
+
+def _whole(company_id: UUID, tree: str) -> trees.Walk:
+    return trees.walk(
+        tree, load=lambda n: cas_load(company_id=company_id, digest=n, max_bytes=1 << 20)
+    )
+
+
+def _register(run: Any, generation: int, tree: str, base: str | None) -> RunSnapshot:
+    return run_snapshot_register(
+        company_id=run.company_id,
+        run_id=run.pk,
+        agent_id=run.agent_id,
+        tree=tree,
+        base=base,
+        generation=generation,
+    ).snapshot
+
+
+def _publish(workspace_id: UUID, tree: str) -> None:
+    ExecutionWorkspace.objects.filter(pk=workspace_id).update(head_tree=tree)
+
+
+@pytest.mark.django_db
+def test_a_tree_changed_from_the_head_pins_only_what_the_head_lacks() -> None:
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    company_id, generation = run.company_id, claim.lease.generation
+    head = store_tree(company_id, LAYOUT)
+    first = _register(run, generation, head, None)  # no head yet: the whole walk
+    whole_head = _whole(company_id, head)
+    assert (first.files, first.bytes, first.entries) == (
+        whole_head.files,
+        whole_head.bytes,
+        whole_head.count,
+    )
+    _publish(run.execution_workspace_id, head)
+    tree = store_tree(company_id, LAYOUT | CHANGE)
+    _age_all(company_id)
+    snapshot = _register(run, generation, tree, head)
+    whole = _whole(company_id, tree)
+    assert (snapshot.files, snapshot.bytes, snapshot.entries) == (
+        whole.files,
+        whole.bytes,
+        whole.count,
+    )
+    # Pinned: the two files' contents, the root, pkg3 and pkg3/mod1, and the base's own blob;
+    # nothing else the head has.
+    changed_dirs = {d for d, path in whole.directories.items() if path in ("", "pkg3", "pkg3/mod1")}
+    assert _young(company_id) == changed_dirs | {
+        head,
+        trees.blob_name(b"# changed\n"),
+        trees.blob_name(b"# new\n"),
+    }
+
+
+@pytest.mark.django_db
+def test_a_head_that_moved_before_the_commit_sends_it_to_the_whole_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    company_id = run.company_id
+    head = store_tree(company_id, LAYOUT)
+    _register(run, claim.lease.generation, head, None)
+    _publish(run.execution_workspace_id, head)
+    tree = store_tree(company_id, LAYOUT | CHANGE)
+    elsewhere = store_tree(company_id, {"other.txt": b"another run's work\n"})
+    _age_all(company_id)
+    compare = registration.walk_changes
+
+    def compare_then_move(*args: Any, **kwargs: Any) -> Any:
+        changes = compare(*args, **kwargs)
+        _publish(run.execution_workspace_id, elsewhere)  # another run published meanwhile
+        return changes
+
+    monkeypatch.setattr(registration, "walk_changes", compare_then_move)
+    snapshot = _register(run, claim.lease.generation, tree, head)
+    assert snapshot.files == _whole(company_id, tree).files
+    assert _young(company_id) == _whole(company_id, tree).reached() | {head}  # all pinned
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_collection_cannot_read_its_roots_between_the_check_of_the_head_and_the_commit(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, tmp_path: Any
+) -> None:
+    """The forced race: the registration has checked that the head is its head and holds
+    the roots lock; the head moves on (nobody's root reaches the old head's own files any
+    more); a collection starts. It must wait for the registration's commit, then keep what the
+    new snapshot shares with the old head. Without the lock it deletes `pkg3/mod0/file0.py`'s
+    content, which the snapshot names and never pinned."""
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    company_id = run.company_id
+    head = store_tree(company_id, LAYOUT)
+    whole_head = _whole(company_id, head)
+    earlier = HeartbeatRunFactory(company=run.company, status=HeartbeatRun.Status.SUCCEEDED)
+    RunSnapshot.objects.create(  # the head, registered long ago by a run that has ended
+        company_id=company_id,
+        run=earlier,
+        execution_workspace_id=run.execution_workspace_id,
+        tree=head,
+        files=whole_head.files,
+        bytes=whole_head.bytes,
+        entries=whole_head.count,
+        lease_generation=1,
+        created_at=RawSQL("now() - interval '2 days'", []),
+    )
+    _publish(run.execution_workspace_id, head)
+    tree = store_tree(company_id, LAYOUT | CHANGE)
+    elsewhere = store_tree(company_id, {"other.txt": b"another run's work\n"})
+    shared = trees.blob_name(LAYOUT["pkg3/mod0/file0.py"])  # type: ignore[arg-type]
+    _age_all(company_id, only=whole_head.reached())  # what the run uploaded stays young
+    in_transaction, go, collected = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    lease_for_share = registration.locks.runtime_lease_for_share
+
+    def pause_after_the_head_check(**kwargs: Any) -> Any:
+        in_transaction.set()
+        assert go.wait(timeout=30)
+        return lease_for_share(**kwargs)
+
+    monkeypatch.setattr(registration.locks, "runtime_lease_for_share", pause_after_the_head_check)
+
+    def in_thread(work: Any) -> threading.Thread:
+        def body() -> None:
+            try:
+                work()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=body)
+        thread.start()
+        return thread
+
+    # No base: its own blob, pinned, would only sometimes stand in for the lock (here the
+    # collection deletes it too, and the registration would fail rather than lose anything).
+    registering = in_thread(lambda: _register(run, claim.lease.generation, tree, None))  # type: ignore[union-attr]
+    assert in_transaction.wait(timeout=30)
+    _publish(run.execution_workspace_id, elsewhere)
+    collecting = in_thread(lambda: (cas_collect(batch_size=100), collected.set()))
+    waited = wait_for_lock_waiters(1, until=collected.is_set)
+    go.set()
+    registering.join(timeout=30)
+    collecting.join(timeout=30)
+    assert errors == []
+    assert waited, "the collection read its roots while the registration was in flight"
+    assert RunSnapshot.objects.filter(run=run, tree=tree).exists()
+    reader = cas_open(company_id=company_id, digest=shared)
+    assert reader is not None
+    assert b"".join(reader.chunks) == LAYOUT["pkg3/mod0/file0.py"]
+    # The new snapshot is a root for the grace: everything it reaches is still stored.
+    reached = _whole(company_id, tree).reached()
+    stored = CasBlob.objects.filter(company_id=company_id, digest__in=reached).count()
+    assert stored == len(reached)
