@@ -137,8 +137,14 @@ class _Backend(Protocol):
 
 def blob_path(company_id: UUID | str, digest: str) -> Path:
     """Where the filesystem backend keeps a blob."""
+    return Path(_blob_file(company_id, digest))
+
+
+def _blob_file(company_id: UUID | str, digest: str) -> str:
+    """`blob_path` as a string, built without pathlib (once per file a materialization
+    writes: the Path operations cost more than opening the file)."""
     hexdigest = digest.removeprefix("sha256:")
-    return Path(settings.PAPERCLIP_CAS_DIR) / str(company_id) / hexdigest[:2] / hexdigest
+    return f"{os.fspath(settings.PAPERCLIP_CAS_DIR)}/{company_id}/{hexdigest[:2]}/{hexdigest}"
 
 
 class _Filesystem:
@@ -669,9 +675,10 @@ def cas_blob_file(
     if settings.PAPERCLIP_CAS_BACKEND == "postgres" or digest not in known:
         return None
     try:
-        return open(blob_path(company_id, _checked_name(digest)), "rb", buffering=0)
+        fd = os.open(_blob_file(company_id, _checked_name(digest)), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    return io.FileIO(fd, "rb", closefd=True)
 
 
 class _DirectoryCache:

@@ -7,9 +7,9 @@ equal to), the tree and base of a snapshot of a live run (not terminal, or its f
 coordinator exists and has not settled: committed, terminal failure, applied), and the tree
 and base of every snapshot registered within the grace.
 
-Per company: the roots are read under the company's roots lock (`roots_lock_key`, exclusive,
-for that read only; a registration that trusts the head's blobs holds it shared until it
-commits), then one reachability pass (reading each directory blob once), then the old
+Per company: the roots are read in one statement under the company's roots lock
+(`roots_lock_key`, exclusive, for that read only; a registration that trusts the head's blobs
+holds it shared until it commits), then one reachability pass (reading each directory blob once), then the old
 unreachable rows are deleted in batches, each batch one transaction that re-checks the age on
 the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a blob after the
 reachability pass (it holds the row, or has committed a young `referenced_at`) wins. The bytes
@@ -90,23 +90,23 @@ def roots_lock_key(company_id: UUID) -> str:
 
 
 def _roots(company_id: UUID, grace: int) -> set[str]:
-    """The company's roots, read under its roots lock. Snapshots are read before heads: a
-    commit that publishes a snapshot (its run settles and the head moves, in one transaction)
-    between the two reads is then seen on one side or the other, never on neither."""
-    roots: set[str] = set()
+    """The company's roots, read under its roots lock in one statement, so from one snapshot
+    of the database: a commit that publishes a snapshot (its run settles and the head moves,
+    in one transaction) is seen whole or not at all, never half (the snapshot settled and the
+    head not yet moved, which would leave the published tree nobody's root)."""
     recent = Q(created_at__gte=Now() - timedelta(seconds=grace))
+    snapshots = (
+        RunSnapshot.objects.filter(company_id=company_id)
+        .filter(_live_snapshot_filter() | recent)
+        .values_list("tree", "base")
+    )
+    heads = ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
+        "head_tree", "cwd_tree"
+    )
     with transaction.atomic():
         advisory_xact_lock(roots_lock_key(company_id))
-        snapshots = RunSnapshot.objects.filter(company_id=company_id).filter(
-            _live_snapshot_filter() | recent
-        )
-        for tree, base in snapshots.values_list("tree", "base"):
-            roots.update(t for t in (tree, base) if t)
-        for head, cwd in ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
-            "head_tree", "cwd_tree"
-        ):
-            roots.update(t for t in (head, cwd) if t)
-    return roots
+        rows = list(heads.union(snapshots, all=True))
+    return {tree for row in rows for tree in row if tree}
 
 
 def cas_reachable(company_id: UUID, grace: int | None = None) -> set[str]:

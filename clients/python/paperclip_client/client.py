@@ -573,9 +573,22 @@ class Client:
         length = sum(len(h) for h in heads) + sum(f.size for f in parts)
 
         def body() -> Iterator[bytes]:
+            # Small blobs' frames are gathered into pieces of about PIECE_BYTES: one socket
+            # write per frame part cost more than the bytes (tens of thousands of sends for a
+            # first snapshot). Memory stays bounded by one piece.
+            pending: list[bytes] = []
+            held = 0
             for head, frame in zip(heads, parts, strict=True):
-                yield head
-                yield from frame.read()
+                pending.append(head)
+                held += len(head)
+                for piece in frame.read():
+                    pending.append(piece)
+                    held += len(piece)
+                    if held >= PIECE_BYTES:
+                        yield b"".join(pending)
+                        pending, held = [], 0
+            if pending:
+                yield b"".join(pending)
 
         data_ = self.request(
             "POST",
