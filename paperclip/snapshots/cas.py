@@ -149,7 +149,7 @@ def _blob_file(company_id: UUID | str, digest: str) -> str:
 
 class _Filesystem:
     def place(self, *, blob_id: int, company_id: UUID, digest: str, source: _Region) -> None:
-        path = str(blob_path(company_id, digest))
+        path = _blob_file(company_id, digest)
         directory, _, name = path.rpartition("/")
         temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
         try:
