@@ -103,7 +103,7 @@ fuzz: $(STAMP)
 	PAPERCLIP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:logging tests/fuzz $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py bench/copyback.py bench/renew_load.py bench/scale.py bench/snapshots.py; do \
+	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py bench/copyback.py bench/renew_load.py bench/scale.py bench/snapshots.py bench/registration.py; do \
 		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done

@@ -9,11 +9,12 @@ and base of every snapshot registered within the grace.
 
 Per company: the roots are read in one statement under the company's roots lock
 (`roots_lock_key`, exclusive, for that read only; a registration that trusts the head's blobs
-holds it shared until it commits), then one reachability pass (reading each directory blob once), then the old
-unreachable rows are deleted in batches, each batch one transaction that re-checks the age on
-the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a blob after the
-reachability pass (it holds the row, or has committed a young `referenced_at`) wins. The bytes
-go in the same transaction, before its commit, while the deleted rows are still locked.
+holds it shared until it commits), then one reachability pass (reading each directory blob
+once), then the old unreachable rows are deleted in batches, each batch one transaction that
+re-checks the age on the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a
+blob after the reachability pass (it holds the row, or has committed a young `referenced_at`)
+wins. The bytes go in the same transaction, before its commit, while the deleted rows are
+still locked.
 """
 
 from __future__ import annotations
