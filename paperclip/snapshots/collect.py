@@ -37,7 +37,7 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
-from paperclip.snapshots.cas import _Filesystem, cas_load
+from paperclip.snapshots.cas import _Filesystem, cas_load_many
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ SETTLED_PHASES: Final = frozenset(
     }
 )
 AUDIT_ACTION: Final = "cas.blobs_collected"
+LOAD_BATCH: Final = 1000  # directory blobs read per query in the reachability pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,29 +113,33 @@ def _roots(company_id: UUID, grace: int) -> set[str]:
 
 def cas_reachable(company_id: UUID, grace: int | None = None) -> set[str]:
     """Every blob name reachable from the company's roots (names it lacks included), each
-    directory blob read and decoded once however many roots share it. Raises TreeInvalid when
-    a directory cannot be read as one."""
+    directory blob read and decoded once however many roots share it, a level at a time in
+    batches of LOAD_BATCH names. The walk costs what the roots hold between them: with a root
+    for every snapshot of the grace, about the directory blobs uploaded in it. Raises
+    TreeInvalid when a directory cannot be read as one."""
     grace = int(settings.PAPERCLIP_CAS_GRACE_SECONDS) if grace is None else grace
     max_bytes = settings.PAPERCLIP_CAS_MAX_BLOB_BYTES
     reached: set[str] = set()
-    pending = sorted(_roots(company_id, grace))
-    while pending:
-        name = pending.pop()
-        if name in reached:
-            continue
-        reached.add(name)
-        data = cas_load(company_id=company_id, digest=name, max_bytes=max_bytes)
-        if data is None:
-            continue  # not stored: nothing below it to keep
-        if trees.blob_name(data) != name:
-            raise trees.TreeInvalid("", "digest_mismatch", name)
-        for entry in trees.decode_dir(data):
-            if entry.type == "dir":
-                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
-                if entry.digest not in reached:
-                    pending.append(entry.digest)
-            else:
-                reached.update(entry.blobs())
+    level = sorted(_roots(company_id, grace))
+    while level:
+        following: list[str] = []
+        reached.update(level)
+        for start in range(0, len(level), LOAD_BATCH):
+            names = level[start : start + LOAD_BATCH]
+            stored = cas_load_many(company_id=company_id, digests=names, max_bytes=max_bytes)
+            for name in names:
+                data = stored.get(name)
+                if data is None:
+                    continue  # not stored: nothing below it to keep
+                if trees.blob_name(data) != name:
+                    raise trees.TreeInvalid("", "digest_mismatch", name)
+                for entry in trees.decode_dir(data):
+                    if entry.type == "dir":
+                        assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                        following.append(entry.digest)
+                    else:
+                        reached.update(entry.blobs())
+        level = sorted(set(following) - reached)
     return reached
 
 

@@ -169,6 +169,46 @@ def test_companies_are_apart_and_a_dry_run_changes_nothing(company: Company) -> 
 
 
 @pytest.mark.django_db
+def test_roots_sharing_subtrees_have_each_directory_read_once(
+    company: Company, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paperclip.snapshots import collect
+
+    layout = {f"d{i}/s{j}/f": b"%d %d" % (i, j) for i in range(4) for j in range(3)}
+    workspace = ExecutionWorkspaceFactory(company=company)
+    directories: set[str] = set()
+    for version in range(3):  # three recent snapshots, each one file apart from the first
+        root, _ = tree_of(company.pk, layout | {"d1/s1/f": b"version %d" % version})
+        walked = trees.walk(
+            root,
+            load=lambda n: collect.cas_load_many(
+                company_id=company.pk, digests=[n], max_bytes=1 << 20
+            ).get(n),
+        )
+        directories |= set(walked.directories)
+        RunSnapshot.objects.create(
+            company=company,
+            run=HeartbeatRunFactory(company=company, status=HeartbeatRun.Status.SUCCEEDED),
+            execution_workspace=workspace,
+            tree=root,
+            files=12,
+            bytes=36,
+            lease_generation=1,
+        )
+    read: list[str] = []
+    load_many = collect.cas_load_many
+
+    def counting(**kwargs: Any) -> dict[str, bytes]:
+        read.extend(kwargs["digests"])
+        return load_many(**kwargs)
+
+    monkeypatch.setattr(collect, "cas_load_many", counting)
+    reached = collect.cas_reachable(company.pk)
+    assert directories <= reached
+    assert sorted(read) == sorted(directories)  # each once: 3 roots, 3 d1 and s1, the rest shared
+
+
+@pytest.mark.django_db
 def test_a_company_with_an_unreadable_root_is_skipped(company: Company) -> None:
     not_a_dir = store(company.pk, b"not a directory")
     garbage = store(company.pk, b"garbage")
