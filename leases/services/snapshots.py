@@ -75,14 +75,18 @@ def _load_directories(company_id: UUID) -> Callable[[list[str]], dict[str, bytes
     return load_many
 
 
-def _plan_against_head(*, company_id: UUID, workspace_id: UUID, tree: str) -> _Plan | None:
-    """Plan from the differences with the workspace's head, when the head is a registered
-    tree whose counts are known and the comparison can vouch for the tree (None otherwise)."""
-    head = (
+def _head(workspace_id: UUID) -> str | None:
+    return (
         ExecutionWorkspace.objects.filter(pk=workspace_id)
         .values_list("head_tree", flat=True)
         .first()
     )
+
+
+def _plan_against_head(*, company_id: UUID, workspace_id: UUID, tree: str) -> _Plan | None:
+    """Plan from the differences with the workspace's head, when the head is a registered
+    tree whose counts are known and the comparison can vouch for the tree (None otherwise)."""
+    head = _head(workspace_id)
     if not head:
         return None
     counts = (
@@ -119,11 +123,7 @@ def _require_head_in_tx(*, company_id: UUID, workspace_id: UUID, head: str) -> N
     """Hold the company's roots lock shared until the commit, then check (in a statement of
     its own, so with a snapshot taken after the lock) that `head` is still the head."""
     advisory_xact_lock_shared(roots_lock_key(company_id))
-    current = (
-        ExecutionWorkspace.objects.filter(pk=workspace_id)
-        .values_list("head_tree", flat=True)
-        .first()
-    )
+    current = _head(workspace_id)  # a statement of its own, after the lock
     if current != head:
         raise _HeadMoved
 

@@ -131,9 +131,7 @@ def cas_reachable(company_id: UUID, grace: int | None = None) -> set[str]:
                 data = stored.get(name)
                 if data is None:
                     continue  # not stored: nothing below it to keep
-                if trees.blob_name(data) != name:
-                    raise trees.TreeInvalid("", "digest_mismatch", name)
-                for entry in trees.decode_dir(data):
+                for entry in trees.decode_stored_dir(data, name):
                     if entry.type == "dir":
                         assert entry.digest is not None  # noqa: S101 - decode_dir checked it
                         following.append(entry.digest)

@@ -192,6 +192,14 @@ def decode_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
     return entries if entries is not None else _decode_strict(data, path)
 
 
+def decode_stored_dir(data: bytes, digest: str, path: str = "") -> tuple[Entry, ...]:
+    """The entries of the directory blob `digest`, read as `data`: TreeInvalid(path,
+    "digest_mismatch") when those are not its bytes, else as `decode_dir`."""
+    if blob_name(data) != digest:
+        raise TreeInvalid(path, "digest_mismatch")
+    return decode_dir(data, path)
+
+
 def _decode_canonical(data: bytes, path: str) -> tuple[Entry, ...] | None:
     """The entries of a blob that is valid and canonical, checked without the duplicate-key
     hook and without re-encoding the entries: the bytes must equal the canonical encoding of
@@ -302,10 +310,9 @@ def walk(
             if data is None:
                 result.missing.append(digest)
                 continue
-            if blob_name(data) != digest:
-                raise TreeInvalid(path, "digest_mismatch")
+            entries = decode_stored_dir(data, digest, path)
             result.directories.setdefault(digest, path)
-            for entry in decode_dir(data, path):
+            for entry in entries:
                 where = _join(path, entry.name)
                 if keep_files or entry.type != "file":
                     result.entries[where] = entry
@@ -431,9 +438,7 @@ def _stored_dir(
     data = stored.get(digest)
     if data is None:
         return None
-    if blob_name(data) != digest:
-        raise TreeInvalid(path, "digest_mismatch")
-    return {entry.name: entry for entry in decode_dir(data, path)}
+    return {entry.name: entry for entry in decode_stored_dir(data, digest, path)}
 
 
 def check_symlinks(entries: Mapping[str, Entry]) -> None:
