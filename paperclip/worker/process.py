@@ -152,23 +152,32 @@ class ResilientWorker(procrastinate_worker.Worker):
         super().__init__(**kwargs)
         self._heartbeat_ok_at = time.monotonic()
 
+    def _missing_after(self) -> float:
+        """How long without a heartbeat written means heartbeats are being missed."""
+        return float(self.update_heartbeat_interval) * 1.5 + 1
+
     async def _update_heartbeat(self) -> None:  # a private hook of Procrastinate ~=3.10
-        while True:
-            await asyncio.sleep(self.update_heartbeat_interval)
-            if self.worker_id is None:  # set by run() before the side tasks start
-                continue
-            try:
-                await self.app.job_manager.update_heartbeat(self.worker_id)
-            except exceptions.ConnectorException as exc:
-                self._ride_out("the heartbeat", exc)
-                continue
-            silent = time.monotonic() - self._heartbeat_ok_at
-            self._heartbeat_ok_at = time.monotonic()
-            if silent > self.update_heartbeat_interval * 1.5 + 1:
-                _back_from_outage()
-                await self._requeue_lost_jobs()
-            if silent > self.stalled_worker_timeout:
-                await self._after_long_outage(silent)
+        _heartbeat_written(missing_after=self._missing_after(), after_missing=False)
+        try:
+            while True:
+                await asyncio.sleep(self.update_heartbeat_interval)
+                if self.worker_id is None:  # set by run() before the side tasks start
+                    continue
+                try:
+                    await self.app.job_manager.update_heartbeat(self.worker_id)
+                except exceptions.ConnectorException as exc:
+                    self._ride_out("the heartbeat", exc)
+                    continue
+                silent = time.monotonic() - self._heartbeat_ok_at
+                self._heartbeat_ok_at = time.monotonic()
+                missed = silent > self._missing_after()
+                _heartbeat_written(missing_after=self._missing_after(), after_missing=missed)
+                if missed:
+                    await self._requeue_lost_jobs()
+                if silent > self.stalled_worker_timeout:
+                    await self._after_long_outage(silent)
+        finally:
+            _heartbeat_loop_ended()
 
     async def _requeue_lost_jobs(self) -> None:
         """After missed heartbeats: jobs `doing` under this worker that it no longer runs are
@@ -314,11 +323,22 @@ class ResilientWorker(procrastinate_worker.Worker):
 # When this process's worker last wrote a heartbeat after missing some (the database was
 # away): stalled-job recovery waits a stalled timeout from then (`database_back_for`).
 _back_at = time.monotonic() - 1e9
+# When it last wrote one at all, and how long without one means it is missing them (None: no
+# worker runs in this process).
+_heartbeat_at = time.monotonic()
+_missing_after: float | None = None
 
 
-def _back_from_outage() -> None:
-    global _back_at
-    _back_at = time.monotonic()
+def _heartbeat_written(*, missing_after: float, after_missing: bool) -> None:
+    global _back_at, _heartbeat_at, _missing_after
+    _heartbeat_at, _missing_after = time.monotonic(), missing_after
+    if after_missing:
+        _back_at = _heartbeat_at
+
+
+def _heartbeat_loop_ended() -> None:
+    global _missing_after
+    _missing_after = None  # no heartbeats to miss: `database_back_for` stops looking
 
 
 async def requeue_job(manager: JobManager, job: Job) -> str:
@@ -335,8 +355,14 @@ async def requeue_job(manager: JobManager, job: Job) -> str:
 
 def database_back_for() -> float:
     """Seconds since this process's worker wrote a heartbeat again after missing some (very
-    large when it never missed one)."""
-    return time.monotonic() - _back_at
+    large when it never missed one); 0 while its heartbeats are being missed now. That covers
+    a job that runs as the database comes back, before the heartbeat loop has noticed the
+    outage: every other worker's heartbeat is as stale as this one's, and taking their
+    silence for death then would retry their running jobs under them."""
+    now = time.monotonic()
+    if _missing_after is not None and now - _heartbeat_at > _missing_after:
+        return 0.0
+    return now - _back_at
 
 
 def _register(worker_id: int, *, concurrency: int, queues: Sequence[str]) -> None:

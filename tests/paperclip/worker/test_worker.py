@@ -4,6 +4,9 @@ recorded by a real (in-process) worker, and the admin pages."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +23,8 @@ from leases.models import EnvironmentLease
 from paperclip.db.clock import db_now
 from paperclip.host import kernel_boot_id
 from paperclip.models import ActivityEvent, JobError, WorkerProcess
+from paperclip.tasks import recover_stalled_jobs
+from paperclip.worker import process
 from paperclip.worker.jobs import job_defer_in_tx, pending_jobs
 from paperclip.worker.process import ResilientWorker
 from paperclip.worker.schedule import cron_every
@@ -213,3 +218,39 @@ def test_a_worker_rides_out_database_errors_however_long_they_last() -> None:
     worker._ride_out("the heartbeat", error)  # a fresh worker: logged, not raised
     worker._heartbeat_ok_at -= 3600
     worker._ride_out("the heartbeat", error)  # an hour without the database: still logged
+
+
+def test_stalled_job_recovery_waits_while_this_process_misses_heartbeats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recovery job that runs as the database comes back, before this process's heartbeat
+    loop has noticed the outage, must not take the other workers' heartbeats, as stale as its
+    own, for death: tests/ha/test_failover.py met it (a recovery deferred before the primary
+    was killed ran at its return, retried the other worker's running jobs, and that worker
+    stopped). While heartbeats are being missed, the database does not count as back."""
+    monkeypatch.setattr(process, "_back_at", time.monotonic() - 1e9)  # never missed one
+    monkeypatch.setattr(process, "_missing_after", 2.5)
+    monkeypatch.setattr(process, "_heartbeat_at", time.monotonic())
+    assert process.database_back_for() > 1e6
+    monkeypatch.setattr(process, "_heartbeat_at", time.monotonic() - 15)  # cut off for 15 s
+    assert process.database_back_for() == 0
+    answer = asyncio.run(recover_stalled_jobs.func(None, timestamp=0))  # type: ignore[arg-type]
+    assert answer.startswith("waiting: the database came back 0 s ago")
+    monkeypatch.setattr(process, "_missing_after", None)  # no heartbeat loop in this process
+    assert process.database_back_for() > 1e6
+
+
+def test_the_heartbeat_loop_marks_its_heartbeats_and_clears_the_mark_when_it_ends() -> None:
+    async def run_briefly() -> tuple[float | None, float | None]:
+        worker = ResilientWorker(app=procrastinate_app, update_heartbeat_interval=0.05)
+        loop = asyncio.create_task(worker._update_heartbeat())
+        await asyncio.sleep(0.01)
+        during = process._missing_after
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        return during, process._missing_after
+
+    during, after = asyncio.run(run_briefly())
+    assert during == pytest.approx(0.05 * 1.5 + 1)
+    assert after is None
