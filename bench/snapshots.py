@@ -331,6 +331,7 @@ class Figures:
     changed_bytes: list[int] = field(default_factory=list)
     changed_dirs: list[int] = field(default_factory=list)
     checkout: list[float] = field(default_factory=list)
+    cli_start: list[float] = field(default_factory=list)  # interpreter + the CLI's imports
 
 
 @dataclass(frozen=True)
@@ -449,6 +450,18 @@ def one_round(
         figures.checkout.append(time.perf_counter() - started - looked_up)
     if done.fetched or done.written or done.files != len(paths):
         raise RuntimeError(f"a checkout at the head did work: {done}")
+    # What any run of the CLI costs before it does anything: the interpreter's start and the
+    # CLI's imports (httpx among them), three times, the median kept.
+    figures.cli_start.append(
+        statistics.median(
+            timed(
+                lambda: subprocess.run(
+                    [sys.executable, "-c", "import paperclip_client.cli"], check=True
+                )
+            )
+            for _ in range(3)
+        )
+    )
     log(
         f"  round {n + 1} checkout at the head: {figures.checkout[-1] * 1000:.0f} ms for"
         f" {done.files:,} files (head lookup {looked_up * 1000:.0f} ms)"
@@ -528,7 +541,8 @@ def report(config: Config, total: int, f: Figures, sampler: RssSampler, web_proc
     )
     log(
         f"later run end to end: {med(f.later):.2f} s; rsync -a {med(f.rsync):.2f} s"
-        f" ({min(f.rsync_runs):.2f} to {max(f.rsync_runs):.2f} s over {len(f.rsync_runs)} runs)"
+        f" ({min(f.rsync_runs):.2f} to {max(f.rsync_runs):.2f} s over {len(f.rsync_runs)} runs);"
+        f" the CLI's start alone (interpreter and imports, no request) {med(f.cli_start):.2f} s"
     )
     log(
         f"later run uploaded: {', '.join(f'{u:,}' for u in f.uploaded)} B; changed files"

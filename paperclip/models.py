@@ -448,6 +448,31 @@ class RunSnapshot(models.Model):
         return self.tree
 
 
+class TreeCounts(models.Model):
+    """The counts of a tree the workspace publisher built itself (a merge of two runs' trees,
+    an adopted cwd), as `run_snapshots` holds them for registered trees: with them, a run
+    registering against such a head compares trees instead of walking the whole one
+    (docs/snapshots.md#registering-against-the-head). A function of the tree's content, so
+    never stale; deleted by collection with the tree's root blob."""
+
+    id = models.BigAutoField(primary_key=True)
+    company = models.ForeignKey(Company, on_delete=models.CASCADE, related_name="+")
+    tree = models.TextField()
+    files = models.BigIntegerField()
+    bytes = models.BigIntegerField()
+    entries = models.BigIntegerField()  # entries of every kind, the root not counted
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        db_table = "tree_counts"
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(fields=["company", "tree"], name="tree_counts_company_tree")
+        ]
+
+    def __str__(self) -> str:
+        return self.tree
+
+
 class WorkspaceOperation(TimestampedModel):
     """A workspace operation (docs/data-model.md#workspace-operations). A `workspace_finalize` row
     with status `succeeded` is the durable copy-back barrier."""

@@ -39,6 +39,7 @@ from paperclip.errors import InvalidRequest
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, RunSnapshot
 from paperclip.snapshots.cas import cas_load_many, cas_pin
 from paperclip.snapshots.collect import roots_lock_key
+from paperclip.snapshots.counts import tree_counts
 from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk, walk_changes
 
 MAX_MISSING_LISTED: Final = 1000
@@ -89,23 +90,19 @@ def _plan_against_head(*, company_id: UUID, workspace_id: UUID, tree: str) -> _P
     head = _head(workspace_id)
     if not head:
         return None
-    counts = (
-        RunSnapshot.objects.filter(company_id=company_id, tree=head, entries__isnull=False)
-        .values_list("files", "bytes", "entries")
-        .first()
-    )
-    if counts is None or counts[2] is None:
-        return None  # a merged, adopted or older head: its counts are not known
+    counts = tree_counts(company_id=company_id, tree=head)
+    if counts is None:
+        return None  # a head registered before counts were kept, or set by hand
     changes = walk_changes(tree, head, load_many=_load_directories(company_id))
     if changes is None:
         return None
-    entries = counts[2] + changes.entries
+    entries = counts.entries + changes.entries
     if entries > settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES:
         return None  # the whole walk names the entry past the limit
     return _Plan(
         pin=sorted(changes.new),
-        files=counts[0] + changes.files,
-        bytes=counts[1] + changes.bytes,
+        files=counts.files + changes.files,
+        bytes=counts.bytes + changes.bytes,
         entries=entries,
         head=head,
     )

@@ -193,6 +193,11 @@ def _delete_batch(
                 "DELETE FROM cas_blob_chunks WHERE blob_id = ANY(%s::bigint[])",
                 [[r[0] for r in rows]],
             )
+            # A tree's counts go with its root blob (a tree stored again is counted again).
+            cursor.execute(
+                "DELETE FROM tree_counts WHERE company_id = %s AND tree = ANY(%s::text[])",
+                [company_id, [r[1] for r in rows]],
+            )
         files = _Filesystem()
         for _, digest, _size in rows:
             files.unplace(company_id=company_id, digest=digest)

@@ -39,6 +39,7 @@ from paperclip.snapshots.cas import (
     cas_rows,
     cas_store_blobs,
 )
+from paperclip.snapshots.counts import tree_counts_record
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3
 from paperclip.snapshots.trees import (
@@ -231,6 +232,8 @@ def publish_plan(
         return plan("conflict", None, (exc.path,), 1)
     root, blobs = build(merged.entries)
     _store(company_id, blobs)
+    # The next run registers against this head by difference, as against a registered tree.
+    tree_counts_record(company_id=company_id, tree=root, entries=merged.entries)
     return plan("merged", root)
 
 

@@ -7,6 +7,7 @@ race below shows (docs/snapshots.md#registering-against-the-head)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -16,10 +17,13 @@ from django.db.models.expressions import RawSQL
 
 from leases.services import run_snapshot_register
 from leases.services import snapshots as registration
-from paperclip.models import CasBlob, ExecutionWorkspace, HeartbeatRun, RunSnapshot
+from paperclip.models import CasBlob, ExecutionWorkspace, HeartbeatRun, RunSnapshot, TreeCounts
 from paperclip.snapshots import trees
+from paperclip.snapshots.adopt import workspace_cwd_adopt
 from paperclip.snapshots.cas import cas_load, cas_open
 from paperclip.snapshots.collect import cas_collect
+from paperclip.snapshots.counts import Counts, tree_counts, tree_counts_record
+from recovery.services.heads import publish_plan
 from tests.helpers import wait_for_lock_waiters
 from tests.leases.factories import running_run
 from tests.paperclip.factories import HeartbeatRunFactory
@@ -104,6 +108,106 @@ def test_a_tree_changed_from_the_head_pins_only_what_the_head_lacks() -> None:
         trees.blob_name(b"# changed\n"),
         trees.blob_name(b"# new\n"),
     }
+
+
+def _registered_against(run: Any, generation: int, head: str, files: Files) -> None:
+    """Register a tree of `files` changed by CHANGE against `head` (the workspace's head) and
+    check it was compared, not walked: the whole walk's counts, and only what the head lacks
+    pinned."""
+    company_id = run.company_id
+    _publish(run.execution_workspace_id, head)
+    tree = store_tree(company_id, files | CHANGE)
+    _age_all(company_id)
+    snapshot = _register(run, generation, tree, head)
+    whole = _whole(company_id, tree)
+    assert (snapshot.files, snapshot.bytes, snapshot.entries) == (
+        whole.files,
+        whole.bytes,
+        whole.count,
+    )
+    changed_dirs = {d for d, path in whole.directories.items() if path in ("", "pkg3", "pkg3/mod1")}
+    assert _young(company_id) == changed_dirs | {
+        head,
+        trees.blob_name(b"# changed\n"),
+        trees.blob_name(b"# new\n"),
+    }
+
+
+@pytest.mark.django_db
+def test_a_merged_head_is_registered_against_like_a_registered_one() -> None:
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    company_id = run.company_id
+    base = store_tree(company_id, LAYOUT)
+    theirs = store_tree(company_id, LAYOUT | {"theirs.txt": b"t\n"})
+    ours = store_tree(company_id, LAYOUT | {"ours.txt": b"o\n"})
+    _publish(run.execution_workspace_id, theirs)
+    plan = publish_plan(
+        company_id=company_id, workspace_id=run.execution_workspace_id, tree=ours, base=base
+    )
+    assert plan.kind == "merged"
+    assert plan.new_head is not None
+    whole = _whole(company_id, plan.new_head)
+    counts = tree_counts(company_id=company_id, tree=plan.new_head)
+    assert counts == Counts(files=whole.files, bytes=whole.bytes, entries=whole.count)
+    merged = LAYOUT | {"theirs.txt": b"t\n", "ours.txt": b"o\n"}
+    _registered_against(run, claim.lease.generation, plan.new_head, merged)
+
+
+@pytest.mark.django_db
+def test_an_adopted_head_is_registered_against_like_a_registered_one(tmp_path: Path) -> None:
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    for path, content in LAYOUT.items():
+        where = tmp_path / "cwd" / path
+        where.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            where.symlink_to(content)
+        else:
+            where.write_bytes(content)
+            where.chmod(0o644)
+    for directory in (tmp_path / "cwd").rglob("*"):
+        if directory.is_dir() and not directory.is_symlink():
+            directory.chmod(0o755)
+    ExecutionWorkspace.objects.filter(pk=run.execution_workspace_id).update(
+        cwd=str(tmp_path / "cwd")
+    )
+    adopted = workspace_cwd_adopt(
+        company_id=run.company_id, workspace_id=run.execution_workspace_id
+    )
+    assert adopted == store_tree(run.company_id, LAYOUT)  # the same tree as the files
+    _registered_against(run, claim.lease.generation, adopted, LAYOUT)
+
+
+@pytest.mark.django_db
+def test_a_head_without_counts_is_walked_whole() -> None:
+    """A head nobody counted (set by hand, or registered before counts were kept): the
+    registration pins everything its tree reaches, as with no head."""
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    company_id = run.company_id
+    head = store_tree(company_id, LAYOUT)
+    _publish(run.execution_workspace_id, head)
+    tree = store_tree(company_id, LAYOUT | CHANGE)
+    _age_all(company_id)
+    _register(run, claim.lease.generation, tree, head)
+    assert _young(company_id) == _whole(company_id, tree).reached() | {head}
+
+
+@pytest.mark.django_db
+def test_a_collected_tree_loses_its_counts() -> None:
+    run, _claim = running_run()
+    company_id = run.company_id
+    tree = store_tree(company_id, {"a.txt": b"a\n"})
+    tree_counts_record(company_id=company_id, tree=tree, entries=_whole(company_id, tree).entries)
+    assert tree_counts(company_id=company_id, tree=tree) == Counts(files=1, bytes=2, entries=1)
+    _age_all(company_id)
+    cas_collect(batch_size=100)  # nobody's root
+    assert tree_counts(company_id=company_id, tree=tree) is None
+    assert not TreeCounts.objects.filter(company_id=company_id).exists()
 
 
 @pytest.mark.django_db

@@ -1,0 +1,60 @@
+"""The counts of a tree (files, their bytes, entries of every kind), as registration records
+them for a snapshot and the publisher for a tree it builds itself (a merge, an adopted cwd):
+what a later registration needs to compare its tree with the head instead of walking the
+whole tree (docs/snapshots.md#registering-against-the-head)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from uuid import UUID
+
+from paperclip.models import RunSnapshot, TreeCounts
+from paperclip.snapshots.trees import Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    files: int
+    bytes: int
+    entries: int  # entries of every kind, the root not counted
+
+
+def counts_of(entries: Mapping[str, Entry]) -> Counts:
+    """The counts of a tree given as all its entries by path (directories included)."""
+    files = [entry.size for entry in entries.values() if entry.type == "file"]
+    return Counts(files=len(files), bytes=sum(files), entries=len(entries))
+
+
+def tree_counts_record(*, company_id: UUID, tree: str, entries: Mapping[str, Entry]) -> None:
+    """Keep the counts of `tree` (all its entries by path); a tree already counted is left
+    as it is (its counts are a function of its content)."""
+    counts = counts_of(entries)
+    TreeCounts.objects.bulk_create(
+        [
+            TreeCounts(
+                company_id=company_id,
+                tree=tree,
+                files=counts.files,
+                bytes=counts.bytes,
+                entries=counts.entries,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def tree_counts(*, company_id: UUID, tree: str) -> Counts | None:
+    """The counts of `tree` if a registration or the publisher recorded them, else None."""
+    row = (
+        RunSnapshot.objects.filter(company_id=company_id, tree=tree, entries__isnull=False)
+        .values_list("files", "bytes", "entries")
+        .first()
+    ) or (
+        TreeCounts.objects.filter(company_id=company_id, tree=tree)
+        .values_list("files", "bytes", "entries")
+        .first()
+    )
+    if row is None or row[2] is None:
+        return None
+    return Counts(files=row[0], bytes=row[1], entries=row[2])
