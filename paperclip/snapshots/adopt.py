@@ -15,7 +15,7 @@ from paperclip.activity import activity_record
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.cas import cas_put, cas_store_blobs
-from paperclip.snapshots.counts import tree_counts_record
+from paperclip.snapshots.counts import counts_of, tree_counts_record
 from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import TreeInvalid, build, check_symlinks
 from paperclip.worker.jobs import job_defer_in_tx
@@ -95,7 +95,7 @@ def workspace_cwd_adopt(*, company_id: UUID, workspace_id: UUID) -> str | None:
                 )
     root, blobs = build(entries)
     cas_store_blobs(company_id=company_id, blobs=blobs)
-    tree_counts_record(company_id=company_id, tree=root, entries=entries)
+    tree_counts_record(company_id=company_id, tree=root, counts=counts_of(entries))
     with transaction.atomic(durable=True):
         adopted = ExecutionWorkspace.objects.filter(
             pk=workspace_id, company_id=company_id, head_tree__isnull=True

@@ -26,10 +26,9 @@ def counts_of(entries: Mapping[str, Entry]) -> Counts:
     return Counts(files=len(files), bytes=sum(files), entries=len(entries))
 
 
-def tree_counts_record(*, company_id: UUID, tree: str, entries: Mapping[str, Entry]) -> None:
-    """Keep the counts of `tree` (all its entries by path); a tree already counted is left
-    as it is (its counts are a function of its content)."""
-    counts = counts_of(entries)
+def tree_counts_record(*, company_id: UUID, tree: str, counts: Counts) -> None:
+    """Keep the counts of `tree`; a tree already counted is left as it is (its counts are a
+    function of its content)."""
     TreeCounts.objects.bulk_create(
         [
             TreeCounts(

@@ -10,10 +10,17 @@ file while the other side changed something inside it is a conflict too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from paperclip.snapshots.trees import Entry
+from paperclip.snapshots.trees import (
+    Entry,
+    TreeInvalid,
+    blob_name,
+    decode_stored_dir,
+    encode_dir,
+    walk_changes,
+)
 
 MAX_CONFLICTS = 100
 
@@ -86,3 +93,133 @@ def merge3(
         ordered = tuple(sorted(conflicts, key=lambda p: p.encode("utf-8", "surrogatepass")))
         return MergeResult(None, ordered[:MAX_CONFLICTS], len(ordered))
     return MergeResult(merged, (), 0)
+
+
+# --- the same merge, by directory -----------------------------------------------------------
+
+
+class _Unclean(Exception):
+    """The merge by directory cannot decide a path alone: `merge3` decides."""
+
+
+@dataclass(frozen=True, slots=True)
+class TreeMerge:
+    root: str  # the merged tree
+    blobs: dict[str, bytes]  # the directory blobs it has that neither side had, by name
+    read: int  # directory blobs read
+
+
+def _same_subtree(a: Entry | None, b: Entry | None) -> bool:
+    """Equal at this path and everywhere below it (a directory by blob and mode)."""
+    if a is None or b is None:
+        return a is b
+    if a.type == "dir":
+        return a.same_dir(b)
+    return a.same_as(b)
+
+
+def merge_trees(
+    base: str | None,
+    ours: str,
+    theirs: str,
+    *,
+    load_many: Callable[[list[str]], Mapping[str, bytes]],
+) -> TreeMerge | None:
+    """`merge3` of three stored trees without reading them whole: a directory whose blob and
+    mode one side kept from `base` is the other side's whole, unread, and only directories
+    that both sides changed are read and merged entry by entry, so the cost follows the two
+    sides' changes, not the tree's size. The result is the tree `merge3` and `build` give.
+
+    None when this cannot decide alone and the whole-tree merge must: a conflict (which
+    `merge3` lists), a symlink added, removed or changed on either side (whether one stays
+    inside the merged tree depends on all the others; with the symlinks all as in `base`,
+    `base`'s check holds), no base, or a directory missing or invalid on any side."""
+    if base is None:
+        return None
+    if ours in (base, theirs):
+        return TreeMerge(root=theirs, blobs={}, read=0)
+    if theirs == base:
+        return TreeMerge(root=ours, blobs={}, read=0)
+    read = 0
+    for side in (ours, theirs):
+        changes = walk_changes(side, base, load_many=load_many)
+        if changes is None:
+            return None
+        read += changes.read
+    try:
+        return _merge_directories(base, ours, theirs, load_many, read)
+    except _Unclean:
+        return None
+
+
+def _merge_directories(
+    base: str,
+    ours: str,
+    theirs: str,
+    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    read: int,
+) -> TreeMerge:
+    # Top down, a level per load: the directories both sides changed, with their mode.
+    expanded: list[tuple[str, int, tuple[str, ...]]] = []  # (path, mode, child names)
+    decided: dict[str, Entry | None] = {}  # path -> the merged entry (None: not in the tree)
+    level: list[tuple[str, str | None, str, str, int]] = [("", base, ours, theirs, 0)]
+    while level:
+        wanted = sorted({d for _, b, o, t, _ in level for d in (b, o, t) if d is not None})
+        stored = load_many(wanted)
+        read += len(wanted)
+        following: list[tuple[str, str | None, str, str, int]] = []
+        for path, b, o, t, mode in level:
+            sides = [_children(stored, digest, path) for digest in (b, o, t)]
+            names_here = sorted(set().union(*sides), key=lambda n: n.encode("utf-8"))
+            expanded.append((path, mode, tuple(names_here)))
+            for name in names_here:
+                where = f"{path}/{name}" if path else name
+                be, oe, te = (side.get(name) for side in sides)
+                if _same_subtree(oe, be):
+                    decided[where] = te
+                elif _same_subtree(te, be) or _same_subtree(oe, te):
+                    decided[where] = oe
+                elif oe is not None and te is not None and oe.type == te.type == "dir":
+                    assert oe.digest is not None  # noqa: S101 - decode_dir checked it
+                    assert te.digest is not None  # noqa: S101
+                    ours_moved = be is None or be.type != "dir" or be.mode != oe.mode
+                    theirs_moved = be is None or be.type != "dir" or be.mode != te.mode
+                    if ours_moved and theirs_moved and oe.mode != te.mode:
+                        raise _Unclean  # both changed the directory's mode, differently
+                    here = oe.mode if ours_moved else te.mode
+                    below = be.digest if be is not None and be.type == "dir" else None
+                    following.append((where, below, oe.digest, te.digest, here))
+                else:
+                    raise _Unclean  # both changed it, differently: a conflict
+        level = following
+    # Bottom up: each merged directory encoded from its children, deepest first.
+    blobs: dict[str, bytes] = {}
+    root = ""
+    for path, mode, names in reversed(expanded):
+        children = []
+        for name in names:
+            entry = decided[f"{path}/{name}" if path else name]
+            if entry is not None:
+                children.append(entry)
+        data = encode_dir(children)
+        digest = blob_name(data)
+        blobs[digest] = data
+        if not path:
+            root = digest
+        else:
+            decided[path] = Entry(
+                name=path.rpartition("/")[2], type="dir", mode=mode, digest=digest
+            )
+    return TreeMerge(root=root, blobs=blobs, read=read)
+
+
+def _children(stored: Mapping[str, bytes], digest: str | None, path: str) -> dict[str, Entry]:
+    if digest is None:
+        return {}
+    data = stored.get(digest)
+    if data is None:
+        raise _Unclean  # a directory gone (a collected base): merge3 says what it means
+    try:
+        return {entry.name: entry for entry in decode_stored_dir(data, digest, path)}
+    except TreeInvalid as exc:
+        raise _Unclean from exc

@@ -39,9 +39,9 @@ from paperclip.snapshots.cas import (
     cas_rows,
     cas_store_blobs,
 )
-from paperclip.snapshots.counts import tree_counts_record
+from paperclip.snapshots.counts import Counts, counts_of, tree_counts, tree_counts_record
 from paperclip.snapshots.materialize import MaterializeReport, materialize
-from paperclip.snapshots.merge import merge3
+from paperclip.snapshots.merge import merge3, merge_trees
 from paperclip.snapshots.trees import (
     Entry,
     TreeInvalid,
@@ -49,6 +49,7 @@ from paperclip.snapshots.trees import (
     check_symlinks,
     decode_dir,
     walk,
+    walk_changes,
 )
 from paperclip.worker.jobs import job_defer_in_tx
 
@@ -213,6 +214,13 @@ def publish_plan(
         return plan("unchanged", head)
     if head == base:
         return plan("fast_forward", tree)
+    if head is not None and (
+        by_directory := merge_trees(base, tree, head, load_many=_loader(company_id))
+    ):
+        _store(company_id, by_directory.blobs)
+        _count_merged(company_id, by_directory.root, head)
+        return plan("merged", by_directory.root)
+    # A conflict, a symlink changed, or a base gone: the whole trees, path by path.
     try:
         based = tree_entries(company_id, base)
     except PublishError:
@@ -233,8 +241,28 @@ def publish_plan(
     root, blobs = build(merged.entries)
     _store(company_id, blobs)
     # The next run registers against this head by difference, as against a registered tree.
-    tree_counts_record(company_id=company_id, tree=root, entries=merged.entries)
+    tree_counts_record(company_id=company_id, tree=root, counts=counts_of(merged.entries))
     return plan("merged", root)
+
+
+def _count_merged(company_id: UUID, merged: str, head: str) -> None:
+    """Record the counts of a tree merged by directory, from the head's and the difference
+    (not recorded when the head has none: the next registration then walks the whole tree)."""
+    counts = tree_counts(company_id=company_id, tree=head)
+    if counts is None:
+        return
+    changes = walk_changes(merged, head, load_many=_loader(company_id))
+    if changes is None:
+        return  # not expected (both sides' symlinks are the base's); only the counts are lost
+    tree_counts_record(
+        company_id=company_id,
+        tree=merged,
+        counts=Counts(
+            files=counts.files + changes.files,
+            bytes=counts.bytes + changes.bytes,
+            entries=counts.entries + changes.entries,
+        ),
+    )
 
 
 def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> bool:

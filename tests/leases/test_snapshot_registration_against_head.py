@@ -142,6 +142,7 @@ def test_a_merged_head_is_registered_against_like_a_registered_one() -> None:
     base = store_tree(company_id, LAYOUT)
     theirs = store_tree(company_id, LAYOUT | {"theirs.txt": b"t\n"})
     ours = store_tree(company_id, LAYOUT | {"ours.txt": b"o\n"})
+    _register(run, claim.lease.generation, theirs, None)  # the head, registered: counted
     _publish(run.execution_workspace_id, theirs)
     plan = publish_plan(
         company_id=company_id, workspace_id=run.execution_workspace_id, tree=ours, base=base
@@ -153,6 +154,27 @@ def test_a_merged_head_is_registered_against_like_a_registered_one() -> None:
     assert counts == Counts(files=whole.files, bytes=whole.bytes, entries=whole.count)
     merged = LAYOUT | {"theirs.txt": b"t\n", "ours.txt": b"o\n"}
     _registered_against(run, claim.lease.generation, plan.new_head, merged)
+
+
+@pytest.mark.django_db
+def test_a_head_merged_over_whole_trees_is_counted_too() -> None:
+    """A symlink added on one side sends the merge to the whole trees (and no head counts are
+    needed there): the merged tree's counts are recorded from its entries."""
+    run, _claim = running_run()
+    company_id = run.company_id
+    base = store_tree(company_id, LAYOUT)
+    theirs = store_tree(company_id, LAYOUT | {"theirs-link": "README.md"})
+    ours = store_tree(company_id, LAYOUT | {"ours.txt": b"o\n"})
+    _publish(run.execution_workspace_id, theirs)
+    plan = publish_plan(
+        company_id=company_id, workspace_id=run.execution_workspace_id, tree=ours, base=base
+    )
+    assert plan.kind == "merged"
+    assert plan.new_head is not None
+    whole = _whole(company_id, plan.new_head)
+    assert tree_counts(company_id=company_id, tree=plan.new_head) == Counts(
+        files=whole.files, bytes=whole.bytes, entries=whole.count
+    )
 
 
 @pytest.mark.django_db
@@ -202,7 +224,7 @@ def test_a_collected_tree_loses_its_counts() -> None:
     run, _claim = running_run()
     company_id = run.company_id
     tree = store_tree(company_id, {"a.txt": b"a\n"})
-    tree_counts_record(company_id=company_id, tree=tree, entries=_whole(company_id, tree).entries)
+    tree_counts_record(company_id=company_id, tree=tree, counts=Counts(1, 2, 1))
     assert tree_counts(company_id=company_id, tree=tree) == Counts(files=1, bytes=2, entries=1)
     _age_all(company_id)
     cas_collect(batch_size=100)  # nobody's root
