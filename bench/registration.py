@@ -19,7 +19,11 @@ many files of the head (its blobs uploaded first, not timed):
   reads every directory and pins every blob, as every registration did before.
 
 It prints the median wall and CPU time of each (--rounds per path, default 5) and the ratio
-whole / against the head. No target is set by an issue; the ratios are what the docs quote.
+whole / against the head. Then publishing's merge of two runs' trees that each change that
+many files of the tree (disjoint) with its base: `publish_plan` as shipped, which merges by
+directory (docs/snapshots.md#merging), alternating with the same call merging the whole trees
+path by path (the baseline, as every merge did before); the median of each and the ratio. No
+target is set by an issue; the ratios are what the docs quote.
 
 Options: --files N (default 50,000), --changes 1,10,500, --rounds N, --quick (2,000 files,
 changes 1 and 20, 2 rounds: a smoke run), --keep-db.
@@ -225,9 +229,60 @@ def run_bench(files: int, changes: list[int], rounds: int) -> None:
         f"tree: {len(layout):,} files; median of {rounds} registrations per path and size, "
         "alternating; ratio = whole walk / against the head (wall time)"
     )
+    merges(company.pk, workspace.pk, store, layout, head, changes, rounds)
 
 
-def _never(**_kwargs: Any) -> None:
+def merges(
+    company_id: Any,
+    workspace_id: Any,
+    store: Store,
+    layout: dict[str, bytes],
+    base: str,
+    changes: list[int],
+    rounds: int,
+) -> None:
+    """Publishing's merge of a run's tree with a head another run moved, both changing that
+    many files of `base` (disjoint): by directory as shipped, against the whole-tree merge."""
+    from paperclip.models import ExecutionWorkspace
+    from recovery.services import heads
+
+    by_directory: Callable[..., Any] = heads.merge_trees
+    paths = sorted(layout)
+    rng = random.Random(30)
+    log()
+    log(f"{'changed files':>13}  {'merge by directory':>18}  {'whole trees':>12}  ratio")
+    for count in changes:
+        timings: dict[str, list[float]] = {"directory": [], "whole": []}
+        for number in range(rounds * 2):
+            path = "directory" if number % 2 == 0 else "whole"
+            chosen = rng.sample(paths, min(2 * count, len(paths)))
+            theirs = store.tree(layout | {p: b"theirs %d\n" % number for p in chosen[:count]})
+            ours = store.tree(layout | {p: b"ours %d\n" % number for p in chosen[count:]})
+            ExecutionWorkspace.objects.filter(pk=workspace_id).update(head_tree=theirs)
+            heads.merge_trees = by_directory if path == "directory" else _never
+            try:
+                started = time.perf_counter()
+                plan = heads.publish_plan(
+                    company_id=company_id, workspace_id=workspace_id, tree=ours, base=base
+                )
+                timings[path].append(time.perf_counter() - started)
+            finally:
+                heads.merge_trees = by_directory
+            assert plan.kind == "merged", plan
+        directory = statistics.median(timings["directory"])
+        whole = statistics.median(timings["whole"])
+        log(
+            f"{count:>13,}  {directory * 1000:>15.1f} ms  {whole * 1000:>9.1f} ms"
+            f"  {whole / directory:5.1f}x"
+        )
+    log()
+    log(
+        f"merge: each side changes that many files of the {len(layout):,}-file tree; median of"
+        f" {rounds} merges per path, alternating; ratio = whole trees / by directory"
+    )
+
+
+def _never(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
