@@ -15,7 +15,6 @@ now()`), which both proves they are stored and keeps the collector away from the
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Final
@@ -37,14 +36,12 @@ from paperclip.db.advisory import advisory_xact_lock_shared
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, RunSnapshot
-from paperclip.snapshots.cas import cas_load_many, cas_pin
+from paperclip.snapshots.cas import cas_pin, directory_loader
 from paperclip.snapshots.collect import roots_lock_key
-from paperclip.snapshots.counts import tree_counts
-from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk, walk_changes
+from paperclip.snapshots.counts import counts_against_head
+from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk
 
 MAX_MISSING_LISTED: Final = 1000
-# Directory blobs are read whole; one this large is not a directory anyone meant.
-MAX_DIRECTORY_BYTES: Final = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +66,6 @@ class _HeadMoved(Exception):
     """The head a plan trusts is no longer the head: plan again without it."""
 
 
-def _load_directories(company_id: UUID) -> Callable[[list[str]], dict[str, bytes]]:
-    def load_many(names: list[str]) -> dict[str, bytes]:
-        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
-
-    return load_many
-
-
 def _head(workspace_id: UUID) -> str | None:
     return (
         ExecutionWorkspace.objects.filter(pk=workspace_id)
@@ -90,20 +80,21 @@ def _plan_against_head(*, company_id: UUID, workspace_id: UUID, tree: str) -> _P
     head = _head(workspace_id)
     if not head:
         return None
-    counts = tree_counts(company_id=company_id, tree=head)
-    if counts is None:
-        return None  # a head registered before counts were kept, or set by hand
-    changes = walk_changes(tree, head, load_many=_load_directories(company_id))
-    if changes is None:
+    # None also for a head whose counts are not known (registered before counts were kept,
+    # or set by hand).
+    found = counts_against_head(
+        company_id=company_id, tree=tree, head=head, load_many=directory_loader(company_id)
+    )
+    if found is None:
         return None
-    entries = counts.entries + changes.entries
-    if entries > settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES:
+    counts, changes = found
+    if counts.entries > settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES:
         return None  # the whole walk names the entry past the limit
     return _Plan(
         pin=sorted(changes.new),
-        files=counts.files + changes.files,
-        bytes=counts.bytes + changes.bytes,
-        entries=entries,
+        files=counts.files,
+        bytes=counts.bytes,
+        entries=counts.entries,
         head=head,
     )
 
@@ -134,7 +125,7 @@ def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
     try:
         return walk(
             tree,
-            load_many=_load_directories(company_id),
+            load_many=directory_loader(company_id),
             max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
             keep_files=False,  # registration needs the counts and the blobs, not the paths
         )

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +60,8 @@ SPOOL_BYTES: Final = 1024 * 1024  # a spooled upload moves to a temporary file p
 MAX_FIND_MISSING: Final = 10_000
 MAX_BATCH_BLOBS: Final = 10_000
 MAX_FRAME_HEADER: Final = 128  # `sha256:<64 hex> <size>\n` is at most 88 bytes
+# Directory blobs are read whole; one this large is not a directory anyone meant.
+MAX_DIRECTORY_BYTES: Final = 64 * 1024 * 1024
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -744,6 +746,16 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
         _directories.put((company_id, digest), data)
         found[digest] = data
     return found
+
+
+def directory_loader(company_id: UUID) -> Callable[[list[str]], dict[str, bytes]]:
+    """`cas_load_many` for a tree walk's `load_many`: the company's directory blobs by name,
+    each at most MAX_DIRECTORY_BYTES."""
+
+    def load_many(names: list[str]) -> dict[str, bytes]:
+        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
+
+    return load_many
 
 
 _PIN: Final = """

@@ -5,12 +5,12 @@ whole tree (docs/snapshots.md#registering-against-the-head)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from uuid import UUID
 
 from paperclip.models import RunSnapshot, TreeCounts
-from paperclip.snapshots.trees import Entry
+from paperclip.snapshots.trees import Changes, Entry, walk_changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +57,27 @@ def tree_counts(*, company_id: UUID, tree: str) -> Counts | None:
     if row is None or row[2] is None:
         return None
     return Counts(files=row[0], bytes=row[1], entries=row[2])
+
+
+def counts_against_head(
+    *,
+    company_id: UUID,
+    tree: str,
+    head: str,
+    load_many: Callable[[list[str]], Mapping[str, bytes]],
+) -> tuple[Counts, Changes] | None:
+    """The counts of `tree` from the head's and a comparison with it (`walk_changes`), and
+    that comparison; None when the head's counts are not known or the comparison cannot vouch
+    for the tree."""
+    known = tree_counts(company_id=company_id, tree=head)
+    if known is None:
+        return None
+    changes = walk_changes(tree, head, load_many=load_many)
+    if changes is None:
+        return None
+    counts = Counts(
+        files=known.files + changes.files,
+        bytes=known.bytes + changes.bytes,
+        entries=known.entries + changes.entries,
+    )
+    return counts, changes

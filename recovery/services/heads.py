@@ -34,12 +34,12 @@ from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.cas import (
     cas_blob_file,
-    cas_load_many,
     cas_open,
     cas_rows,
     cas_store_blobs,
+    directory_loader,
 )
-from paperclip.snapshots.counts import Counts, counts_of, tree_counts, tree_counts_record
+from paperclip.snapshots.counts import counts_against_head, counts_of, tree_counts_record
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
 from paperclip.snapshots.trees import (
@@ -49,14 +49,12 @@ from paperclip.snapshots.trees import (
     check_symlinks,
     decode_dir,
     walk,
-    walk_changes,
 )
 from paperclip.worker.jobs import job_defer_in_tx
 
 logger = logging.getLogger(__name__)
 
 MATERIALIZE_TASK: Final = "materialize_workspace"
-MAX_DIRECTORY_BYTES: Final = 64 * 1024 * 1024
 PUBLISHER: Final = "workspace_publisher"
 
 
@@ -104,7 +102,7 @@ def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
         return {}
 
     try:
-        walked = walk(tree, load_many=_loader(company_id))
+        walked = walk(tree, load_many=directory_loader(company_id))
     except TreeInvalid as exc:
         raise PublishError("snapshot_tree_invalid", f"tree {tree}: {exc}") from exc
     if walked.missing:
@@ -112,13 +110,6 @@ def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
             "snapshot_blobs_missing", f"tree {tree}: {len(walked.missing)} blob(s) not stored"
         )
     return walked.entries
-
-
-def _loader(company_id: UUID) -> Callable[[list[str]], dict[str, bytes]]:
-    def load_many(names: list[str]) -> dict[str, bytes]:
-        return cas_load_many(company_id=company_id, digests=names, max_bytes=MAX_DIRECTORY_BYTES)
-
-    return load_many
 
 
 def tree_diff_entries(
@@ -131,7 +122,7 @@ def tree_diff_entries(
     `previous`, the whole target and None. Raises PublishError as `tree_entries`."""
     if previous is None:
         return tree_entries(company_id, target), None
-    load_many = _loader(company_id)
+    load_many = directory_loader(company_id)
     ours: dict[str, Entry] = {}
     theirs: dict[str, Entry] = {}
     level: list[tuple[str, str, str | None]] = [("", target, previous)]
@@ -215,7 +206,7 @@ def publish_plan(
     if head == base:
         return plan("fast_forward", tree)
     if head is not None and (
-        by_directory := merge_trees(base, tree, head, load_many=_loader(company_id))
+        by_directory := merge_trees(base, tree, head, load_many=directory_loader(company_id))
     ):
         _store(company_id, by_directory.blobs)
         _count_merged(company_id, by_directory.root, head)
@@ -247,22 +238,13 @@ def publish_plan(
 
 def _count_merged(company_id: UUID, merged: str, head: str) -> None:
     """Record the counts of a tree merged by directory, from the head's and the difference
-    (not recorded when the head has none: the next registration then walks the whole tree)."""
-    counts = tree_counts(company_id=company_id, tree=head)
-    if counts is None:
-        return
-    changes = walk_changes(merged, head, load_many=_loader(company_id))
-    if changes is None:
-        return  # not expected (both sides' symlinks are the base's); only the counts are lost
-    tree_counts_record(
-        company_id=company_id,
-        tree=merged,
-        counts=Counts(
-            files=counts.files + changes.files,
-            bytes=counts.bytes + changes.bytes,
-            entries=counts.entries + changes.entries,
-        ),
+    (not recorded when the head has none: the next registration then walks the whole tree;
+    nor if the comparison gives up, which both sides' symlinks being the base's rule out)."""
+    found = counts_against_head(
+        company_id=company_id, tree=merged, head=head, load_many=directory_loader(company_id)
     )
+    if found is not None:
+        tree_counts_record(company_id=company_id, tree=merged, counts=found[0])
 
 
 def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> bool:

@@ -18,6 +18,7 @@ from django.db.models.expressions import RawSQL
 from leases.services import run_snapshot_register
 from leases.services import snapshots as registration
 from paperclip.models import CasBlob, ExecutionWorkspace, HeartbeatRun, RunSnapshot, TreeCounts
+from paperclip.snapshots import counts as counting
 from paperclip.snapshots import trees
 from paperclip.snapshots.adopt import workspace_cwd_adopt
 from paperclip.snapshots.cas import cas_load, cas_open
@@ -231,14 +232,14 @@ def test_a_head_that_moved_before_the_commit_sends_it_to_the_whole_walk(
     tree = store_tree(company_id, LAYOUT | CHANGE)
     elsewhere = store_tree(company_id, {"other.txt": b"another run's work\n"})
     _age_all(company_id)
-    compare = registration.walk_changes
+    compare = counting.walk_changes  # registration's comparison with the head
 
     def compare_then_move(*args: Any, **kwargs: Any) -> Any:
         changes = compare(*args, **kwargs)
         _publish(run.execution_workspace_id, elsewhere)  # another run published meanwhile
         return changes
 
-    monkeypatch.setattr(registration, "walk_changes", compare_then_move)
+    monkeypatch.setattr(counting, "walk_changes", compare_then_move)
     snapshot = _register(run, claim.lease.generation, tree, head)
     assert snapshot.files == _whole(company_id, tree).files
     assert _young(company_id) == _whole(company_id, tree).reached() | {head}  # all pinned
