@@ -17,8 +17,8 @@ from paperclip.snapshots.trees import (
     Entry,
     TreeInvalid,
     blob_name,
-    decode_stored_dir,
     encode_dir,
+    stored_dir,
     walk_changes,
 )
 
@@ -214,12 +214,10 @@ def _merge_directories(
 
 
 def _children(stored: Mapping[str, bytes], digest: str | None, path: str) -> dict[str, Entry]:
-    if digest is None:
-        return {}
-    data = stored.get(digest)
-    if data is None:
-        raise _Unclean  # a directory gone (a collected base): merge3 says what it means
     try:
-        return {entry.name: entry for entry in decode_stored_dir(data, digest, path)}
+        entries = stored_dir(stored, digest, path)
     except TreeInvalid as exc:
         raise _Unclean from exc
+    if entries is None:
+        raise _Unclean  # a directory gone (a collected base): merge3 says what it means
+    return entries

@@ -385,8 +385,8 @@ def walk_changes(
         following: list[tuple[str, str | None, str | None, tuple[str, ...]]] = []
         for path, mine, other, chain in level:
             try:
-                own = _stored_dir(stored, mine, path)
-                old = _stored_dir(stored, other, path)
+                own = stored_dir(stored, mine, path)
+                old = stored_dir(stored, other, path)
             except TreeInvalid:
                 return None
             if own is None or old is None or (mine is not None and mine in chain):
@@ -429,7 +429,7 @@ def walk_changes(
     return changes
 
 
-def _stored_dir(
+def stored_dir(
     stored: Mapping[str, bytes], digest: str | None, path: str
 ) -> dict[str, Entry] | None:
     """The entries by name of the directory blob `digest` ({} for None; None: not stored)."""
