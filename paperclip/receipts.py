@@ -33,6 +33,8 @@ class OwnerReceiptFields:
     controller_boot_id: str | None
     kernel_boot_id: str | None
     kernel_boot_id_malformed: bool  # present, not null, and not a non-empty string
+    process_start_ticks: int | None
+    process_start_ticks_malformed: bool  # present, not null, and not an integer >= 0
     worker: dict[str, Any] | None
 
 
@@ -48,6 +50,9 @@ class OwnerReceipt:
     # The machine boot it ran under; None on a receipt written before kernel boot ids were
     # recorded, or by a process that could not read its own.
     kernel_boot_id: str | None
+    # When the process started, in clock ticks since that boot: unlike `process_started_at`,
+    # not moved by a step of the system clock. None on receipts written without it.
+    process_start_ticks: int | None
     worker: dict[str, Any] | None
 
 
@@ -73,36 +78,44 @@ def raw_owner(runner_profile: Any) -> Any:
     return runner_profile.get(OWNER_KEY)
 
 
+def _int_or_none(value: Any) -> int | None:
+    # bool is an int subclass; a JSON true is not a number.
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
     """Every field of a raw receipt that is readable; the others None."""
     raw = value if isinstance(value, dict) else {}
-    pid = raw.get("pid")
     worker = raw.get("worker")
     kernel_boot = raw.get("kernelBootId")
+    ticks = _int_or_none(raw.get("processStartTicks"))
+    ticks = ticks if ticks is not None and ticks >= 0 else None
     return OwnerReceiptFields(
         token=_str_or_none(raw.get("token")),
         hostname=_str_or_none(raw.get("hostname")),
-        # bool is an int subclass; a JSON true is not a pid.
-        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        pid=_int_or_none(raw.get("pid")),
         process_started_at=_str_or_none(raw.get("processStartedAt")),
         controller_boot_id=_str_or_none(raw.get("controllerBootId")),
         kernel_boot_id=kernel_boot if isinstance(kernel_boot, str) and kernel_boot else None,
         kernel_boot_id_malformed=kernel_boot is not None
         and not (isinstance(kernel_boot, str) and kernel_boot),
+        process_start_ticks=ticks,
+        process_start_ticks_malformed=raw.get("processStartTicks") is not None and ticks is None,
         worker=worker if isinstance(worker, dict) else None,
     )
 
 
 def read_owner(value: Any) -> OwnerReceipt | None:
     """The receipt if it is readable (non-empty token, hostname, positive integer pid,
-    parsable start time with a zone, and a kernel boot id that is absent, null or a non-empty
-    string); None otherwise."""
+    parsable start time with a zone, a kernel boot id that is absent, null or a non-empty
+    string, and start ticks that are absent, null or an integer >= 0); None otherwise."""
     fields = owner_receipt_fields(value)
     started = parse_iso(fields.process_started_at)
     if not fields.token or fields.hostname is None or started is None:
         return None
-    # A damaged boot id must not read as an old receipt without one (judged by host name).
-    if fields.kernel_boot_id_malformed:
+    # A damaged boot id or start must not read as an old receipt without one (judged by host
+    # name, or by the wall-clock start).
+    if fields.kernel_boot_id_malformed or fields.process_start_ticks_malformed:
         return None
     if fields.pid is None or fields.pid <= 0:
         return None
@@ -113,6 +126,7 @@ def read_owner(value: Any) -> OwnerReceipt | None:
         process_started_at=started,
         controller_boot_id=fields.controller_boot_id,
         kernel_boot_id=fields.kernel_boot_id,
+        process_start_ticks=fields.process_start_ticks,
         worker=fields.worker,
     )
 

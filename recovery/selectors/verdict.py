@@ -17,7 +17,7 @@ from typing import Any, Literal
 from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun, WorkspaceOperation
 from paperclip.receipts import raw_owner, read_owner
-from recovery.adapters.identity import current_controller_identity, evaluate_controller_takeover
+from recovery.adapters.identity import current_controller_identity, evaluate_receipt_takeover
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, run_issue_id
 from recovery.takeover import owner_host
@@ -131,7 +131,7 @@ def owner_hold_verdict(action: IssueRecoveryAction) -> OwnerVerdict:
                 (f"On the machine that ran it: {_VERIFY}", _KEEP),
                 True,
             )
-    decision = evaluate_controller_takeover(pid=receipt.pid, started_at=receipt.process_started_at)
+    decision = evaluate_receipt_takeover(receipt)
     if not decision.allowed:
         return OwnerVerdict(
             "same_host_alive",

@@ -22,7 +22,7 @@ from paperclip.db.locking import (
 from paperclip.errors import ConflictError, InvalidRequest, NotFoundError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
 from paperclip.receipts import OWNER_KEY, raw_owner, read_owner
-from recovery.adapters.identity import current_controller_identity, evaluate_controller_takeover
+from recovery.adapters.identity import current_controller_identity, evaluate_receipt_takeover
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
@@ -329,9 +329,7 @@ def _require_owner_stoppable(bound: HoldBinding, *, owner_token: str) -> Any:
     # Another host, or this host name under another kernel boot: nothing here can be probed,
     # the board's own verification is the evidence (docs/recovery.md#controller-identity).
     if owner_host(receipt, current_controller_identity()) == "this_host":
-        decision = evaluate_controller_takeover(
-            pid=receipt.pid, started_at=receipt.process_started_at
-        )
+        decision = evaluate_receipt_takeover(receipt)
         if not decision.allowed:
             raise WorkspaceControllerAlive(
                 hostname=receipt.hostname, pid=receipt.pid, reason=decision.reason

@@ -53,7 +53,7 @@ from recovery.adapters.identity import (
     ControllerIdentity,
     TakeoverDecision,
     current_controller_identity,
-    evaluate_controller_takeover,
+    evaluate_receipt_takeover,
 )
 from recovery.adapters.platform import current_workspace_worker, request_worker_stop_proof
 from recovery.canonical import canonical_sha256
@@ -497,6 +497,8 @@ def _build_owner(identity: ControllerIdentity) -> dict[str, Any]:
     }
     if identity.kernel_boot_id is not None:
         owner["kernelBootId"] = identity.kernel_boot_id
+    if identity.process_start_ticks is not None:
+        owner["processStartTicks"] = identity.process_start_ticks
     worker = current_workspace_worker()
     if worker is not None:
         owner["worker"] = worker
@@ -607,7 +609,7 @@ def _judge_prior(
     def process_check() -> TakeoverDecision:
         if prior is None:  # never probed so: the rule asks only about a readable receipt
             return TakeoverDecision(False, "controller_identity_missing")
-        return evaluate_controller_takeover(pid=prior.pid, started_at=prior.process_started_at)
+        return evaluate_receipt_takeover(prior)
 
     def copyback_barrier() -> bool:
         # A dead parent may have orphaned copy children; only the durable succeeded

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import timedelta
 
 import pytest
 
 from paperclip.models import WorkspaceOperation
 from paperclip.models import WorkspaceOperation as Op
+from recovery.adapters.identity import current_controller_identity
 from recovery.models import WorkerStopReceipt
 from recovery.selectors.verdict import owner_hold_verdict
 from tests.console.helpers import held
@@ -31,6 +33,16 @@ def test_same_host_alive(company) -> None:
     assert verdict.kind == "same_host_alive"
     assert f"process {os.getpid()} is still alive" in verdict.headline
     assert not verdict.confirmable
+
+
+@pytest.mark.parametrize("step", [timedelta(seconds=-15), timedelta(seconds=15)])
+def test_same_host_alive_after_the_clock_was_stepped(company, step: timedelta) -> None:
+    # The receipt's wall-clock start is off by the step, as after NTP stepped the clock since
+    # it was written; its ticks since boot are not.
+    me = current_controller_identity()
+    receipt = receipt_for(started=me.process_started_at + step, start_ticks=me.process_start_ticks)
+    _, action, _ = held(company, receipt=receipt)
+    assert owner_hold_verdict(action).kind == "same_host_alive"
 
 
 def test_same_host_name_under_another_kernel_boot_is_not_called_alive(company) -> None:

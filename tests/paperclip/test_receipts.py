@@ -1,5 +1,5 @@
-"""The owner receipt's strict reading (paperclip/receipts.py) of the kernel boot id: optional,
-since receipts written before it have none, but never damaged."""
+"""The owner receipt's strict reading (paperclip/receipts.py) of the kernel boot id and the
+start ticks: optional, since receipts written before them have none, but never damaged."""
 
 from __future__ import annotations
 
@@ -35,3 +35,22 @@ def test_a_receipt_without_a_kernel_boot_id_stays_readable(extra: dict[str, Any]
 def test_a_damaged_kernel_boot_id_makes_the_receipt_unreadable(damaged: Any) -> None:
     # Read as "absent", it would let the receipt be judged by host name alone.
     assert read_owner({**RECEIPT, "kernelBootId": damaged}) is None
+
+
+def test_the_start_ticks_are_read() -> None:
+    owner = read_owner({**RECEIPT, "processStartTicks": 123456})
+    assert owner is not None
+    assert owner.process_start_ticks == 123456
+
+
+@pytest.mark.parametrize("extra", [{}, {"processStartTicks": None}])
+def test_a_receipt_without_start_ticks_stays_readable(extra: dict[str, Any]) -> None:
+    owner = read_owner({**RECEIPT, **extra})
+    assert owner is not None
+    assert owner.process_start_ticks is None
+
+
+@pytest.mark.parametrize("damaged", [-1, "123456", True, 1.5, [1]])
+def test_damaged_start_ticks_make_the_receipt_unreadable(damaged: Any) -> None:
+    # Read as "absent", they would let the receipt be judged by its wall-clock start alone.
+    assert read_owner({**RECEIPT, "processStartTicks": damaged}) is None

@@ -23,7 +23,7 @@ from paperclip.models import (
     NativeRunResult,
 )
 from paperclip.receipts import OWNER_KEY
-from recovery.adapters.identity import current_controller_identity
+from recovery.adapters.identity import current_controller_identity, process_started_at
 from recovery.models import IssueRecoveryAction
 from tests.paperclip.factories import (
     AgentFactory,
@@ -131,24 +131,33 @@ def receipt_for(
     hostname: str | None = None,
     pid: int | None = None,
     started: datetime | None = None,
+    start_ticks: int | None = None,
     boot_id: str | None = None,
     kernel_boot_id: str | None = None,
     legacy: bool = False,
     worker: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A receipt as ownership writes it: by default this process's host, boot, pid and start
-    time; `legacy` leaves out the kernel boot id, as receipts written before it did."""
+    (a wall-clock time and ticks since boot). `started` or `start_ticks` record another start:
+    with `started` alone the receipt has no ticks and is judged by the wall-clock time, as one
+    written before ticks were recorded. `legacy` leaves out the kernel boot id and the ticks,
+    as receipts written before either did."""
     me = current_controller_identity()
+    # Read afresh, not the identity's: a clock step since it was read would move it.
+    wall = started or process_started_at(os.getpid()) or me.process_started_at
     value: dict[str, Any] = {
         "token": str(uuid.uuid4()),
         "controllerBootId": boot_id or str(uuid.uuid4()),
         "hostname": hostname or me.hostname,
         "pid": pid or os.getpid(),
-        "processStartedAt": (started or me.process_started_at).astimezone(UTC).isoformat(),
+        "processStartedAt": wall.astimezone(UTC).isoformat(),
     }
     kernel_boot = kernel_boot_id or me.kernel_boot_id
     if not legacy and kernel_boot is not None:
         value["kernelBootId"] = kernel_boot
+    ticks = me.process_start_ticks if started is None and start_ticks is None else start_ticks
+    if not legacy and ticks is not None:
+        value["processStartTicks"] = ticks
     if worker is not None:
         value["worker"] = worker
     return value

@@ -152,12 +152,12 @@ REBOOTED = "9b1e0f44-2a6c-4d1e-8f3a-55c0de7a9b12"
 
 
 def _here(kernel_boot_id: str | None) -> ControllerIdentity:
-    return ControllerIdentity("c-here", 4242, STARTED, "ctl-3", kernel_boot_id)
+    return ControllerIdentity("c-here", 4242, STARTED, "ctl-3", kernel_boot_id, 1234)
 
 
 def _recorded(hostname: str, kernel_boot_id: str | None) -> OwnerReceipt:
     # The same PID and start time as `_here`: only host name and boot may tell them apart.
-    return OwnerReceipt("t", hostname, 4242, STARTED, "c-old", kernel_boot_id, None)
+    return OwnerReceipt("t", hostname, 4242, STARTED, "c-old", kernel_boot_id, None, None)
 
 
 @pytest.mark.parametrize(

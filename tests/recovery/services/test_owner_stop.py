@@ -22,6 +22,7 @@ from paperclip.models import (
     NativeRunResult,
 )
 from paperclip.receipts import OWNER_KEY
+from recovery.adapters.identity import current_controller_identity
 from recovery.errors import (
     WorkspaceControllerAlive,
     WorkspaceCopybackActive,
@@ -216,6 +217,19 @@ def test_live_local_controller_is_refused() -> None:
     }
     b.run.refresh_from_db()
     assert b.run.runner_profile_json[OWNER_KEY] == receipt
+
+
+def test_a_live_local_controller_is_refused_after_the_clock_was_stepped() -> None:
+    # Its wall-clock start recorded 15 s off, as after a step of the system clock since the
+    # receipt was written: the ticks since boot still name this very process.
+    me = current_controller_identity()
+    stepped = receipt_for(
+        started=me.process_started_at - timedelta(seconds=15), start_ticks=me.process_start_ticks
+    )
+    b, action, receipt, actor = held_binding(receipt=stepped)
+    with pytest.raises(WorkspaceControllerAlive) as caught:
+        confirm(b, action, receipt["token"], actor)
+    assert caught.value.details["reason"] == "controller_still_alive"
 
 
 def test_a_live_pid_of_this_host_name_under_another_kernel_boot_is_not_probed() -> None:

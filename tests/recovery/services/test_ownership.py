@@ -15,8 +15,12 @@ from django.db import connection
 
 from paperclip.host import kernel_boot_id
 from paperclip.models import ActivityEvent, HeartbeatRun, WorkspaceOperation
-from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY
-from recovery.adapters.identity import TakeoverDecision, evaluate_controller_takeover
+from paperclip.receipts import OWNER_KEY, STOP_PROOF_KEY, OwnerReceipt
+from recovery.adapters.identity import (
+    TakeoverDecision,
+    current_controller_identity,
+    evaluate_receipt_takeover,
+)
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key, recovery_source_key
 from recovery.models import IssueRecoveryAction
@@ -447,11 +451,11 @@ def test_a_controller_of_this_host_name_but_another_kernel_boot_is_never_probed(
     # the dead one would be taken over; but it may be a PID reused since a reboot.
     probed: list[int] = []
 
-    def probe(*, pid: int | None, started_at: datetime | None) -> TakeoverDecision:
-        probed.append(pid or 0)
-        return evaluate_controller_takeover(pid=pid, started_at=started_at)
+    def probe(receipt: OwnerReceipt) -> TakeoverDecision:
+        probed.append(receipt.pid)
+        return evaluate_receipt_takeover(receipt)
 
-    monkeypatch.setattr(ownership_module, "evaluate_controller_takeover", probe)
+    monkeypatch.setattr(ownership_module, "evaluate_receipt_takeover", probe)
     prior = receipt_for(pid=os.getpid() if alive else dead_pid, kernel_boot_id=str(uuid.uuid4()))
     b = make_binding(receipt=prior)
     _barrier(b)
@@ -552,6 +556,22 @@ def test_recycled_pid_counts_as_dead(dead_pid: int) -> None:
         company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
     )
     assert outcome == Acquired(1)
+
+
+def test_a_live_controller_is_not_taken_over_after_the_clock_was_stepped() -> None:
+    # Our own live process, its wall-clock start recorded 15 s off as after a step of the
+    # system clock, beside the barrier that would let a recycled pid be taken over: the ticks
+    # since boot still name this very process.
+    me = current_controller_identity()
+    started = me.process_started_at + timedelta(seconds=15)
+    prior = receipt_for(started=started, start_ticks=me.process_start_ticks)
+    b = make_binding(receipt=prior)
+    _barrier(b)
+    outcome = with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    )
+    assert outcome == NotAcquired("owner_unverified")
+    assert _profile(b.run)[OWNER_KEY] == prior
 
 
 @pytest.mark.parametrize("prior", ["none", "replaceable"])
