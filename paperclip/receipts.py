@@ -88,7 +88,8 @@ def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
     raw = value if isinstance(value, dict) else {}
     worker = raw.get("worker")
     kernel_boot = raw.get("kernelBootId")
-    ticks = _int_or_none(raw.get("processStartTicks"))
+    raw_ticks = raw.get("processStartTicks")
+    ticks = _int_or_none(raw_ticks)
     ticks = ticks if ticks is not None and ticks >= 0 else None
     return OwnerReceiptFields(
         token=_str_or_none(raw.get("token")),
@@ -100,7 +101,7 @@ def owner_receipt_fields(value: Any) -> OwnerReceiptFields:
         kernel_boot_id_malformed=kernel_boot is not None
         and not (isinstance(kernel_boot, str) and kernel_boot),
         process_start_ticks=ticks,
-        process_start_ticks_malformed=raw.get("processStartTicks") is not None and ticks is None,
+        process_start_ticks_malformed=raw_ticks is not None and ticks is None,
         worker=worker if isinstance(worker, dict) else None,
     )
 
