@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -46,6 +47,7 @@ from tests.clients.conftest import World, make_world
 from tests.leases.factories import expire
 from tests.paperclip.factories import HeartbeatRunFactory
 from tests.paperclip.worker.test_worker_processes import Worker, wait_for
+from tests.recovery.snapshots import store_tree
 
 pytestmark = [
     pytest.mark.slow,
@@ -244,6 +246,42 @@ def test_a_command_runs_is_published_committed_materialized_and_resumed_by_a_suc
     assert any("x  \\0   y" in line for line in second.out), second.output()
     successor = HeartbeatRun.objects.get(pk=second.run_id())
     assert successor.status == HeartbeatRun.Status.FAILED
+
+
+def test_after_a_merge_the_cli_names_the_merged_head_as_published_not_its_own_tree(
+    gunicorn_url: str,
+    worker: Worker,
+    world: World,
+    tmp_path: Path,
+    clis: list[Cli],
+    live_cas_dir: Path,
+    settings: Any,
+) -> None:
+    """Another run's commit moves the head while this run's command works (forced: the
+    command waits for a file the test writes after moving the head): the server publishes
+    the merge of both sides, and that merged tree is what the CLI names."""
+    go = tmp_path / "go"
+    cli = Cli(
+        gunicorn_url, world, tmp_path / "work", "sh", "-c",
+        'echo ours > ours.txt; while [ ! -e "$GO" ]; do sleep 0.05; done',
+        env={"GO": str(go)},
+    )  # fmt: skip
+    clis.append(cli)
+    cli.child_pid()  # checked out (the empty head) and started
+    settings.PAPERCLIP_CAS_DIR = live_cas_dir
+    theirs = store_tree(world.workspace.company_id, {"theirs.txt": b"theirs\n"})
+    ExecutionWorkspace.objects.filter(pk=world.workspace.pk).update(head_tree=theirs)
+    go.touch()
+    assert cli.wait() == 0, cli.output()
+    ours = cli.line(r"^paperclip-agent: snapshot: (sha256:[0-9a-f]{64}) 1 files, ").group(1)
+    head = materialized(world.workspace, worker)
+    assert head.head_tree not in (ours, theirs)
+    assert str(head.head_run_id) == cli.run_id()
+    assert cli.out[-1] == (
+        f"paperclip-agent: finalization: committed; published {head.head_tree} to the"
+        f" workspace head: the run's tree {ours} merged with another run's changes"
+    ), cli.output()
+    assert files(world.dest) == {"ours.txt": b"ours\n", "theirs.txt": b"theirs\n"}
 
 
 def test_after_kill_9_another_cli_reclaims_the_lease_once_its_ttl_has_passed(

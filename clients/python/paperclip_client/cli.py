@@ -506,8 +506,33 @@ class Runner:
         except (ApiError, TimeoutError, ServerUnreachable) as exc:
             fail(f"run {run_id} did not commit: {exc}")
             return EXIT_NOT_COMMITTED
-        say(f"finalization: committed; the run's tree {taken.tree} published to the workspace head")
+        say(self._published(run_id, taken.tree))
         return code
+
+    def _published(self, run_id: str, tree: str) -> str:
+        """The line naming what the commit published: the workspace head read now. When
+        another run moved the head while this one worked, the server published the merge of
+        both sides' changes, not this run's tree."""
+        try:
+            head = self.client.workspace_head(self.args.workspace)
+        except (ApiError, ServerUnreachable) as exc:
+            return (
+                f"finalization: committed; the workspace head could not be read to name the"
+                f" tree published ({exc}); the run's tree is {tree}"
+            )
+        if head.tree == tree:
+            return f"finalization: committed; the run's tree {tree} published to the workspace head"
+        if head.run_id == run_id:
+            return (
+                f"finalization: committed; published {head.tree} to the workspace head: the"
+                f" run's tree {tree} merged with another run's changes"
+            )
+        # Another run (or the board) moved the head after this commit: what this run
+        # published, its tree or a merge, is no longer the head and is not named here.
+        return (
+            f"finalization: committed; the workspace head has moved on since (now"
+            f" {head.tree or 'empty'}, run {head.run_id or 'none'}); the run's tree was {tree}"
+        )
 
     def _checkout(self, workdir: Path) -> None:
         """Make the workdir hold the workspace head read now, with the lease held (that head
