@@ -106,6 +106,9 @@ MIDDLEWARE = [
     "paperclip.observability.middleware.RequestObservabilityMiddleware",
     # Under it: the status the request log records is the one sent.
     "paperclip.api.errors.ApiJsonErrorsMiddleware",
+    # A body the server cannot read in full is refused before any view (411 / 400), never
+    # read as empty (paperclip/api/bodies.py).
+    "paperclip.api.bodies.RequestBodyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Django's session, CSRF, authentication and message middleware, skipped by API requests
     # that carry an agent key or a board token (paperclip/api/middleware.py).

@@ -10,6 +10,7 @@ from django.http import HttpResponseBase
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "paperclip.settings")
 django_application = get_wsgi_application()
 
+from paperclip.api.bodies import request_body_prepare  # noqa: E402 - needs the apps loaded
 from paperclip.api.front import answer as front_answer  # noqa: E402 - needs the apps loaded
 
 
@@ -19,6 +20,7 @@ def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> 
     iterable it drives chunk by chunk, taking the GIL back for each step and for `close()`
     (measured in the renew path's profile, docs/performance.md#the-renew-path). Streaming
     responses (downloads, files) stay iterables, closed by the server when sent."""
+    request_body_prepare(environ)  # read in full or refused, never as empty
     answered = front_answer(environ, start_response)  # the renew, ahead of the handler
     if answered is not None:
         return answered

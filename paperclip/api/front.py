@@ -41,6 +41,7 @@ from django.middleware.common import CommonMiddleware
 from django.middleware.security import SecurityMiddleware
 from django.urls import set_script_prefix
 
+from paperclip.api.bodies import BODY_INCOMPLETE, BODY_PROBLEM, RequestBodyIncomplete
 from paperclip.api.errors import api_json_error, database_unavailable_response
 from paperclip.db.errors import connection_lost
 from paperclip.observability.context import log_context
@@ -69,6 +70,9 @@ _ROUTES: list[FrontRoute] = []
 MIRRORED_MIDDLEWARE: Final = (
     "paperclip.observability.middleware.RequestObservabilityMiddleware",
     "paperclip.api.errors.ApiJsonErrorsMiddleware",
+    # Nothing to do here: the front takes only bodies of a known small length, and declines
+    # (and marks) one cut short, which the middleware then answers in Django's chain.
+    "paperclip.api.bodies.RequestBodyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "paperclip.api.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -115,8 +119,15 @@ def _body(environ: dict[str, Any]) -> bytes | None:
     length = environ.get("CONTENT_LENGTH")
     if not isinstance(length, str) or not length.isdigit() or int(length) > MAX_FRONT_BODY:
         return None
-    body: bytes = environ["wsgi.input"].read(int(length))
-    environ["CONTENT_LENGTH"] = str(len(body))  # a short read: what was really sent
+    try:
+        body: bytes = environ["wsgi.input"].read(int(length))
+    except RequestBodyIncomplete:  # marked: RequestBodyMiddleware answers it in the chain
+        _rewind(environ, b"")
+        return None
+    if len(body) < int(length):  # a stream that is not ExactBody (no paperclip.wsgi)
+        environ[BODY_PROBLEM] = BODY_INCOMPLETE
+        _rewind(environ, b"")
+        return None
     _rewind(environ, body)
     return body
 
