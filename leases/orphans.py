@@ -12,7 +12,7 @@ releasing its issue's execution lock; the board can do it at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -128,9 +128,15 @@ class OrphanSweep:
     failed: tuple[str, ...] = ()
 
 
-def orphaned_runs_interrupt(*, grace_seconds: float, batch_size: int = 200) -> OrphanSweep:
+def orphaned_runs_interrupt(
+    *,
+    grace_seconds: float,
+    batch_size: int = 200,
+    progress: Callable[[UUID, str], None] | None = None,
+) -> OrphanSweep:
     """Interrupt every run orphaned for longer than `grace_seconds` (audit reason `orphaned`),
-    one transaction a run, each re-judged under its row lock (a renew in between keeps it)."""
+    one transaction a run, each re-judged under its row lock (a renew in between keeps it).
+    `progress` hears each run's outcome (`interrupted`, `revived`, or the error's code)."""
     candidates = orphaned_runs(lapsed_for_seconds=grace_seconds, limit=batch_size)
     interrupted = revived = 0
     failed: list[str] = []
@@ -150,9 +156,13 @@ def orphaned_runs_interrupt(*, grace_seconds: float, batch_size: int = 200) -> O
             )
         except DomainError as exc:
             failed.append(f"{orphan.run_id}: {exc.code}")
+            if progress is not None:
+                progress(orphan.run_id, exc.code)
             continue
         if done is None:
             revived += 1
         else:
             interrupted += 1
+        if progress is not None:
+            progress(orphan.run_id, "revived" if done is None else "interrupted")
     return OrphanSweep(len(candidates), interrupted, revived, tuple(failed))
