@@ -54,23 +54,18 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]' -e clients/python
 	@touch $@
 
-# The demo's worker defers its periodic tasks 10 minutes late, so the seeded states the sweeps
-# would repair stay visible (docs/setup.md#the-demo).
-DEMO_PERIODIC_DELAY ?= 600
 DEMO_LOGINS = $$($(PY) -c "from paperclip.datadir import data_dir; print(data_dir() / 'demo' / 'logins.txt')")
 
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --url http://$(HOST):$(PORT)
 	@echo "Serving on http://$(HOST):$(PORT)/  (admin: /admin/, API docs: /api/docs/) with one worker"
-	@echo "(finalizations at once, periodic tasks after $${PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS:-$(DEMO_PERIODIC_DELAY)} s; more: manage.py run_worker)."
+	@echo "(finalizations and the periodic tasks on their normal schedule; more: manage.py run_worker)."
 	@echo "Logins and commands above, saved in $(DEMO_LOGINS). Ctrl-C stops both."
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-true} \
-	PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS=$${PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS:-$(DEMO_PERIODIC_DELAY)} \
 	$(PY) scripts/run_dev.py $(PY) $(HOST):$(PORT)
 
-# Every seeded state back: the demo company is deleted and seeded afresh (new logins). With
-# `make run` going, restart it too so that its worker's periodic tasks wait again.
+# Every seeded state back: the demo company is deleted and seeded afresh (new logins).
 demo-reset: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --reset --url http://$(HOST):$(PORT)

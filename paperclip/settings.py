@@ -391,11 +391,6 @@ PAPERCLIP_WORKER_STALLED_AFTER_SECONDS = env.float(
 PAPERCLIP_WORKER_READY_SECONDS = env.float("PAPERCLIP_WORKER_READY_SECONDS", default=60.0)
 # Fallback polling when a LISTEN/NOTIFY wake-up is missed (new jobs normally start at once).
 PAPERCLIP_WORKER_POLL_SECONDS = env.float("PAPERCLIP_WORKER_POLL_SECONDS", default=5.0)
-# Seconds a worker waits after starting before it defers its periodic tasks (sweeps,
-# reconcilers): `make run` uses 600 so the demo's seeded states stay put (docs/setup.md#the-demo).
-PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS = env.float(
-    "PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS", default=0.0
-)
 # Environment cleanups that failed are claimable again after this back-off (doubling per
 # attempt, capped), measured on the database clock.
 PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_BASE_SECONDS", default=30)

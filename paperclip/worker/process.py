@@ -243,9 +243,8 @@ class ResilientWorker(procrastinate_worker.Worker):
         self.stop()  # type: ignore[no-untyped-call]
 
     async def _periodic_deferrer(self) -> None:  # a private hook of Procrastinate ~=3.10
-        # `make run` starts its periodic tasks late, so the demo's seeded states stay visible
-        # (docs/setup.md#the-demo); 0 (the default) starts them at once.
-        await asyncio.sleep(settings.PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS)
+        # Started at once, in every worker (`make run`'s included): nothing delays recovery of
+        # work in flight after a restart (docs/worker.md#tasks).
         while True:
             try:
                 return await super()._periodic_deferrer()  # type: ignore[no-untyped-call]

@@ -1,30 +1,29 @@
-"""The demo stays put (docs/setup.md#the-demo): one pass of every periodic task that could touch
-a seeded state leaves them all as seeded, the one the sweep removes by design waits for the
-worker's periodic delay, `seed_demo --reset` brings every state back, and the logins are saved
-under the data directory with the demo's files."""
+"""The demo stays put (docs/setup.md#the-demo) with the worker's periodic tasks on their normal
+schedule: every seeded state is one that only the board (or an agent or provider acting) ends,
+so a pass of every periodic task leaves them all as seeded, except the stale runtime lease,
+which the sweep removes by design; the dashboard still shows each kind of stuck work the
+README's screenshot shows; `seed_demo --reset` brings every state back, and the logins are
+saved under the data directory with the demo's files."""
 
 from __future__ import annotations
 
-import asyncio
 import io
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from procrastinate import worker as procrastinate_worker
 
 from checkpoints.tasks import expire_runner_authorities
 from leases.environment.tasks import retry_environment_cleanups
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
 from leases.selectors import with_stale_reason
 from leases.tasks import interrupt_orphaned_runs, sweep_runtime_leases
-from paperclip.db.clock import db_now
 from paperclip.models import ExecutionWorkspace, HeartbeatRun
 from paperclip.tasks import cas_collect_blobs
-from paperclip.worker.process import ResilientWorker
+from recovery.console.attention import attention_summary
 from recovery.tasks import reconcile_finalizations, reconcile_workspace_heads
+from tests.helpers import run_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -61,46 +60,54 @@ def _states() -> dict[str, Any]:
     }
 
 
-def test_seeded_states_survive_a_pass_of_each_periodic_task() -> None:
-    _seed()
-    seeded = _states()
-    assert ("sbx-demo-failed", "pending_cleanup", "failed") in seeded["environment_leases"]
-    assert [reason for _, reason in seeded["stale_leases"]] == ["owner_issue_terminal"]
-
+def _every_periodic_task() -> None:
+    """One pass of each periodic task that reads or writes the demo's rows (the worker's
+    own upkeep, recover_stalled_jobs and remove_old_jobs, reads only jobs)."""
     retry_environment_cleanups(timestamp=0)
+    sweep_runtime_leases(timestamp=0)
     interrupt_orphaned_runs(timestamp=0)
     expire_runner_authorities(timestamp=0)
     reconcile_finalizations(timestamp=0)
     reconcile_workspace_heads(timestamp=0)
     cas_collect_blobs(timestamp=0)
 
-    assert _states() == seeded
-    # The failed cleanup's retry is due only after the demo has been looked at.
-    failed = EnvironmentLease.objects.get(provider_lease_id="sbx-demo-failed")
-    retry_after_ms = failed.metadata["pendingCleanupRetryAfterMs"]
-    assert retry_after_ms >= (db_now().timestamp() + 10 * 60) * 1000
 
-
-def test_the_stale_lease_waits_for_the_workers_periodic_delay(settings: Any) -> None:
-    """A lease stale because its issue closed is swept at the sweep's next pass by design, so
-    under `make run` the worker defers its periodic tasks late instead."""
+def test_a_pass_of_every_periodic_task_leaves_every_seeded_state_but_the_stale_lease() -> None:
     _seed()
-    sweep_runtime_leases(timestamp=0)
-    assert not WorkspaceRuntimeLease.objects.exists()
+    seeded = _states()
+    assert ("sbx-demo-failed", "pending_cleanup", "failed") in seeded["environment_leases"]
+    assert [reason for _, reason in seeded["stale_leases"]] == ["owner_issue_terminal"]
 
-    settings.PAPERCLIP_WORKER_PERIODIC_DELAY_SECONDS = 0.3
-    started: list[float] = []
+    _every_periodic_task()
 
-    async def deferrer(self: Any) -> None:
-        started.append(time.monotonic())
+    after = _states()
+    assert after["stale_leases"] == []  # the sweep's job, at its first pass
+    assert {**after, "stale_leases": seeded["stale_leases"]} == seeded
+    # The failed cleanup set no back-off: no later pass reopens it, only the board does.
+    failed = EnvironmentLease.objects.get(provider_lease_id="sbx-demo-failed")
+    assert failed.metadata["pendingCleanupRetryAfterMs"] == 0
+    _every_periodic_task()
+    assert _states() == after
 
-    worker = ResilientWorker.__new__(ResilientWorker)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(procrastinate_worker.Worker, "_periodic_deferrer", deferrer)
-        begin = time.monotonic()
-        asyncio.run(worker._periodic_deferrer())
-    assert len(started) == 1
-    assert started[0] - begin >= 0.3
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_shows_the_readmes_kinds_of_stuck_work_after_the_periodic_tasks() -> None:
+    """The README's screenshot shows a finalization held for the board and a blocked cleanup;
+    both stay on the dashboard once the worker has run its jobs and periodic tasks, with the
+    failed cleanup and the overdue cleanup claim."""
+    _seed()
+    _every_periodic_task()
+    run_jobs()  # the held run's finalization meets its dead owner's receipt: held
+    _every_periodic_task()
+    counts = {
+        tile.kind: tile.count
+        for tile in attention_summary(company_ids=None, include_jobs=False).tiles
+    }
+    assert counts["finalization_held"] >= 1
+    assert counts["cleanup_marker_invalid"] == 1
+    assert counts["cleanup_failed"] == 1
+    assert counts["cleanup_claim_overdue"] == 1
+    assert counts["runtime_lease_stale"] == 0
 
 
 def test_reset_brings_every_seeded_state_back(data_dir: Path) -> None:

@@ -12,8 +12,8 @@ export", lets the worker commit it. One runtime lease outlives its issue (closed
 claim): it is stale until the worker's sweep deletes it. Both show on the admin's dashboard.
 A provider agent drives environment leases of a demo sandbox environment through the lifecycle
 services, one in each interesting state (see `ENVIRONMENT_LEASES`): active, pending cleanup,
-claimed, a cleanup whose last attempt failed (the worker reopens it after its back-off, 15
-minutes here so the demo stays put: docs/setup.md#the-demo), a
+claimed, a cleanup whose last attempt failed and set no back-off (the worker never reopens it:
+it waits for the board's "Retry cleanup now", docs/setup.md#the-demo), a
 claim that ran out without a receipt, retained with an export-resume marker, a stop-only marker
 that does not bind (an operator must look), released for reuse, and cleaned up; plus a failed
 native run whose retained sandbox its recovery action records as the workspace source (the
@@ -32,7 +32,6 @@ import socket
 import subprocess
 import sys
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +111,6 @@ HELD_WORKDIR = "export-run"  # the runner's directory
 EXPORT_HELD_TITLE = "Archive the build logs"
 EXPORT_HELD_WORKDIR = "archive-run"
 EXPORT_BLOCKER = "archive"
-# How long the seeded states the worker would repair once due stay visible: the failed
-# cleanup's back-off is this long (docs/setup.md#the-demo).
-STAYS_PUT = timedelta(minutes=15)
 # (title, status, assignee index or None)
 ISSUES = (
     ("Set up the CI pipeline", Issue.Status.BACKLOG, None),
@@ -152,7 +148,7 @@ ENVIRONMENT_LEASES: tuple[
         "ephemeral",
         None,
         "failed",
-        ("claim", "failed", "backoff"),
+        ("claim", "failed", "for_the_board"),
         "",
     ),
     (
@@ -579,8 +575,8 @@ class Command(BaseCommand):
                     ).attempt_id
                 elif step == "overdue":
                     self._claim_ran_out(lease.pk)
-                elif step == "backoff":
-                    self._long_backoff(lease.pk)
+                elif step == "for_the_board":
+                    self._left_for_the_board(lease.pk)
                 else:
                     environment_lease_cleanup_settle(
                         lease_id=lease.pk,
@@ -706,24 +702,28 @@ class Command(BaseCommand):
                 details={"expiresAtMs": expired, "simulated": "a provider that never answered"},
             )
 
-    def _long_backoff(self, lease_id: Any) -> None:
-        """Push a failed cleanup's retry `STAYS_PUT` away (simulated: the provider asked to be
-        left alone), so the worker's retry sweep leaves it failed while the demo is looked at;
-        the board's "Retry cleanup now" still reopens it at once."""
+    def _left_for_the_board(self, lease_id: Any) -> None:
+        """Clear a failed cleanup's back-off (simulated: the provider's failure set none, as the
+        export-resume preserve step does), so the worker's retry sweep never reopens it: the
+        cleanup stays failed, on the dashboard, until the board's "Retry cleanup now"
+        (docs/environment.md#cleanup-retries). Only the board ends this state, so the demo
+        shows it with the worker's periodic tasks on their normal schedule."""
         with transaction.atomic():
             lease = EnvironmentLease.objects.get(pk=lease_id)
-            retry_at = int((db_now() + STAYS_PUT).timestamp() * 1000)
             row_update_audited(
                 lease,
-                {"metadata": {**(lease.metadata or {}), "pendingCleanupRetryAfterMs": retry_at}},
+                {"metadata": {**(lease.metadata or {}), "pendingCleanupRetryAfterMs": 0}},
                 company_id=lease.company_id,
                 actor_type="system",
                 actor_id="seed_demo",
-                action="environment_lease.cleanup_backoff_extended",
+                action="environment_lease.cleanup_left_for_the_board",
                 entity_type="environment_lease",
                 entity_id=lease_id,
                 run_id=lease.heartbeat_run_id,
-                details={"retryAfterMs": retry_at, "simulated": "a provider that asked for time"},
+                details={
+                    "retryAfterMs": 0,
+                    "simulated": "a provider failure that set no back-off",
+                },
             )
 
     def _reset(self) -> None:
