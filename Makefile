@@ -57,6 +57,9 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
 # The demo's worker defers its periodic tasks 10 minutes late, so the seeded states the sweeps
 # would repair stay visible (docs/setup.md#the-demo).
 DEMO_PERIODIC_DELAY ?= 600
+# The demo's runs are copied back from their directories in the data directory's demo/
+# (docs/security.md#the-legacy-copy-back): the legacy copy-back is off unless roots are set.
+run demo-reset: export PAPERCLIP_COPYBACK_ROOTS ?= $(abspath $(or $(PAPERCLIP_DATA_DIR),.data))/demo
 DEMO_LOGINS = $$($(PY) -c "from paperclip.datadir import data_dir; print(data_dir() / 'demo' / 'logins.txt')")
 
 run: $(STAMP)
