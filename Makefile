@@ -54,6 +54,9 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]' -e clients/python
 	@touch $@
 
+# The demo's runs are copied back from their directories in the data directory's demo/
+# (docs/security.md#the-legacy-copy-back): the legacy copy-back is off unless roots are set.
+run demo-reset: export PAPERCLIP_COPYBACK_ROOTS ?= $(abspath $(or $(PAPERCLIP_DATA_DIR),.data))/demo
 DEMO_LOGINS = $$($(PY) -c "from paperclip.datadir import data_dir; print(data_dir() / 'demo' / 'logins.txt')")
 
 run: $(STAMP)

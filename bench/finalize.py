@@ -101,6 +101,9 @@ def main() -> int:
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER
     name = os.environ.get("PAPERCLIP_BENCH_FINALIZE_DB", "paperclip_bench_finalize")
     scratch = Path(tempfile.mkdtemp(prefix="paperclip-bench-finalize-"))
+    # The runs' directories and the workspaces live here: the legacy copy-back reads only under
+    # its roots (the worker processes inherit it).
+    os.environ["PAPERCLIP_COPYBACK_ROOTS"] = str(scratch)
     try:
         with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
             return run(bench_url, config, scratch)

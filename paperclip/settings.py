@@ -325,6 +325,14 @@ PAPERCLIP_COPYBACK_BACKEND = env.str(
 # bench/copyback.py).
 PAPERCLIP_COPYBACK_THREADS = env.int("PAPERCLIP_COPYBACK_THREADS", default=0)
 PAPERCLIP_COPYBACK_INCREMENTAL = env.bool("PAPERCLIP_COPYBACK_INCREMENTAL", default=True)
+# The directories under which a run's `workspace_dir` may be copied back (comma-separated,
+# absolute); empty (the default): the legacy copy-back is off and agents send trees
+# (docs/security.md#the-legacy-copy-back).
+PAPERCLIP_COPYBACK_ROOTS = [
+    root.strip() for root in env.list("PAPERCLIP_COPYBACK_ROOTS", default=[]) if root.strip()
+]
+if any(not root.startswith("/") for root in PAPERCLIP_COPYBACK_ROOTS):
+    raise ImproperlyConfigured("PAPERCLIP_COPYBACK_ROOTS takes absolute directories")
 PAPERCLIP_WORKER_PLATFORM = env.str(
     "PAPERCLIP_WORKER_PLATFORM", default="recovery.adapters.platform.SignedReceiptPlatform"
 )

@@ -69,6 +69,17 @@ class SnapshotNotRegistered(ConflictError):
     remediation = "Register the snapshot (POST .../snapshots) first, then post the result."
 
 
+class WorkspaceCopybackNotAllowed(ConflictError):
+    code = "workspace_copyback_not_allowed"
+    message = "The run's workspace directory may not be copied back."
+    remediation = (
+        "Send the work as a tree: register a snapshot (POST .../snapshots) and post the result "
+        "with workspace_tree. The legacy copy-back reads only a directory inside one of "
+        "PAPERCLIP_COPYBACK_ROOTS that is not, does not hold and does not lie in a workspace cwd, "
+        "the data directory or the store (details.reason says which rule refused it)."
+    )
+
+
 class WorkspaceConflictStale(ConflictError):
     code = "workspace_conflict_stale"
     message = "The workspace conflict hold is not live for this run any more."

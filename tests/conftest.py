@@ -4,10 +4,13 @@ after transactional tests; and the order tests start in (slow ones first)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
@@ -45,6 +48,30 @@ def _cas_dir_per_test(settings: Any, tmp_path_factory: pytest.TempPathFactory) -
     # The filesystem store of blobs (paperclip/snapshots/cas.py) in a temporary directory,
     # never the checkout's data directory.
     settings.PAPERCLIP_CAS_DIR = tmp_path_factory.mktemp("cas")
+
+
+def _test_copyback_roots(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return [str(tmp_path_factory.getbasetemp()), str(Path(settings.DATA_DIR) / "demo")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _copyback_roots_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Subprocesses the tests start (workers, servers) inherit the tests' copy-back root."""
+    previous = os.environ.get("PAPERCLIP_COPYBACK_ROOTS")
+    os.environ["PAPERCLIP_COPYBACK_ROOTS"] = ",".join(_test_copyback_roots(tmp_path_factory))
+    yield
+    if previous is None:
+        os.environ.pop("PAPERCLIP_COPYBACK_ROOTS", None)
+    else:
+        os.environ["PAPERCLIP_COPYBACK_ROOTS"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _copyback_roots(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The legacy copy-back (off by default) reads the run directories tests make under pytest's
+    # temporary directory, and the demo's (`seed_demo`); tests of the guard itself set their own
+    # roots (tests/recovery/test_copyback_guard.py).
+    settings.PAPERCLIP_COPYBACK_ROOTS = _test_copyback_roots(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

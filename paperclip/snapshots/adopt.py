@@ -78,6 +78,10 @@ def workspace_cwd_adopt(*, company_id: UUID, workspace_id: UUID) -> str | None:
     limit = int(settings.PAPERCLIP_CAS_MAX_BLOB_BYTES)
     try:
         entries = read_tree(cwd, max_blob_bytes=limit)
+        # A tree never holds an absolute link (decoding refuses one); a cwd may.
+        for path, entry in entries.items():
+            if entry.type == "symlink" and (entry.target or "").startswith("/"):
+                raise TreeInvalid(path, "absolute_symlink")
         check_symlinks(entries)
     except (TreeInvalid, OSError) as exc:
         raise CwdUnadoptable(f"the cwd {cwd} cannot be read as a tree: {exc}") from exc

@@ -4,7 +4,11 @@ directory (setting `PAPERCLIP_COPYBACK_BACKEND`).
 The default, `LocalDirectoryCopyback`, copies a local tree into a staging sibling of the
 destination and then swaps it in with two renames, so the destination is never a half-copied
 mix. Symlinks are never followed: a link whose target stays inside the source tree is copied
-as a link, any other link (absolute, or escaping with `..`) is skipped and reported. A crash
+as a link, any other link (absolute, or escaping with `..`) is skipped and reported. Nothing
+outside the source is read even when the source changes during the copy: every directory and
+file is opened without following a final link, and where the kernel says the opened object
+lies (/proc/self/fd) must be inside the source, else it is skipped and reported (a directory
+swapped for a link to elsewhere after the walk listed it; docs/security.md). A crash
 at any point leaves either the old destination or the new one plus named leftovers that the
 next attempt for the same run cleans up; the source stays authoritative throughout.
 """
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 from uuid import UUID, uuid4
 
 from django.conf import settings
@@ -69,6 +73,21 @@ def _inside(root: Path, link_dir: str, target: str) -> bool:
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
+_PROC_FD: Final = "/proc/self/fd"
+_HAS_PROC_FD: Final = os.path.isdir(_PROC_FD)
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _opened_inside(fd: int, root: str | None) -> bool:
+    """The object open as `fd` lies inside `root` (a resolved path), by the kernel's own path
+    of it: a link swapped into the path after the walk listed it shows here. True when there is
+    no root to check against or no /proc (not Linux: the check is skipped)."""
+    if root is None or not _HAS_PROC_FD:
+        return True
+    where = os.readlink(f"{_PROC_FD}/{fd}")
+    return where == root or where.startswith(root.rstrip("/") + "/")
+
+
 def _same_file_state(current: os.stat_result, previous: os.stat_result) -> bool:
     """The incremental rule (docs/recovery.md#incremental-copy-back): a regular file of the
     previous destination stands for the source's when size, modification time (ns) and mode
@@ -86,12 +105,16 @@ def default_threads() -> int:
     return min(8, os.cpu_count() or 2)
 
 
-def _copy_file(source: str, target: str, state: os.stat_result) -> int:
+def _copy_file(source: str, target: str, state: os.stat_result, root: str | None = None) -> int:
     """Copy one regular file's bytes, mode and times; returns the bytes copied. O_NOFOLLOW on
     both ends: an entry swapped for a symlink since it was listed is refused (ELOOP), never
-    followed, and O_EXCL never writes through anything already at the target."""
+    followed, and O_EXCL never writes through anything already at the target; a file reached
+    through a directory swapped for a link (outside `root`) is refused the same way before a
+    byte of it is read."""
     fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        if not _opened_inside(fd_in, root):
+            raise OSError(errno.ELOOP, "outside the source directory", source)
         fd_out = os.open(
             target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
@@ -141,8 +164,9 @@ def _link_unchanged(previous: str, target: str, state: os.stat_result) -> bool:
     return True
 
 
-def _copy_chunk(chunk: list[_Item]) -> _Done:
-    """Link or copy a chunk of files (in a copy thread)."""
+def _copy_chunk(chunk: list[_Item], root: str | None = None) -> _Done:
+    """Link or copy a chunk of files (in a copy thread); `root`: the source's resolved path,
+    which every file opened must lie in."""
     done = _Done()
     for source, target, rel, previous in chunk:
         state = os.lstat(source)
@@ -155,7 +179,7 @@ def _copy_chunk(chunk: list[_Item]) -> _Done:
             done.bytes += state.st_size
             continue
         try:
-            done.bytes += _copy_file(source, target, state)
+            done.bytes += _copy_file(source, target, state, root)
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
@@ -246,6 +270,8 @@ class _TreeCopy:
         self.check = check
         self.threads = max(1, threads)
         self.checked_at = time.monotonic()
+        # Where the source really is: every directory and file opened must lie inside it.
+        self.root = os.path.realpath(src)
         self.files = self.size = self.links = self.linked = 0
         self.directories = -1  # the root is not counted
         self.skipped: list[str] = []
@@ -303,46 +329,76 @@ class _TreeCopy:
         self.dir_states.append((str(self.staging), os.lstat(self.src)))
         while stack:
             here, target_dir, previous_dir, rel_dir = stack.pop()
-            self.directories += 1
-            with os.scandir(here) as listing:
-                entries = list(listing)
-            for entry in entries:
-                name = entry.name
-                rel = f"{rel_dir}{name}"
-                target = f"{target_dir}/{name}"
-                # The entry's type from the directory listing (no stat); a regular file is
-                # stat-ed by the copy thread that takes it.
-                if entry.is_file(follow_symlinks=False):
-                    previous = None if previous_dir is None else f"{previous_dir}/{name}"
-                    chunk.append((entry.path, target, rel, previous))
-                    if len(chunk) >= _CHUNK:
-                        pending.add(pool.submit(_copy_chunk, chunk))
-                        chunk = []
-                        while len(pending) >= limit:
-                            self._collect(pending)
-                    continue
-                state = entry.stat(follow_symlinks=False)
-                mode = state.st_mode
-                if stat.S_ISLNK(mode):
-                    link = os.readlink(entry.path)
-                    if _inside(self.src, here, link):
-                        os.symlink(link, target)
-                        os.utime(
-                            target, ns=(state.st_atime_ns, state.st_mtime_ns), follow_symlinks=False
-                        )
-                        self.links += 1
+            listed = self._list(here, rel_dir)
+            if listed is None:
+                continue
+            dir_fd, entries = listed
+            try:
+                for entry in entries:
+                    name = entry.name
+                    rel = f"{rel_dir}{name}"
+                    target = f"{target_dir}/{name}"
+                    path = f"{here}/{name}"
+                    # The entry's type from the directory listing (no stat); a regular file is
+                    # stat-ed by the copy thread that takes it.
+                    if entry.is_file(follow_symlinks=False):
+                        previous = None if previous_dir is None else f"{previous_dir}/{name}"
+                        chunk.append((path, target, rel, previous))
+                        if len(chunk) >= _CHUNK:
+                            pending.add(pool.submit(_copy_chunk, chunk, self.root))
+                            chunk = []
+                            while len(pending) >= limit:
+                                self._collect(pending)
+                        continue
+                    state = entry.stat(follow_symlinks=False)
+                    mode = state.st_mode
+                    if stat.S_ISLNK(mode):
+                        link = os.readlink(name, dir_fd=dir_fd)
+                        if _inside(self.src, here, link):
+                            os.symlink(link, target)
+                            os.utime(
+                                target,
+                                ns=(state.st_atime_ns, state.st_mtime_ns),
+                                follow_symlinks=False,
+                            )
+                            self.links += 1
+                        else:
+                            self.skipped.append(rel)
+                    elif stat.S_ISDIR(mode):
+                        os.mkdir(target, 0o700)
+                        self.dir_states.append((target, state))
+                        previous = self._previous_dir(previous_dir, name)
+                        stack.append((path, target, previous, f"{rel}/"))
                     else:
-                        self.skipped.append(rel)
-                elif stat.S_ISDIR(mode):
-                    os.mkdir(target, 0o700)
-                    self.dir_states.append((target, state))
-                    previous = self._previous_dir(previous_dir, entry.name)
-                    stack.append((entry.path, target, previous, f"{rel}/"))
-                else:
-                    self.skipped.append(rel)  # sockets, fifos, devices
+                        self.skipped.append(rel)  # sockets, fifos, devices
+            finally:
+                os.close(dir_fd)
             self._check_due()
         if chunk:
-            pending.add(pool.submit(_copy_chunk, chunk))
+            pending.add(pool.submit(_copy_chunk, chunk, self.root))
+
+    def _list(self, here: str, rel_dir: str) -> tuple[int, list[os.DirEntry[str]]] | None:
+        """Open and list one directory of the source (the descriptor stays open for reading
+        its links); None, skipped and reported, when it is no longer a directory inside the
+        source (swapped for a link since its parent was listed)."""
+        try:
+            dir_fd = os.open(here, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            self.skipped.append(rel_dir.rstrip("/"))
+            return None
+        if not _opened_inside(dir_fd, self.root):
+            os.close(dir_fd)
+            self.skipped.append(rel_dir.rstrip("/"))
+            return None
+        self.directories += 1
+        try:
+            with os.scandir(dir_fd) as listing:
+                return dir_fd, list(listing)
+        except BaseException:
+            os.close(dir_fd)
+            raise
 
     @staticmethod
     def _previous_dir(previous_dir: str | None, name: str) -> str | None:

@@ -96,6 +96,7 @@ class RunResultAcceptApi(APIView):
                 (409, "native_result_conflict"),
                 (409, "run_not_finalizable"),
                 (409, "snapshot_not_registered"),
+                (409, "workspace_copyback_not_allowed"),
                 (422, "finalization_binding_missing"),
             ),
         },

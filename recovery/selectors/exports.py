@@ -12,7 +12,13 @@ from django.db.models import Q
 
 from leases.environment.export_resume import remote_termination_has
 from leases.models import EnvironmentLease
-from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, NativeRunResult
+from paperclip.models import (
+    ExecutionWorkspace,
+    HeartbeatRun,
+    Issue,
+    NativeRunFinalization,
+    NativeRunResult,
+)
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
 
@@ -38,6 +44,13 @@ def workspace_dir(run: HeartbeatRun) -> str | None:
     binding = (profile.get("nativeExecutionInput") or {}).get("binding") or {}
     value = binding.get("workspaceDir") if isinstance(binding, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def execution_workspace_cwds() -> list[str]:
+    """Every execution workspace's `cwd`, of every company (the copy-back never reads one:
+    recovery.services.copyback_guard)."""
+    cwds = ExecutionWorkspace.objects.exclude(cwd__isnull=True).exclude(cwd="")
+    return [cwd for cwd in cwds.order_by().values_list("cwd", flat=True).distinct() if cwd]
 
 
 def workspace_destination(run: HeartbeatRun, issue: Issue) -> str | None:

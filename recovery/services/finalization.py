@@ -40,6 +40,7 @@ from recovery.errors import (
     NativeResultConflict,
     RunNotFinalizable,
     SnapshotNotRegistered,
+    WorkspaceCopybackNotAllowed,
 )
 from recovery.locks import (
     coordinators_for_update,
@@ -65,6 +66,7 @@ from recovery.selectors.exports import (
 from recovery.selectors.finalization import owner_hold_live
 from recovery.services.actions import resolve_in_tx
 from recovery.services.conflicts import conflict_hold_in_tx, conflict_mode
+from recovery.services.copyback_guard import REFUSAL_TEXT, copyback_source_refusal
 from recovery.services.export_repair import export_hold_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
 from recovery.services.heads import (
@@ -189,6 +191,9 @@ def result_accept(
     With `workspace_tree` (a snapshot this run registered, else SnapshotNotRegistered),
     finalization publishes that tree instead of copying a directory back
     (docs/snapshots.md#publishing).
+    Without `workspace_tree`, the run's `workspace_dir` (if any) will be copied back, so it
+    must pass the copy-back guard (recovery.services.copyback_guard), else
+    WorkspaceCopybackNotAllowed(reason) and nothing is written.
     Locks issue → coordinator → run. Raises FinalizationBindingMissing, RunNotFinalizable
     (run terminal or already committed), NativeResultConflict (another result was accepted,
     or the same caller id was used for different content). Audited; the finalization job is
@@ -234,6 +239,13 @@ def result_accept(
             raise NativeResultConflict(accepted_result_id=str(coordinator.result_id))
         if run.is_terminal or (coordinator is not None and coordinator.phase != "observed"):
             raise RunNotFinalizable(status=run.status)
+        source = workspace_dir(run)
+        if (
+            workspace_tree is None
+            and source is not None
+            and (refusal := copyback_source_refusal(source)) is not None
+        ):
+            raise WorkspaceCopybackNotAllowed(reason=refusal)
         if run.completion_contract_id is None:
             # A result row needs a completion contract; runs created without one get theirs
             # minted here, under the run lock.
@@ -423,10 +435,18 @@ def _finish_operation_in_tx(
 
 
 def _schedule_retry(
-    *, ownership: FinalizationOwnership, company_id: UUID, run_id: UUID, code: str, detail: str
+    *,
+    ownership: FinalizationOwnership,
+    company_id: UUID,
+    run_id: UUID,
+    code: str,
+    detail: str,
+    final: bool = False,
 ) -> FinalizeOutcome:
     """A copy-back failure keeps the saved result: back off, and after the budget stop
-    automatic retries (phase retryable_failure) until someone finalizes it explicitly."""
+    automatic retries (phase retryable_failure) until someone finalizes it explicitly.
+    `final`: a failure no retry can mend (the copy-back guard refused the directory) spends
+    the budget at once, under its own code, and goes to the board's hold."""
     with transaction.atomic(durable=True):
         _issue, coordinator, run = _locked_binding(company_id=company_id, run_id=run_id)
         if coordinator is None:
@@ -435,10 +455,14 @@ def _schedule_retry(
         if coordinator.phase == NativeRunFinalization.Phase.COMMITTED:
             # A committed coordinator is never overwritten by a late failure.
             return _outcome(coordinator, run, "already_committed")
-        exhausted = coordinator.attempt >= _max_attempts()
+        exhausted = final or coordinator.attempt >= _max_attempts()
         delay = min(RETRY_BASE_SECONDS * 2 ** max(coordinator.attempt - 1, 0), RETRY_CAP_SECONDS)
         coordinator.failure_code = (
-            "workspace_copyback_retry_exhausted" if exhausted else "workspace_copyback_failed"
+            code
+            if final
+            else "workspace_copyback_retry_exhausted"
+            if exhausted
+            else "workspace_copyback_failed"
         )
         coordinator.failure_detail = {
             "workspaceFinalizeAttempt": coordinator.attempt,
@@ -490,9 +514,11 @@ def _attempt_failed(
     operation: WorkspaceOperation,
     code: str,
     exc: Exception,
+    final: bool = False,
 ) -> FinalizeOutcome:
     """A copy-back or publish attempt failed: close its operation with the error and keep the
-    saved result for a retry (the same for both ways a run's work reaches its workspace)."""
+    saved result for a retry (the same for both ways a run's work reaches its workspace);
+    `final`: no retry, the board's hold at once (see _schedule_retry)."""
     _finish_operation(
         operation=operation, succeeded=False, metadata={"error": code, "detail": str(exc)}
     )
@@ -502,6 +528,7 @@ def _attempt_failed(
         run_id=ownership.run_id,
         code=code,
         detail=str(exc),
+        final=final,
     )
 
 
@@ -690,6 +717,13 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
                     "copyback_destination_missing",
                     "The run has a workspace directory but its execution workspace has no cwd.",
                 )
+            # Again here, right before the copy: the directory may have been replaced since the
+            # result was accepted (by a link into another workspace, say), or the settings or
+            # the workspaces changed.
+            if (refusal := copyback_source_refusal(source)) is not None:
+                raise CopybackError(
+                    WorkspaceCopybackNotAllowed.code, f"{refusal}: {REFUSAL_TEXT[refusal]}"
+                )
             with metrics.COPYBACK_DURATION.time():
                 report = copyback_backend().copy_back(
                     run_id=run_id,
@@ -706,7 +740,13 @@ def _finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Fina
         raise
     except (CopybackError, OSError) as exc:
         code = exc.code if isinstance(exc, CopybackError) else "copyback_io_error"
-        return _attempt_failed(ownership, operation=operation, code=code, exc=exc)
+        return _attempt_failed(
+            ownership,
+            operation=operation,
+            code=code,
+            exc=exc,
+            final=code == WorkspaceCopybackNotAllowed.code,
+        )
     _finish_operation(
         operation=operation,
         succeeded=True,
@@ -855,8 +895,11 @@ def run_finalize(
 
     Returns NotAcquired(reason) when ownership isn't ours (see with_finalization_ownership).
     A copy-back failure keeps the saved result and schedules a retry (outcome
-    retry_scheduled / retry_exhausted). With `due_only` (the reconciler) a coordinator whose
-    retry time is still ahead, rechecked under ownership, is left alone (outcome not_due).
+    retry_scheduled / retry_exhausted); a directory the copy-back guard refuses right before
+    the copy (recovery.services.copyback_guard) is retry_exhausted at once, held for the board
+    with failure code workspace_copyback_not_allowed. With `due_only` (the reconciler) a
+    coordinator whose retry time is still ahead, rechecked under ownership, is left alone
+    (outcome not_due).
     Locks: the finalization advisory lock (dedicated connection) for the whole run, then
     issue → coordinator → run per progress write. Raises FinalizationBindingMissing,
     FinalizationNotReady, FinalizationOwnershipLost (ownership lost mid-way: nothing is

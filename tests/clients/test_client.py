@@ -22,6 +22,8 @@ pytestmark = pytest.mark.django_db
 
 
 def native_run(client: Client, world: World, workdir: Path) -> str:
+    if workdir == world.dest.parent:  # never a directory holding a workspace's cwd
+        workdir = workdir / "run"
     run = client.run_create(
         issue_id=str(world.issue.pk),
         execution_workspace_id=str(world.workspace.pk),

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def data_dir(settings: Any, tmp_path: Path) -> Path:
     settings.DATA_DIR = tmp_path
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "demo")]  # as make run sets it
     return tmp_path
 
 

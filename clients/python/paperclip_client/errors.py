@@ -306,6 +306,13 @@ class SnapshotNotRegistered(ConflictError):
     code = "snapshot_not_registered"
 
 
+class WorkspaceCopybackNotAllowed(ConflictError):
+    """A result without `workspace_tree` whose run's `workspace_dir` the server's legacy
+    copy-back may not read (`details["reason"]`): send the work as a tree."""
+
+    code = "workspace_copyback_not_allowed"
+
+
 class BlobDigestMismatch(InvalidRequest):
     """The uploaded bytes do not hash to the blob's name (`details["digest"]`)."""
 

@@ -96,6 +96,8 @@ def test_finalizations_survive_postgresql_restarts() -> None:
             "DATABASE_URL": url,
             "PAPERCLIP_COPYBACK_BACKEND": SLOW,
             "PAPERCLIP_TEST_COPY_SECONDS": "2",
+            # The runs' directories (the legacy copy-back reads only under its roots).
+            "PAPERCLIP_COPYBACK_ROOTS": str(work),
             **FAST,
         }
         workers = [Worker(**env), Worker(**env)]

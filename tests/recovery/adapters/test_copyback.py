@@ -201,3 +201,65 @@ def test_a_leftover_of_a_process_that_died_deleting_is_removed_next_time(tmp_pat
     )
     copyback_discards_wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo", "work"]
+
+
+def _with_secret(tmp_path: Path) -> tuple[Path, Path]:
+    """A run directory and, beside it, another directory holding a secret."""
+    src = tmp_path / "run"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("mine")
+    (src / "keep.txt").write_text("mine too")
+    secret = tmp_path / "other-workspace"
+    secret.mkdir()
+    (secret / "a.txt").write_text("the secret")
+    (secret / "secret.txt").write_text("the secret")
+    return src, secret
+
+
+def _contents(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): p.read_text()
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def test_links_out_of_the_source_are_skipped_never_followed(tmp_path: Path) -> None:
+    """A link to another directory (absolute, or escaping with `..`) is not copied and nothing
+    is read through it; a link that stays inside the source is copied as a link."""
+    src, secret = _with_secret(tmp_path)
+    (src / "absolute").symlink_to(secret)
+    (src / "sub" / "escaping").symlink_to("../../other-workspace")
+    (src / "inside").symlink_to("sub/a.txt")
+    dest = tmp_path / "repo"
+    report = LocalDirectoryCopyback().copy_back(
+        run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop
+    )
+    assert sorted(report.skipped) == ["absolute", "sub/escaping"]
+    assert _contents(dest) == {"keep.txt": "mine too", "sub/a.txt": "mine"}
+    assert os.readlink(dest / "inside") == "sub/a.txt"
+
+
+@pytest.mark.parametrize("at_call", [2, 3])
+def test_a_directory_swapped_for_a_link_mid_copy_is_not_followed(
+    tmp_path: Path, monkeypatch: Any, at_call: int
+) -> None:
+    """The race forced: `sub` is replaced by a link to another directory after the walk listed
+    it (call 2: before the walk descends into it; call 3: after its files were listed, before
+    the copy threads open them). Nothing of the other directory is read."""
+    src, secret = _with_secret(tmp_path)
+    monkeypatch.setattr(copyback, "CHECK_INTERVAL_SECONDS", 0)
+    calls: list[int] = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) == at_call:
+            (src / "sub").rename(tmp_path / "sub-moved")
+            (src / "sub").symlink_to(secret)
+
+    dest = tmp_path / "repo"
+    report = LocalDirectoryCopyback(threads=1).copy_back(
+        run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=check
+    )
+    assert "the secret" not in _contents(dest).values()
+    assert report.skipped

@@ -13,6 +13,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinalization
+from paperclip.snapshots.adopt import CwdUnadoptable, workspace_cwd_adopt
 from paperclip.snapshots.cas import cas_load
 from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import build, walk
@@ -343,3 +344,24 @@ def test_a_workspace_created_over_a_directory_with_files_starts_from_them(
     assert workspace.cwd_tree == tree  # the cwd already holds it: nothing to materialize
     assert build(read_tree(str(cwd)))[0] == tree
     assert audit_count("workspace.head_adopted") == 1
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_a_cwd_holding_a_link_out_of_it_is_not_adopted(tmp_path: Path, relative: bool) -> None:
+    """Adoption reads the cwd without following links; one leaving it makes the cwd
+    unadoptable (publishing waits for an operator) and nothing is stored or moved."""
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    (secret / "secret.txt").write_text("not this workspace's\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "README.md").write_text("hello\n")
+    (cwd / "leak").symlink_to("../elsewhere" if relative else secret)
+    b = make_binding()
+    b.workspace.cwd = str(cwd)
+    b.workspace.save(update_fields=["cwd"])
+    with pytest.raises(CwdUnadoptable):
+        workspace_cwd_adopt(company_id=b.company.pk, workspace_id=b.workspace.pk)
+    b.workspace.refresh_from_db()
+    assert b.workspace.head_tree is None
+    assert audit_count("workspace.head_adopted") == 0

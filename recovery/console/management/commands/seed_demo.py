@@ -37,7 +37,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandParser, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import connection, transaction
 
 from leases.environment.lifecycle import (
@@ -74,6 +74,7 @@ from recovery.models import IssueRecoveryAction
 from recovery.selectors.source import HISTORICAL_SOURCE_SCHEMA
 from recovery.services import result_accept
 from recovery.services.actions import RecoveryActionInput, recovery_action_upsert_source_scoped
+from recovery.services.copyback_guard import copyback_source_refusal
 from recovery.services.export_repair import export_hold_in_tx
 
 COMPANY_NAME = "Demo Company"
@@ -204,6 +205,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.demo_dir = demo_dir()
+        # Two of the demo's runs are copied back from their directories (the legacy copy-back),
+        # which reads only under PAPERCLIP_COPYBACK_ROOTS (docs/security.md#the-legacy-copy-back).
+        refusal = copyback_source_refusal(str(self.demo_dir / HELD_WORKDIR))
+        if refusal is not None:
+            raise CommandError(
+                f"The demo's runs are copied back from {self.demo_dir}, which the legacy "
+                f"copy-back refuses ({refusal}): set PAPERCLIP_COPYBACK_ROOTS={self.demo_dir} "
+                "(make run and make demo-reset do)."
+            )
         if options["reset"]:
             self._reset()
         password = options["password"] or secrets.token_urlsafe(12)

@@ -1,0 +1,132 @@
+"""Which run directories the legacy copy-back may read (docs/security.md#the-legacy-copy-back).
+
+A run's `workspace_dir` is whatever its agent wrote when it created the run, and the worker
+that copies it back often runs as root: left unchecked, an agent could name another company's
+workspace `cwd`, the data directory or `/` and have the worker copy it into its own workspace.
+The copy-back therefore reads a directory only when, symbolic links resolved, it lies inside
+one of the operator's `PAPERCLIP_COPYBACK_ROOTS`, and never when it is, contains or lies inside
+an execution workspace's `cwd` (of any company), the data directory or the store's directory.
+
+The decision (`copyback_refusal`) is a plain function of paths; `copyback_source_refusal`
+gathers its inputs (the settings and every workspace `cwd`) and is what the result endpoint
+and the worker call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Final, Literal
+
+from django.conf import settings
+
+from recovery.selectors.exports import execution_workspace_cwds
+
+type CopybackRefusal = Literal[
+    "copyback_disabled",
+    "not_absolute",
+    "outside_copyback_roots",
+    "copyback_root",
+    "store_directory",
+    "data_directory",
+    "execution_workspace",
+    "inside_execution_workspace",
+    "contains_execution_workspace",
+]
+
+REFUSAL_TEXT: Final[dict[str, str]] = {
+    "copyback_disabled": "The legacy copy-back is off (PAPERCLIP_COPYBACK_ROOTS is empty).",
+    "not_absolute": "The run's workspace directory is not an absolute path.",
+    "outside_copyback_roots": "The run's workspace directory lies outside every copy-back root.",
+    "copyback_root": "The run's workspace directory is a copy-back root itself.",
+    "store_directory": "The run's workspace directory is, holds or lies in the blob store.",
+    "data_directory": "The run's workspace directory is, holds or lies in the data directory.",
+    "execution_workspace": "The run's workspace directory is an execution workspace's cwd.",
+    "inside_execution_workspace": (
+        "The run's workspace directory lies inside an execution workspace's cwd."
+    ),
+    "contains_execution_workspace": (
+        "The run's workspace directory holds an execution workspace's cwd."
+    ),
+}
+
+
+def _inside(path: str, parent: str) -> bool:
+    """`path` lies strictly inside `parent` (both normalized, absolute)."""
+    return path.startswith(parent.rstrip("/") + "/") and path != parent
+
+
+def _related(path: str, other: str) -> bool:
+    """`path` is `other`, lies inside it, or holds it."""
+    return path == other or _inside(path, other) or _inside(other, path)
+
+
+def copyback_refusal(
+    source: str,
+    *,
+    roots: Sequence[str],
+    cwds: Iterable[str],
+    data_dir: str,
+    store_dir: str | None,
+) -> CopybackRefusal | None:
+    """Why the copy-back must not read `source`, or None when it may.
+
+    Every path is resolved with `os.path.realpath` (symbolic links followed, as the copy's
+    opening of the directory would) before it is compared, so a link named inside a root that
+    points elsewhere is judged by where it points. `source` must lie strictly inside a root
+    (a root is where run directories are made, not one of them). The data directory and
+    everything in it is refused, except below a root that itself lies inside the data
+    directory: naming such a root (the demo's `<data dir>/demo`) is the operator granting that
+    part of it. The store's directory and every workspace `cwd` are refused whatever the roots.
+    Touches the filesystem only through `realpath`.
+    """
+    if not roots:
+        return "copyback_disabled"
+    if not source.startswith("/") or "\x00" in source:
+        return "not_absolute"
+    path = os.path.realpath(source)
+    real_roots = [os.path.realpath(root) for root in roots]
+    # Checked first, so that a path outside the roots tells its agent nothing about which
+    # directories are other companies' workspaces.
+    if not any(path == root or _inside(path, root) for root in real_roots):
+        return "outside_copyback_roots"
+    if path in real_roots:
+        return "copyback_root"
+    data = os.path.realpath(data_dir)
+    if _related(path, data) and not any(
+        _inside(root, data) and _inside(path, root) for root in real_roots
+    ):
+        return "data_directory"
+    if store_dir is not None and _related(path, os.path.realpath(store_dir)):
+        return "store_directory"
+    for cwd in cwds:
+        if not cwd.startswith("/"):
+            continue  # not a path the copy-back could write either
+        real_cwd = os.path.realpath(cwd)
+        if path == real_cwd:
+            return "execution_workspace"
+        if _inside(path, real_cwd):
+            return "inside_execution_workspace"
+        if _inside(real_cwd, path):
+            return "contains_execution_workspace"
+    return None
+
+
+def copyback_roots() -> list[str]:
+    """The configured roots (PAPERCLIP_COPYBACK_ROOTS; empty: the legacy copy-back is off)."""
+    return [str(root) for root in settings.PAPERCLIP_COPYBACK_ROOTS]
+
+
+def copyback_source_refusal(source: str) -> CopybackRefusal | None:
+    """`copyback_refusal` against this deployment: its settings and every execution
+    workspace's `cwd` of every company (one query, skipped when the copy-back is off)."""
+    roots = copyback_roots()
+    if not roots:
+        return "copyback_disabled"
+    return copyback_refusal(
+        source,
+        roots=roots,
+        cwds=execution_workspace_cwds(),
+        data_dir=str(settings.DATA_DIR),
+        store_dir=str(settings.PAPERCLIP_CAS_DIR),
+    )

@@ -1,0 +1,221 @@
+"""The legacy copy-back is confined (docs/security.md#the-legacy-copy-back): an agent that names
+another company's workspace `cwd` (or `/`) as its run's directory and posts a result without
+a tree gets 409 `workspace_copyback_not_allowed` and nothing is written; a directory replaced
+by a link into another workspace after its result was accepted is refused by the worker.
+Everything through the API, the worker a real one (`run_worker --once`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from paperclip.models import ActivityEvent, NativeRunFinalization, NativeRunResult
+from recovery.models import IssueRecoveryAction
+from tests.helpers import assert_error, run_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RESULT = {"result": {"summary": "done"}, "terminal": {"run_terminal_state": "succeeded"}}
+SECRET = "company B's secret\n"
+
+
+class Tenant:
+    """A company made through the API by a superuser: one agent (with its key), one issue
+    assigned to it and one execution workspace whose `cwd` is `cwd`."""
+
+    def __init__(self, board: APIClient, name: str, cwd: Path) -> None:
+        self.board = board
+        company = board.post("/api/companies", {"name": name}, format="json").json()
+        self.company_id = company["id"]
+        agent = board.post(
+            f"/api/companies/{self.company_id}/agents", {"name": f"{name} agent"}, format="json"
+        ).json()
+        self.agent_id = agent["id"]
+        key = board.post(f"/api/agents/{self.agent_id}/keys", format="json").json()["key"]
+        self.agent = APIClient()
+        self.agent.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.cwd = cwd
+        workspace = board.post(
+            f"/api/companies/{self.company_id}/execution-workspaces",
+            {"name": f"{name} workspace", "cwd": str(cwd)},
+            format="json",
+        )
+        assert workspace.status_code == 201, workspace.json()
+        self.workspace_id = workspace.json()["id"]
+        issue = board.post(
+            f"/api/companies/{self.company_id}/issues",
+            {"title": f"{name} issue", "assignee_agent_id": self.agent_id},
+            format="json",
+        )
+        assert issue.status_code == 201, issue.json()
+        self.issue_id = issue.json()["id"]
+
+    def run(self, workspace_dir: str) -> str:
+        """A native run of the agent on its issue and workspace, with `workspace_dir`."""
+        created = self.agent.post(
+            "/api/heartbeat-runs",
+            {
+                "runtime_mode": "native",
+                "issue_id": self.issue_id,
+                "execution_workspace_id": self.workspace_id,
+                "workspace_dir": workspace_dir,
+            },
+            format="json",
+        )
+        assert created.status_code == 201, created.json()
+        run_id: str = created.json()["id"]
+        return run_id
+
+    def post_result(self, run_id: str) -> Any:
+        return self.agent.post(f"/api/heartbeat-runs/{run_id}/results", RESULT, format="json")
+
+
+@pytest.fixture
+def tenants(make_board_client: Any, tmp_path: Path) -> tuple[Tenant, Tenant]:
+    board = make_board_client(superuser=True)
+    a = Tenant(board, "Company A", tmp_path / "workspaces" / "a")
+    b = Tenant(board, "Company B", tmp_path / "workspaces" / "b" / "work")
+    (b.cwd / "secret.txt").write_text(SECRET)
+    return a, b
+
+
+def _written() -> tuple[int, int, int]:
+    return (
+        ActivityEvent.objects.count(),
+        NativeRunResult.objects.count(),
+        NativeRunFinalization.objects.exclude(phase="observed").count(),
+    )
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("b_cwd", "execution_workspace"),
+        ("b_cwd_link", "execution_workspace"),
+        ("/", "outside_copyback_roots"),
+        ("a_cwd_parent", "contains_execution_workspace"),
+    ],
+)
+def test_another_companys_workspace_is_never_copied_back(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, target: str, reason: str
+) -> None:
+    a, b = tenants
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "innocent").symlink_to(b.cwd)
+    workspace_dir = {
+        "b_cwd": str(b.cwd),
+        "b_cwd_link": str(tmp_path / "runs" / "innocent"),
+        "/": "/",
+        "a_cwd_parent": str(tmp_path / "workspaces"),
+    }[target]
+    run_id = a.run(workspace_dir)
+    before = _written()
+    error = assert_error(a.post_result(run_id), 409, "workspace_copyback_not_allowed")
+    assert error["details"] == {"reason": reason}
+    assert _written() == before
+    run_jobs()
+    assert _files(a.cwd) == []
+    assert (b.cwd / "secret.txt").read_text() == SECRET
+
+
+def test_with_no_roots_the_copy_back_is_off(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    a, _b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = []
+    own = tmp_path / "runs" / "own"
+    own.mkdir(parents=True)
+    run_id = a.run(str(own))
+    before = _written()
+    error = assert_error(a.post_result(run_id), 409, "workspace_copyback_not_allowed")
+    assert error["details"] == {"reason": "copyback_disabled"}
+    assert _written() == before
+
+
+def test_a_run_directory_inside_the_roots_is_copied_back(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    a, _b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    own = tmp_path / "runs" / "run-a"
+    own.mkdir(parents=True)
+    (own / "out.txt").write_text("A's work\n")
+    run_id = a.run(str(own))
+    assert a.post_result(run_id).status_code == 201
+    run_jobs()
+    assert (a.cwd / "out.txt").read_text() == "A's work\n"
+    assert a.agent.get(f"/api/heartbeat-runs/{run_id}").json()["finalization"]["state"] == (
+        "committed"
+    )
+
+
+def test_the_worker_refuses_a_directory_replaced_by_a_link_since_its_result(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path
+) -> None:
+    """The run's directory `runs/run-a/work` was A's own when its result was accepted; then
+    `runs/run-a` became a link to B's workspace's parent, so the same path names B's `cwd`. The
+    worker checks again before it copies: nothing of B's reaches A's workspace, the run is held
+    for the board with the reason, and an explicit finalize is refused the same way."""
+    a, b = tenants
+    own = tmp_path / "runs" / "run-a" / "work"
+    own.mkdir(parents=True)
+    (own / "out.txt").write_text("A's work\n")
+    run_id = a.run(str(own))
+    assert a.post_result(run_id).status_code == 201
+    (tmp_path / "runs" / "run-a").rename(tmp_path / "runs" / "moved-away")
+    (tmp_path / "runs" / "run-a").symlink_to(b.cwd.parent)
+    assert os.path.realpath(own) == str(b.cwd)
+    run_jobs()
+    assert _files(a.cwd) == []
+    coordinator = NativeRunFinalization.objects.get(run_id=run_id)
+    assert coordinator.phase == "retryable_failure"
+    assert coordinator.failure_code == "workspace_copyback_not_allowed"
+    assert coordinator.attempt == 1  # no retry spent on it: a retry cannot mend it
+    assert coordinator.failure_detail["code"] == "workspace_copyback_not_allowed"
+    assert coordinator.failure_detail["detail"].startswith("execution_workspace:")
+    state = a.agent.get(f"/api/heartbeat-runs/{run_id}").json()["finalization"]
+    assert state["state"] in ("failed", "held")
+    assert state["last_error"].startswith("workspace_copyback_not_allowed")
+    hold = IssueRecoveryAction.objects.get(
+        evidence__runId=run_id, status__in=("active", "escalated")
+    )
+    assert hold.owner_type == "board"
+    assert hold.evidence["failure"]["code"] == "workspace_copyback_not_allowed"
+    # The board's explicit finalize makes one more attempt: refused the same way.
+    board = b.board
+    assert board.post(f"/api/heartbeat-runs/{run_id}/finalize").status_code == 202
+    run_jobs()
+    assert _files(a.cwd) == []
+    coordinator.refresh_from_db()
+    assert (coordinator.failure_code, coordinator.attempt) == ("workspace_copyback_not_allowed", 2)
+
+
+def test_a_run_without_a_directory_or_a_tree_commits_with_nothing_copied(
+    tenants: tuple[Tenant, Tenant],
+) -> None:
+    a, _b = tenants
+    created = a.agent.post(
+        "/api/heartbeat-runs",
+        {
+            "runtime_mode": "native",
+            "issue_id": a.issue_id,
+            "execution_workspace_id": a.workspace_id,
+        },
+        format="json",
+    )
+    run_id = created.json()["id"]
+    assert a.post_result(run_id).status_code == 201
+    run_jobs()
+    assert _files(a.cwd) == []
+    assert a.agent.get(f"/api/heartbeat-runs/{run_id}").json()["finalization"]["state"] == (
+        "committed"
+    )
