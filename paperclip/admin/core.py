@@ -9,6 +9,7 @@ their pages in the console and in recovery (they link to every app's rows).
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -26,6 +27,7 @@ from paperclip.admin.toolkit import (
     CompanyListFilter,
     ReadOnlyAdmin,
     act_on_each,
+    console_panel,
     member_company_ids,
     report_each,
     short_id,
@@ -294,6 +296,10 @@ def _retry_said(name: str, outcome: MaterializeRetry) -> str:
     return f"{name}: the cwd already holds the head {short_tree(outcome.head)}, nothing to do"
 
 
+def _behind(obj: ExecutionWorkspace) -> bool:
+    return bool(obj.cwd) and obj.head_tree is not None and obj.cwd_tree != obj.head_tree
+
+
 def short_tree(tree: str | None) -> str:
     return "nothing" if tree is None else f"{tree[:19]}…"
 
@@ -363,6 +369,51 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
             obj.materialize_attempts,
             stamp(obj.materialize_next_at) if obj.materialize_next_at else "not scheduled",
         )
+
+    def detail_actions(self, request: HttpRequest, obj: ExecutionWorkspace) -> list[dict[str, Any]]:
+        if not _behind(obj):
+            return []
+        return [
+            {
+                "action": "retry_materialization",
+                "label": "Retry materialization now",
+                "primary": True,
+            }
+        ]
+
+    def detail_panels(self, request: HttpRequest, obj: ExecutionWorkspace) -> list[SafeString]:
+        if not _behind(obj):
+            return []
+        lines = [
+            f"Head {obj.head_tree}; the cwd holds {obj.cwd_tree or 'an unknown tree'}.",
+            "Agents' checkouts read the head from the store and keep working meanwhile.",
+        ]
+        if obj.materialize_error is None:
+            headline = "The worker has not written the head into the cwd yet."
+        else:
+            headline = f"Materialization failed: {obj.materialize_error[:500]}"
+            when = obj.materialize_next_at
+            lines.append(
+                f"Failures in a row: {obj.materialize_attempts}; the worker tries again "
+                + (
+                    f"at {when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC."
+                    if when
+                    else "when the head moves."
+                )
+            )
+            lines.append(
+                "Fix what the error names (disk space, the cwd's permissions, a lost blob), "
+                "then Retry materialization now."
+            )
+        return [
+            console_panel(
+                panel_id="materialization",
+                state="behind",
+                title="cwd behind its head",
+                headline=headline,
+                lines=lines,
+            )
+        ]
 
     @admin.action(description="Retry materialization now", permissions=["change"])
     def retry_materialization(

@@ -156,3 +156,25 @@ def test_another_companys_workspace_is_not_found(company: Company) -> None:
     assert not ProcrastinateJob.objects.filter(task_name=MATERIALIZE_TASK).exists()
     assert response.status_code in (200, 302)
     assert _retries() == 0
+
+
+def test_the_workspace_page_says_why_and_offers_the_retry_only_when_behind(
+    company: Company,
+) -> None:
+    workspaces = _behind(company)
+    client = staff(company)
+
+    def page(name: str) -> str:
+        url = reverse("admin:paperclip_executionworkspace_change", args=[workspaces[name].pk])
+        response = client.get(url)
+        assert response.status_code == 200
+        return response.content.decode()
+
+    failed = page("failed")
+    assert 'data-console-action="retry_materialization"' in failed
+    assert "Materialization failed: OSError: [Errno 28] No space left on device" in failed
+    assert "Failures in a row: 3" in failed
+    assert 'data-console-action="retry_materialization"' in page("stuck")
+    assert 'data-console-action="retry_materialization"' not in page("current")
+    assert 'data-console-action="retry_materialization"' not in page("no-cwd")
+    assert not ActivityEvent.objects.exists()  # reading writes nothing

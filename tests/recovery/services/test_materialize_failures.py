@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db.models.functions import Now
@@ -20,7 +21,7 @@ from paperclip.snapshots.cas import blob_path
 from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import blob_name
 from recovery.services.heads import materializations_reconcile, workspace_materialize
-from tests.paperclip.factories import CompanyFactory, ExecutionWorkspaceFactory
+from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
 from tests.recovery.snapshots import put_blob, store_tree
 
 pytestmark = pytest.mark.django_db
@@ -114,3 +115,19 @@ def test_a_cwd_that_cannot_be_written_is_recorded_not_raised(tmp_path: Path) -> 
     assert "NotADirectoryError" in workspace.materialize_error
     assert workspace.materialize_attempts == 1
     assert _failures() == 1
+
+
+def test_agents_check_out_the_head_from_the_store_while_the_cwd_is_behind(
+    tmp_path: Path, make_agent_client: Any
+) -> None:
+    workspace = _workspace(tmp_path)
+    (tmp_path / "cwd").chmod(0o555)  # and, for a worker not running as root, unwritable
+    _lose_blob(workspace)
+    assert workspace_materialize(workspace_id=workspace.pk).status == "failed"
+    agent = make_agent_client(AgentFactory(company=workspace.company))
+    head = agent.get(f"/api/execution-workspaces/{workspace.pk}/head")
+    assert head.status_code == 200
+    assert head.json()["tree"] == workspace.head_tree
+    readme = agent.get(f"/api/cas/blobs/{blob_name(b'hello, changed\n')}")
+    assert readme.status_code == 200
+    assert b"".join(readme.streaming_content) == b"hello, changed\n"
