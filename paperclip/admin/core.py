@@ -268,7 +268,7 @@ class BehindHeadFilter(admin.SimpleListFilter):
     """Workspaces whose cwd does not hold their head: the last materialization failed, or the
     head moved over a minute ago (the dashboard's "Workspaces behind their head" tile)."""
 
-    title = "cwd"
+    title = "cwd state"
     parameter_name = "behind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -353,7 +353,7 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
     def head_run_named(self, obj: ExecutionWorkspace) -> SafeString | str:
         return run_link(obj.head_run)
 
-    @admin.display(description="cwd")
+    @admin.display(description="cwd state")
     def materialization(self, obj: ExecutionWorkspace) -> SafeString | str:
         """Whether the cwd holds the head, and the last failure to make it (with the next
         attempt) when there is one."""
