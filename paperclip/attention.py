@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, F, Min, QuerySet, Window
 
 from paperclip.worker.health import freshest_worker_heartbeat
 
@@ -127,7 +127,62 @@ def _worker_heartbeat(scope: AttentionScope) -> list[AttentionTile]:
     ]
 
 
+# --- The core's tiles: workspaces whose cwd is behind their head ------------------------------
+
+
+def _workspaces_behind(scope: AttentionScope) -> list[AttentionTile]:
+    from paperclip.models import ExecutionWorkspace
+    from paperclip.snapshots.behind import behind_for_attention, behind_since
+
+    behind = behind_for_attention(scoped(ExecutionWorkspace.objects.all(), scope.company_ids))
+    # One query: the count and age over every row (window aggregates), on the row of the
+    # latest failure (failures first, newest first).
+    top = (
+        behind.annotate(n=Window(Count("pk")), oldest=Window(Min(behind_since())))
+        .order_by(F("materialize_failed_at").desc(nulls_last=True), "pk")
+        .values(
+            "name",
+            "materialize_error",
+            "materialize_attempts",
+            "materialize_next_at",
+            "n",
+            "oldest",
+        )
+        .first()
+    )
+    count, oldest = (int(top["n"]), top["oldest"]) if top is not None else (0, None)
+    latest = top if top is not None and top["materialize_error"] is not None else None
+    hint = (
+        "The worker writes the head into the cwd; agents' checkouts read the store meanwhile. "
+        "Fix what the error names, then Retry materialization now on the workspace."
+    )
+    if latest is not None:
+        next_at = latest["materialize_next_at"]
+        when = f"{next_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" if next_at else "not scheduled"
+        hint = (
+            f"Latest: {latest['name']}: {(latest['materialize_error'] or '')[:300]} "
+            f"(attempt {latest['materialize_attempts']}; next attempt {when}). {hint}"
+        )
+    return [
+        AttentionTile(
+            "workspace_behind_head", "Workspaces behind their head", count, oldest, hint=hint
+        )
+    ]
+
+
 TILES: tuple[TileSource, ...] = (
+    TileSource(
+        ("workspace_behind_head",),
+        _workspaces_behind,
+        links(
+            {
+                "workspace_behind_head": (
+                    "admin:paperclip_executionworkspace_changelist",
+                    {"behind": "yes"},
+                )
+            }
+        ),
+    ),
     TileSource(
         ("job_failed",),
         _failed_jobs,

@@ -170,6 +170,13 @@ class ExecutionWorkspace(TimestampedModel):
     )
     head_committed_at = models.DateTimeField(null=True, blank=True)
     cwd_tree = models.TextField(null=True, blank=True)
+    # The last failure to materialize the head into the cwd, cleared by a success
+    # (docs/snapshots.md#when-materialization-fails): its error, when, how many in a row, and
+    # when the reconciler defers the next attempt (back-off).
+    materialize_error = models.TextField(null=True, blank=True)
+    materialize_failed_at = models.DateTimeField(null=True, blank=True)
+    materialize_attempts = models.IntegerField(default=0, db_default=0)
+    materialize_next_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "execution_workspaces"

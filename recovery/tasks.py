@@ -7,6 +7,7 @@ from uuid import UUID
 
 from procrastinate.contrib.django import app
 
+from paperclip.snapshots.behind import MATERIALIZE_TASK
 from paperclip.worker.schedule import maintenance_task
 from recovery.errors import (
     FinalizationBindingMissing,
@@ -15,11 +16,7 @@ from recovery.errors import (
 )
 from recovery.services import NotAcquired, finalizations_reconcile, run_finalize
 from recovery.services.finalization_jobs import FINALIZE_TASK
-from recovery.services.heads import (
-    MATERIALIZE_TASK,
-    materializations_reconcile,
-    workspace_materialize,
-)
+from recovery.services.heads import materializations_reconcile, workspace_materialize
 
 
 @app.task(name=FINALIZE_TASK, queue="finalization")
@@ -60,8 +57,18 @@ def reconcile_finalizations(timestamp: int) -> str:
 
 @app.task(name=MATERIALIZE_TASK, queue="finalization")
 def materialize_workspace(workspace_id: str) -> str:
-    """Make the workspace's cwd hold its head (docs/snapshots.md#materialization)."""
+    """Make the workspace's cwd hold its head (docs/snapshots.md#materialization). A failure
+    is recorded on the workspace and retried by the reconciler after its back-off: the job
+    itself ends normally, saying so."""
     outcome = workspace_materialize(workspace_id=UUID(workspace_id))
+    if outcome.status == "failed":
+        attempt = outcome.failure
+        when = (
+            f"attempt {attempt.attempts}, next at {attempt.next_at.isoformat()}"
+            if attempt is not None
+            else "the workspace is gone"
+        )
+        return f"failed {outcome.tree}: {outcome.error} ({when})"
     if outcome.report is None:
         return f"{outcome.status} {outcome.tree or ''}".strip()
     report = outcome.report

@@ -403,8 +403,11 @@ class RunSnapshotRegisterApi(APIView):
         description=(
             "Accepted only while the run (or its issue) holds the workspace's runtime lease at "
             "`generation`, and only when every blob the tree and its `base` reach is stored "
-            "(409 `snapshot_blobs_missing` with `details.missing`). A malformed tree is 400 "
-            "`snapshot_tree_invalid` with `details.path` and `details.reason`. A repeat is 200."
+            "(409 `snapshot_blobs_missing` with `details.missing`). A malformed tree (symlinks "
+            "that loop or climb out included), or a file whose `size` is not its stored blob's "
+            "(or its chunks' sum), is 400 `snapshot_tree_invalid` with `details.path` and "
+            "`details.reason`; a `base` that is not a directory tree of the company's store is "
+            "400 `invalid_request` naming `base`. A repeat is 200."
         ),
         request=InputSerializer,
         responses={

@@ -15,7 +15,7 @@ now()`), which both proves they are stored and keeps the collector away from the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Final
 from uuid import UUID
@@ -36,10 +36,10 @@ from paperclip.db.advisory import advisory_xact_lock_shared
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, RunSnapshot
-from paperclip.snapshots.cas import cas_pin, directory_loader
+from paperclip.snapshots.cas import BlobTooLarge, cas_pin, cas_rows, directory_loader
 from paperclip.snapshots.collect import roots_lock_key
 from paperclip.snapshots.counts import counts_against_head
-from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, walk
+from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, decode_stored_dir, walk
 
 MAX_MISSING_LISTED: Final = 1000
 
@@ -60,6 +60,11 @@ class _Plan:
     bytes: int
     entries: int
     head: str | None = None
+    # The size each file read names its blob with, and the chunked files by path: checked
+    # against the stored sizes in the pinning statement (the files the plan read only; those
+    # it shares with the head were checked when the head was registered).
+    sizes: dict[str, int] = field(default_factory=dict)
+    chunked: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
 
 class _HeadMoved(Exception):
@@ -96,6 +101,8 @@ def _plan_against_head(*, company_id: UUID, workspace_id: UUID, tree: str) -> _P
         bytes=counts.bytes,
         entries=counts.entries,
         head=head,
+        sizes=changes.sizes,
+        chunked=changes.chunked,
     )
 
 
@@ -103,7 +110,12 @@ def _plan_whole(*, company_id: UUID, tree: str) -> _Plan:
     walked = snapshot_walk(company_id=company_id, tree=tree)
     _raise_missing(walked.missing)
     return _Plan(
-        pin=sorted(walked.reached()), files=walked.files, bytes=walked.bytes, entries=walked.count
+        pin=sorted(walked.reached()),
+        files=walked.files,
+        bytes=walked.bytes,
+        entries=walked.count,
+        sizes=walked.sizes,
+        chunked=walked.chunked,
     )
 
 
@@ -161,6 +173,7 @@ def run_snapshot_register(
     """
     _name("tree", tree)
     _name("base", base)
+    _require_base_tree(company_id, base)
     run = (
         HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
         .values("agent_id", "execution_workspace_id", "issue_id", "native_issue_id")
@@ -250,7 +263,9 @@ def _register(
                         "This run registered the tree already, from another base.",
                         fields={"base": [f"The tree was registered with base {existing.base}."]},
                     )
-                _raise_missing(cas_pin(company_id=company_id, digests=pin))
+                pinned = cas_pin(company_id=company_id, digests=pin, sizes=plan.sizes)
+                _raise_missing(pinned.missing)
+                _raise_other_size(company_id, tree, pinned.other_size, plan.chunked)
                 snapshot = RunSnapshot.objects.create(
                     company_id=company_id,
                     run_id=run_id,
@@ -281,6 +296,68 @@ def _register(
                 execution_workspace_id=str(workspace_id), requested_action="snapshot"
             ) from exc
     return SnapshotRegistration(snapshot, created=True)
+
+
+def _require_base_tree(company_id: UUID, base: str | None) -> None:
+    """A base is null or a directory tree of the company's store (its root directory blob;
+    the base's other directories are read by publishing, which merges a collected one as
+    empty)."""
+    if base is None:
+        return
+    try:
+        stored = directory_loader(company_id)([base])
+        if base in stored:
+            decode_stored_dir(stored[base], base)
+            return
+    except (TreeInvalid, BlobTooLarge):
+        pass
+    raise InvalidRequest(
+        "The base is not a directory tree of this company's store.",
+        fields={"base": ["Null, or the tree the run's checkout fetched (a stored directory)."]},
+    )
+
+
+def _raise_other_size(
+    company_id: UUID,
+    tree: str,
+    other_size: list[str],
+    chunked: dict[str, tuple[int, tuple[str, ...]]],
+) -> None:
+    """SnapshotTreeInvalid(path, "size_mismatch") for a file whose size is not its stored
+    blob's (`other_size`: the blobs the pin found stored with another size) or its stored
+    chunks' sum. In the caller's transaction: the chunks are pinned and stored by now."""
+    if other_size:
+        raise SnapshotTreeInvalid(
+            path=_file_naming(company_id, tree, other_size[0]), reason="size_mismatch"
+        )
+    if not chunked:
+        return
+    stored = cas_rows(
+        company_id=company_id, digests={c for _, chunks in chunked.values() for c in chunks}
+    )
+    for path, (size, chunks) in sorted(chunked.items()):
+        if sum(stored[c][1] if c in stored else 0 for c in chunks) != size:
+            raise SnapshotTreeInvalid(path=path, reason="size_mismatch")
+
+
+def _file_naming(company_id: UUID, tree: str, digest: str) -> str:
+    """The path of a file of `tree` naming `digest` with a size it is not stored with (the
+    error's path: read again, with every file, only on this refusal)."""
+    try:
+        walked = walk(tree, load_many=directory_loader(company_id))
+    except TreeInvalid as exc:
+        return exc.path  # the same blob named with two sizes: the whole walk names the file
+    stored = cas_rows(company_id=company_id, digests=[digest]).get(digest)
+    return next(
+        (
+            path
+            for path, entry in walked.entries.items()
+            if entry.type == "file"
+            and entry.digest == digest
+            and (stored is None or entry.size != stored[1])
+        ),
+        "",
+    )
 
 
 def _raise_missing(missing: list[str]) -> None:

@@ -9,6 +9,7 @@ their pages in the console and in recovery (they link to every app's rows).
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -26,6 +27,8 @@ from paperclip.admin.toolkit import (
     CompanyListFilter,
     ReadOnlyAdmin,
     act_on_each,
+    console_panel,
+    member_company_ids,
     report_each,
     short_id,
 )
@@ -44,6 +47,12 @@ from paperclip.models import (
 )
 from paperclip.services import absolute_path_error
 from paperclip.snapshots.adopt import workspace_cwd_adopt_defer_in_tx
+from paperclip.snapshots.behind import (
+    MaterializeRetry,
+    behind_for_attention,
+    workspace_materialize_retry,
+)
+from paperclip.templatetags.console import stamp
 
 # Django's admin and form classes are not subscriptable at runtime (no django-stubs-ext patch).
 if TYPE_CHECKING:
@@ -255,12 +264,66 @@ class ExecutionWorkspaceAdminForm(_ModelForm):
         return cwd
 
 
+class BehindHeadFilter(admin.SimpleListFilter):
+    """Workspaces whose cwd does not hold their head: the last materialization failed, or the
+    head moved over a minute ago (the dashboard's "Workspaces behind their head" tile)."""
+
+    title = "cwd state"
+    parameter_name = "behind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Behind its head")]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[ExecutionWorkspace]
+    ) -> QuerySet[ExecutionWorkspace]:
+        if self.value() != "yes":
+            return queryset
+        return behind_for_attention(queryset)
+
+
+def _retry_said(name: str, outcome: MaterializeRetry) -> str:
+    """What "Retry materialization now" did to one workspace, in words."""
+    if outcome.status == "deferred":
+        return (
+            f"{name}: job {outcome.job_id} deferred to write {short_tree(outcome.head)} "
+            f"over {short_tree(outcome.cwd_tree)}"
+        )
+    if outcome.status == "already_queued":
+        return f"{name}: a materialization job was already waiting; it runs next"
+    if outcome.status == "no_cwd":
+        return f"{name}: no cwd, nothing to materialize"
+    return f"{name}: the cwd already holds the head {short_tree(outcome.head)}, nothing to do"
+
+
+def _behind(obj: ExecutionWorkspace) -> bool:
+    return bool(obj.cwd) and obj.head_tree is not None and obj.cwd_tree != obj.head_tree
+
+
+def short_tree(tree: str | None) -> str:
+    return "nothing" if tree is None else f"{tree[:19]}…"
+
+
 @admin.register(ExecutionWorkspace)
 class ExecutionWorkspaceAdmin(AuditedAdmin):
     form = ExecutionWorkspaceAdminForm
     audit_entity = "execution_workspace"
-    list_display = ("name", "company", "status", "cwd", "runtime_lease_generation", "last_used_at")
-    list_filter = ("status", ("provider_type", IndexedValuesListFilter), COMPANY_FILTER)
+    list_display = (
+        "name",
+        "company",
+        "status",
+        "cwd",
+        "materialization",
+        "runtime_lease_generation",
+        "last_used_at",
+    )
+    list_filter = (
+        "status",
+        BehindHeadFilter,
+        ("provider_type", IndexedValuesListFilter),
+        COMPANY_FILTER,
+    )
+    actions = ("retry_materialization",)
     search_fields = ("name", "id", "cwd")
     list_select_related = ("company",)
     autocomplete_fields = ("company", "source_issue")
@@ -273,6 +336,10 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
         "head_run_named",
         "head_committed_at",
         "cwd_tree",
+        "materialize_error",
+        "materialize_failed_at",
+        "materialize_attempts",
+        "materialize_next_at",
         "opened_at",
         "created_at",
         "updated_at",
@@ -285,6 +352,88 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
     @admin.display(description="head run")
     def head_run_named(self, obj: ExecutionWorkspace) -> SafeString | str:
         return run_link(obj.head_run)
+
+    @admin.display(description="cwd state")
+    def materialization(self, obj: ExecutionWorkspace) -> SafeString | str:
+        """Whether the cwd holds the head, and the last failure to make it (with the next
+        attempt) when there is one."""
+        if not obj.cwd or obj.head_tree is None:
+            return "-"
+        if obj.cwd_tree == obj.head_tree:
+            return "at its head"
+        if obj.materialize_error is None:
+            return "behind its head"
+        return format_html(
+            "behind: {} <span class='help'>(attempt {}; next {})</span>",
+            obj.materialize_error[:200],
+            obj.materialize_attempts,
+            stamp(obj.materialize_next_at) if obj.materialize_next_at else "not scheduled",
+        )
+
+    def detail_actions(self, request: HttpRequest, obj: ExecutionWorkspace) -> list[dict[str, Any]]:
+        if not _behind(obj):
+            return []
+        return [
+            {
+                "action": "retry_materialization",
+                "label": "Retry materialization now",
+                "primary": True,
+            }
+        ]
+
+    def detail_panels(self, request: HttpRequest, obj: ExecutionWorkspace) -> list[SafeString]:
+        if not _behind(obj):
+            return []
+        lines = [
+            f"Head {obj.head_tree}; the cwd holds {obj.cwd_tree or 'an unknown tree'}.",
+            "Agents' checkouts read the head from the store and keep working meanwhile.",
+        ]
+        if obj.materialize_error is None:
+            headline = "The worker has not written the head into the cwd yet."
+        else:
+            headline = f"Materialization failed: {obj.materialize_error[:500]}"
+            when = obj.materialize_next_at
+            lines.append(
+                f"Failures in a row: {obj.materialize_attempts}; the worker tries again "
+                + (
+                    f"at {when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC."
+                    if when
+                    else "when the head moves."
+                )
+            )
+            lines.append(
+                "Fix what the error names (disk space, the cwd's permissions, a lost blob), "
+                "then Retry materialization now."
+            )
+        return [
+            console_panel(
+                panel_id="materialization",
+                state="behind",
+                title="cwd behind its head",
+                headline=headline,
+                lines=lines,
+            )
+        ]
+
+    @admin.action(description="Retry materialization now", permissions=["change"])
+    def retry_materialization(
+        self, request: HttpRequest, queryset: QuerySet[ExecutionWorkspace]
+    ) -> None:
+        names = dict(queryset.order_by("pk").values_list("pk", "name"))
+        company_ids = member_company_ids(request)
+        said: list[str] = []
+
+        def act(pk: Any) -> str:
+            outcome = workspace_materialize_retry(
+                workspace_id=pk, company_ids=company_ids, actor_id=str(request.user.pk)
+            )
+            said.append(_retry_said(names[pk], outcome))
+            return outcome.status
+
+        done = act_on_each(list(names), act, name=lambda pk: names[pk])
+        report_each(
+            self, request, f"{'; '.join(said) or 'Nothing selected'}. Failed: ", done.failed
+        )
 
     def save_model(
         self, request: HttpRequest, obj: ExecutionWorkspace, form: Any, change: bool

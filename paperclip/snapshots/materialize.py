@@ -13,6 +13,9 @@ Entry, directories included), a function that opens a blob, and a `check` that r
   whatever is on disk where the tree wants something else (a symlink or file where it wants a
   directory, a directory where it wants a file) is removed, not descended into. A file with
   several hard links is replaced, never changed in place.
+- New and changed entries are all written before any entry the target has not is deleted, so
+  a failure part way (a full disk, an unreadable blob) never leaves the destination partly
+  emptied: it holds every old entry, some of them already new.
 - A crash part way leaves a mix of old and new entries and at most stray temporary siblings;
   the next call with the same arguments finishes the tree and removes those siblings.
 """
@@ -100,6 +103,9 @@ def materialize(
         work = _Materializer(children, previous, open_blob, check, check_every, durable)
         work.check()
         work.directory(root, "")
+        # Only once every new and changed entry is in place: a failure before this point
+        # leaves every old entry where it was (never a cwd partly emptied).
+        work.remove_extras(root, "")
     finally:
         os.close(root)
     return work.report()
@@ -226,6 +232,9 @@ class _Materializer:
         self.last_check = 0.0
         self.written = self.bytes_written = self.symlinks = self.directories = 0
         self.modes = self.removed = self.unchanged = self.temporaries = 0
+        # Directories holding entries the target has not (removed last), and their ancestors.
+        self.extras: set[str] = set()
+        self.on_the_way: set[str] = set()
 
     def report(self) -> MaterializeReport:
         return MaterializeReport(
@@ -248,22 +257,16 @@ class _Materializer:
             self.check()
 
     def directory(self, fd: int, path: str) -> None:
-        """Make the open directory `fd` (at `path`) hold exactly its target entries."""
+        """Write the target entries of the open directory `fd` (at `path`) that differ; note
+        it for `remove_extras` when it also holds entries the target has not."""
         wanted = self.children.get(path, {})
         changed = False
-        for name in sorted(os.listdir(fd)):
-            if name in wanted:
-                continue
-            found = _lstat(name, fd)
-            if found is None:
-                continue
-            self.tick()
-            count = self.remove(fd, name, found)
-            changed = True
-            if is_temp_name(name):
-                self.temporaries += count
-            else:
-                self.removed += count
+        if any(name not in wanted for name in os.listdir(fd)):
+            self.extras.add(path)
+            up = path
+            while up:  # its ancestors, which `remove_extras` walks through
+                up = up.rpartition("/")[0]
+                self.on_the_way.add(up)
         for name in sorted(wanted):
             entry, where = wanted[name], _join(path, name)
             found = _lstat(name, fd)
@@ -275,6 +278,47 @@ class _Materializer:
                 changed |= self.symlink_entry(fd, name, entry, found)
         if changed and self.durable:
             os.fsync(fd)
+
+    def remove_extras(self, fd: int, path: str) -> None:
+        """Delete what the directories noted by `directory` hold beyond their target entries
+        (stray temporaries included), walking to them from the open directory `fd` (at
+        `path`) through descriptors that follow no link. A directory whose mode forbids it
+        is given its owner's rwx for the removal and its mode back after."""
+        if path in self.extras:
+            wanted = self.children.get(path, {})
+            changed = False
+            for name in sorted(os.listdir(fd)):
+                if name in wanted:
+                    continue
+                found = _lstat(name, fd)
+                if found is None:
+                    continue
+                self.tick()
+                count = self.remove(fd, name, found)
+                changed = True
+                if is_temp_name(name):
+                    self.temporaries += count
+                else:
+                    self.removed += count
+            if changed and self.durable:
+                os.fsync(fd)
+        for name, entry in sorted(self.children.get(path, {}).items()):
+            where = _join(path, name)
+            if entry.type != "dir" or (where not in self.extras and where not in self.on_the_way):
+                continue
+            found = _lstat(name, fd)
+            if found is None or not stat.S_ISDIR(found.st_mode):
+                continue
+            mode = stat.S_IMODE(found.st_mode)
+            child = _open_dir(name, fd)
+            try:
+                if mode & 0o700 != 0o700:
+                    os.fchmod(child, mode | 0o700)
+                self.remove_extras(child, where)
+            finally:
+                if stat.S_IMODE(os.fstat(child).st_mode) != mode:
+                    os.fchmod(child, mode)
+                os.close(child)
 
     def remove(self, fd: int, name: str, found: os.stat_result) -> int:
         """Remove `name` (a whole directory tree, never following a link): paths removed."""

@@ -262,12 +262,29 @@ class Walk:
     directories: dict[str, str] = field(default_factory=dict)  # dir blob name → a path to it
     contents: set[str] = field(default_factory=set)
     missing: list[str] = field(default_factory=list)
+    # The size each file names its content blob with (one size per blob: two are refused), and
+    # the files stored in chunks, by path (their size is the chunks' sum): what registration
+    # compares with the stored sizes.
+    sizes: dict[str, int] = field(default_factory=dict)
+    chunked: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
     files: int = 0
     bytes: int = 0
     count: int = 0  # entries of every kind, the root not counted
 
     def reached(self) -> set[str]:
         return {self.root, *self.directories, *self.contents}
+
+
+def claim_size(
+    sizes: dict[str, int], chunked: dict[str, tuple[int, tuple[str, ...]]], path: str, entry: Entry
+) -> bool:
+    """Record the size the file `entry` at `path` gives its content: False when its single
+    blob was already named with another size (a blob has one size, so one of them lies)."""
+    if entry.chunks is not None:
+        chunked[path] = (entry.size, entry.chunks)
+        return True
+    assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+    return sizes.setdefault(entry.digest, entry.size) == entry.size
 
 
 def walk(
@@ -326,6 +343,10 @@ def walk(
                     result.files += 1
                     result.bytes += entry.size
                     result.contents.update(entry.blobs())
+                    if not claim_size(result.sizes, result.chunked, where, entry):
+                        raise TreeInvalid(
+                            where, "size_mismatch", "its blob is named with two sizes"
+                        )
         level = following
         depth += 1
     result.count = count
@@ -346,6 +367,9 @@ class Changes:
     root: str
     head: str
     new: set[str] = field(default_factory=set)
+    # The sizes the files `root` has in the parts that differ give their blobs (as `Walk`'s).
+    sizes: dict[str, int] = field(default_factory=dict)
+    chunked: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
     files: int = 0
     bytes: int = 0
     entries: int = 0
@@ -419,6 +443,10 @@ def walk_changes(
                         changes.files += sign
                         changes.bytes += sign * entry.size
                         reached.update(entry.blobs())
+                        if sign > 0 and not claim_size(
+                            changes.sizes, changes.chunked, where, entry
+                        ):
+                            return None  # the whole walk names the file
                     else:
                         found[where] = entry.target
         level = following
@@ -442,21 +470,35 @@ def stored_dir(
 
 
 def check_symlinks(entries: Mapping[str, Entry]) -> None:
-    """Every symlink's target resolves inside the tree: lexically, and through the tree's own
-    symlinks (a link to `..` inside a subdirectory is fine; two links that together climb out
-    are not). A target that names nothing in the tree is fine while it stays inside."""
+    """Every symlink resolves inside the tree, to a path and not round a loop: its target is
+    followed lexically and through the tree's own symlinks, its last component included (a
+    link to `..` inside a subdirectory is fine; two links that together climb out are not;
+    nor are links that resolve to each other). A target that names nothing in the tree is
+    fine while it stays inside."""
+    resolved: dict[str, str] = {}  # link path → the path it resolves to, once known
     for path, entry in entries.items():
         if entry.type == "symlink":
-            parent = path.rpartition("/")[0]
-            _resolve(entries, parent, entry.target, path, hops=0)
+            _follow(entries, path, entry, link=path, hops=0, resolved=resolved)
 
 
-def _resolve(entries: Mapping[str, Entry], parent: str, target: str, link: str, hops: int) -> str:
+def _follow(
+    entries: Mapping[str, Entry],
+    path: str,
+    entry: Entry,
+    *,
+    link: str,
+    hops: int,
+    resolved: dict[str, str],
+) -> str:
+    """Where the symlink `entry` at `path` resolves (`link`: the symlink being checked, named
+    in the error). Each link is resolved once: a loop never resolves, so it stops at the hop
+    limit whatever the order."""
+    if path in resolved:
+        return resolved[path]
     if hops > MAX_SYMLINK_HOPS:
         raise TreeInvalid(link, "symlink_loop")
-    parts = [p for p in parent.split("/") if p]
-    components = [c for c in target.split("/") if c not in ("", ".")]
-    for index, component in enumerate(components):
+    parts = [p for p in path.rpartition("/")[0].split("/") if p]
+    for component in (c for c in entry.target.split("/") if c not in ("", ".")):
         if component == "..":
             if not parts:
                 raise TreeInvalid(link, "escaping_symlink")
@@ -464,11 +506,12 @@ def _resolve(entries: Mapping[str, Entry], parent: str, target: str, link: str, 
             continue
         parts.append(component)
         here = "/".join(parts)
-        entry = entries.get(here)
-        if entry is not None and entry.type == "symlink" and index < len(components) - 1:
-            resolved = _resolve(entries, "/".join(parts[:-1]), entry.target, link, hops + 1)
-            parts = [p for p in resolved.split("/") if p]
-    return "/".join(parts)
+        found = entries.get(here)
+        if found is not None and found.type == "symlink":
+            through = _follow(entries, here, found, link=link, hops=hops + 1, resolved=resolved)
+            parts = [p for p in through.split("/") if p]
+    resolved[path] = "/".join(parts)
+    return resolved[path]
 
 
 def build(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes]]:

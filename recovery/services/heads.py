@@ -24,14 +24,22 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, BinaryIO, Final, Literal
 from uuid import UUID
 
-from django.db import connection, transaction
-from django.db.models import F, Q
+import psycopg
+from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
+from paperclip.snapshots.behind import (
+    FAILURE_CLEARED,
+    MaterializeFailure,
+    behind_head,
+    due_for_attempt,
+    materialize_defer_in_tx,
+    materialize_failure_record,
+)
 from paperclip.snapshots.cas import (
     cas_blob_file,
     cas_open,
@@ -50,11 +58,9 @@ from paperclip.snapshots.trees import (
     decode_dir,
     walk,
 )
-from paperclip.worker.jobs import job_defer_in_tx
 
 logger = logging.getLogger(__name__)
 
-MATERIALIZE_TASK: Final = "materialize_workspace"
 PUBLISHER: Final = "workspace_publisher"
 
 
@@ -288,28 +294,12 @@ def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> 
     return True
 
 
-def materialize_queueing_lock(workspace_id: UUID) -> str:
-    return f"materialize-workspace:{workspace_id}"
-
-
-def materialize_defer_in_tx(*, workspace_id: UUID) -> int | None:
-    """Defer the workspace's materialization job (None when one is already waiting)."""
-    require_transaction()
-    return job_defer_in_tx(
-        MATERIALIZE_TASK,
-        queueing_lock=materialize_queueing_lock(workspace_id),
-        workspace_id=str(workspace_id),
-    )
-
-
 def materializations_reconcile() -> int:
     """Defer a materialization for every workspace whose cwd is behind its head (a crash part
-    way, a lost job); returns how many were deferred."""
+    way, a lost job, a failure whose back-off has passed: one still backing off waits for its
+    `materialize_next_at`); returns how many were deferred."""
     behind = list(
-        ExecutionWorkspace.objects.filter(cwd__isnull=False, head_tree__isnull=False)
-        .exclude(cwd="")
-        .filter(Q(cwd_tree__isnull=True) | ~Q(head_tree=F("cwd_tree")))
-        .values_list("pk", flat=True)
+        due_for_attempt(behind_head(ExecutionWorkspace.objects.all())).values_list("pk", flat=True)
     )
     deferred = 0
     for workspace_id in behind:
@@ -349,10 +339,12 @@ class _ChunkStream(io.RawIOBase):
 
 @dataclass(frozen=True, slots=True)
 class MaterializeOutcome:
-    status: Literal["materialized", "current", "busy", "no_cwd"]
+    status: Literal["materialized", "current", "busy", "no_cwd", "failed"]
     tree: str | None = None
     report: MaterializeReport | None = None
     rounds: int = 0
+    error: str | None = None  # failed: what went wrong, recorded on the workspace
+    failure: MaterializeFailure | None = None  # failed: attempts in a row, the next one's time
 
 
 def _without_special_bits(entries: dict[str, Entry]) -> dict[str, Entry]:
@@ -405,41 +397,38 @@ def workspace_materialize(
             if head is None or head == previous_tree:
                 return last if rounds > 1 else MaterializeOutcome("current", tree=head)
             company_id: UUID = row["company_id"]
-            whole, before = tree_diff_entries(company_id, head, previous_tree)
-            target = _without_special_bits(whole)
-            previous = _without_special_bits(before) if before is not None else None
             if on_round is not None:
                 on_round(head)
-
-            # One query for the rows of every blob the materializer may write, not one per
-            # file (50,000 files: 50,000 round trips to PostgreSQL).
-            known = cas_rows(company_id=company_id, digests=_to_write(target, previous))
-
-            def open_blob(
-                digest: str,
-                company_id: UUID = company_id,
-                known: dict[str, tuple[int, int]] = known,
-            ) -> BinaryIO:
-                file = cas_blob_file(company_id=company_id, digest=digest, known=known)
-                if file is not None:
-                    return file  # the store's own file: materialize copies it in the kernel
-                reader = cas_open(company_id=company_id, digest=digest, known=known)
-                if reader is None:
-                    raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")
-                return io.BufferedReader(_ChunkStream(reader.chunks), 1 << 20)
-
-            report = materialize(
-                destination=row["cwd"],
-                target=target,
-                previous=previous,
-                open_blob=open_blob,
-                check=check,
-            )
+            try:
+                report = _materialize_round(
+                    company_id=company_id,
+                    cwd=row["cwd"],
+                    head=head,
+                    previous_tree=previous_tree,
+                    check=check,
+                )
+            except (DatabaseError, psycopg.Error):
+                raise  # the database or the lock's connection is gone: the job is retried
+            except Exception as exc:
+                error = _describe(exc)
+                logger.warning("materializing %s into %s failed: %s", head, row["cwd"], error)
+                failure = materialize_failure_record(
+                    company_id=company_id,
+                    workspace_id=workspace_id,
+                    tree=head,
+                    previous_tree=previous_tree,
+                    cwd=row["cwd"],
+                    error=error,
+                )
+                return MaterializeOutcome(
+                    "failed", tree=head, rounds=rounds, error=error, failure=failure
+                )
             with transaction.atomic(durable=True):
-                # Only over the tree it diffed against (None filters IS NULL).
+                # Only over the tree it diffed against (None filters IS NULL); a success
+                # clears the failure recorded by an earlier attempt.
                 updated = ExecutionWorkspace.objects.filter(
                     pk=workspace_id, cwd=row["cwd"], cwd_tree=previous_tree
-                ).update(cwd_tree=head, updated_at=Now())
+                ).update(cwd_tree=head, updated_at=Now(), **FAILURE_CLEARED)
                 if updated:
                     activity_record(
                         company_id=company_id,
@@ -457,6 +446,42 @@ def workspace_materialize(
                     )
             last = MaterializeOutcome("materialized", tree=head, report=report, rounds=rounds)
     return last
+
+
+def _materialize_round(
+    *,
+    company_id: UUID,
+    cwd: str,
+    head: str,
+    previous_tree: str | None,
+    check: Callable[[], None],
+) -> MaterializeReport:
+    """Make `cwd` hold `head`, diffed against `previous_tree` (what it last held)."""
+    whole, before = tree_diff_entries(company_id, head, previous_tree)
+    target = _without_special_bits(whole)
+    previous = _without_special_bits(before) if before is not None else None
+    # One query for the rows of every blob the materializer may write, not one per file
+    # (50,000 files: 50,000 round trips to PostgreSQL).
+    known = cas_rows(company_id=company_id, digests=_to_write(target, previous))
+
+    def open_blob(digest: str) -> BinaryIO:
+        file = cas_blob_file(company_id=company_id, digest=digest, known=known)
+        if file is not None:
+            return file  # the store's own file: materialize copies it in the kernel
+        reader = cas_open(company_id=company_id, digest=digest, known=known)
+        if reader is None:
+            raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")
+        return io.BufferedReader(_ChunkStream(reader.chunks), 1 << 20)
+
+    return materialize(
+        destination=cwd, target=target, previous=previous, open_blob=open_blob, check=check
+    )
+
+
+def _describe(exc: Exception) -> str:
+    """An error as the console shows it: its code or class, and its message."""
+    code = getattr(exc, "code", None)
+    return f"{code if isinstance(code, str) else type(exc).__name__}: {exc}"
 
 
 def _to_write(target: dict[str, Entry], previous: dict[str, Entry] | None) -> Iterator[str]:

@@ -256,3 +256,167 @@ def test_a_snapshot_naming_the_leases_fence_registers_and_another_fence_is_super
     assert stale.json()["error"]["details"]["current_fence"] == runner.fence
     assert not RunSnapshot.objects.exists()
     assert runner.register(tree, fence=runner.fence).status_code == 201
+
+
+# --- What materialization could not write is refused at registration --------------------------
+
+
+def _stored_root(runner: Runner, entries: dict[str, Entry]) -> str:
+    root, blobs = build(entries)
+    for data in blobs.values():
+        put_blob(runner.company.pk, data)
+    return root
+
+
+def _refusal(response: Any) -> dict[str, Any]:
+    assert response.status_code == 400, response.content
+    error: dict[str, Any] = response.json()["error"]
+    assert not RunSnapshot.objects.exists()
+    assert not ActivityEvent.objects.filter(action="run.snapshot_registered").exists()
+    return error
+
+
+def test_a_file_whose_size_differs_from_its_stored_blob_is_refused(runner: Runner) -> None:
+    content = put_blob(runner.company.pk, b"hello\n")
+    lying = Entry(name="README.md", type="file", mode=0o644, size=600, digest=content)
+    error = _refusal(runner.register(_stored_root(runner, {"README.md": lying})))
+    assert error["code"] == "snapshot_tree_invalid"
+    assert error["details"]["path"] == "README.md"
+    assert error["details"]["reason"] == "size_mismatch"
+
+
+def test_one_blob_named_with_two_sizes_is_refused(runner: Runner) -> None:
+    content = put_blob(runner.company.pk, b"hello\n")
+    entries = {
+        "a": Entry(name="a", type="file", mode=0o644, size=6, digest=content),
+        "b": Entry(name="b", type="file", mode=0o644, size=7, digest=content),
+    }
+    error = _refusal(runner.register(_stored_root(runner, entries)))
+    assert error["details"] == {"path": "b", "reason": "size_mismatch"}
+
+
+def test_a_chunked_file_whose_chunks_do_not_add_up_to_its_size_is_refused(
+    runner: Runner,
+) -> None:
+    chunks = (put_blob(runner.company.pk, b"x" * 10), put_blob(runner.company.pk, b"y" * 3))
+    good = Entry(name="big", type="file", mode=0o644, size=13, chunks=chunks)
+    assert runner.register(_stored_root(runner, {"big": good})).status_code == 201
+    RunSnapshot.objects.all().delete()
+    ActivityEvent.objects.filter(action="run.snapshot_registered").delete()
+    lying = Entry(name="big", type="file", mode=0o644, size=14, chunks=chunks)
+    error = _refusal(runner.register(_stored_root(runner, {"big": lying})))
+    assert error["details"] == {"path": "big", "reason": "size_mismatch"}
+
+
+def test_a_size_lie_in_a_tree_registered_against_the_head_is_refused(runner: Runner) -> None:
+    files = {f"d{i}/f{j}": b"%d %d\n" % (i, j) for i in range(3) for j in range(3)}
+    head = store_tree(runner.company.pk, files)
+    assert runner.register(head).status_code == 201
+    runner.workspace.head_tree = head
+    runner.workspace.save(update_fields=["head_tree"])
+    entries = entries_of(runner.company.pk, files)
+    # One file of one directory changed, its size a lie; a file the head holds, named again
+    # with another size, beside it.
+    changed = put_blob(runner.company.pk, b"changed\n")
+    entries["d1/f1"] = Entry(name="f1", type="file", mode=0o644, size=80, digest=changed)
+    error = _refusal_after(runner, _stored_root(runner, entries), head)
+    assert error["details"] == {"path": "d1/f1", "reason": "size_mismatch"}
+    entries["d1/f1"] = Entry(name="f1", type="file", mode=0o644, size=8, digest=changed)
+    entries["d1/f2"] = Entry(name="f2", type="file", mode=0o644, size=3, digest=blob_name(b"1 2\n"))
+    error = _refusal_after(runner, _stored_root(runner, entries), head)
+    assert error["details"] == {"path": "d1/f2", "reason": "size_mismatch"}
+
+
+def _refusal_after(runner: Runner, tree: str, base: str) -> dict[str, Any]:
+    before = RunSnapshot.objects.count()
+    response = runner.register(tree, base)
+    assert response.status_code == 400, response.content
+    assert RunSnapshot.objects.count() == before
+    error: dict[str, Any] = response.json()["error"]
+    assert error["code"] == "snapshot_tree_invalid"
+    return error
+
+
+@pytest.mark.parametrize(
+    ("entries", "path"),
+    [
+        ({"a": "b", "b": "a"}, "a"),
+        ({"a": "a"}, "a"),
+        ({"d": None, "d/x": "../y", "y": "d/x"}, "y"),
+        ({"a": "b/c", "b": None, "b/c": "../a"}, "a"),
+    ],
+)
+def test_symlinks_that_resolve_to_each_other_are_refused(
+    runner: Runner, entries: dict[str, str | None], path: str
+) -> None:
+    tree = {
+        where: Entry(name=where.rpartition("/")[2], type="dir", mode=0o755)
+        if target is None
+        else Entry(name=where.rpartition("/")[2], type="symlink", target=target)
+        for where, target in entries.items()
+    }
+    error = _refusal(runner.register(_stored_root(runner, tree)))
+    assert error["code"] == "snapshot_tree_invalid"
+    assert error["details"] == {"path": path, "reason": "symlink_loop"}
+
+
+def test_a_symlink_climbing_out_through_a_chain_of_links_is_refused(runner: Runner) -> None:
+    # d/l -> m -> .. is the root; d/x -> l/../.. then climbs above it.
+    entries = {
+        "d": Entry(name="d", type="dir", mode=0o755),
+        "d/l": Entry(name="l", type="symlink", target="m"),
+        "d/m": Entry(name="m", type="symlink", target=".."),
+        "d/x": Entry(name="x", type="symlink", target="l/../.."),
+    }
+    error = _refusal(runner.register(_stored_root(runner, entries)))
+    assert error["details"] == {"path": "d/x", "reason": "escaping_symlink"}
+
+
+def test_links_to_links_that_stay_inside_still_register(runner: Runner) -> None:
+    entries = {
+        "d": Entry(name="d", type="dir", mode=0o755),
+        "d/f": Entry(
+            name="f",
+            type="file",
+            mode=0o644,
+            size=6,
+            digest=put_blob(runner.company.pk, b"hello\n"),
+        ),
+        "a": Entry(name="a", type="symlink", target="b"),
+        "b": Entry(name="b", type="symlink", target="d/f"),
+        "c": Entry(name="c", type="symlink", target="a"),
+        "up": Entry(name="up", type="symlink", target="d/.."),
+    }
+    assert runner.register(_stored_root(runner, entries)).status_code == 201
+
+
+def _base_refused(runner: Runner, base: str) -> None:
+    tree = store_tree(runner.company.pk, FILES)
+    response = runner.register(tree, base)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "base" in error["details"]["fields"]
+    assert not RunSnapshot.objects.exists()
+    assert not ActivityEvent.objects.filter(action="run.snapshot_registered").exists()
+
+
+def test_a_base_that_is_a_file_blob_is_refused(runner: Runner) -> None:
+    _base_refused(runner, put_blob(runner.company.pk, b"just a file\n"))
+
+
+def test_a_base_the_store_lacks_is_refused(runner: Runner) -> None:
+    _base_refused(runner, blob_name(b"never stored"))
+
+
+def test_another_companys_tree_as_base_is_refused(runner: Runner) -> None:
+    theirs = store_tree(CompanyFactory().pk, {"secret": b"theirs\n"})
+    _base_refused(runner, theirs)
+
+
+def test_a_base_that_is_a_stored_tree_registers(runner: Runner) -> None:
+    base = store_tree(runner.company.pk, {"old": b"old\n"})
+    tree = store_tree(runner.company.pk, FILES)
+    response = runner.register(tree, base)
+    assert response.status_code == 201, response.content
+    assert response.json()["base"] == base

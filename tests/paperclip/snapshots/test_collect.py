@@ -240,7 +240,7 @@ def test_a_reference_registered_after_the_reachability_pass_wins(company: Compan
         try:
             assert reached.wait(timeout=10)
             with transaction.atomic(durable=True):
-                assert cas_pin(company_id=company.pk, digests=[blob]) == []
+                assert cas_pin(company_id=company.pk, digests=[blob]).missing == []
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -323,7 +323,7 @@ def test_a_pin_answers_the_missing_names_sorted_and_touches_only_old_rows(compan
     with transaction.atomic():
         missing = cas_pin(
             company_id=company.pk, digests=[absent[2], young, elsewhere, old_one, *absent, young]
-        )
+        ).missing
     assert missing == sorted([*absent, elsewhere])
     after = dict(CasBlob.objects.filter(company=company).values_list("digest", "referenced_at"))
     assert after[young] == before[young]  # young: only read
@@ -338,7 +338,7 @@ def _pin_behind(company: Company, blob: str, holder_sql: str) -> list[str]:
     def pin() -> None:
         try:
             with transaction.atomic():
-                results.append(cas_pin(company_id=company.pk, digests=[blob]))
+                results.append(cas_pin(company_id=company.pk, digests=[blob]).missing)
         except BaseException as exc:
             results.append(exc)
         finally:

@@ -666,3 +666,57 @@ def test_any_tree_over_any_destination_is_exact_and_stays_inside(
         again = run(dest, target, target, store)
         assert again.written + again.modes + again.removed + again.symlinks == 0
         assert again.directories + again.temporaries == 0
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["previous", "no-previous"])
+def test_a_failure_part_way_deletes_nothing_the_new_tree_drops(tmp_path: Path, known: bool) -> None:
+    """New and changed entries are written before removed ones are deleted: a blob that
+    cannot be read leaves every old entry in place (the cwd never partly emptied)."""
+    store = Store()
+    old = make_tree(BASE, store)
+    run(tmp_path, old, None, store)
+    before = read_tree(str(tmp_path))
+    new_spec = dict(BASE)
+    del new_spec["private"], new_spec["docs/link"], new_spec["src/pkg/b.py"]
+    new_spec["added"] = b"added first"
+    new_spec["src/a.py"] = b"print('a, changed')\n"
+    new_spec["zz/unreadable"] = b"this blob cannot be read"
+    new = make_tree(new_spec, store)
+    broken = blob_name(b"this blob cannot be read")
+
+    def open_blob(name: str) -> BinaryIO:
+        if name == broken:
+            raise OSError(5, "Input/output error")
+        return store.open(name)
+
+    with pytest.raises(OSError, match="Input/output error"):
+        materialize(
+            destination=str(tmp_path),
+            target=new,
+            previous=old if known else None,
+            open_blob=open_blob,
+        )
+    after = read_tree(str(tmp_path))
+    for path in before:  # every old entry is still there: the removed ones untouched
+        assert path in after, path
+        if path != "src/a.py" and before[path].type != "dir":
+            assert after[path] == before[path], path
+    assert (tmp_path / "private").read_bytes() == b"secret"
+    assert (tmp_path / "src" / "pkg" / "b.py").read_bytes() == b"print('b')\n"
+    assert not [n for n in os.listdir(tmp_path / "zz") if is_temp_name(n)]
+    report = run(tmp_path, new, old if known else None, store)  # the next attempt finishes
+    assert read_tree(str(tmp_path)) == new
+    assert report.removed == 5  # private, docs and docs/link, src/pkg and src/pkg/b.py
+
+
+def test_a_removal_inside_a_directory_whose_mode_forbids_it_keeps_that_mode(
+    tmp_path: Path,
+) -> None:
+    store = Store()
+    old = make_tree({"ro": ("dir", 0o555), "ro/gone": b"x", "ro/kept": b"y"}, store)
+    run(tmp_path, old, None, store)
+    new = make_tree({"ro": ("dir", 0o555), "ro/kept": b"y"}, store)
+    report = run(tmp_path, new, old, store)
+    assert read_tree(str(tmp_path)) == new
+    assert report.removed == 1
+    assert stat.S_IMODE(os.lstat(tmp_path / "ro").st_mode) == 0o555

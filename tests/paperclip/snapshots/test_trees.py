@@ -229,7 +229,8 @@ def entry_sets(draw: st.DrawFn) -> dict[str, Entry]:
                 digest=blob_name(data),
             )
         else:
-            entries[path] = Entry(name=name, type="symlink", target=name)  # itself: stays inside
+            # Its own directory: stays inside and resolves (a link to itself is a loop).
+            entries[path] = Entry(name=name, type="symlink", target=".")
     return entries
 
 
@@ -275,3 +276,34 @@ def test_a_walk_without_files_still_refuses_escaping_symlinks_and_too_many_entri
     files = _dir(_file("a"), _file("b"), _file("c"))
     with pytest.raises(TreeInvalid, match="too_many_entries"):
         trees.walk(blob_name(files), {blob_name(files): files}.get, max_entries=2, keep_files=False)
+
+
+@pytest.mark.parametrize(
+    ("links", "reason"),
+    [
+        ({"a": "b", "b": "a"}, "symlink_loop"),
+        ({"a": "a"}, "symlink_loop"),
+        ({"a": "a/.."}, "symlink_loop"),
+        ({"a": "b", "b": "c", "c": "a/x"}, "symlink_loop"),
+        ({"d/l": "m", "d/m": "..", "d/x": "l/../.."}, "escaping_symlink"),
+    ],
+)
+def test_links_that_never_resolve_or_resolve_outside_are_refused(
+    links: dict[str, str], reason: str
+) -> None:
+    entries = {"d": Entry(name="d", type="dir", mode=0o755)} | {
+        path: Entry(name=path.rpartition("/")[2], type="symlink", target=target)
+        for path, target in links.items()
+    }
+    with pytest.raises(TreeInvalid) as refused:
+        trees.check_symlinks(entries)
+    assert refused.value.reason == reason
+
+
+def test_a_chain_of_links_that_ends_inside_is_fine() -> None:
+    links = {f"l{i}": f"l{i + 1}" for i in range(30)} | {"l30": "d/..", "d/up": "../l0"}
+    entries = {"d": Entry(name="d", type="dir", mode=0o755)} | {
+        path: Entry(name=path.rpartition("/")[2], type="symlink", target=target)
+        for path, target in links.items()
+    }
+    trees.check_symlinks(entries)

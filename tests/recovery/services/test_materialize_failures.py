@@ -1,0 +1,133 @@
+"""A materialization that fails (a blob whose bytes are lost, a cwd that cannot be written) is
+recorded on the workspace with its error and the time of its next attempt, which the
+reconciler honours (back-off, doubling); the cwd keeps every old file meanwhile; a success
+clears the record (docs/snapshots.md#when-materialization-fails)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db.models.functions import Now
+from procrastinate.contrib.django.models import ProcrastinateJob
+
+from paperclip.db.clock import db_now
+from paperclip.models import ActivityEvent, ExecutionWorkspace
+from paperclip.snapshots.behind import MATERIALIZE_TASK
+from paperclip.snapshots.cas import blob_path
+from paperclip.snapshots.materialize import read_tree
+from paperclip.snapshots.trees import blob_name
+from recovery.services.heads import materializations_reconcile, workspace_materialize
+from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory
+from tests.recovery.snapshots import put_blob, store_tree
+
+pytestmark = pytest.mark.django_db
+
+OLD = {"README.md": b"hello\n", "src/main.py": b"print('hi')\n", "gone.txt": b"removed later\n"}
+NEW = {"README.md": b"hello, changed\n", "src/main.py": b"print('hi')\n", "lost.bin": b"LOST"}
+
+
+def _workspace(tmp_path: Path) -> ExecutionWorkspace:
+    """A workspace whose cwd holds OLD, its head moved to NEW."""
+    company = CompanyFactory()
+    workspace = ExecutionWorkspaceFactory(company=company, cwd=str(tmp_path / "cwd"))
+    old = store_tree(company.pk, OLD)
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=old)
+    assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
+    new = store_tree(company.pk, NEW)
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(
+        head_tree=new, head_committed_at=Now()
+    )
+    workspace.refresh_from_db()
+    return workspace
+
+
+def _lose_blob(workspace: ExecutionWorkspace) -> None:
+    os.unlink(blob_path(workspace.company_id, blob_name(b"LOST")))
+
+
+def _failures() -> int:
+    return ActivityEvent.objects.filter(action="workspace.materialize_failed").count()
+
+
+def test_a_lost_blob_is_recorded_retried_with_back_off_and_cleared_by_a_success(
+    tmp_path: Path,
+) -> None:
+    workspace = _workspace(tmp_path)
+    _lose_blob(workspace)
+    before = db_now()
+    outcome = workspace_materialize(workspace_id=workspace.pk)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert blob_name(b"LOST") in outcome.error
+    workspace.refresh_from_db()
+    assert workspace.cwd_tree != workspace.head_tree
+    assert workspace.materialize_error == outcome.error
+    assert workspace.materialize_attempts == 1
+    assert workspace.materialize_next_at is not None
+    assert timedelta(seconds=29) <= workspace.materialize_next_at - before <= timedelta(seconds=31)
+    assert _failures() == 1
+    # Every old file still there (gone.txt included): nothing removed before the failure.
+    assert (tmp_path / "cwd" / "gone.txt").read_bytes() == b"removed later\n"
+    assert (tmp_path / "cwd" / "README.md").read_bytes() == b"hello, changed\n"
+
+    # Backing off: the reconciler leaves it until its time.
+    assert materializations_reconcile() == 0
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(
+        materialize_next_at=Now() - timedelta(seconds=1)
+    )
+    assert materializations_reconcile() == 1
+    assert ProcrastinateJob.objects.filter(task_name=MATERIALIZE_TASK, status="todo").count() == 1
+
+    # The second failure in a row waits twice as long.
+    outcome = workspace_materialize(workspace_id=workspace.pk)
+    assert outcome.failure is not None
+    assert outcome.failure.attempts == 2
+    workspace.refresh_from_db()
+    assert workspace.materialize_next_at is not None
+    assert workspace.materialize_next_at - before >= timedelta(seconds=59)
+    assert _failures() == 2
+
+    put_blob(workspace.company_id, b"LOST")  # the bytes come back
+    outcome = workspace_materialize(workspace_id=workspace.pk)
+    assert outcome.status == "materialized"
+    workspace.refresh_from_db()
+    assert workspace.cwd_tree == workspace.head_tree
+    assert (workspace.materialize_error, workspace.materialize_failed_at) == (None, None)
+    assert (workspace.materialize_attempts, workspace.materialize_next_at) == (0, None)
+    assert set(read_tree(str(tmp_path / "cwd"))) == {"README.md", "src", "src/main.py", "lost.bin"}
+    assert _failures() == 2
+
+
+def test_a_cwd_that_cannot_be_written_is_recorded_not_raised(tmp_path: Path) -> None:
+    company = CompanyFactory()
+    (tmp_path / "a-file").write_bytes(b"not a directory")
+    workspace = ExecutionWorkspaceFactory(company=company, cwd=str(tmp_path / "a-file" / "cwd"))
+    tree = store_tree(company.pk, OLD)
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=tree)
+    outcome = workspace_materialize(workspace_id=workspace.pk)
+    assert outcome.status == "failed"
+    workspace.refresh_from_db()
+    assert workspace.materialize_error is not None
+    assert "NotADirectoryError" in workspace.materialize_error
+    assert workspace.materialize_attempts == 1
+    assert _failures() == 1
+
+
+def test_agents_check_out_the_head_from_the_store_while_the_cwd_is_behind(
+    tmp_path: Path, make_agent_client: Any
+) -> None:
+    workspace = _workspace(tmp_path)
+    (tmp_path / "cwd").chmod(0o555)  # and, for a worker not running as root, unwritable
+    _lose_blob(workspace)
+    assert workspace_materialize(workspace_id=workspace.pk).status == "failed"
+    agent = make_agent_client(AgentFactory(company=workspace.company))
+    head = agent.get(f"/api/execution-workspaces/{workspace.pk}/head")
+    assert head.status_code == 200
+    assert head.json()["tree"] == workspace.head_tree
+    readme = agent.get(f"/api/cas/blobs/{blob_name(b'hello, changed\n')}")
+    assert readme.status_code == 200
+    assert b"".join(readme.streaming_content) == b"hello, changed\n"
