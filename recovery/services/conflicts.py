@@ -141,6 +141,7 @@ class ConflictResolution:
     resolution: Resolution
     status: Literal["queued"] = "queued"
     replayed: bool = False
+    job_id: int | None = None  # the finalization job deferred (None on a repeat)
 
 
 def workspace_conflict_resolve(
@@ -233,7 +234,7 @@ def workspace_conflict_resolve(
                 "finalizationJobId": job_id,
             },
         )
-    return ConflictResolution(run_id, action_id, resolution)
+    return ConflictResolution(run_id, action_id, resolution, job_id=job_id)
 
 
 def _head_for_decision(
@@ -253,7 +254,11 @@ def _head_for_decision(
         else None
     )
     if expected is not None and head != expected.tree:
-        raise WorkspaceHeadMoved(head=head)
+        raise WorkspaceHeadMoved(
+            f"The workspace head moved since the preview: it is now {head or 'empty'}. "
+            "Nothing was resolved; read the preview again against this head.",
+            head=head,
+        )
     return head
 
 

@@ -11,135 +11,48 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinalization
-from paperclip.snapshots.cas import cas_load
+from paperclip.models import ActivityEvent, NativeRunFinalization
 from paperclip.snapshots.materialize import read_tree
-from paperclip.snapshots.trees import build, walk
+from paperclip.snapshots.trees import build
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
-from recovery.services import Acquired, run_finalize
 from recovery.services.heads import workspace_materialize
 from tests.helpers import run_jobs
 from tests.paperclip.helpers import audit_count
+from tests.recovery.conflicts import (
+    NOTE,
+    files_of,
+    finalize,
+    head_of,
+    held_then_two_commits,
+    in_workspace,
+    live_hold,
+    resolve,
+)
 from tests.recovery.factories import Binding, make_binding
-from tests.recovery.snapshots import Files, snapshot_result, store_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-BASE: Files = {"README.md": b"hello\n", "src/main.py": b"print('hi')\n"}
-NOTE = "the reviewer approved this run's README"
-
-
-def _in_workspace(first: Binding, files: Files, *, base: str | None) -> Binding:
-    """Another agent's run on another issue of the same workspace, with an accepted result
-    naming a snapshot of `files` started from `base`."""
-    other = make_binding(company=first.company)
-    other.run.execution_workspace = first.workspace
-    other.run.save(update_fields=["execution_workspace"])
-    other.issue.execution_workspace = first.workspace
-    other.issue.save(update_fields=["execution_workspace"])
-    assert other.result is not None
-    snapshot_result(other.run, other.result, store_tree(first.company.pk, files), base)
-    return other
-
-
-def _finalize(b: Binding) -> Any:
-    outcome = run_finalize(company_id=b.company.pk, run_id=b.run.pk)
-    assert isinstance(outcome, Acquired), outcome
-    return outcome.value
-
-
-def _head(b: Binding) -> str | None:
-    head: str | None = ExecutionWorkspace.objects.get(pk=b.workspace.pk).head_tree
-    return head
-
-
-def _files(b: Binding, tree: str | None) -> dict[str, bytes]:
-    assert tree is not None
-    walked = walk(tree, lambda n: cas_load(company_id=b.company.pk, digest=n, max_bytes=1 << 26))
-    files: dict[str, bytes] = {}
-    for path, entry in walked.entries.items():
-        if entry.type == "file":
-            assert entry.digest is not None
-            data = cas_load(company_id=b.company.pk, digest=entry.digest, max_bytes=1 << 26)
-            assert data is not None
-            files[path] = data
-    return files
-
-
-def _held_then_two_commits(tmp_path: Path) -> tuple[Binding, str]:
-    """Run A (README changed, a.txt added, src/main.py removed) is held: run X changed README
-    first. Then runs B (b.txt) and C (c.txt, docs/guide.md) commit after the hold. Returns A's
-    binding and its tree."""
-    first = make_binding()
-    base = store_tree(first.company.pk, BASE)
-    first.workspace.cwd = str(tmp_path / "cwd")
-    first.workspace.head_tree = base
-    first.workspace.save(update_fields=["cwd", "head_tree"])
-    ours: Files = {"README.md": b"A's README\n", "a.txt": b"a\n"}
-    a_tree = store_tree(first.company.pk, ours)
-    assert first.result is not None
-    snapshot_result(first.run, first.result, a_tree, base)
-    x = _in_workspace(first, {**BASE, "README.md": b"X's README\n"}, base=base)
-    assert _finalize(x).status == "committed"
-    assert _finalize(first).status == "held"
-    after_x = _head(first)
-    b_run = _in_workspace(
-        first, {**BASE, "README.md": b"X's README\n", "b.txt": b"b\n"}, base=after_x
-    )
-    assert _finalize(b_run).status == "committed"
-    c_files: Files = {
-        **BASE,
-        "README.md": b"X's README\n",
-        "b.txt": b"b\n",
-        "c.txt": b"c\n",
-        "docs/guide.md": b"guide\n",
-    }
-    c_run = _in_workspace(first, c_files, base=_head(first))
-    assert _finalize(c_run).status == "committed"
-    return first, a_tree
-
-
-def _hold(b: Binding) -> IssueRecoveryAction:
-    return IssueRecoveryAction.objects.get(
-        cause="workspace_head_conflict", evidence__runId=str(b.run.pk), status="active"
-    )
-
-
-def _resolve(board: APIClient, b: Binding, resolution: str, **extra: Any) -> Any:
-    hold = _hold(b)
-    return board.post(
-        f"/api/issues/{b.issue.pk}/recovery-actions/resolve-workspace-conflict",
-        {
-            "action_id": str(hold.pk),
-            "run_id": str(b.run.pk),
-            "resolution": resolution,
-            "note": NOTE,
-            **extra,
-        },
-        format="json",
-    )
 
 
 def _preview(board: APIClient, b: Binding, hold: IssueRecoveryAction) -> Any:
     return board.get(f"/api/issues/{b.issue.pk}/recovery-actions/{hold.pk}/conflict")
 
 
-def _cwd_equals_head(b: Binding, tmp_path: Path) -> None:
+def _cwd_equalshead(b: Binding, tmp_path: Path) -> None:
     workspace_materialize(workspace_id=b.workspace.pk)
-    assert build(read_tree(str(tmp_path / "cwd")))[0] == _head(b)
+    assert build(read_tree(str(tmp_path / "cwd")))[0] == head_of(b)
 
 
-def test_publishing_a_held_run_keeps_the_work_of_runs_that_committed_after_the_hold(
+def test_publishing_a_held_run_keeps_the_work_of_runs_that_committed_after_thehold(
     tmp_path: Path, make_board_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
+    a, _tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
-    assert _resolve(board, a, "publish").status_code == 202
+    assert resolve(board, a, "publish").status_code == 202
     run_jobs()
     assert NativeRunFinalization.objects.get(pk=a.run.pk).phase == "committed"
     # A's side of README, A's own changes, and everything B and C committed after the hold.
-    assert _files(a, _head(a)) == {
+    assert files_of(a, head_of(a)) == {
         "README.md": b"A's README\n",
         "a.txt": b"a\n",
         "b.txt": b"b\n",
@@ -147,7 +60,7 @@ def test_publishing_a_held_run_keeps_the_work_of_runs_that_committed_after_the_h
         "docs/guide.md": b"guide\n",
     }
     assert audit_count("workspace.head_published") == 4  # X, B, C, then the resolution
-    _cwd_equals_head(a, tmp_path)
+    _cwd_equalshead(a, tmp_path)
     assert (tmp_path / "cwd" / "b.txt").read_bytes() == b"b\n"
     assert (tmp_path / "cwd" / "c.txt").read_bytes() == b"c\n"
 
@@ -155,31 +68,31 @@ def test_publishing_a_held_run_keeps_the_work_of_runs_that_committed_after_the_h
 def test_keep_head_keeps_the_heads_side_and_still_publishes_the_runs_other_changes(
     tmp_path: Path, make_board_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
+    a, _tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
-    assert _resolve(board, a, "keep_head").status_code == 202
+    assert resolve(board, a, "keep_head").status_code == 202
     run_jobs()
-    assert _files(a, _head(a)) == {
+    assert files_of(a, head_of(a)) == {
         "README.md": b"X's README\n",
         "a.txt": b"a\n",
         "b.txt": b"b\n",
         "c.txt": b"c\n",
         "docs/guide.md": b"guide\n",
     }
-    _cwd_equals_head(a, tmp_path)
+    _cwd_equalshead(a, tmp_path)
 
 
 def test_discard_commits_the_run_and_publishes_nothing(
     tmp_path: Path, make_board_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
-    before = _head(a)
+    a, _tree = held_then_two_commits(tmp_path)
+    before = head_of(a)
     board = make_board_client(a.company)
-    assert _resolve(board, a, "discard").status_code == 202
+    assert resolve(board, a, "discard").status_code == 202
     published = audit_count("workspace.head_published")
     run_jobs()
     assert NativeRunFinalization.objects.get(pk=a.run.pk).phase == "committed"
-    assert _head(a) == before
+    assert head_of(a) == before
     assert audit_count("workspace.head_published") == published
 
 
@@ -187,15 +100,15 @@ def test_discard_commits_the_run_and_publishes_nothing(
 def test_the_preview_names_exactly_what_each_resolution_then_publishes(
     tmp_path: Path, make_board_client: Any, resolution: str
 ) -> None:
-    a, a_tree = _held_then_two_commits(tmp_path)
+    a, a_tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
-    hold = _hold(a)
+    hold = live_hold(a)
     writes = ActivityEvent.objects.count()
     response = _preview(board, a, hold)
     assert response.status_code == 200, response.content
     assert ActivityEvent.objects.count() == writes  # a read writes nothing
     preview = response.json()
-    head = _head(a)
+    head = head_of(a)
     assert (preview["run_id"], preview["tree"], preview["head"]) == (str(a.run.pk), a_tree, head)
     # README was changed on both sides; src/main.py removed by A and kept by the head is not.
     conflicts = preview["conflicts"]
@@ -223,30 +136,30 @@ def test_the_preview_names_exactly_what_each_resolution_then_publishes(
         "to": None,
     }
 
-    assert _resolve(board, a, resolution, expected_head=head).status_code == 202
+    assert resolve(board, a, resolution, expected_head=head).status_code == 202
     run_jobs()
-    assert _head(a) == preview["outcomes"][resolution]["tree"]
+    assert head_of(a) == preview["outcomes"][resolution]["tree"]
 
 
 def test_expected_head_refuses_a_head_that_moved_since_the_preview(
     tmp_path: Path, make_board_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
+    a, _tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
-    seen = _preview(board, a, _hold(a)).json()["head"]
-    d = _in_workspace(a, {**_files(a, seen), "d.txt": b"d\n"}, base=seen)
-    assert _finalize(d).status == "committed"
+    seen = _preview(board, a, live_hold(a)).json()["head"]
+    d = in_workspace(a, {**files_of(a, seen), "d.txt": b"d\n"}, base=seen)
+    assert finalize(d).status == "committed"
     writes = ActivityEvent.objects.count()
 
-    moved = _resolve(board, a, "publish", expected_head=seen)
+    moved = resolve(board, a, "publish", expected_head=seen)
 
     assert moved.status_code == 409
     error = moved.json()["error"]
-    assert (error["code"], error["details"]["head"]) == ("workspace_head_moved", _head(a))
+    assert (error["code"], error["details"]["head"]) == ("workspace_head_moved", head_of(a))
     assert ActivityEvent.objects.count() == writes
-    assert _hold(a).status == "active"
+    assert live_hold(a).status == "active"
     # Decided against the head of now, with the same body repeated: one audit row.
-    assert _resolve(board, a, "publish", expected_head=_head(a)).status_code == 202
+    assert resolve(board, a, "publish", expected_head=head_of(a)).status_code == 202
     writes = ActivityEvent.objects.count()
     hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict", status="resolved")
     repeat = board.post(
@@ -263,21 +176,21 @@ def test_expected_head_refuses_a_head_that_moved_since_the_preview(
     assert repeat.status_code == 202
     assert ActivityEvent.objects.count() == writes
     run_jobs()
-    assert _files(a, _head(a))["d.txt"] == b"d\n"
+    assert files_of(a, head_of(a))["d.txt"] == b"d\n"
 
 
 def test_a_head_moved_between_the_decision_and_the_publish_is_merged_not_dropped(
     tmp_path: Path, make_board_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
+    a, _tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
-    decided = _head(a)
-    assert _resolve(board, a, "publish", expected_head=decided).status_code == 202
+    decided = head_of(a)
+    assert resolve(board, a, "publish", expected_head=decided).status_code == 202
     # Before the worker attempts A, run E commits another path.
-    e = _in_workspace(a, {**_files(a, decided), "e.txt": b"e\n"}, base=decided)
-    assert _finalize(e).status == "committed"
+    e = in_workspace(a, {**files_of(a, decided), "e.txt": b"e\n"}, base=decided)
+    assert finalize(e).status == "committed"
     run_jobs()
-    files = _files(a, _head(a))
+    files = files_of(a, head_of(a))
     assert files["e.txt"] == b"e\n"
     assert files["README.md"] == b"A's README\n"
     assert files["b.txt"] == b"b\n"
@@ -289,28 +202,28 @@ def test_a_head_moved_between_the_decision_and_the_publish_is_merged_not_dropped
 def test_a_new_conflict_after_the_decision_holds_the_run_again_with_a_new_preview(
     tmp_path: Path, make_board_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
+    a, _tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
-    decided = _head(a)
-    assert _resolve(board, a, "publish").status_code == 202
+    decided = head_of(a)
+    assert resolve(board, a, "publish").status_code == 202
     # Run F adds a.txt too, differently: the board never saw that conflict.
-    f = _in_workspace(a, {**_files(a, decided), "a.txt": b"F's a\n"}, base=decided)
-    assert _finalize(f).status == "committed"
-    after_f = _head(a)
+    f = in_workspace(a, {**files_of(a, decided), "a.txt": b"F's a\n"}, base=decided)
+    assert finalize(f).status == "committed"
+    after_f = head_of(a)
     run_jobs()
-    assert _head(a) == after_f  # nothing of A published, nothing of F dropped
+    assert head_of(a) == after_f  # nothing of A published, nothing of F dropped
     a.run.refresh_from_db()
     state = finalization_state(a.run)
     assert (state.state, state.reason) == ("held", "workspace_head_conflict")
-    hold = _hold(a)
+    hold = live_hold(a)
     assert hold.evidence["head"] == after_f
     assert hold.evidence["conflictingPaths"] == ["a.txt"]
     preview = _preview(board, a, hold).json()
     assert [c["path"] for c in preview["conflicts"]] == ["README.md", "a.txt"]
     # The board decides again; keep_head keeps F's a.txt and the head's README.
-    assert _resolve(board, a, "keep_head", expected_head=after_f).status_code == 202
+    assert resolve(board, a, "keep_head", expected_head=after_f).status_code == 202
     run_jobs()
-    files = _files(a, _head(a))
+    files = files_of(a, head_of(a))
     assert (files["a.txt"], files["README.md"]) == (b"F's a\n", b"X's README\n")
     assert "src/main.py" not in files  # A's other change is published
 
@@ -318,8 +231,8 @@ def test_a_new_conflict_after_the_decision_holds_the_run_again_with_a_new_previe
 def test_the_preview_is_the_boards_of_this_company_only(
     tmp_path: Path, make_board_client: Any, make_agent_client: Any
 ) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
-    hold = _hold(a)
+    a, _tree = held_then_two_commits(tmp_path)
+    hold = live_hold(a)
     agent = make_agent_client(a.agent)
     outsider = make_board_client(make_binding().company)
     board = make_board_client(a.company)
@@ -345,7 +258,7 @@ def test_the_preview_is_the_boards_of_this_company_only(
 
 
 def test_the_resolve_body_is_strict(tmp_path: Path, make_board_client: Any) -> None:
-    a, _tree = _held_then_two_commits(tmp_path)
+    a, _tree = held_then_two_commits(tmp_path)
     board = make_board_client(a.company)
     writes = ActivityEvent.objects.count()
     for extra, field in (
@@ -355,9 +268,9 @@ def test_the_resolve_body_is_strict(tmp_path: Path, make_board_client: Any) -> N
         ({"force": True}, "force"),
     ):
         resolution = str(extra.pop("resolution", "publish"))
-        refused = _resolve(board, a, resolution, **extra)
+        refused = resolve(board, a, resolution, **extra)
         assert refused.status_code == 400, extra
         assert field in refused.json()["error"]["details"]["fields"]
     assert ActivityEvent.objects.count() == writes
     # An empty head expected where the workspace has one: moved.
-    assert _resolve(board, a, "publish", expected_head=None).status_code == 409
+    assert resolve(board, a, "publish", expected_head=None).status_code == 409
