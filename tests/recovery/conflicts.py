@@ -59,7 +59,7 @@ def files_of(b: Binding, tree: str | None) -> dict[str, bytes]:
 
 def held_then_two_commits(tmp_path: Path) -> tuple[Binding, str]:
     """Run A (README changed, a.txt added, src/main.py removed) is held: run X changed README
-    first. Then runs B (b.txt) and C (c.txt, docs/guide.md) commit after the hold. Returns A's
+    first. Then runs B (b.txt) and C (c.txt, notes/guide.md) commit after the hold. Returns A's
     binding and its tree."""
     first = make_binding()
     base = store_tree(first.company.pk, BASE)
@@ -83,7 +83,7 @@ def held_then_two_commits(tmp_path: Path) -> tuple[Binding, str]:
         "README.md": b"X's README\n",
         "b.txt": b"b\n",
         "c.txt": b"c\n",
-        "docs/guide.md": b"guide\n",
+        "notes/guide.md": b"guide\n",
     }
     c_run = in_workspace(first, c_files, base=head_of(first))
     assert finalize(c_run).status == "committed"

@@ -57,7 +57,7 @@ def test_publishing_a_held_run_keeps_the_work_of_runs_that_committed_after_theho
         "a.txt": b"a\n",
         "b.txt": b"b\n",
         "c.txt": b"c\n",
-        "docs/guide.md": b"guide\n",
+        "notes/guide.md": b"guide\n",
     }
     assert audit_count("workspace.head_published") == 4  # X, B, C, then the resolution
     _cwd_equalshead(a, tmp_path)
@@ -77,7 +77,7 @@ def test_keep_head_keeps_the_heads_side_and_still_publishes_the_runs_other_chang
         "a.txt": b"a\n",
         "b.txt": b"b\n",
         "c.txt": b"c\n",
-        "docs/guide.md": b"guide\n",
+        "notes/guide.md": b"guide\n",
     }
     _cwd_equalshead(a, tmp_path)
 
