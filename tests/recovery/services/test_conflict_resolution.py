@@ -16,6 +16,7 @@ from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import build
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
+from recovery.services import finalization
 from recovery.services.heads import workspace_materialize
 from tests.helpers import run_jobs
 from tests.paperclip.helpers import audit_count
@@ -274,3 +275,33 @@ def test_the_resolve_body_is_strict(tmp_path: Path, make_board_client: Any) -> N
     assert ActivityEvent.objects.count() == writes
     # An empty head expected where the workspace has one: moved.
     assert resolve(board, a, "publish", expected_head=None).status_code == 409
+
+
+def test_a_head_moved_between_the_resolutions_plan_and_its_commit_is_planned_again(
+    tmp_path: Path, make_board_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _tree = held_then_two_commits(tmp_path)
+    decided = head_of(a)
+    board = make_board_client(a.company)
+    assert resolve(board, a, "publish", expected_head=decided).status_code == 202
+    g = in_workspace(a, {**files_of(a, decided), "g.txt": b"g\n"}, base=decided)
+    planned: list[str | None] = []
+    after_g: list[str | None] = []
+    original = finalization.resolution_plan
+
+    def plan_then_another_commit(**kwargs: Any) -> Any:
+        plan = original(**kwargs)
+        planned.append(plan.expected_head)
+        if len(planned) == 1:  # the race: G commits after A's plan, before A's commit
+            assert finalize(g).status == "committed"
+            after_g.append(head_of(a))
+        return plan
+
+    monkeypatch.setattr(finalization, "resolution_plan", plan_then_another_commit)
+    run_jobs()
+
+    assert planned[0] == decided
+    assert planned[1:] == after_g  # planned once more, against G's head
+    files = files_of(a, head_of(a))
+    assert (files["g.txt"], files["README.md"]) == (b"g\n", b"A's README\n")
+    assert NativeRunFinalization.objects.get(pk=a.run.pk).phase == "committed"
