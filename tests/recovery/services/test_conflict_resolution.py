@@ -16,7 +16,7 @@ from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import build
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
-from recovery.services import finalization
+from recovery.services.conflict_resolution import resolution_plan
 from recovery.services.heads import workspace_materialize
 from tests.helpers import run_jobs
 from tests.paperclip.helpers import audit_count
@@ -287,17 +287,16 @@ def test_a_head_moved_between_the_resolutions_plan_and_its_commit_is_planned_aga
     g = in_workspace(a, {**files_of(a, decided), "g.txt": b"g\n"}, base=decided)
     planned: list[str | None] = []
     after_g: list[str | None] = []
-    original = finalization.resolution_plan
 
     def plan_then_another_commit(**kwargs: Any) -> Any:
-        plan = original(**kwargs)
+        plan = resolution_plan(**kwargs)
         planned.append(plan.expected_head)
         if len(planned) == 1:  # the race: G commits after A's plan, before A's commit
             assert finalize(g).status == "committed"
             after_g.append(head_of(a))
         return plan
 
-    monkeypatch.setattr(finalization, "resolution_plan", plan_then_another_commit)
+    monkeypatch.setattr("recovery.services.finalization.resolution_plan", plan_then_another_commit)
     run_jobs()
 
     assert planned[0] == decided
