@@ -320,7 +320,7 @@ class WorkspaceConflictResolveApi(APIView):
         )
 
 
-class _EntrySerializer(serializers.Serializer[Any]):
+class ConflictTreeEntrySerializer(serializers.Serializer[Any]):
     """An entry of a tree at one path: a file's type, mode, size and digest (or chunks), a
     directory's type and mode, a symlink's type and target."""
 
@@ -332,11 +332,11 @@ class _EntrySerializer(serializers.Serializer[Any]):
     target = serializers.CharField(required=False)
 
 
-class _ChangeSerializer(serializers.Serializer[Any]):
+class ConflictTreeChangeSerializer(serializers.Serializer[Any]):
     path = serializers.CharField()
     change = serializers.ChoiceField(choices=("added", "removed", "modified"))
-    from_ = _EntrySerializer(allow_null=True)
-    to = _EntrySerializer(allow_null=True)
+    from_ = ConflictTreeEntrySerializer(allow_null=True)
+    to = ConflictTreeEntrySerializer(allow_null=True)
 
     def get_fields(self) -> dict[str, Any]:
         fields = super().get_fields()
@@ -344,9 +344,9 @@ class _ChangeSerializer(serializers.Serializer[Any]):
         return fields
 
 
-class _OutcomeSerializer(serializers.Serializer[Any]):
+class ConflictOutcomeSerializer(serializers.Serializer[Any]):
     tree = serializers.CharField(allow_null=True)
-    changes = _ChangeSerializer(many=True)
+    changes = ConflictTreeChangeSerializer(many=True)
     truncated = serializers.BooleanField()
     error = serializers.CharField(required=False)
 
@@ -360,24 +360,24 @@ class WorkspaceConflictPreviewApi(APIView):
 
     @extend_schema_serializer(component_name="WorkspaceConflictPreview")
     class OutputSerializer(serializers.Serializer[Any]):
-        class ConflictSerializer(serializers.Serializer[Any]):
+        class ConflictPathSerializer(serializers.Serializer[Any]):
             path = serializers.CharField()
-            base = _EntrySerializer(allow_null=True)
-            head = _EntrySerializer(allow_null=True)
-            run = _EntrySerializer(allow_null=True)
+            base = ConflictTreeEntrySerializer(allow_null=True)
+            head = ConflictTreeEntrySerializer(allow_null=True)
+            run = ConflictTreeEntrySerializer(allow_null=True)
 
-        class OutcomesSerializer(serializers.Serializer[Any]):
-            publish = _OutcomeSerializer()
-            keep_head = _OutcomeSerializer()
+        class ConflictOutcomesSerializer(serializers.Serializer[Any]):
+            publish = ConflictOutcomeSerializer()
+            keep_head = ConflictOutcomeSerializer()
 
         action_id = serializers.UUIDField()
         run_id = serializers.UUIDField()
         base = serializers.CharField(allow_null=True)
         head = serializers.CharField(allow_null=True)
         tree = serializers.CharField()
-        conflicts = ConflictSerializer(many=True)
+        conflicts = ConflictPathSerializer(many=True)
         conflict_count = serializers.IntegerField()
-        outcomes = OutcomesSerializer()
+        outcomes = ConflictOutcomesSerializer()
 
     @extend_schema(
         responses={
