@@ -85,6 +85,17 @@ class WorkspaceConflictStale(ConflictError):
     message = "The workspace conflict hold is not live for this run any more."
 
 
+class WorkspaceHeadMoved(ConflictError):
+    code = "workspace_head_moved"
+    message = "The workspace head moved since it was read (details.head is the head of now)."
+    remediation = "Read the conflict's preview again against the new head, then decide."
+
+
+class WorkspaceConflictUnreadable(ConflictError):
+    code = "workspace_conflict_unreadable"
+    message = "A tree of the conflict is no longer readable from the store."
+
+
 class RecoveryActionNotFound(NotFoundError):
     code = "not_found"
     message = "Recovery action not found."

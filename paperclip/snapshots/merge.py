@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from paperclip.snapshots.trees import (
     Entry,
@@ -93,6 +94,57 @@ def merge3(
         ordered = tuple(sorted(conflicts, key=lambda p: p.encode("utf-8", "surrogatepass")))
         return MergeResult(None, ordered[:MAX_CONFLICTS], len(ordered))
     return MergeResult(merged, (), 0)
+
+
+def merge3_taking(
+    base: Mapping[str, Entry],
+    ours: Mapping[str, Entry],
+    theirs: Mapping[str, Entry],
+    *,
+    side: Literal["ours", "theirs"],
+) -> dict[str, Entry]:
+    """`merge3` where every conflicting path takes `side`'s entry (or its absence): the board's
+    resolution of a conflict (docs/snapshots.md#conflicts). Every path only one side changed
+    keeps that change, as in `merge3`. Where the merge would put an entry under something that
+    is no longer a directory, the entry and its parent both take `side`'s, repeated until the
+    entries form a tree: `side` is a tree, so this ends with every such path as `side` has it.
+    """
+    chosen = ours if side == "ours" else theirs
+    merged: dict[str, Entry] = {}
+    ours_changed = changed_paths(base, ours)
+    theirs_changed = changed_paths(base, theirs)
+    for path in base.keys() | ours.keys() | theirs.keys():
+        if path in ours_changed and path in theirs_changed:
+            clean, entry = _pick(base.get(path), ours.get(path), theirs.get(path))
+            if not clean:
+                entry = chosen.get(path)
+        elif path in ours_changed:
+            entry = ours.get(path)
+        else:
+            entry = theirs.get(path)
+        if entry is not None:
+            merged[path] = entry
+    taken: set[str] = set()
+    while True:
+        orphans = [
+            path
+            for path, _entry in merged.items()
+            if (parent := path.rpartition("/")[0])
+            and (merged.get(parent) is None or merged[parent].type != "dir")
+        ]
+        if not orphans:
+            return merged
+        for path in orphans:
+            # Each round takes at least one more path from `side` (the orphan, or its parent:
+            # both from `side` cannot be an orphan), so the rounds end.
+            for where in (path, path.rpartition("/")[0]):
+                if where in taken:
+                    continue
+                taken.add(where)
+                if where in chosen:
+                    merged[where] = chosen[where]
+                else:
+                    merged.pop(where, None)
 
 
 # --- the same merge, by directory -----------------------------------------------------------

@@ -9,6 +9,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -39,16 +40,18 @@ from paperclip.admin.toolkit import (
     report_each,
     short_id,
 )
-from paperclip.errors import InvalidRequest
+from paperclip.errors import DomainError, InvalidRequest
 from paperclip.ids import parse_uuid
-from paperclip.models import HeartbeatRun, Issue
+from paperclip.models import ActivityEvent, HeartbeatRun, Issue
 from paperclip.receipts import owner_line, raw_owner
+from paperclip.snapshots.trees import BLOB_NAME
 from paperclip.templatetags.console import stamp
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.attention import held_finalization_actions
 from recovery.selectors.exports import HELD_EXPORT, is_held_export, lease_stop_confirmed
+from recovery.selectors.finalization import finalization_await
 from recovery.selectors.source import (
     MAXIMUM_SOURCES,
     recovery_source_inspect,
@@ -56,7 +59,11 @@ from recovery.selectors.source import (
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.actions import recovery_action_resolve
-from recovery.services.conflicts import CONFLICT_CAUSE, workspace_conflict_resolve
+from recovery.services.conflict_resolution import (
+    MAX_PREVIEW_CHANGES,
+    workspace_conflict_preview,
+)
+from recovery.services.conflicts import CONFLICT_CAUSE, HeadExpected, workspace_conflict_resolve
 from recovery.services.export_repair import (
     EXPORT_REPAIR_CAUSE,
     evidence_retry,
@@ -143,8 +150,17 @@ class ConflictResolutionForm(forms.Form):
     resolution = forms.ChoiceField(
         label="Resolution",
         choices=(
-            ("publish", "Publish the run's tree (it replaces the head, overlapping changes too)"),
-            ("discard", "Discard the run's tree (commit the run, leave the head as it is)"),
+            (
+                "publish",
+                "Publish: the run's side of each conflicting path, merged with every other "
+                "change of the run and of the head",
+            ),
+            (
+                "keep_head",
+                "Keep the head: the head's side of each conflicting path, and the run's other "
+                "changes still published",
+            ),
+            ("discard", "Discard: commit the run without publishing anything of it"),
         ),
         widget=forms.RadioSelect,
     )
@@ -373,7 +389,7 @@ class IssueRecoveryActionAdmin(
             return [
                 {
                     "action": "resolve_workspace_conflict",
-                    "label": "Resolve workspace conflict (publish or discard the run's tree)…",
+                    "label": "Resolve workspace conflict (preview each resolution)…",
                     "primary": True,
                 }
             ]
@@ -655,12 +671,14 @@ class IssueRecoveryActionAdmin(
         )
 
     @admin.action(
-        description="Resolve workspace conflict (publish or discard the run's tree)",
+        description="Resolve workspace conflict (preview, then publish, keep the head or discard)",
         permissions=["resolve_workspace_conflict"],
     )
     def resolve_workspace_conflict(
         self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
     ) -> HttpResponse | None:
+        queued: list[tuple[IssueRecoveryAction, UUID, int | None]] = []
+
         def resolve(actor: Actor, hold: IssueRecoveryAction, run_id: UUID, form: Any) -> str:
             answer = workspace_conflict_resolve(
                 actor=actor,
@@ -669,8 +687,25 @@ class IssueRecoveryActionAdmin(
                 run_id=run_id,
                 resolution=form.cleaned_data["resolution"],
                 note=form.cleaned_data["note"],
+                expected_head=_posted_head(request, hold),
             )
-            return "repeated" if answer.replayed else "resolved"
+            if answer.replayed:
+                return "repeated"
+            queued.append((hold, run_id, answer.job_id))
+            return "resolved"
+
+        def summary(counts: Counter[str], form: Any) -> str:
+            happened = [
+                _what_happened(hold, run_id, job_id, RESOLVE_WAIT_SECONDS)
+                for hold, run_id, job_id in queued
+            ]
+            return (
+                f"Resolved {counts['resolved']} ({form.cleaned_data['resolution']}) against the "
+                f"head you previewed, {counts['repeated']} already resolved so. "
+                + " ".join(happened)
+                + (" " if happened else "")
+                + "Refused: "
+            )
 
         return self._act_on_holds(
             request,
@@ -679,15 +714,10 @@ class IssueRecoveryActionAdmin(
             what="a workspace head conflict",
             form_class=ConflictResolutionForm,
             act=resolve,
-            summary=lambda counts, form: (
-                f"Resolved {counts['resolved']} ({form.cleaned_data['resolution']}), "
-                f"{counts['repeated']} already resolved so; the runs' finalization is queued "
-                "for the worker: the outcome will show in each run's finalization state on its "
-                "page. Refused: "
-            ),
+            summary=summary,
             title="Resolve workspace conflict",
             template="admin/recovery/resolve_workspace_conflict.html",
-            row=lambda hold: (hold, _as_dict(hold.evidence)),
+            row=lambda hold: (hold, _as_dict(hold.evidence), _conflict_preview(request, hold)),
         )
 
     @admin.action(
@@ -837,6 +867,129 @@ class IssueRecoveryActionAdmin(
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/recovery/resolve_recovery_action.html", context)
+
+
+# How long the console waits for the worker's attempt after a resolution, to say what it did
+# (the run's page shows it later when the worker is slower).
+RESOLVE_WAIT_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewRow:
+    """One resolution of the preview as the resolve page lists it."""
+
+    name: str
+    label: str
+    tree: str | None
+    added: list[str]
+    removed: list[str]
+    modified: list[str]
+    truncated: bool
+    error: str | None
+
+
+def _conflict_preview(request: HttpRequest, hold: IssueRecoveryAction) -> dict[str, Any]:
+    """The preview of each resolution against the head of now, for the resolve page; an
+    unreadable tree or a hold that names no run is shown as such, not as a failed page."""
+    try:
+        preview = workspace_conflict_preview(
+            actor=board_actor(request.user), issue_id=hold.source_issue_id, action_id=hold.pk
+        )
+    except DomainError as exc:
+        return {"error": f"{exc.code}: {exc.text}"}
+    rows = []
+    labels = {"publish": "Publish", "keep_head": "Keep the head"}
+    for name, outcome in preview.outcomes.items():
+        label = labels[name]
+        shown = outcome.changes[:MAX_PREVIEW_CHANGES]
+        rows.append(
+            PreviewRow(
+                name=name,
+                label=label,
+                tree=outcome.tree,
+                added=[c.path for c in shown if c.change == "added"],
+                removed=[c.path for c in shown if c.change == "removed"],
+                modified=[c.path for c in shown if c.change == "modified"],
+                truncated=len(outcome.changes) > MAX_PREVIEW_CHANGES,
+                error=outcome.error,
+            )
+        )
+    return {
+        "head": preview.head,
+        "expected": preview.head or EMPTY_HEAD,
+        "conflicts": [
+            {
+                "path": c.path,
+                "base": _entry_text(c.base),
+                "head": _entry_text(c.head),
+                "run": _entry_text(c.run),
+            }
+            for c in preview.conflicts
+        ],
+        "conflict_count": preview.conflict_count,
+        "outcomes": rows,
+    }
+
+
+EMPTY_HEAD = "empty"
+
+
+def _entry_text(entry: Any) -> str:
+    if entry is None:
+        return "absent"
+    if entry.type == "dir":
+        return f"directory {entry.mode:o}"
+    if entry.type == "symlink":
+        return f"symlink → {entry.target}"
+    digest = entry.digest or (entry.chunks[0] if entry.chunks else "")
+    return f"file {entry.mode:o}, {entry.size} bytes, {digest[7:19]}"
+
+
+def _posted_head(request: HttpRequest, hold: IssueRecoveryAction) -> HeadExpected | None:
+    """The head the page previewed for `hold` (posted back), or None when it showed none."""
+    posted = request.POST.get(f"expected_head_{hold.pk}")
+    if posted is None or posted == "":
+        return None
+    if posted == EMPTY_HEAD:
+        return HeadExpected(None)
+    if not BLOB_NAME.fullmatch(posted):
+        raise InvalidRequest("The previewed head is not a tree name.")
+    return HeadExpected(posted)
+
+
+def _what_happened(
+    hold: IssueRecoveryAction, run_id: UUID, job_id: int | None, timeout: float
+) -> str:
+    """What the worker did with the resolved run, once its attempt ended (or that it has not
+    yet, after `timeout` seconds)."""
+    state = finalization_await(
+        company_id=hold.company_id, run_id=run_id, job_id=job_id, timeout=timeout
+    )
+    run = f"Run {short_id(run_id)}"
+    if state.state == "committed":
+        published = (
+            ActivityEvent.objects.filter(
+                company_id=hold.company_id, action="workspace.head_published", run_id=run_id
+            )
+            .order_by("-created_at")
+            .values_list("details", flat=True)
+            .first()
+        )
+        if isinstance(published, dict) and published.get("resolution"):
+            return (
+                f"{run} committed: the workspace head is now {published.get('head')} "
+                f"(its {published.get('resolution')} merged into {published.get('previousHead')})."
+            )
+        return f"{run} committed: nothing of it was published (the head did not change)."
+    if state.state == "held":
+        return (
+            f"{run} is held again: the head moved after your decision and changed paths the "
+            "resolution changes too; open its new hold to preview against the new head."
+        )
+    return (
+        f"{run}: finalization {state.state.replace('_', ' ')}; the worker has not finished "
+        "yet, its page shows the outcome."
+    )
 
 
 def _why_not_resolvable(action: IssueRecoveryAction) -> str:

@@ -8,6 +8,7 @@ from recovery.api.views import (
     RunFinalizeApi,
     RunResultAcceptApi,
     WorkerStopRecordApi,
+    WorkspaceConflictPreviewApi,
     WorkspaceConflictResolveApi,
     WorkspaceExportRetryApi,
 )
@@ -37,6 +38,11 @@ urlpatterns: list[URLPattern] = [
         "issues/<uuid:issue_id>/recovery-actions/resolve-workspace-conflict",
         WorkspaceConflictResolveApi.as_view(),
         name="issue-recovery-resolve-workspace-conflict",
+    ),
+    path(
+        "issues/<uuid:issue_id>/recovery-actions/<uuid:action_id>/conflict",
+        WorkspaceConflictPreviewApi.as_view(),
+        name="issue-recovery-workspace-conflict-preview",
     ),
     path(
         "issues/<uuid:issue_id>/recovery-actions/retry-workspace-export",

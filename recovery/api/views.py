@@ -43,7 +43,8 @@ from recovery.selectors.finalization import (
     finalization_state,
 )
 from recovery.services import recovery_owner_stop_confirm, result_accept
-from recovery.services.conflicts import workspace_conflict_resolve
+from recovery.services.conflict_resolution import RESOLUTIONS, workspace_conflict_preview
+from recovery.services.conflicts import HeadExpected, workspace_conflict_resolve
 from recovery.services.export_repair import workspace_export_retry
 from recovery.services.finalization_jobs import finalization_request
 from recovery.services.owner_stop import MAX_STOP_EVIDENCE_CHARS, board_text_problem
@@ -253,8 +254,10 @@ class IssueRecoveryActionListApi(APIView):
 
 
 class WorkspaceConflictResolveApi(APIView):
-    """A board member resolves a workspace head conflict: publish the run's tree or discard it;
-    the run's finalization is queued."""
+    """A board member resolves a workspace head conflict: `publish` (the run's side of each
+    conflicting path) or `keep_head` (the head's side), both merged with every other change of
+    both sides, or `discard` (nothing of the run published); the run's finalization is queued.
+    With `expected_head`, a head that moved since is refused (409 workspace_head_moved)."""
 
     permission_classes = (IsBoard,)
 
@@ -262,7 +265,10 @@ class WorkspaceConflictResolveApi(APIView):
     class InputSerializer(StrictInputSerializer):
         action_id = UUIDBodyField()
         run_id = UUIDBodyField()
-        resolution = serializers.ChoiceField(choices=("publish", "discard"))
+        resolution = serializers.ChoiceField(choices=RESOLUTIONS)
+        expected_head = serializers.RegexField(
+            BLOB_NAME.pattern, required=False, allow_null=True, max_length=71
+        )
         note = serializers.CharField(trim_whitespace=False, max_length=MAX_STOP_EVIDENCE_CHARS)
 
     @extend_schema_serializer(component_name="WorkspaceConflictResolveOutput")
@@ -281,10 +287,11 @@ class WorkspaceConflictResolveApi(APIView):
                 INVALID_REQUEST,
                 NOT_FOUND,
                 (409, "workspace_conflict_stale"),
+                (409, "workspace_head_moved"),
                 RESOURCE_BUSY,
             ),
         },
-        summary="Resolve a workspace head conflict (publish or discard the run's tree)",
+        summary="Resolve a workspace head conflict (publish, keep_head or discard)",
     )
     def post(self, request: Request, issue_id: UUID) -> Response:
         actor = actor_for(request)
@@ -297,6 +304,9 @@ class WorkspaceConflictResolveApi(APIView):
             run_id=values["run_id"],
             resolution=values["resolution"],
             note=values["note"],
+            expected_head=(
+                HeadExpected(values["expected_head"]) if "expected_head" in values else None
+            ),
         )
         return Response(
             self.OutputSerializer(
@@ -309,6 +319,82 @@ class WorkspaceConflictResolveApi(APIView):
             ).data,
             status=status.HTTP_202_ACCEPTED,
         )
+
+
+class ConflictTreeEntrySerializer(serializers.Serializer[Any]):
+    """An entry of a tree at one path: a file's type, mode, size and digest (or chunks), a
+    directory's type and mode, a symlink's type and target."""
+
+    type = serializers.ChoiceField(choices=("file", "dir", "symlink"))
+    mode = serializers.IntegerField(required=False)
+    size = serializers.IntegerField(required=False)
+    digest = serializers.CharField(required=False)
+    chunks = serializers.ListField(child=serializers.CharField(), required=False)
+    target = serializers.CharField(required=False)
+
+
+class ConflictTreeChangeSerializer(serializers.Serializer[Any]):
+    path = serializers.CharField()
+    change = serializers.ChoiceField(choices=("added", "removed", "modified"))
+    from_ = ConflictTreeEntrySerializer(allow_null=True)
+    to = ConflictTreeEntrySerializer(allow_null=True)
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")  # `from` is a keyword
+        return fields
+
+
+class ConflictOutcomeSerializer(serializers.Serializer[Any]):
+    tree = serializers.CharField(allow_null=True)
+    changes = ConflictTreeChangeSerializer(many=True)
+    truncated = serializers.BooleanField()
+    error = serializers.CharField(required=False)
+
+
+class WorkspaceConflictPreviewApi(APIView):
+    """What each resolution of a workspace head conflict would publish against the head of
+    now (board): the conflicting paths with each side's entry, and per resolution the tree and
+    the paths it adds, removes or modifies relative to that head. Reads only."""
+
+    permission_classes = (IsBoard,)
+
+    @extend_schema_serializer(component_name="WorkspaceConflictPreview")
+    class OutputSerializer(serializers.Serializer[Any]):
+        class ConflictPathSerializer(serializers.Serializer[Any]):
+            path = serializers.CharField()
+            base = ConflictTreeEntrySerializer(allow_null=True)
+            head = ConflictTreeEntrySerializer(allow_null=True)
+            run = ConflictTreeEntrySerializer(allow_null=True)
+
+        class ConflictOutcomesSerializer(serializers.Serializer[Any]):
+            publish = ConflictOutcomeSerializer()
+            keep_head = ConflictOutcomeSerializer()
+
+        action_id = serializers.UUIDField()
+        run_id = serializers.UUIDField()
+        base = serializers.CharField(allow_null=True)
+        head = serializers.CharField(allow_null=True)
+        tree = serializers.CharField()
+        conflicts = ConflictPathSerializer(many=True)
+        conflict_count = serializers.IntegerField()
+        outcomes = ConflictOutcomesSerializer()
+
+    @extend_schema(
+        responses={
+            200: OutputSerializer,
+            **error_responses(*AUTH_ERRORS, NOT_FOUND, (409, "workspace_conflict_unreadable")),
+        },
+        operation_id="workspace_conflict_preview",
+        summary="Preview each resolution of a workspace head conflict against the head of now",
+    )
+    def get(self, request: Request, issue_id: UUID, action_id: UUID) -> Response:
+        actor = actor_for(request)
+        scoped_get(Issue.objects.all(), actor, issue_id)
+        preview = workspace_conflict_preview(actor=actor, issue_id=issue_id, action_id=action_id)
+        # The body is built by the service (entries keep only the keys they have); the
+        # serializer above documents it.
+        return Response(preview.as_json())
 
 
 class OwnerStopConfirmApi(APIView):

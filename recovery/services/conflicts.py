@@ -4,9 +4,11 @@
 The hold is a board-owned recovery action (`cause=workspace_head_conflict`) whose evidence
 names the run, its tree and base, the head it met and up to 100 conflicting paths. While it is
 live the run's finalization reads `held` and no attempt publishes anything. The board answers
-`publish` (the head becomes the run's tree) or `discard` (the run commits without publishing);
-the answer is kept in the resolved action's evidence, where the next finalization attempt
-(deferred in the same transaction) reads it.
+`publish` or `keep_head` (merges against the head it decided on, taking the run's or the
+head's side of each conflicting path: `recovery.services.conflict_resolution`) or `discard`
+(the run commits without publishing); the answer and the head it was made against are kept in
+the resolved action's evidence, where the next finalization attempt (deferred in the same
+transaction) reads them.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from paperclip.activity import activity_record
 from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.locking import require_transaction
 from paperclip.errors import NotFoundError
-from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization
-from recovery.errors import WorkspaceConflictStale
+from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue, NativeRunFinalization
+from recovery.errors import WorkspaceConflictStale, WorkspaceHeadMoved
 from recovery.locks import (
     recovery_actions_for_update,
     recovery_source_key,
@@ -37,16 +39,31 @@ from recovery.services.heads import PublishPlan, conflict_fingerprint
 
 CONFLICT_CAUSE: Final = HEAD_CONFLICT_CODE
 CONFLICT_NEXT_ACTION: Final = (
-    "Two runs changed the same paths of the workspace. Compare the run's tree with the head "
-    "and resolve: publish the run's tree (replacing the head) or discard it."
+    "Two runs changed the same paths of the workspace. Read the preview of each resolution "
+    "against the current head, then resolve: publish (the run's side of each conflicting "
+    "path), keep_head (the head's side), or discard the run's changes; every other change of "
+    "both sides is kept."
 )
 
-type Resolution = Literal["publish", "discard"]
+type Resolution = Literal["publish", "keep_head", "discard"]
 
 
-def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held", Resolution]:
+@dataclass(frozen=True, slots=True)
+class HeadExpected:
+    """The board's compare-and-set: the head it saw (None: the empty workspace)."""
+
+    tree: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictDecision:
+    resolution: Resolution
+    decided_head: str | None  # the head the board decided against
+
+
+def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held"] | ConflictDecision:
     """How the run's next publish goes: `held` while a conflict hold is live, the board's
-    resolution once it answered, else `merge`."""
+    decision once it answered, else `merge`."""
     latest = (
         IssueRecoveryAction.objects.filter(
             company_id=company_id, cause=CONFLICT_CAUSE, evidence__runId=str(run_id)
@@ -60,9 +77,13 @@ def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held",
     status, evidence = latest
     if status in LIVE_STATUSES:
         return "held"
-    resolution = evidence.get("resolution") if isinstance(evidence, dict) else None
-    if resolution in ("publish", "discard"):
-        return resolution
+    if not isinstance(evidence, dict):
+        return "merge"
+    resolution = evidence.get("resolution")
+    # A decision recorded before `decidedHead` existed was made against the head held.
+    decided = evidence.get("decidedHead", evidence.get("head"))
+    if resolution in ("publish", "keep_head", "discard"):
+        return ConflictDecision(resolution, decided if isinstance(decided, str) else None)
     return "merge"
 
 
@@ -120,6 +141,7 @@ class ConflictResolution:
     resolution: Resolution
     status: Literal["queued"] = "queued"
     replayed: bool = False
+    job_id: int | None = None  # the finalization job deferred (None on a repeat)
 
 
 def workspace_conflict_resolve(
@@ -130,14 +152,18 @@ def workspace_conflict_resolve(
     run_id: UUID,
     resolution: Resolution,
     note: str,
+    expected_head: HeadExpected | None = None,
 ) -> ConflictResolution:
-    """The board resolves a workspace head conflict: `publish` or `discard` the run's tree.
+    """The board resolves a workspace head conflict: `publish`, `keep_head` or `discard`.
 
     The hold must be live, of this issue and cause, and name this run (else
     WorkspaceConflictStale); a repeat of the same resolution answers the same and writes
-    nothing, another resolution of a resolved hold is stale. The resolution is recorded in the
-    action's evidence, the action resolves, and the run's finalization job is deferred, all in
-    one transaction. Locks: the issue's recovery advisory key, then the action row. Audited.
+    nothing, another resolution of a resolved hold is stale. With `expected_head`, a head that
+    is no longer that tree is WorkspaceHeadMoved (details `head`) and nothing is written. The
+    resolution and the head it was made against (`decidedHead`) are recorded in the action's
+    evidence, the action resolves, and the run's finalization job is deferred, all in one
+    transaction; the worker publishes (docs/snapshots.md#conflicts). Locks: the issue's
+    recovery advisory key, then the action row. Audited.
     """
     with transaction.atomic(durable=True):
         advisory_xact_lock(recovery_source_key(_issue_company(actor, issue_id), issue_id))
@@ -158,6 +184,7 @@ def workspace_conflict_resolve(
         run = HeartbeatRun.objects.filter(pk=run_id, company_id=action.company_id).first()
         if run is None:
             raise WorkspaceConflictStale(action_id=str(action_id), reason="no_such_run")
+        decided_head = _head_for_decision(run, issue_id, expected_head)
         # The run waits for a job again (the reconciler skips held runs).
         NativeRunFinalization.objects.filter(run_id=run_id, failure_code=HEAD_CONFLICT_CODE).update(
             failure_code=None, failure_detail=None, updated_at=Now()
@@ -168,12 +195,13 @@ def workspace_conflict_resolve(
             "resolution": resolution,
             "resolutionNote": note,
             "resolvedBy": actor.actor_id,
+            "decidedHead": decided_head,
         }
         action.status = IssueRecoveryAction.Status.RESOLVED
         action.outcome = (
-            IssueRecoveryAction.Outcome.RESTORED
-            if resolution == "publish"
-            else IssueRecoveryAction.Outcome.CANCELLED
+            IssueRecoveryAction.Outcome.CANCELLED
+            if resolution == "discard"
+            else IssueRecoveryAction.Outcome.RESTORED
         )
         action.resolution_note = note
         action.resolved_at = Now()
@@ -199,9 +227,39 @@ def workspace_conflict_resolve(
             entity_type="issue_recovery_action",
             entity_id=action.pk,
             run_id=run_id,
-            details={"resolution": resolution, "note": note, "finalizationJobId": job_id},
+            details={
+                "resolution": resolution,
+                "note": note,
+                "decidedHead": decided_head,
+                "finalizationJobId": job_id,
+            },
         )
-    return ConflictResolution(run_id, action_id, resolution)
+    return ConflictResolution(run_id, action_id, resolution, job_id=job_id)
+
+
+def _head_for_decision(
+    run: HeartbeatRun, issue_id: UUID, expected: HeadExpected | None
+) -> str | None:
+    """The head the board decides against; WorkspaceHeadMoved when it is not the one expected.
+    Not locked: a run publishing right after is merged with the decision by the worker
+    (the decided head is its base), so nothing it committed is lost."""
+    workspace_id = run.execution_workspace_id or (
+        Issue.objects.filter(pk=issue_id).values_list("execution_workspace_id", flat=True).first()
+    )
+    head = (
+        ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=run.company_id)
+        .values_list("head_tree", flat=True)
+        .first()
+        if workspace_id is not None
+        else None
+    )
+    if expected is not None and head != expected.tree:
+        raise WorkspaceHeadMoved(
+            f"The workspace head moved since the preview: it is now {head or 'empty'}. "
+            "Nothing was resolved; read the preview again against this head.",
+            head=head,
+        )
+    return head
 
 
 def _issue_company(actor: Actor, issue_id: UUID) -> UUID:

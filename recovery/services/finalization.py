@@ -65,7 +65,8 @@ from recovery.selectors.exports import (
 )
 from recovery.selectors.finalization import owner_hold_live
 from recovery.services.actions import resolve_in_tx
-from recovery.services.conflicts import conflict_hold_in_tx, conflict_mode
+from recovery.services.conflict_resolution import resolution_plan
+from recovery.services.conflicts import ConflictDecision, conflict_hold_in_tx, conflict_mode
 from recovery.services.copyback_guard import REFUSAL_TEXT, copyback_source_refusal
 from recovery.services.export_repair import export_hold_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
@@ -785,7 +786,8 @@ def _publish_owned(
     tree: str,
 ) -> FinalizeOutcome:
     """Publish the run's snapshot as the workspace head in the commit
-    (docs/snapshots.md#publishing): plan (fast-forward, merge, or the board's resolution),
+    (docs/snapshots.md#publishing): plan (fast-forward, merge, or the board's resolution merged
+    against the head of now),
     then commit with the head moved by compare-and-set; a head moved meanwhile is planned
     again, a conflict is held for the board."""
     company_id, run_id = ownership.company_id, ownership.run_id
@@ -808,20 +810,32 @@ def _publish_owned(
             raise PublishError(
                 "snapshot_binding_missing", "The run's snapshot or workspace is gone."
             )
-        if mode == "merge":
+        decision = mode if isinstance(mode, ConflictDecision) else None
+        if decision is None or decision.resolution != "discard":
             try:
                 workspace_cwd_adopt(company_id=company_id, workspace_id=workspace_id)
             except CwdUnadoptable as exc:
                 raise PublishError(exc.code, str(exc)) from exc
         for _ in range(MAX_HEAD_RACES):
             ownership.assert_held()
-            plan = publish_plan(
-                company_id=company_id,
-                workspace_id=workspace_id,
-                tree=tree,
-                base=snapshot.base,
-                resolution=mode,
-            )
+            if decision is not None and decision.resolution != "discard":
+                # The board's merge, against the head it decided on and then the head of now.
+                plan = resolution_plan(
+                    company_id=company_id,
+                    workspace_id=workspace_id,
+                    tree=tree,
+                    base=snapshot.base,
+                    resolution=decision.resolution,
+                    decided_head=decision.decided_head,
+                )
+            else:
+                plan = publish_plan(
+                    company_id=company_id,
+                    workspace_id=workspace_id,
+                    tree=tree,
+                    base=snapshot.base,
+                    resolution="merge" if decision is None else "discard",
+                )
             ownership.assert_held()
             if plan.kind == "conflict":
                 _finish_operation(

@@ -76,7 +76,9 @@ class HeadMoved(Exception):
     """Another run moved the head after the plan was made: plan again."""
 
 
-type PublishKind = Literal["fast_forward", "merged", "unchanged", "conflict", "forced", "discarded"]
+type PublishKind = Literal[
+    "fast_forward", "merged", "unchanged", "conflict", "resolved", "discarded"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +91,11 @@ class PublishPlan:
     new_head: str | None
     conflicts: tuple[str, ...] = field(default_factory=tuple)
     conflict_count: int = 0
+    resolution: str | None = None  # the board's, for a resolved conflict
+    decided_head: str | None = None  # the head the board decided against
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        shown = {
             "kind": self.kind,
             "tree": self.tree,
             "base": self.base,
@@ -99,6 +103,9 @@ class PublishPlan:
             "head": self.new_head,
             "conflictCount": self.conflict_count,
         }
+        if self.resolution is not None:
+            shown |= {"resolution": self.resolution, "decidedHead": self.decided_head}
+        return shown
 
 
 def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
@@ -177,12 +184,12 @@ def publish_plan(
     workspace_id: UUID,
     tree: str,
     base: str | None,
-    resolution: Literal["merge", "publish", "discard"] = "merge",
+    resolution: Literal["merge", "discard"] = "merge",
 ) -> PublishPlan:
     """What committing the run will do to the head, read now (no lock): fast-forward, merge
-    (the merged tree's directories are stored here), nothing, or a conflict. `resolution` is
-    the board's answer to an earlier conflict: `publish` replaces the head with the run's tree,
-    `discard` leaves it."""
+    (the merged tree's directories are stored here), nothing, or a conflict. `discard` is the
+    board's answer to an earlier conflict that leaves the head as it is (the board's merging
+    answers are planned by `recovery.services.conflict_resolution.resolution_plan`)."""
     head = (
         ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
         .values_list("head_tree", flat=True)
@@ -205,8 +212,6 @@ def publish_plan(
 
     if resolution == "discard":
         return plan("discarded", head)
-    if resolution == "publish":
-        return plan("forced", tree)
     if head == tree:
         return plan("unchanged", head)
     if head == base:

@@ -27,6 +27,7 @@ BOARD_ONLY = {
     "recovery_source_inspect",
     "issues_recovery_actions_resume_workspace_finalization_create",
     "issues_recovery_actions_resolve_workspace_conflict_create",
+    "workspace_conflict_preview",
     "issues_recovery_actions_retry_workspace_export_create",
     "platform_worker_stops_create",  # the worker platform, signed by HMAC
     "heartbeat_run_interrupt",

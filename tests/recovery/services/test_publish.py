@@ -1,5 +1,5 @@
 """Publishing a run's snapshot under finalization ownership: fast-forward, the path-by-path
-merge with another run's head, the board's conflict hold and its two resolutions, and the
+merge with another run's head, the board's conflict hold and its resolutions, and the
 materialization of the head into the workspace's cwd (docs/snapshots.md#publishing)."""
 
 from __future__ import annotations
@@ -272,8 +272,9 @@ def test_an_adopted_cwd_that_disagrees_with_the_first_run_is_a_conflict(tmp_path
 
 
 def test_the_console_resolves_a_conflict_with_the_same_service(
-    tmp_path: Path, superuser_client: Any
+    tmp_path: Path, superuser_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr("recovery.admin.actions.RESOLVE_WAIT_SECONDS", 0.0)  # no worker here
     b, ours, _theirs = _conflicted(tmp_path)
     _finalize(b)
     hold = IssueRecoveryAction.objects.get(cause="workspace_head_conflict")
