@@ -67,6 +67,15 @@ class _Plan:
     chunked: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
 
 
+class _OtherSize(Exception):
+    """A file names `digest` with a size it is not stored with: refused once the transaction
+    is rolled back, with the file's path (found by reading the tree again)."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(digest)
+        self.digest = digest
+
+
 class _HeadMoved(Exception):
     """The head a plan trusts is no longer the head: plan again without it."""
 
@@ -227,6 +236,39 @@ def _register(
     # board rather than losing anything (docs/snapshots.md#merging).
     pin = sorted({*plan.pin, *([base] if base is not None else [])})
     owner = RuntimeLeaseOwner.for_agent(agent_id, run_id=run_id)
+    try:
+        return _register_in_tx(
+            plan,
+            pin=pin,
+            owner=owner,
+            company_id=company_id,
+            run_id=run_id,
+            workspace_id=workspace_id,
+            issue_id=issue_id,
+            tree=tree,
+            base=base,
+            generation=generation,
+            fence=fence,
+        )
+    except _OtherSize as exc:  # the locks are let go before the tree is read again
+        path = _file_naming(company_id, tree, exc.digest)
+        raise SnapshotTreeInvalid(path=path, reason="size_mismatch") from None
+
+
+def _register_in_tx(
+    plan: _Plan,
+    *,
+    pin: list[str],
+    owner: RuntimeLeaseOwner,
+    company_id: UUID,
+    run_id: UUID,
+    workspace_id: UUID,
+    issue_id: UUID | None,
+    tree: str,
+    base: str | None,
+    generation: int,
+    fence: int | None,
+) -> SnapshotRegistration:
     with busy_on_lock_timeout(BUSY_MESSAGE):
         try:
             with transaction.atomic(durable=True):
@@ -323,13 +365,12 @@ def _raise_other_size(
     other_size: list[str],
     chunked: dict[str, tuple[int, tuple[str, ...]]],
 ) -> None:
-    """SnapshotTreeInvalid(path, "size_mismatch") for a file whose size is not its stored
-    blob's (`other_size`: the blobs the pin found stored with another size) or its stored
-    chunks' sum. In the caller's transaction: the chunks are pinned and stored by now."""
+    """SnapshotTreeInvalid(path, "size_mismatch") for a chunked file whose size is not its
+    stored chunks' sum, and _OtherSize for a file whose blob is stored with another size
+    (`other_size`: the blobs the pin found so; its path is looked for after the rollback). In
+    the caller's transaction: the chunks are pinned and stored by now."""
     if other_size:
-        raise SnapshotTreeInvalid(
-            path=_file_naming(company_id, tree, other_size[0]), reason="size_mismatch"
-        )
+        raise _OtherSize(other_size[0])
     if not chunked:
         return
     stored = cas_rows(
