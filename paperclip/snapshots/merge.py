@@ -241,6 +241,8 @@ def _merge_directories(
                     here = oe.mode if ours_moved else te.mode
                     below = be.digest if be is not None and be.type == "dir" else None
                     following.append((where, below, oe.digest, te.digest, here))
+                elif _removed_over_removals(be, oe, te, load_many, path=where):
+                    decided[where] = None  # one side removed it, the other only removed inside
                 else:
                     raise _Unclean  # both changed it, differently: a conflict
         level = following
@@ -263,6 +265,51 @@ def _merge_directories(
                 name=path.rpartition("/")[2], type="dir", mode=mode, digest=digest
             )
     return TreeMerge(root=root, blobs=blobs, read=read)
+
+
+def _removed_over_removals(
+    base: Entry | None,
+    ours: Entry | None,
+    theirs: Entry | None,
+    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    *,
+    path: str,
+) -> bool:
+    """True when one side removed a directory of `base` and the other side's changes inside
+    it are all removals: `merge3` sees every path below changed the same way or on one side
+    only, so the directory is gone from the merge (not a conflict)."""
+    if base is None or base.type != "dir":
+        return False
+    kept = theirs if ours is None else ours if theirs is None else None
+    if kept is None or kept.type != "dir" or kept.mode != base.mode:
+        return False
+    return _only_removals(base.digest, kept.digest, load_many, path=path)
+
+
+def _only_removals(
+    base: str | None,
+    side: str | None,
+    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    *,
+    path: str,
+) -> bool:
+    """Whether the directory `side` is `base` with some entries removed and nothing else
+    changed, at any depth (a directory by blob and mode, as `_same_subtree` compares)."""
+    if base == side:
+        return True
+    stored = load_many([d for d in (base, side) if d is not None])
+    base_children = _children(stored, base, path)
+    for name, entry in _children(stored, side, path).items():
+        before = base_children.get(name)
+        if _same_subtree(entry, before):
+            continue
+        if before is None or entry.type != "dir" or before.type != "dir":
+            return False
+        if entry.mode != before.mode:
+            return False
+        if not _only_removals(before.digest, entry.digest, load_many, path=f"{path}/{name}"):
+            return False
+    return True
 
 
 def _children(stored: Mapping[str, bytes], digest: str | None, path: str) -> dict[str, Entry]:

@@ -76,6 +76,11 @@ def _links(entries: Mapping[str, Entry]) -> dict[str, str]:
 @example(  # each side's link stays inside; together they climb out
     {}, {"c/l": ("symlink", "../a/..", 0)}, {"a": ("symlink", ".", 0)}
 )
+@example(  # one side removed a directory, the other only removed inside it: clean
+    {"a/a/a/x": ("file", b"x", 0o644), "a/b": ("file", b"y", 0o644)},
+    {"a": None},
+    {"a/a/a/x": None},
+)
 def test_merging_by_directory_gives_the_whole_tree_merge_or_leaves_it_to_it(
     base_layout: dict[str, Leaf],
     ours_edits: dict[str, Leaf | None],
