@@ -386,10 +386,14 @@ class _TreeCopy:
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
-            self.skipped.append(rel_dir.rstrip("/"))
-            return None
-        if not _opened_inside(dir_fd, self.root):
-            os.close(dir_fd)
+            dir_fd = -1
+        if dir_fd < 0 or not _opened_inside(dir_fd, self.root):
+            if dir_fd >= 0:
+                os.close(dir_fd)
+            if not rel_dir:  # the source itself: an empty copy must not replace the destination
+                raise CopybackError(
+                    "copyback_source_missing", f"{here} is no longer the directory it was."
+                )
             self.skipped.append(rel_dir.rstrip("/"))
             return None
         self.directories += 1

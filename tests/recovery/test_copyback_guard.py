@@ -3,10 +3,15 @@ database, real directories where symbolic links matter."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 
 from recovery.services.copyback_guard import copyback_refusal
 
@@ -117,3 +122,43 @@ def test_symbolic_links_are_resolved_before_judging(tmp_path: Path) -> None:
         "inside_execution_workspace"
     )
     assert copyback_refusal(str(tmp_path / "runs" / "run-1"), **linked) is None
+
+
+def _roots_setting(value: str) -> subprocess.CompletedProcess[str]:
+    """PAPERCLIP_COPYBACK_ROOTS as a fresh process's settings read it (nothing connects)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "paperclip.settings",
+        "PYTHONPATH": str(settings.BASE_DIR),
+        "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none",
+        "DJANGO_SECRET_KEY": "s" * 50,
+        "PAPERCLIP_COPYBACK_ROOTS": value,
+    }
+    code = (
+        "import json; from django.conf import settings as s; "
+        "print(json.dumps(s.PAPERCLIP_COPYBACK_ROOTS))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "roots"), [("", []), ("/srv/runs", ["/srv/runs"]), (" /a , /b/,", ["/a", "/b/"])]
+)
+def test_the_roots_setting_is_a_list_of_absolute_directories(value: str, roots: list[str]) -> None:
+    done = _roots_setting(value)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == roots
+
+
+def test_a_relative_root_stops_startup() -> None:
+    done = _roots_setting("/srv/runs,runs")
+    assert done.returncode != 0
+    assert "PAPERCLIP_COPYBACK_ROOTS takes absolute directories" in done.stderr

@@ -263,3 +263,25 @@ def test_a_directory_swapped_for_a_link_mid_copy_is_not_followed(
     )
     assert "the secret" not in _contents(dest).values()
     assert report.skipped
+
+
+def test_a_source_swapped_for_a_link_before_the_walk_copies_nothing(tmp_path: Path) -> None:
+    """The source itself replaced by a link to another directory after it was checked: the
+    copy stops, nothing of the other directory is read, and the destination is left as it
+    was (never replaced by an empty copy)."""
+    src, secret = _with_secret(tmp_path)
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    (dest / "old.txt").write_text("old")
+
+    def check() -> None:
+        if not (src).is_symlink():
+            src.rename(tmp_path / "run-moved")
+            src.symlink_to(secret)
+
+    with pytest.raises(CopybackError) as raised:
+        LocalDirectoryCopyback(threads=1).copy_back(
+            run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=check
+        )
+    assert raised.value.code == "copyback_source_missing"
+    assert _contents(dest) == {"old.txt": "old"}
