@@ -36,7 +36,7 @@ from uuid import UUID
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F, Func, JSONField, Value
+from django.db.models import F, Func, JSONField, Q, Value
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
@@ -415,10 +415,12 @@ def _require_stop_verification(
     fingerprint = owner_fingerprint(run_id, raw_prior)
     with transaction.atomic(durable=True):
         advisory_xact_lock(recovery_source_key(company_id, issue_id))
+        # The run's own live hold (other runs' holds of the issue are theirs).
         existing = (
             IssueRecoveryAction.objects.filter(
-                company_id=company_id, source_issue_id=issue_id, status__in=LIVE_STATUSES
+                company_id=company_id, cause=OWNER_UNVERIFIED_CAUSE, status__in=LIVE_STATUSES
             )
+            .filter(Q(held_run_id=run_id) | Q(held_run__isnull=True, evidence__runId=str(run_id)))
             .order_by("-updated_at", "-id")
             .first()
         )
@@ -481,6 +483,7 @@ def _require_stop_verification(
                 wake_policy=None,
                 max_attempts=1,
                 supersede_on_identity_change=True,
+                held_run_id=run_id,
             ),
             actor_id="finalization-controller",
         )

@@ -335,11 +335,12 @@ def test_confirmation_locks_its_own_rows_not_the_first_of_the_company(lookalike:
 
 def test_an_action_of_another_issue_is_not_this_runs_hold() -> None:
     b, hold, receipt, actor = held_binding()
-    # The same hold, recorded against another issue of the company.
+    # The same hold, recorded against another issue of the company (naming the run in its
+    # evidence only: a run has one live hold of a cause).
     fields = {
         f.name: getattr(hold, f.name)
         for f in IssueRecoveryAction._meta.concrete_fields
-        if f.name not in ("id", "source_issue", "created_at", "updated_at")
+        if f.name not in ("id", "source_issue", "created_at", "updated_at", "held_run")
     }
     elsewhere = IssueRecoveryAction.objects.create(
         **fields, source_issue=IssueFactory(company=b.company)
