@@ -282,8 +282,8 @@ def _current_recovery_result_id(
         phases += (NativeRunFinalization.Phase.COMMITTED,)
     if coordinator.phase not in phases:
         return None
-    if issue.execution_run_id not in (None, run_id):
-        return None
+    # Another run holding the issue now does not replace this one's saved result: a later run
+    # takes the slots of a run whose result was accepted, whose finalization still waits.
     accepted = NativeRunResult.objects.filter(
         pk=coordinator.result_id,
         company_id=company_id,

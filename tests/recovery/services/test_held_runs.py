@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from paperclip.models import ExecutionWorkspace, NativeRunFinalization
+from leases.models import WorkspaceRuntimeLease
+from leases.orphans import orphaned_runs, orphaned_runs_interrupt
+from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinalization
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.finalization import finalization_state
@@ -28,6 +32,7 @@ from recovery.services import (
 from recovery.services.conflicts import conflict_hold_in_tx
 from recovery.services.heads import PublishPlan
 from tests.helpers import run_jobs
+from tests.paperclip.factories import NativeRunFactory
 from tests.paperclip.helpers import audit_count
 from tests.recovery.factories import Binding, make_binding, next_run, receipt_for
 from tests.recovery.snapshots import Files, snapshot_result, store_tree
@@ -223,3 +228,118 @@ def test_the_migration_names_the_held_run_of_existing_board_holds() -> None:
     hold.refresh_from_db()
     agent_owned.refresh_from_db()
     assert (hold.held_run_id, agent_owned.held_run_id) == (b.run.pk, None)
+
+
+# --- a later run never interrupts a run whose result was accepted ---------------------------
+
+
+def _queued_next_run(b: Binding) -> Any:
+    return NativeRunFactory(
+        company=b.company,
+        agent=b.agent,
+        issue=b.issue,
+        native_issue=b.issue,
+        execution_workspace=b.workspace,
+        status="queued",
+    )
+
+
+def test_the_agent_s_next_run_starts_and_the_held_run_keeps_waiting_for_the_board(
+    tmp_path: Path, make_agent_client: Any, make_board_client: Any
+) -> None:
+    first = make_binding()
+    first.workspace.head_tree = store_tree(first.company.pk, {**BASE, "README.md": b"theirs\n"})
+    first.workspace.save(update_fields=["head_tree"])
+    _conflicting(first, b"first\n")
+    assert _finalize(first).status == "held"
+    agent: APIClient = make_agent_client(first.agent)
+    following = _queued_next_run(first)
+    started = agent.patch(
+        f"/api/heartbeat-runs/{following.pk}", {"status": "running"}, format="json"
+    )
+    assert started.status_code == 200, started.content
+    first.issue.refresh_from_db()
+    assert (first.issue.execution_run_id, first.issue.checkout_run_id) == (
+        following.pk,
+        following.pk,
+    )
+    first.run.refresh_from_db()
+    assert first.run.status == "running"  # not interrupted
+    assert finalization_state(first.run).state == "held"
+    assert _hold(first).status == "active"
+    start = ActivityEvent.objects.get(
+        action="heartbeat_run.status_changed", entity_id=str(following.pk)
+    )
+    assert start.details["slotsTakenFromRunIds"] == [str(first.run.pk)]
+    # The board still decides the held run; its commit leaves the new run's slots alone.
+    board: APIClient = make_board_client(first.company)
+    url = f"/api/issues/{first.issue.pk}/recovery-actions/resolve-workspace-conflict"
+    body = {
+        "action_id": str(_hold(first).pk),
+        "run_id": str(first.run.pk),
+        "resolution": "discard",
+        "note": "superseded by the next run's work",
+    }
+    assert board.post(url, body, format="json").status_code == 202
+    run_jobs()
+    first.run.refresh_from_db()
+    first.issue.refresh_from_db()
+    assert first.run.status == "succeeded"
+    assert first.issue.execution_run_id == following.pk
+
+
+def test_no_status_update_ends_a_run_whose_result_was_accepted(make_agent_client: Any) -> None:
+    b = make_binding()
+    agent: APIClient = make_agent_client(b.agent)
+    writes = ActivityEvent.objects.count()
+    for status in ("interrupted", "failed", "cancelled"):
+        refused = agent.patch(f"/api/heartbeat-runs/{b.run.pk}", {"status": status}, format="json")
+        assert refused.status_code == 422, refused.content
+        assert refused.json()["error"]["code"] == "invalid_run_transition"
+    b.run.refresh_from_db()
+    b.issue.refresh_from_db()
+    assert (b.run.status, b.issue.execution_run_id) == ("running", b.run.pk)
+    assert ActivityEvent.objects.count() == writes
+
+
+def test_the_board_s_interrupt_refuses_a_run_whose_result_was_accepted(
+    make_board_client: Any,
+) -> None:
+    b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
+    with_finalization_ownership(company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1)
+    board: APIClient = make_board_client(b.company)
+    writes = ActivityEvent.objects.count()
+    refused = board.post(
+        f"/api/heartbeat-runs/{b.run.pk}/interrupt", {"reason": "looks stuck"}, format="json"
+    )
+    assert refused.status_code == 422, refused.content
+    assert refused.json()["error"]["code"] == "invalid_run_transition"
+    b.run.refresh_from_db()
+    assert (b.run.status, finalization_state(b.run).state) == ("running", "held")
+    assert ActivityEvent.objects.count() == writes
+
+
+def test_the_orphan_sweep_leaves_a_held_run_alone() -> None:
+    """Every lease of the held run lapsed long ago: its agent is gone, but its work is done and
+    waits for the board, so it is not orphaned and the sweep does not interrupt it."""
+    b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
+    assert with_finalization_ownership(
+        company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+    ) == NotAcquired("owner_unverified")
+    NativeRunFinalization.objects.filter(pk=b.run.pk).update(
+        lease_expires_at=timezone.now() - timedelta(days=1)
+    )
+    WorkspaceRuntimeLease.objects.create(
+        company=b.company,
+        execution_workspace=b.workspace,
+        owner_key=f"issue:{b.issue.pk}",
+        owner_issue=b.issue,
+        last_action="start",
+        expires_at=timezone.now() - timedelta(days=1),
+    )
+    assert orphaned_runs(run_ids=[b.run.pk]) == []
+    swept = orphaned_runs_interrupt(grace_seconds=0)
+    assert swept.interrupted == 0
+    b.run.refresh_from_db()
+    assert b.run.status == "running"
+    assert finalization_state(b.run).state == "held"
