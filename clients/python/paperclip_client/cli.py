@@ -507,6 +507,8 @@ class Runner:
                 f"finalization: held for the board ({reason}); the run's tree {taken.tree} is"
                 " not published until the board resolves it"
             )
+            if exc.remediation:
+                say(f"finalization: the board's next step: {exc.remediation}")
             return EXIT_NOT_COMMITTED
         except (ApiError, TimeoutError, ServerUnreachable) as exc:
             fail(f"run {run_id} did not commit: {exc}")

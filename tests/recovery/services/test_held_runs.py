@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
+from procrastinate.contrib.django.models import ProcrastinateJob
 from rest_framework.test import APIClient
 
 from leases.models import WorkspaceRuntimeLease
@@ -21,6 +22,7 @@ from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinaliz
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.finalization import finalization_state
+from recovery.selectors.holds import HOLD_REMEDIATION
 from recovery.services import (
     Acquired,
     NotAcquired,
@@ -343,3 +345,33 @@ def test_the_orphan_sweep_leaves_a_held_run_alone() -> None:
     b.run.refresh_from_db()
     assert b.run.status == "running"
     assert finalization_state(b.run).state == "held"
+
+
+# --- finalize answers a held run with its reason --------------------------------------------
+
+
+@pytest.mark.parametrize("wait", ["", "?wait=1"], ids=["no_wait", "wait"])
+@pytest.mark.parametrize("reason", ["workspace_head_conflict", "owner_unverified"])
+def test_finalize_answers_a_held_run_409_with_its_reason_and_remedy(
+    make_agent_client: Any, wait: str, reason: str
+) -> None:
+    if reason == "workspace_head_conflict":
+        b = make_binding()
+        b.workspace.head_tree = store_tree(b.company.pk, {**BASE, "README.md": b"theirs\n"})
+        b.workspace.save(update_fields=["head_tree"])
+        _conflicting(b, b"first\n")
+        assert _finalize(b).status == "held"
+    else:
+        b = make_binding(receipt=receipt_for(hostname="elsewhere.example"))
+        assert with_finalization_ownership(
+            company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 1
+        ) == NotAcquired("owner_unverified")
+    agent: APIClient = make_agent_client(b.agent)
+    writes, jobs = ActivityEvent.objects.count(), ProcrastinateJob.objects.count()
+    response = agent.post(f"/api/heartbeat-runs/{b.run.pk}/finalize{wait}")
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "finalization_not_acquired"
+    assert error["details"]["reason"] == reason
+    assert error["remediation"] == HOLD_REMEDIATION[reason]
+    assert (ActivityEvent.objects.count(), ProcrastinateJob.objects.count()) == (writes, jobs)
