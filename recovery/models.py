@@ -1,5 +1,6 @@
 """Issue recovery actions (docs/data-model.md#recovery-actions): at most one live action per source
-issue."""
+issue, except the board's holds of runs (`held_run`): one live hold per held run and cause, as
+many as the issue has held runs."""
 
 from __future__ import annotations
 
@@ -79,6 +80,16 @@ class IssueRecoveryAction(TimestampedModel):
     resolved_at = models.DateTimeField(null=True, blank=True)
     outcome = models.TextField(choices=Outcome.choices, null=True, blank=True)
     resolution_note = models.TextField(null=True, blank=True)
+    # The run a board hold holds (owner unverified, workspace head conflict, export retries
+    # spent): such a hold is that run's alone, never superseded by another run's action.
+    held_run = models.ForeignKey(
+        "paperclip.HeartbeatRun",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,  # the partial unique index below serves the lookups
+    )
 
     class Meta:
         db_table = "issue_recovery_actions"
@@ -101,8 +112,13 @@ class IssueRecoveryAction(TimestampedModel):
         constraints: ClassVar[list[Any]] = [
             models.UniqueConstraint(
                 fields=["company", "source_issue"],
-                condition=Q(status__in=LIVE_STATUSES),
+                condition=Q(status__in=LIVE_STATUSES, held_run__isnull=True),
                 name="issue_recovery_actions_active_source_uq",
+            ),
+            models.UniqueConstraint(
+                fields=["company", "held_run", "cause"],
+                condition=Q(status__in=LIVE_STATUSES, held_run__isnull=False),
+                name="issue_recovery_actions_live_held_run_uq",
             ),
             models.UniqueConstraint(
                 fields=["company", "source_issue", "cause", "fingerprint"],

@@ -8,7 +8,9 @@ Run lifecycle (`run_transition`):
 
 `queued -> succeeded` is refused: a run that never started has not done its work. Asking for the
 status a run already has is an idempotent no-op (no audit row). A native run whose result has
-been accepted reaches `succeeded` only through finalization.
+been accepted reaches its terminal status only through finalization: no status update ends it,
+and a later run starting on its issue takes the issue's slots from it without interrupting it
+(docs/recovery.md#runs-whose-result-was-accepted).
 
 Composable helpers for other apps (they run inside the caller's transaction, never open one):
 `_run_start_in_tx` and `run_finish_in_tx`; lock with `paperclip.locks.run_lock_with_issue`
@@ -231,8 +233,10 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
 
     with busy_on_lock_timeout(run_id=str(visible.pk)), transaction.atomic(durable=True):
         set_local_lock_timeout()
+        # A native run whose result was accepted reaches its terminal status (the one its result
+        # names) through finalization only: no PATCH, and no successor, ends it meanwhile.
         check_result = (
-            to_status == RunStatus.SUCCEEDED
+            to_status in HeartbeatRun.TERMINAL_STATUSES
             and visible.runtime_mode == HeartbeatRun.RuntimeMode.NATIVE
         )
         # The coordinator is locked (issue -> coordinator -> run) so a result cannot be accepted
@@ -252,7 +256,7 @@ def run_transition(*, actor: Actor, run_id: UUID | str, to_status: str) -> RunTr
             )
         if accepted:
             raise InvalidRunTransition(
-                "This native run has an accepted result; it reaches succeeded through "
+                "This native run has an accepted result; it reaches its terminal status through "
                 "finalization, not by a status update.",
                 remediation="Finalize the run (POST /api/heartbeat-runs/{run_id}/finalize).",
                 run_id=str(run.pk),
@@ -320,12 +324,21 @@ def _run_start_in_tx(
     """
     require_transaction()
     from_status = run.status
+    taken_from: list[str] = []
     if issue is not None:
-        holder_ids = [
-            pk
-            for pk in {issue.execution_run_id, issue.checkout_run_id}
-            if pk is not None and pk != run.pk
-        ]
+        slot_ids = {
+            pk for pk in (issue.execution_run_id, issue.checkout_run_id) if pk not in (None, run.pk)
+        }
+        # A holder whose result was accepted has done its work; only its finalization waits
+        # (perhaps for the board). It keeps its status and its finalization, and hands the
+        # issue's slots to this run instead of blocking it or being interrupted by it.
+        finished = set(
+            NativeRunFinalization.objects.filter(run_id__in=slot_ids, result_id__isnull=False)
+            .exclude(phase=NativeRunFinalization.Phase.COMMITTED)
+            .values_list("run_id", flat=True)
+        )
+        holder_ids = sorted(pk for pk in slot_ids if pk not in finished)
+        taken_from = sorted(str(pk) for pk in slot_ids if pk in finished)
         holder = (
             HeartbeatRun.objects.filter(pk__in=holder_ids, status__in=HeartbeatRun.LIVE_STATUSES)
             .order_by("pk")
@@ -369,7 +382,11 @@ def _run_start_in_tx(
         entity_type="heartbeat_run",
         entity_id=run.pk,
         run_id=run.pk,
-        details={"from": from_status, "to": RunStatus.RUNNING},
+        details={
+            "from": from_status,
+            "to": RunStatus.RUNNING,
+            **({"slotsTakenFromRunIds": taken_from} if taken_from else {}),
+        },
     )
 
 
@@ -453,7 +470,7 @@ def run_interrupt(
     """
     with busy_on_lock_timeout(run_id=str(run_id)), transaction.atomic(durable=True):
         set_local_lock_timeout()
-        locked = run_lock_with_issue(run_id=run_id)
+        locked = run_lock_with_issue(run_id=run_id, lock_coordinator=True)
         run = locked.run
         if company_ids is not None and run.company_id not in company_ids:
             raise NotFoundError()  # as a run that does not exist
@@ -466,6 +483,20 @@ def run_interrupt(
             )
         if still is not None and not still(run):
             return None
+        if _run_has_accepted_result(run, locked.coordinator):
+            # Its work is done and saved; interrupting it would strand its finalization (and
+            # any board hold waiting on it). It ends through finalization.
+            raise InvalidRunTransition(
+                "This run's result was accepted; it ends through finalization, not by an "
+                "interrupt.",
+                remediation=(
+                    "Its finalization waits (see the run's finalization state); if it is held "
+                    "for the board, decide its hold. A new run on the issue can start meanwhile."
+                ),
+                run_id=str(run.pk),
+                from_status=run.status,
+                to_status=RunStatus.INTERRUPTED,
+            )
         run_finish_in_tx(
             run=run,
             to_status=RunStatus.INTERRUPTED,

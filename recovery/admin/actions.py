@@ -52,6 +52,7 @@ from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.attention import held_finalization_actions
 from recovery.selectors.exports import HELD_EXPORT, is_held_export, lease_stop_confirmed
 from recovery.selectors.finalization import finalization_await
+from recovery.selectors.holds import TILE_REASONS, board_holds
 from recovery.selectors.source import (
     MAXIMUM_SOURCES,
     recovery_source_inspect,
@@ -225,20 +226,26 @@ def board_resolvable(
 
 
 class HoldFilter(admin.SimpleListFilter):
-    """The dashboard's "held for the board" tile: owner-unverified holds not yet confirmed
-    (`recovery.selectors.attention.held_finalization_actions`)."""
+    """The dashboard's "held for the board" tiles: every board hold of a run, or those of one
+    reason (`recovery.selectors.holds.board_holds`)."""
 
     title = "board hold"
     parameter_name = "hold"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("board", "Waiting for the board")]
+        return [
+            ("board", "Waiting for the board"),
+            *((reason, f"Waiting for the board: {words}") for reason, words in TILE_REASONS),
+        ]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IssueRecoveryAction]
     ) -> QuerySet[IssueRecoveryAction]:
-        if self.value() == "board":
-            return held_finalization_actions(queryset)
+        value = self.value()
+        if value == "board":
+            return board_holds(queryset)
+        if value is not None:
+            return board_holds(queryset, reason=value)
         return queryset
 
 

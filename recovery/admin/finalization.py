@@ -33,6 +33,7 @@ from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, run_board_hold
 from recovery.selectors.attention import failed_finalizations, retrying_finalizations
 from recovery.selectors.finalization import finalization_state
+from recovery.selectors.holds import HOLD_REMEDIATION
 from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import finalization_request
@@ -238,7 +239,9 @@ class NativeRunFinalizationAdmin(RunIssueColumns, FinalizeNowMixin, ReadOnlyAdmi
         words = {
             "failed": "Finalization failed: the copy-back retry budget is spent.",
             "retry_scheduled": "A copy-back attempt failed; the worker retries at the time below.",
-            "held": "Held for the board: the previous owner can't be proven stopped.",
+            # Each hold reason has its own next step (a conflict is not an owner stop).
+            "held": f"Held for the board ({state.reason}): "
+            + HOLD_REMEDIATION.get(state.reason or "", "see the run's recovery action."),
             "queued": "Queued: a worker will attempt it now.",
             "running": "Running: a live owner is finalizing it.",
             "waiting": "Due, but no job waits for it yet: the reconciler defers one shortly.",
@@ -255,7 +258,7 @@ class NativeRunFinalizationAdmin(RunIssueColumns, FinalizeNowMixin, ReadOnlyAdmi
                 "then retry finalization now."
             )
         if state.state == "held":
-            lines.append("Open the run's recovery action and read its verdict.")
+            lines.append("Open the run's recovery action: it says what is held and why.")
         return [
             *first,
             console_panel(

@@ -42,6 +42,7 @@ from recovery.selectors.finalization import (
     finalization_await,
     finalization_state,
 )
+from recovery.selectors.holds import HOLD_REMEDIATION
 from recovery.services import recovery_owner_stop_confirm, result_accept
 from recovery.services.conflict_resolution import RESOLUTIONS, workspace_conflict_preview
 from recovery.services.conflicts import HeadExpected, workspace_conflict_resolve
@@ -139,6 +140,15 @@ def _wait_seconds(request: Request) -> int:
     return int(raw)
 
 
+def _not_acquired(run_id: UUID, reason: str | None) -> FinalizationNotAcquired:
+    """409 `finalization_not_acquired` naming the hold's reason and that reason's remedy."""
+    return FinalizationNotAcquired(
+        reason=reason,
+        run_id=str(run_id),
+        remediation=HOLD_REMEDIATION.get(reason or "", FinalizationNotAcquired.remediation),
+    )
+
+
 class RunFinalizeApi(APIView):
     """Wake the run's finalization in the worker now (the run's own agent, or a board member);
     with `?wait=`, answer once the attempt ends (docs/worker.md#finalization-in-the-worker)."""
@@ -185,6 +195,11 @@ class RunFinalizeApi(APIView):
         if actor.is_agent and run.agent_id != actor.agent_id:
             raise PermissionDenied("Only the run's own agent or a board member may finalize it.")
         wait = _wait_seconds(request)
+        held = finalization_state(run)
+        if held.state == "held":
+            # Held for the board: no attempt would change that, so none is queued (nothing
+            # written), with or without `wait`; the answer names the reason and its remedy.
+            raise _not_acquired(run.pk, held.reason)
         queued = finalization_request(
             company_id=run.company_id,
             run_id=run.pk,
@@ -201,7 +216,7 @@ class RunFinalizeApi(APIView):
         if current.state == "committed":
             return self._answer(run.pk, "committed", current)
         if current.state == "held":
-            raise FinalizationNotAcquired(reason=current.reason, run_id=str(run.pk))
+            raise _not_acquired(run.pk, current.reason)
         if current.state == "failed":
             raise FinalizationFailed(
                 run_id=str(run.pk), attempts=current.attempts, last_error=current.last_error

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
@@ -53,6 +54,9 @@ class RecoveryActionInput:
     evidence_on_create: dict[str, Any] | None = None
     supersede_on_identity_change: bool = False
     preserve_existing_owner: bool = False
+    # A board hold of this run: the run's own hold, never another action of the issue
+    # (docs/recovery.md#one-hold-per-held-run).
+    held_run_id: UUID | None = None
 
 
 def _exhausted(action: IssueRecoveryAction) -> bool:
@@ -95,6 +99,7 @@ def _insert(
         attempt_count=data.attempt_count if data.attempt_count is not None else 1,
         max_attempts=data.max_attempts,
         last_attempt_at=Now(),
+        held_run_id=data.held_run_id,
     )
     # The savepoint is what lets us recover from a unique-index race and retry.
     with transaction.atomic():
@@ -103,12 +108,81 @@ def _insert(
     return action
 
 
+def _supersede(live: IssueRecoveryAction) -> None:
+    live.status = IssueRecoveryAction.Status.CANCELLED
+    live.outcome = IssueRecoveryAction.Outcome.CANCELLED
+    live.resolution_note = SUPERSEDED_NOTE
+    live.resolved_at = Now()
+    live.updated_at = Now()
+    live.save(update_fields=["status", "outcome", "resolution_note", "resolved_at", "updated_at"])
+
+
+def _upsert_run_hold(
+    *, company_id: UUID, source_issue_id: UUID, data: RecoveryActionInput, actor_id: str
+) -> RecoveryUpsert:
+    """A board hold of one run: only that run's live hold of the same cause is its to update
+    or supersede; the issue's other actions (other runs' holds included) are left alone. A hold
+    already waits for the board, so no attempt budget escalates it."""
+    live = (
+        recovery_actions_for_update()
+        .filter(company_id=company_id, cause=data.cause, status__in=LIVE_STATUSES)
+        # A hold written without the column (an older writer) is found by its evidence.
+        .filter(
+            Q(held_run_id=data.held_run_id)
+            | Q(held_run__isnull=True, evidence__runId=str(data.held_run_id))
+        )
+        .order_by("created_at", "id")
+        .first()
+    )
+    if live is None:
+        action = _insert(company_id=company_id, source_issue_id=source_issue_id, data=data)
+        _audit(action, "created", actor_id, fingerprint=action.fingerprint)
+        return RecoveryUpsert(action, "created")
+    if data.supersede_on_identity_change and live.fingerprint != data.fingerprint:
+        _supersede(live)
+        action = _insert(company_id=company_id, source_issue_id=source_issue_id, data=data)
+        _audit(action, "superseded", actor_id, supersededActionId=str(live.pk))
+        return RecoveryUpsert(action, "superseded")
+    previous = live.evidence if isinstance(live.evidence, dict) else {}
+    live.evidence = {**previous, **data.evidence} if data.preserve_existing_owner else data.evidence
+    live.fingerprint = data.fingerprint
+    live.next_action = data.next_action
+    live.held_run_id = data.held_run_id
+    live.attempt_count += 1
+    live.last_attempt_at = Now()
+    live.updated_at = Now()
+    live.save(
+        update_fields=[
+            "evidence",
+            "fingerprint",
+            "next_action",
+            "held_run",
+            "attempt_count",
+            "last_attempt_at",
+            "updated_at",
+        ]
+    )
+    live.refresh_from_db()
+    _audit(live, "updated", actor_id, attemptCount=live.attempt_count)
+    return RecoveryUpsert(live, "updated")
+
+
 def _upsert_once(
     *, company_id: UUID, source_issue_id: UUID, data: RecoveryActionInput, actor_id: str
 ) -> RecoveryUpsert:
+    if data.held_run_id is not None:
+        return _upsert_run_hold(
+            company_id=company_id, source_issue_id=source_issue_id, data=data, actor_id=actor_id
+        )
+    # The issue's single live action; the board's holds of runs are not it.
     live = (
         recovery_actions_for_update()
-        .filter(company_id=company_id, source_issue_id=source_issue_id, status__in=LIVE_STATUSES)
+        .filter(
+            company_id=company_id,
+            source_issue_id=source_issue_id,
+            status__in=LIVE_STATUSES,
+            held_run__isnull=True,
+        )
         .order_by("-updated_at", "-id")
         .first()
     )
@@ -118,14 +192,7 @@ def _upsert_once(
         return RecoveryUpsert(action, "created")
     identity_changed = (live.cause, live.fingerprint) != (data.cause, data.fingerprint)
     if data.supersede_on_identity_change and identity_changed:
-        live.status = IssueRecoveryAction.Status.CANCELLED
-        live.outcome = IssueRecoveryAction.Outcome.CANCELLED
-        live.resolution_note = SUPERSEDED_NOTE
-        live.resolved_at = Now()
-        live.updated_at = Now()
-        live.save(
-            update_fields=["status", "outcome", "resolution_note", "resolved_at", "updated_at"]
-        )
+        _supersede(live)
         action = _insert(company_id=company_id, source_issue_id=source_issue_id, data=data)
         _audit(action, "superseded", actor_id, supersededActionId=str(live.pk))
         return RecoveryUpsert(action, "superseded")
@@ -225,6 +292,10 @@ def recovery_action_upsert_source_scoped(
     actor_id: str = "recovery",
 ) -> RecoveryUpsert:
     """Insert, supersede, update or escalate the issue's single live recovery action.
+
+    With `data.held_run_id` (a board hold of that run) the action is the run's own instead:
+    its live hold of the same cause is inserted, superseded (an identity change, when asked)
+    or updated in place, and no other action of the issue is touched.
 
     - no live action: insert an active one (attempt 1 unless given);
     - `supersede_on_identity_change` and (cause, fingerprint) differ: cancel the live one and

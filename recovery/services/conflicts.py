@@ -90,7 +90,9 @@ def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held"]
 def conflict_hold_in_tx(
     *, company_id: UUID, issue_id: UUID, run_id: UUID, agent_id: UUID, plan: PublishPlan
 ) -> IssueRecoveryAction:
-    """Record (or keep) the board's hold for the run's conflicting publish."""
+    """Record (or keep) the board's hold for the run's conflicting publish: the run's own hold
+    (docs/recovery.md#one-hold-per-held-run), updated when the same run meets another
+    conflict, never cancelling another run's hold of the issue."""
     require_transaction()
     fingerprint = conflict_fingerprint(run_id, plan.tree, plan.expected_head)
     advisory_xact_lock(recovery_source_key(company_id, issue_id))
@@ -127,7 +129,9 @@ def conflict_hold_in_tx(
             next_action=CONFLICT_NEXT_ACTION,
             wake_policy=None,
             max_attempts=1,
-            supersede_on_identity_change=True,
+            # The run's own hold: a new conflict of this run (another head) updates it, and no
+            # other run's hold on the issue is touched.
+            held_run_id=run_id,
         ),
         actor_id="workspace_publisher",
     )

@@ -121,6 +121,7 @@ def export_hold_in_tx(
             wake_policy=None,
             preserve_existing_owner=True,
             supersede_on_identity_change=True,
+            held_run_id=run.pk,
         ),
         actor_id=EXPORT_REPAIR_ACTOR,
     )

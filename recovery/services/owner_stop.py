@@ -7,7 +7,6 @@ from typing import Any, Literal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Q
 from django.db.models.functions import Now
 
 from paperclip.access import Actor
@@ -271,9 +270,9 @@ def require_saved_result_current(
     stale: type[ConflictError],
 ) -> UUID:
     """The run, its coordinator (in one of `phases`, unowned), the issue and the accepted
-    result are all still the ones a board hold was recorded for, and no newer run of the issue
-    exists; otherwise `stale`, naming the first check that failed. Returns the accepted
-    result. Shared by the owner-stop confirmation and the export retry."""
+    result are all still the ones a board hold was recorded for (a later run of the issue
+    changes none of that); otherwise `stale`, naming the first check that failed. Returns the
+    accepted result. Shared by the owner-stop confirmation and the export retry."""
     issue, coordinator, run = bound.issue, bound.coordinator, bound.run
     if (
         run.runtime_mode != HeartbeatRun.RuntimeMode.NATIVE
@@ -283,12 +282,9 @@ def require_saved_result_current(
         raise stale(reason="run_not_current")
     if coordinator.phase not in phases or coordinator.lease_owner or coordinator.result_id is None:
         raise stale(reason="coordinator_not_waiting")
-    if (
-        issue.status in _CLOSED_ISSUE_STATUSES
-        or issue.assignee_agent_id != run.agent_id
-        or issue.execution_run_id != run.pk
-        or issue.checkout_run_id not in (None, run.pk)
-    ):
+    # A later run of the issue may hold its slots now, or be newer: the held run's saved result
+    # still waits for the board all the same (docs/recovery.md#one-hold-per-held-run).
+    if issue.status in _CLOSED_ISSUE_STATUSES or issue.assignee_agent_id != run.agent_id:
         raise stale(reason="issue_moved_on")
     if (
         run.completion_contract_id is None
@@ -302,18 +298,6 @@ def require_saved_result_current(
         ).exists()
     ):
         raise stale(reason="result_not_bound")
-    newer_run = (
-        HeartbeatRun.objects.filter(company_id=company_id)
-        .filter(Q(native_issue_id=issue.pk) | Q(issue_id=issue.pk))
-        .exclude(pk=run.pk)
-        .filter(
-            Q(created_at__gt=run.created_at)
-            | Q(status__in=[HeartbeatRun.Status.QUEUED, HeartbeatRun.Status.RUNNING])
-        )
-        .exists()
-    )
-    if newer_run:
-        raise stale(reason="newer_run")
     return coordinator.result_id
 
 

@@ -36,7 +36,7 @@ from uuid import UUID
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F, Func, JSONField, Value
+from django.db.models import F, Func, JSONField, Q, Value
 from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
@@ -282,8 +282,8 @@ def _current_recovery_result_id(
         phases += (NativeRunFinalization.Phase.COMMITTED,)
     if coordinator.phase not in phases:
         return None
-    if issue.execution_run_id not in (None, run_id):
-        return None
+    # Another run holding the issue now does not replace this one's saved result: a later run
+    # takes the slots of a run whose result was accepted, whose finalization still waits.
     accepted = NativeRunResult.objects.filter(
         pk=coordinator.result_id,
         company_id=company_id,
@@ -415,10 +415,12 @@ def _require_stop_verification(
     fingerprint = owner_fingerprint(run_id, raw_prior)
     with transaction.atomic(durable=True):
         advisory_xact_lock(recovery_source_key(company_id, issue_id))
+        # The run's own live hold (other runs' holds of the issue are theirs).
         existing = (
             IssueRecoveryAction.objects.filter(
-                company_id=company_id, source_issue_id=issue_id, status__in=LIVE_STATUSES
+                company_id=company_id, cause=OWNER_UNVERIFIED_CAUSE, status__in=LIVE_STATUSES
             )
+            .filter(Q(held_run_id=run_id) | Q(held_run__isnull=True, evidence__runId=str(run_id)))
             .order_by("-updated_at", "-id")
             .first()
         )
@@ -481,6 +483,7 @@ def _require_stop_verification(
                 wake_policy=None,
                 max_attempts=1,
                 supersede_on_identity_change=True,
+                held_run_id=run_id,
             ),
             actor_id="finalization-controller",
         )

@@ -68,6 +68,29 @@ def held_export(company: Company) -> tuple[Binding, IssueRecoveryAction]:
     return b, action
 
 
+def held_conflict(company: Company) -> tuple[Binding, IssueRecoveryAction]:
+    """A run held for the board over a workspace head conflict, as the finalizer leaves it
+    (conflict_hold_in_tx and the coordinator's failure code in one transaction)."""
+    b = make_binding(company=company, phase="workspace_finalizing")
+    NativeRunFinalization.objects.filter(pk=b.run.pk).update(
+        failure_code="workspace_head_conflict",
+        failure_detail={"code": "workspace_head_conflict", "detail": "1 conflicting path(s)"},
+    )
+    action = IssueRecoveryAction.objects.create(
+        company=company,
+        source_issue=b.issue,
+        kind="workspace_validation",
+        owner_type="board",
+        cause="workspace_head_conflict",
+        fingerprint=f"conflict-{b.run.pk}",
+        evidence={"runId": str(b.run.pk), "conflictingPaths": ["README.md"]},
+        next_action="Resolve the conflict.",
+        held_run=b.run,
+    )
+    b.refresh()
+    return b, action
+
+
 def stale_lease(company: Company, name: str = "ws") -> Any:
     """A runtime lease whose issue was closed after the claim (owner_issue_terminal)."""
     agent = AgentFactory(company=company)

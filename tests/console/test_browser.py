@@ -170,7 +170,8 @@ def test_confirm_a_held_finalization_from_the_dashboard(page: Any) -> None:
 
     page.goto(f"{page.base_url}/admin/")
     assert page.locator('a.console-tile[data-kind="finalization_held"]').count() == 0
-    assert page.locator('ul.console-quiet li[data-kind="finalization_held"]').count() == 1
+    # One quiet line per hold reason (owner unverified, conflict, export retries spent).
+    assert page.locator('ul.console-quiet li[data-kind="finalization_held"]').count() == 3
     assert ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").count() == 1
     b.run.refresh_from_db()
     assert "nativeWorkspaceFinalizationOwner" not in b.run.runner_profile_json

@@ -17,7 +17,8 @@ from django.urls import reverse
 from paperclip.models import ActivityEvent, BoardMembership, Company
 from recovery.console.attention import attention_summary
 from recovery.console.site import tile_url
-from tests.console.helpers import one_of_each
+from recovery.selectors.holds import HOLD_REMEDIATION
+from tests.console.helpers import held, held_conflict, held_export, one_of_each
 from tests.paperclip.factories import AgentFactory, CompanyFactory, IssueFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +47,9 @@ def staff_client(*companies: Company, superuser: bool = False) -> Client:
 def test_every_kind_of_stuck_work_is_counted(company: Company) -> None:
     one_of_each(company)
     found = counts([company.pk])
-    assert found["finalization_held:"] == 1
+    assert found["finalization_held:owner_unverified"] == 1
+    assert found["finalization_held:workspace_head_conflict"] == 0
+    assert found["finalization_held:workspace_export_retry_exhausted"] == 0
     assert found["finalization_failed:"] == 1
     assert found["finalization_retrying:"] == 1
     assert found["runtime_lease_stale:owner_issue_terminal"] == 1
@@ -115,7 +118,7 @@ def test_dashboard_shows_tiles_with_counts_ages_and_links(company: Company) -> N
         r'<a class="console-tile needs" href="([^"]+)" data-kind="finalization_held"', html
     )
     assert tile is not None
-    assert tile.group(1) == "/admin/recovery/issuerecoveryaction/?hold=board"
+    assert tile.group(1) == "/admin/recovery/issuerecoveryaction/?hold=owner_unverified"
     assert "Finalizations held for the board" in html
     assert re.search(r"oldest <time[^>]*>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</time>", html)
     assert "times in UTC" in html
@@ -189,3 +192,44 @@ def test_recent_activity_links_to_each_entitys_page_by_name(company: Company) ->
     assert f'<a href="{agent_url}">' in recent
     assert "Recent issue" in recent
     assert f'agent-recent <span class="console-id">({str(agent.pk)[:8]})</span>' in recent
+
+
+def test_every_board_hold_has_a_held_tile_of_its_reason_with_its_own_remedy(
+    company: Company,
+) -> None:
+    """Owner unverified, workspace conflict and export retries spent each wait for the board:
+    each is counted on its own "held for the board" tile with its own remediation, and a
+    conflict hold is not counted as a finalization the worker retries."""
+    held(company)
+    conflict, _hold = held_conflict(company)
+    held_export(company)
+    summary = attention_summary(company_ids=[company.pk], include_jobs=False)
+    tiles = {t.detail: t for t in summary.tiles if t.kind == "finalization_held"}
+    assert {reason: t.count for reason, t in tiles.items()} == {
+        "owner_unverified": 1,
+        "workspace_head_conflict": 1,
+        "workspace_export_retry_exhausted": 1,
+    }
+    assert tiles["owner_unverified"].hint == HOLD_REMEDIATION["owner_unverified"]
+    assert tiles["workspace_head_conflict"].hint == HOLD_REMEDIATION["workspace_head_conflict"]
+    hints = [t.hint for t in tiles.values()]
+    assert len(set(hints)) == 3  # one remedy per reason, never the owner-stop one for all
+    assert "resolve" in tiles["workspace_head_conflict"].hint
+    assert "Retry workspace export" in tiles["workspace_export_retry_exhausted"].hint
+    retrying = next(t for t in summary.tiles if t.kind == "finalization_retrying")
+    failed = next(t for t in summary.tiles if t.kind == "finalization_failed")
+    assert (retrying.count, failed.count) == (0, 0)  # each hold is counted once, as held
+    client = staff_client(company)
+    for reason, tile in tiles.items():
+        listed = client.get(tile_url(tile.kind, tile.detail))
+        assert listed.context["cl"].result_count == 1, reason
+    html = client.get(INDEX).content.decode()
+    assert "Finalizations held for the board: workspace head conflict" in html
+    assert "Finalizations retrying: 0" in html
+    # The coordinator's page says the same: held over a conflict, with the conflict's remedy.
+    page = client.get(
+        reverse("admin:paperclip_nativerunfinalization_change", args=[conflict.run.pk])
+    ).content.decode()
+    assert "Held for the board (workspace_head_conflict)" in page
+    assert "nothing waits for a retry" in page
+    assert "previous owner" not in page

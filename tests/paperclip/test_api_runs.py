@@ -409,20 +409,22 @@ def test_finishing_a_run_leaves_another_runs_lock_alone(
     assert issue.execution_run_id == holder.pk
 
 
-def test_native_run_with_accepted_result_cannot_be_patched_to_succeeded(
+def test_native_run_with_accepted_result_cannot_be_patched_to_any_terminal_status(
     agent_client: APIClient, agent: Agent, company: Company
 ) -> None:
+    """Its work is saved: it reaches the status its result names through finalization only, so
+    neither its agent nor a successor ends it meanwhile
+    (docs/recovery.md#runs-whose-result-was-accepted). Other endings used to stay possible."""
     run = NativeRunFactory(company=company, agent=agent, status="running")
     result = NativeRunResultFactory(run=run)
     NativeRunFinalizationFactory(run=run, phase="result_accepted", result=result)
     before = audit_count()
-    error = assert_error(_patch(agent_client, run, "succeeded"), 422, "invalid_run_transition")
-    assert "finalization" in error["message"]
+    for status in ("succeeded", "interrupted", "failed"):
+        error = assert_error(_patch(agent_client, run, status), 422, "invalid_run_transition")
+        assert "finalization" in error["message"]
     run.refresh_from_db()
     assert run.status == "running"
     assert audit_count() == before
-    # Other endings remain possible (e.g. the runner crashed).
-    assert _patch(agent_client, run, "interrupted").status_code == 200
 
 
 def test_accepted_result_without_coordinator_update_still_blocks(

@@ -185,4 +185,27 @@ def hold_for_board(b: Binding, receipt: dict[str, Any]) -> IssueRecoveryAction:
         next_action=OWNER_UNVERIFIED_NEXT_ACTION,
         attempt_count=1,
         max_attempts=1,
+        held_run=b.run,
     )
+
+
+def next_run(b: Binding, *, receipt: Any = None) -> Binding:
+    """A later run of `b`'s agent on the same issue and workspace, started (it holds the
+    issue's slots now) and with an accepted result waiting for finalization."""
+    profile: dict[str, Any] = {} if receipt is None else {OWNER_KEY: receipt}
+    run = NativeRunFactory(
+        company=b.company,
+        agent=b.agent,
+        issue=b.issue,
+        native_issue=b.issue,
+        execution_workspace=b.workspace,
+        runner_profile_json=profile,
+        status=HeartbeatRun.Status.RUNNING,
+    )
+    Issue.objects.filter(pk=b.issue.pk).update(execution_run=run, checkout_run=run)
+    result = NativeRunResultFactory(run=run)
+    coordinator = NativeRunFinalizationFactory(
+        run=run, phase=NativeRunFinalization.Phase.RESULT_ACCEPTED, result=result
+    )
+    b.issue.refresh_from_db()
+    return Binding(b.company, b.agent, b.issue, run, coordinator, result, b.workspace, None, None)

@@ -378,8 +378,13 @@ class Runner:
             except IssueExecutionLocked as exc:
                 holder_id = str(exc.details.get("holder_run_id") or "")
                 holder = self.client.run_get(holder_id) if holder_id else None
+                # A holder whose result was accepted has done its work and waits only for its
+                # finalization (maybe for the board): never ours to interrupt.
+                waiting = holder.finalization if holder is not None else None
+                done = waiting is not None and waiting.state not in ("none", "committed")
                 if (
                     holder is None
+                    or done
                     or holder.agent_id != agent_id
                     or holder.execution_workspace_id != self.args.workspace
                 ):
@@ -502,6 +507,8 @@ class Runner:
                 f"finalization: held for the board ({reason}); the run's tree {taken.tree} is"
                 " not published until the board resolves it"
             )
+            if exc.remediation:
+                say(f"finalization: the board's next step: {exc.remediation}")
             return EXIT_NOT_COMMITTED
         except (ApiError, TimeoutError, ServerUnreachable) as exc:
             fail(f"run {run_id} did not commit: {exc}")

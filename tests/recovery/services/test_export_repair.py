@@ -182,7 +182,6 @@ def test_bad_requests_are_refused_and_change_nothing(
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ("newer_run", "newer_run"),
         ("reassigned", "issue_moved_on"),
         ("cwd_moved", "descriptor_changed"),
         ("competing_lease", "competing_lease"),
@@ -194,9 +193,7 @@ def test_a_changed_binding_is_refused_as_stale(
 ) -> None:
     b = _blocked(tmp_path)
     hold = _exhaust(b)
-    if change == "newer_run":
-        NativeRunFactory(company=b.company, agent=b.agent, issue=b.issue, native_issue=b.issue)
-    elif change == "reassigned":
+    if change == "reassigned":
         b.issue.assignee_agent = AgentFactory(company=b.company)
         b.issue.save(update_fields=["assignee_agent"])
     elif change == "cwd_moved":

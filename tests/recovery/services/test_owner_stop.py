@@ -192,17 +192,21 @@ def test_result_of_another_contract_is_stale() -> None:
     assert_stale(b, action, receipt["token"], actor, "result_not_bound")
 
 
-def test_newer_queued_run_is_stale() -> None:
+def test_a_newer_run_holding_the_issue_leaves_the_hold_current() -> None:
+    """One hold per held run (docs/recovery.md#one-hold-per-held-run): a later run of the
+    issue, even one that took its slots, never makes the held run's decision stale."""
     b, action, receipt, actor = held_binding()
-    HeartbeatRunFactory(
+    newer = HeartbeatRunFactory(
         company=b.company,
         agent=b.agent,
         issue=b.issue,
         native_issue=b.issue,
-        status="queued",
+        status="running",
         runtime_mode="native",
     )
-    assert_stale(b, action, receipt["token"], actor, "newer_run")
+    b.issue.execution_run = b.issue.checkout_run = newer
+    b.issue.save()
+    assert confirm(b, action, receipt["token"], actor).status == "queued"
 
 
 def test_live_local_controller_is_refused() -> None:
@@ -290,7 +294,7 @@ def test_resolved_action_or_moved_issue_is_stale() -> None:
     IssueRecoveryAction.objects.filter(pk=action.pk).update(status="resolved")
     assert_stale(b, action, receipt["token"], actor, "action_not_current")
     IssueRecoveryAction.objects.filter(pk=action.pk).update(status="active")
-    b.issue.execution_run = None
+    b.issue.status = "done"
     b.issue.save()
     assert_stale(b, action, receipt["token"], actor, "issue_moved_on")
 
@@ -335,11 +339,12 @@ def test_confirmation_locks_its_own_rows_not_the_first_of_the_company(lookalike:
 
 def test_an_action_of_another_issue_is_not_this_runs_hold() -> None:
     b, hold, receipt, actor = held_binding()
-    # The same hold, recorded against another issue of the company.
+    # The same hold, recorded against another issue of the company (naming the run in its
+    # evidence only: a run has one live hold of a cause).
     fields = {
         f.name: getattr(hold, f.name)
         for f in IssueRecoveryAction._meta.concrete_fields
-        if f.name not in ("id", "source_issue", "created_at", "updated_at")
+        if f.name not in ("id", "source_issue", "created_at", "updated_at", "held_run")
     }
     elsewhere = IssueRecoveryAction.objects.create(
         **fields, source_issue=IssueFactory(company=b.company)
@@ -418,10 +423,12 @@ def test_a_binding_row_outside_the_company_or_issue_or_gone_is_a_missing_binding
 
 
 @pytest.mark.parametrize("bound_by", ["issue", "native_issue"])
-def test_a_newer_run_bound_to_the_issue_by_either_field_alone_is_stale(bound_by: str) -> None:
+def test_a_newer_run_bound_to_the_issue_by_either_field_alone_is_not_a_stale_hold(
+    bound_by: str,
+) -> None:
     b, action, receipt, actor = held_binding()
     HeartbeatRunFactory(company=b.company, agent=b.agent, status="queued", **{bound_by: b.issue})
-    assert_stale(b, action, receipt["token"], actor, "newer_run")
+    assert confirm(b, action, receipt["token"], actor).status == "queued"
 
 
 def test_the_confirmation_stamps_both_rows_with_database_time_and_clears_the_holds_policies() -> (

@@ -130,10 +130,7 @@ ADMISSION_CHECKS: dict[str, tuple[Mutation, str]] = {
     "issue done": (_issue(status="done"), "issue_moved_on"),
     "issue cancelled": (_issue(status="cancelled"), "issue_moved_on"),
     "issue assigned to another agent": (_assignee_elsewhere, "issue_moved_on"),
-    "issue executed by nobody": (_issue(execution_run=None), "issue_moved_on"),
-    "issue checked out by another run": (_checkout_by_another_run, "issue_moved_on"),
     "result rejected": (_rejected_result, "result_not_bound"),
-    "newer run (finished)": (_newer_finished_run, "newer_run"),
     "receipt already gone, nothing recorded": (_receipt_gone, "owner_changed"),
     "receipt differs from the recorded owner": (_receipt_differs_from_evidence, "owner_changed"),
 }
@@ -147,6 +144,22 @@ def test_each_admission_check_refuses_and_changes_nothing(mutate: Mutation, reas
     mutate(b, action, receipt)
     assert_stale(b, action, receipt["token"], actor, reason)
     assert not ActivityEvent.objects.filter(action="issue.workspace_owner_stop_confirmed").exists()
+
+
+# A later run of the issue (which may hold its slots) is no predecessor rule over a held run
+# (docs/recovery.md#one-hold-per-held-run): these no longer make the hold stale.
+LATER_RUNS: dict[str, Mutation] = {
+    "issue executed by nobody": _issue(execution_run=None),
+    "issue checked out by another run": _checkout_by_another_run,
+    "newer run (finished)": _newer_finished_run,
+}
+
+
+@pytest.mark.parametrize("mutate", LATER_RUNS.values(), ids=LATER_RUNS.keys())
+def test_a_later_run_of_the_issue_leaves_the_hold_admissible(mutate: Mutation) -> None:
+    b, action, receipt, actor = held_binding()
+    mutate(b, action, receipt)
+    assert confirm(b, action, receipt["token"], actor).status == "queued"
 
 
 def test_the_unmutated_binding_is_admitted() -> None:
