@@ -95,12 +95,17 @@ CONFLICT_CAUSE: Final = "workspace_head_conflict"
 
 def _supported_resolutions() -> tuple[str, ...]:
     """The resolutions the board's service accepts: its `RESOLUTIONS` if it names them, else
-    the values of its `Resolution` type."""
+    the values of its `Resolution` type, else the choices of the API's body."""
     named = getattr(conflict_service, "RESOLUTIONS", None)
     if named:
         return tuple(named)
-    alias: Any = conflict_service.Resolution
-    return typing.get_args(getattr(alias, "__value__", alias))
+    alias: Any = getattr(conflict_service, "Resolution", None)
+    if alias is not None and (values := typing.get_args(getattr(alias, "__value__", alias))):
+        return tuple(values)
+    from recovery.api.views import WorkspaceConflictResolveApi
+
+    field = WorkspaceConflictResolveApi.InputSerializer().fields["resolution"]
+    return tuple(field.choices)
 
 
 RESOLUTIONS: Final = _supported_resolutions()
