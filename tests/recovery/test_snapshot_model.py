@@ -658,6 +658,9 @@ MODEL_SETTINGS = settings(
 )
 
 
+# Marked slow for its length (about 45 s), not for processes: it starts first among the tests
+# and stays out of the fast subset.
+@pytest.mark.slow
 @pytest.mark.xfail(
     not RESOLUTIONS_MERGE,
     reason="the board's publish replaces the head instead of merging (issue 38)",
