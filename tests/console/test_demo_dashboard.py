@@ -26,6 +26,7 @@ def demo(settings: Any, tmp_path: Any) -> None:
     """Seeded, and worked on by the worker: before the browser starts (its event loop would
     keep the in-process worker's from running)."""
     settings.DATA_DIR = tmp_path
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "demo")]  # as make run sets it
     call_command("seed_demo", "--password", PASSWORD, stdout=io.StringIO())
     _every_periodic_task()
     run_jobs()  # the held run's finalization meets its dead owner's receipt: held
@@ -35,8 +36,14 @@ def demo(settings: Any, tmp_path: Any) -> None:
 
 def test_the_demos_dashboard_keeps_what_only_the_board_ends(demo: None, page: Any) -> None:
     log_in(page, USERNAME)
+    # The demo holds two runs for the board, each on its reason's own tile.
+    for reason in ("owner_unverified", "workspace_export_retry_exhausted"):
+        tile = page.locator(
+            f'a.console-tile[data-kind="finalization_held"][data-detail="{reason}"]'
+        )
+        assert tile.count() == 1, reason
+        assert int(tile.locator(".count").inner_text()) >= 1, reason
     for kind in (
-        "finalization_held",
         "cleanup_marker_invalid",
         "cleanup_failed",
         "cleanup_claim_overdue",
