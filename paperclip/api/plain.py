@@ -8,8 +8,8 @@ fields and constraints (required, null, default, UUID, integer range, choices, t
 validators) and returns what `validated_body(Serializer, data)` would, or None whenever the body
 is not plainly valid or a field is of a type it does not know; the caller then validates with
 DRF itself, which gives the usual 400. So a field added to the serializer is never silently
-dropped: an unknown field type sends every body through DRF (tests/paperclip/api/
-test_plain_values.py holds the two equal on valid and invalid bodies).
+dropped: an unknown field type sends every body through DRF
+(tests/paperclip/test_plain_values.py holds the two equal on valid and invalid bodies).
 """
 
 from __future__ import annotations
