@@ -417,13 +417,11 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     modes = set(args.modes.split(","))
-    vacuum = AutovacuumStandIn(
-        bench_url,
-        (WorkspaceRuntimeLease._meta.db_table, "bench_raw_leases", "bench_raw_batch_leases"),
-        log=log,
-    )
     env = {**os.environ}
     if "single" in modes:
+        vacuum = AutovacuumStandIn(
+            bench_url, (WorkspaceRuntimeLease._meta.db_table, "bench_raw_leases"), log=log
+        )
         results, round_trips = single_mode(
             bench_url, company.pk, agent.pk, secret, workspaces[:WORKSPACES], args, vacuum, env
         )
@@ -435,6 +433,9 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
             )[: args.batch_leases]
         )
         connection.close()
+        vacuum = AutovacuumStandIn(
+            bench_url, (WorkspaceRuntimeLease._meta.db_table, "bench_raw_batch_leases"), log=log
+        )
         batch_results = batch_mode(bench_url, company.pk, agent.pk, secret, leases, args, vacuum)
         batch_report(batch_results, args)
     shutil.rmtree(metrics_dir, ignore_errors=True)
