@@ -37,7 +37,16 @@ The load generator shares the 2-core machine with the server and PostgreSQL, as 
 figures of docs/performance.md; its own CPU use per request is printed so that its share is
 visible.
 
-Options: --rates 200,400,... --duration S --connections N --servers a,b --quick --keep-db.
+**Batch mode** (`--modes batch`, run by default after the single renews): the same agent renews
+--batch-leases runtime leases through `POST /api/leases/renew` in batches of --batch (50)
+items, open loop, each request a fixed batch of the leases (the batches never overlap), against
+the production server; rates are renewals/s (--batch-rates), latency is per request. Its
+baseline, in the same run, is a raw batched upsert of the same number of rows per statement
+through psycopg (`INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE`, autocommit), under
+the same generator: it prints both sustained renewal rates, their p99 and the ratio.
+
+Options: --rates 200,400,... --duration S --connections N --servers a,b --modes single,batch
+--batch 50 --batch-leases N --batch-rates 2000,4000,... --quick --keep-db.
 """
 
 from __future__ import annotations
@@ -84,6 +93,14 @@ SATURATED_P99_MS = 1000.0
 WORKSPACES = 256
 DEFAULT_RATES = (200, 400, 600, 800, 1000, 1200, 1400, 1600, 2000)
 RAW_RATES = (400, 800, 1600, 2400, 3200, 4800, 6400)
+# Batch mode: renewals/s (each request or statement carries --batch of them).
+TARGET_BATCH_RATE = 10_000
+TARGET_BATCH_RAW_RATIO = 0.5
+BATCH_RATES = (2000, 4000, 6000, 8000, 10_000, 12_000, 15_000, 20_000, 25_000)
+RAW_BATCH_RATES = (4000, 8000, 12_000, 16_000, 20_000, 25_000, 30_000, 40_000, 50_000)
+BATCH_LEASES = 2000
+BATCH_RAW = "raw psycopg batched upsert"
+BATCH_SERVER = "production, batch renew"
 
 
 def log(message: str) -> None:
@@ -104,6 +121,7 @@ class Step:
     server_cpu: float = 0.0  # the server's processes, seconds
     database_cpu: float = 0.0  # the PostgreSQL backends serving them, seconds
     new_sessions: int = 0  # database sessions opened during the step
+    per_request: int = 1  # renewals per request (batch mode)
 
     def error(self, text: str) -> None:
         self.errors += 1
@@ -138,9 +156,15 @@ class Step:
         """CPU microseconds per request answered."""
         return seconds / max(1, len(self.latencies) + self.errors) * 1e6
 
+    @property
+    def renewals(self) -> int:
+        """The step's rate in renewals/s."""
+        return self.rate * self.per_request
+
     def line(self) -> str:
+        unit = f" x{self.per_request}" if self.per_request > 1 else ""
         text = (
-            f"  {self.rate:>5}/s  achieved {self.achieved:7.0f}/s"
+            f"  {self.rate:>5}/s{unit}  achieved {self.achieved:7.0f}/s"
             f"  p50 {self.quantile_ms(0.5):8.1f}  p99 {self.quantile_ms(0.99):8.1f}"
             f"  max {self.quantile_ms(1.0):8.1f} ms  errors {self.errors:>4}"
             f"  CPU/request: server {self.cpu_us(self.server_cpu):4.0f} us,"
@@ -195,9 +219,10 @@ class HttpSender:
     """One keep-alive HTTP/1.1 connection sending prebuilt renew requests (the generator's
     own cost stays small: no client library, a status check and one substring per answer)."""
 
-    def __init__(self, port: int, requests: list[bytes]) -> None:
+    def __init__(self, port: int, requests: list[bytes], *, batch: bool = False) -> None:
         self.port = port
         self.requests = requests
+        self.batch = batch
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -220,7 +245,10 @@ class HttpSender:
             raise
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(head.split(b"\r\n", 1)[0].decode() + " " + body[:200].decode())
-        if b'"outcome":"renewed"' not in body:
+        if self.batch:
+            if b'"ok":false' in body or b'"ok":true' not in body:
+                raise RuntimeError(f"not renewed: {body[:200].decode()}")
+        elif b'"outcome":"renewed"' not in body:
             raise RuntimeError(f"not renewed: {body[:200].decode()}")
 
 
@@ -326,6 +354,13 @@ def main() -> int:
             " with -drf (claims through the DRF view), comma-separated"
         ),
     )
+    parser.add_argument(
+        "--modes", default="single,batch", help="single (one renew a request), batch, or both"
+    )
+    parser.add_argument("--batch", type=int, default=50, help="renewals per batch request")
+    parser.add_argument("--batch-leases", type=int, default=BATCH_LEASES)
+    parser.add_argument("--batch-rates", default=",".join(map(str, BATCH_RATES)))
+    parser.add_argument("--raw-batch-rates", default=",".join(map(str, RAW_BATCH_RATES)))
     parser.add_argument("--quick", action="store_true", help="short steps, for the smoke test")
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
@@ -335,6 +370,9 @@ def main() -> int:
         args.raw_rates = "200"
         args.connections = 8
         args.servers = "production"
+        args.batch_leases = 200
+        args.batch_rates = "500,1000"
+        args.raw_batch_rates = "1000"
     server_url = os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/postgres"
     name = os.environ.get("PAPERCLIP_BENCH_LOAD_DB", "paperclip_bench_load")
     with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
@@ -367,7 +405,8 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")
     workspaces = ExecutionWorkspace.objects.bulk_create(
-        ExecutionWorkspace(company=company, name=f"ws-{i}") for i in range(WORKSPACES)
+        ExecutionWorkspace(company=company, name=f"ws-{i}")
+        for i in range(max(WORKSPACES, args.batch_leases))
     )
     owner = RuntimeLeaseOwner.for_agent(agent.pk)
     for workspace in workspaces:
@@ -377,6 +416,45 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
     secret = agent_key_create(agent_id=agent.pk).secret
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
+    modes = set(args.modes.split(","))
+    env = {**os.environ}
+    if "single" in modes:
+        vacuum = AutovacuumStandIn(
+            bench_url, (WorkspaceRuntimeLease._meta.db_table, "bench_raw_leases"), log=log
+        )
+        results, round_trips = single_mode(
+            bench_url, company.pk, agent.pk, secret, workspaces[:WORKSPACES], args, vacuum, env
+        )
+        report(results, round_trips, args)
+    if "batch" in modes:
+        leases = list(
+            WorkspaceRuntimeLease.objects.filter(company=company).values_list(
+                "execution_workspace_id", "generation"
+            )[: args.batch_leases]
+        )
+        connection.close()
+        vacuum = AutovacuumStandIn(
+            bench_url, (WorkspaceRuntimeLease._meta.db_table, "bench_raw_batch_leases"), log=log
+        )
+        batch_results = batch_mode(bench_url, company.pk, agent.pk, secret, leases, args, vacuum)
+        batch_report(batch_results, args)
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def single_mode(
+    bench_url: str,
+    company_id: uuid.UUID,
+    agent_id: uuid.UUID,
+    secret: str,
+    workspaces: list[Any],
+    args: argparse.Namespace,
+    vacuum: AutovacuumStandIn,
+    env: dict[str, str],
+) -> tuple[dict[str, list[Step]], float]:
+    """One renew per request (the claim endpoint), every configuration of --servers."""
+    from django.db import connection
+
     body = json.dumps({"action": "start"}).encode()
     requests = [
         (
@@ -395,14 +473,10 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
 
     rates = [int(rate) for rate in args.rates.split(",")]
     results: dict[str, list[Step]] = {}
-    vacuum = AutovacuumStandIn(
-        bench_url, (WorkspaceRuntimeLease._meta.db_table, "bench_raw_leases"), log=log
-    )
     settle(bench_url)
     results["raw psycopg upsert"] = raw_ladder(
-        bench_url, company.pk, agent.pk, [int(r) for r in args.raw_rates.split(",")], args, vacuum
+        bench_url, company_id, agent_id, [int(r) for r in args.raw_rates.split(",")], args, vacuum
     )
-    env = {**os.environ}
     with tempfile.TemporaryDirectory(prefix="paperclip-bench-load-") as scratch:
         for key in args.servers.split(","):
             config = server_config(key)
@@ -423,8 +497,7 @@ def run(bench_url: str, args: argparse.Namespace) -> int:
             tail = logfile.read_text(errors="replace").strip().splitlines()[-5:]
             if any("Traceback" in line or "ERROR" in line for line in tail):
                 log("  server log tail:\n    " + "\n    ".join(tail))
-    shutil.rmtree(metrics_dir, ignore_errors=True)
-    return report(results, round_trips, args)
+    return results, round_trips
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
@@ -513,6 +586,7 @@ async def climb(
     make_sender: Callable[[], Awaitable[Send]],
     probe: UsageProbe,
     vacuum: AutovacuumStandIn,
+    per_request: int = 1,
 ) -> list[Step]:
     """The ladder: each rate in turn until one saturates; between steps, the autovacuum
     stand-in when it is due."""
@@ -520,6 +594,7 @@ async def climb(
     for rate in rates:
         before = probe.sample()
         step = await open_loop(rate, args.duration, args.connections, make_sender)
+        step.per_request = per_request
         after = probe.sample()
         step.server_cpu = after.server_cpu - before.server_cpu
         step.database_cpu = after.database_cpu - before.database_cpu
@@ -582,6 +657,180 @@ def raw_ladder(
         return asyncio.run(ladder())
     finally:
         probe.close()
+
+
+def batch_mode(
+    bench_url: str,
+    company_id: uuid.UUID,
+    agent_id: uuid.UUID,
+    secret: str,
+    leases: list[tuple[uuid.UUID, int]],
+    args: argparse.Namespace,
+    vacuum: AutovacuumStandIn,
+) -> dict[str, list[Step]]:
+    """Batches of --batch renewals: the raw batched upsert, then the production server's
+    `POST /api/leases/renew`, at the same renewal rates' ladder."""
+    size = args.batch
+    chunks = [leases[i : i + size] for i in range(0, len(leases) - size + 1, size)]
+    if not chunks:
+        raise SystemExit(f"--batch-leases {len(leases)} holds no batch of {size}")
+    results: dict[str, list[Step]] = {}
+    settle(bench_url)
+    raw_rates = [max(1, int(r) // size) for r in args.raw_batch_rates.split(",")]
+    results[BATCH_RAW] = raw_batch_ladder(
+        bench_url, company_id, agent_id, len(chunks), raw_rates, args, vacuum
+    )
+    requests = []
+    for chunk in chunks:
+        body = json.dumps(
+            {
+                "leases": [
+                    {"kind": "runtime", "execution_workspace_id": str(ws), "generation": gen}
+                    for ws, gen in chunk
+                ]
+            }
+        ).encode()
+        requests.append(
+            (
+                "POST /api/leases/renew HTTP/1.1\r\n"
+                "Host: 127.0.0.1\r\n"
+                f"Authorization: Bearer {secret}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
+    rates = [max(1, int(r) // size) for r in args.batch_rates.split(",")]
+    config = server_config("production")
+    port = free_port()
+    log(f"\n{BATCH_SERVER}: {config.describe}; {len(chunks)} batches of {size} leases")
+    with tempfile.TemporaryDirectory(prefix="paperclip-bench-load-") as scratch:
+        logfile = Path(scratch) / "batch.log"
+        server = start_server(config, port, {**os.environ, **config.env}, logfile)
+        try:
+            wait_for_server(port, server).close()
+            settle(bench_url)
+            probe = UsageProbe(bench_url, server)
+
+            async def make_sender() -> Send:
+                sender = HttpSender(port, requests, batch=True)
+                await sender.connect()
+                return sender.send
+
+            async def ladder() -> list[Step]:
+                await open_loop(max(1, rates[0] // 2), 2.0, args.connections, make_sender)
+                return await climb(rates, args, make_sender, probe, vacuum, per_request=size)
+
+            try:
+                results[BATCH_SERVER] = asyncio.run(ladder())
+            finally:
+                probe.close()
+        finally:
+            stop_process(server)
+        tail = logfile.read_text(errors="replace").strip().splitlines()[-5:]
+        if any("Traceback" in line or "ERROR" in line for line in tail):
+            log("  server log tail:\n    " + "\n    ".join(tail))
+    return results
+
+
+def raw_batch_ladder(
+    bench_url: str,
+    company_id: uuid.UUID,
+    agent_id: uuid.UUID,
+    batches: int,
+    rates: list[int],
+    args: argparse.Namespace,
+    vacuum: AutovacuumStandIn,
+) -> list[Step]:
+    """The batch baseline: the same number of rows per statement, upserted through psycopg
+    in one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE` (autocommit), each
+    statement a fixed batch of keys (sorted, as the batch renew locks its rows)."""
+    size = args.batch
+    log(f"\n{BATCH_RAW} (baseline): {size} rows per INSERT ... ON CONFLICT DO UPDATE")
+    with psycopg.connect(bench_url, autocommit=True) as setup:
+        setup.execute(
+            "CREATE TABLE bench_raw_batch_leases (id uuid PRIMARY KEY, company_id uuid NOT NULL,"
+            " execution_workspace_id uuid NOT NULL UNIQUE, owner_key text NOT NULL,"
+            " owner_agent_id uuid, last_action text NOT NULL, generation bigint NOT NULL,"
+            " claimed_at timestamptz NOT NULL, renewed_at timestamptz NOT NULL,"
+            " expires_at timestamptz NOT NULL, metadata jsonb,"
+            " created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)"
+        )
+    keys = [sorted(uuid.uuid4() for _ in range(size)) for _ in range(batches)]
+    upsert = (
+        "INSERT INTO bench_raw_batch_leases SELECT gen_random_uuid(), %(company)s, k,"
+        " %(owner)s, %(agent)s, 'start', 1, now(), now(), now() + interval '30 minutes', NULL,"
+        " now(), now() FROM unnest(%(keys)s::uuid[]) AS k"
+        " ON CONFLICT (execution_workspace_id) DO UPDATE SET renewed_at = now(),"
+        " expires_at = excluded.expires_at, last_action = excluded.last_action,"
+        " updated_at = now() RETURNING id, generation, expires_at"
+    )
+    owner_key = f"agent:{agent_id}"
+
+    async def make_sender() -> Send:
+        conn = await psycopg.AsyncConnection.connect(bench_url, autocommit=True)
+
+        async def send(index: int) -> None:
+            params = {
+                "company": company_id,
+                "owner": owner_key,
+                "agent": agent_id,
+                "keys": keys[index % len(keys)],
+            }
+            cursor = await conn.execute(upsert, params)
+            rows = await cursor.fetchall()
+            if len(rows) != size:
+                raise RuntimeError(f"upserted {len(rows)} of {size} rows")
+
+        return send
+
+    async def ladder() -> list[Step]:
+        await open_loop(max(1, rates[0] // 2), 1.0, args.connections, make_sender)
+        return await climb(rates, args, make_sender, probe, vacuum, per_request=size)
+
+    probe = UsageProbe(bench_url, None)
+    try:
+        return asyncio.run(ladder())
+    finally:
+        probe.close()
+
+
+def batch_report(results: dict[str, list[Step]], args: argparse.Namespace) -> None:
+    log("")
+    log(
+        f"batch mode: open loop, {args.connections} connections, {args.duration:.0f} s per rate,"
+        f" batches of {args.batch} renewals; latency per request from its scheduled send time"
+    )
+    log(f"highest renewal rate with p99 < {TARGET_P99_MS:.0f} ms, no errors, the rate kept:")
+    best: dict[str, Step | None] = {}
+    for name, steps in results.items():
+        kept = [step for step in steps if step.sustained]
+        top = max(kept, key=lambda step: step.rate) if kept else None
+        best[name] = top
+        if top is None:
+            log(f"  {name:<28} {'none':>12}")
+        else:
+            log(
+                f"  {name:<28} {top.renewals:>8} renewals/s"
+                f"  p50 {top.quantile_ms(0.5):6.1f}  p99 {top.quantile_ms(0.99):6.1f} ms"
+            )
+    server, raw = best.get(BATCH_SERVER), best.get(BATCH_RAW)
+    rate = server.renewals if server else 0
+    p99 = server.quantile_ms(0.99) if server else float("inf")
+    log(
+        f"{'MET ' if rate >= TARGET_BATCH_RATE else 'MISSED'} batch renew sustains"
+        f" >= {TARGET_BATCH_RATE} renewals/s with p99 < {TARGET_P99_MS:.0f} ms:"
+        f" {rate}/s (p99 {p99:.1f} ms)"
+    )
+    if raw is None:
+        log("(not judged: the raw batched upsert sustained no rate in this run)")
+        return
+    ratio = rate / raw.renewals
+    log(
+        f"{'MET ' if ratio >= TARGET_BATCH_RAW_RATIO else 'MISSED'} batch renew sustains"
+        f" >= {TARGET_BATCH_RAW_RATIO}x the raw batched upsert's rate:"
+        f" {ratio:.2f}x ({rate}/{raw.renewals})"
+    )
 
 
 def count_round_trips(workspace_id: uuid.UUID, secret: str, body: bytes) -> float:

@@ -7,3 +7,7 @@ class CheckpointsConfig(AppConfig):
 
     def ready(self) -> None:
         from checkpoints import checks  # noqa: F401  (registers the key check)
+        from checkpoints.api.batch import CONTROLLER_KIND
+        from paperclip.renewals import renew_kind_register
+
+        renew_kind_register(CONTROLLER_KIND)

@@ -17,3 +17,8 @@ class LeasesConfig(AppConfig):
         run_block_register("liveness", run_liveness_block)
         run_liveness_judge_register(run_liveness)
         front_route_register(FRONT_ROUTE)
+
+        from leases.api.batch import RUNTIME_KIND
+        from paperclip.renewals import renew_kind_register
+
+        renew_kind_register(RUNTIME_KIND)

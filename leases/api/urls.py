@@ -2,6 +2,7 @@
 
 from django.urls import URLPattern, path
 
+from leases.api.batch import LeasesRenewApi
 from leases.api.lean import runtime_lease_claim_view
 from leases.api.views import (
     RunSnapshotRegisterApi,
@@ -11,6 +12,7 @@ from leases.api.views import (
 )
 
 urlpatterns: list[URLPattern] = [
+    path("leases/renew", LeasesRenewApi.as_view(), name="leases-renew"),
     path(
         "execution-workspaces/<uuid:workspace_id>/runtime-lease",
         RuntimeLeaseDetailApi.as_view(),

@@ -14,8 +14,10 @@ import pytest
 from django.core.wsgi import get_wsgi_application
 
 from leases.models import WorkspaceRuntimeLease
+from paperclip.models import NativeRunFinalization
 from paperclip_client import Client, ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
 from paperclip_client.errors import WorkspaceRuntimeLeaseConflict
+from tests.checkpoints.factories import expire_lease
 from tests.clients.conftest import World
 from tests.leases.factories import expire
 
@@ -28,8 +30,10 @@ class Switch(httpx.BaseTransport):
     def __init__(self) -> None:
         self.app = httpx.WSGITransport(app=get_wsgi_application())
         self.down = False
+        self.paths: list[str] = []  # of every request sent
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
         if self.down:
             raise httpx.ConnectError("down", request=request)
         return self.app.handle_request(request)
@@ -184,3 +188,42 @@ def test_a_lease_lost_passing_through_a_keeper_leaves_its_lease_unreleased(
     ):
         raise LeaseLost("the controller lease was refused")
     assert WorkspaceRuntimeLease.objects.get(execution_workspace_id=ws).owner_key == f"run:{run_id}"
+
+
+def test_keepers_renewed_together_renew_both_leases_in_one_request(
+    api: Client, world: World, tmp_path: Path, switch: Switch
+) -> None:
+    run_id = new_run(api, world, tmp_path)
+    api.run_update(run_id, status="running")
+    ws = str(world.workspace.pk)
+    lost = Lost()
+    with RuntimeLeaseKeeper(api, ws, run_id=run_id, ttl_seconds=600) as runtime:
+        controller = ControllerLeaseKeeper(api, run_id, ttl_seconds=600, on_lost=lost)
+        controller.renew_with(runtime)
+        with controller:
+            lease_before = WorkspaceRuntimeLease.objects.get(execution_workspace_id=ws)
+            expiry_before = NativeRunFinalization.objects.get(pk=run_id).lease_expires_at
+            switch.paths.clear()
+            runtime.ensure_held()
+            assert switch.paths == ["/api/leases/renew"]  # one request, both leases
+            assert (runtime.renewals, controller.renewals) == (1, 1)
+            lease_after = WorkspaceRuntimeLease.objects.get(execution_workspace_id=ws)
+            assert lease_after.expires_at > lease_before.expires_at
+            assert lease_after.generation == lease_before.generation
+            assert NativeRunFinalization.objects.get(pk=run_id).lease_expires_at > expiry_before
+            # A refused lease marks only its own keeper lost: the other is renewed all the same.
+            expire_lease(run_id)
+            switch.paths.clear()
+            runtime.ensure_held()
+            assert switch.paths == ["/api/leases/renew"]
+            assert controller.lost
+            assert "controller_lease_held" in (controller.lost_reason or "")
+            assert not runtime.lost
+            assert runtime.renewals == 2
+            with pytest.raises(LeaseLost):
+                controller.ensure_held()
+            # Once its partner is lost, a keeper renews alone, on its own endpoint.
+            switch.paths.clear()
+            runtime.ensure_held()
+            assert switch.paths == [f"/api/execution-workspaces/{ws}/runtime-lease/claim"]
+    assert lost.reasons

@@ -331,6 +331,7 @@ class Runner:
                 ttl_seconds=min(args.lease_ttl, CONTROLLER_TTL_MAX),
                 on_lost=self.on_lost,
             )
+            controller.renew_with(runtime)  # one request renews both leases
             self.keepers.append(controller)
             with controller:
                 return self._supervise(run.id, runtime, controller, workdir)

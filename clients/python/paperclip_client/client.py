@@ -348,6 +348,35 @@ class Client:
         )
         return models.build(models.WorkspaceOperation, data)
 
+    @operation("leases_renew")
+    def leases_renew(self, items: Sequence[Mapping[str, Any]]) -> list[models.LeaseRenewal]:
+        """Renew many runtime and controller leases in one request (1..500 items, each
+        `{"kind": "runtime", "execution_workspace_id", "generation", "issue_id"?, "run_id"?,
+        "fence"?, "ttl_seconds"?}` or `{"kind": "controller", "run_id", "boot_id",
+        "lease_owner", "ttl_seconds"?}`). One answer per item, in order: the lease, or the
+        error its single endpoint would raise (never raised here: a refused item fails alone).
+        Repeatable: a renew repeated is a renew."""
+        body = {"leases": [_drop_none(item) for item in items]}
+        data = self.request("POST", "/api/leases/renew", json=body, idempotent=True)
+        results = data.get("results") if isinstance(data, dict) else None
+        if not isinstance(results, list) or len(results) != len(items):
+            raise TypeError("leases_renew: the answer does not hold one result per item")
+        renewals = []
+        for item, result in zip(items, results, strict=True):
+            kind = str(item.get("kind"))
+            if result.get("ok"):
+                raw = result.get("lease")
+                lease: models.RuntimeLease | models.ControllerLease = (
+                    models.build(models.RuntimeLease, raw)
+                    if kind == "runtime"
+                    else models.build(models.ControllerLease, raw)
+                )
+                renewals.append(models.LeaseRenewal(kind=kind, lease=lease))
+            else:
+                error = ApiError.from_body(200, {"error": result.get("error")})
+                renewals.append(models.LeaseRenewal(kind=kind, lease=None, error=error))
+        return renewals
+
     # --- controller lease and checkpoints ----------------------------------------------------
 
     @operation("controller_lease_acquire")

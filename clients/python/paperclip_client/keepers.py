@@ -10,6 +10,11 @@ local deadline, never lengthens it), and releases on exit. It marks itself **los
 - renews keep failing (server unreachable) until the local deadline, after which someone else
   may legitimately have reclaimed the lease.
 
+Keepers that hold leases for one piece of work renew them together: `renew_with=other` joins
+a keeper to another's group, and from then on every renew of either sends one
+`POST /api/leases/renew` carrying both leases (each answered on its own: a refused lease marks
+only its keeper lost). `paperclip-agent` holds its runtime and controller leases this way.
+
 A lost keeper never writes again: `ensure_held()` raises `LeaseLost`. Callers that write
 (fenced operations, checkpoints, results) call `ensure_held()` first: it renews now, so a
 process that was paused for a long time learns it lost the lease before it writes anything.
@@ -34,7 +39,7 @@ from paperclip_client.errors import (
     ServerUnreachable,
     WorkspaceRuntimeLeaseConflict,
 )
-from paperclip_client.models import ControllerLease, LeaseClaim, RuntimeLease
+from paperclip_client.models import ControllerLease, LeaseClaim, LeaseRenewal, RuntimeLease
 
 
 class LeaseLost(PaperclipError):
@@ -69,6 +74,7 @@ class _Keeper:
         self.lost_reason: str | None = None
         self.renewals = 0
         self._abandoned = False
+        self._group: list[_Keeper] = [self]  # keepers renewed in one request (renew_with)
 
     # subclass hooks ---------------------------------------------------------------------------
 
@@ -81,6 +87,18 @@ class _Keeper:
         raise NotImplementedError
 
     def _release(self) -> None:
+        raise NotImplementedError
+
+    def _client(self) -> Client:
+        raise NotImplementedError
+
+    def _renew_item(self) -> dict[str, Any]:
+        """This lease's item of a batch renew (`Client.leases_renew`)."""
+        raise NotImplementedError
+
+    def _renewed(self, renewal: LeaseRenewal) -> float:
+        """Take this lease's answer of a batch renew: the granted TTL; raises LeaseLost when
+        the server refused it, or the error itself when it is worth a retry."""
         raise NotImplementedError
 
     # public -----------------------------------------------------------------------------------
@@ -123,6 +141,18 @@ class _Keeper:
         self._abandoned = True
         self.stop()
 
+    def renew_with(self, other: _Keeper) -> None:
+        """Renew this lease and `other`'s (and its group's) in one request from now on. Call
+        before entering this keeper; the group shares one lock, so a renew of one waits for a
+        renew of another instead of racing it."""
+        if self._thread is not None:
+            raise RuntimeError("renew_with() before the keeper is entered")
+        if other._client() is not self._client():
+            raise ValueError("keepers renewed together must share one Client")
+        other._group.append(self)
+        self._group = other._group
+        self._lock = other._lock
+
     def wake(self) -> None:
         """Renew now, from the background thread (e.g. after SIGCONT)."""
         self._wake.set()
@@ -153,8 +183,20 @@ class _Keeper:
         self._confirmed_at = sent
         self._granted_ttl = max(1.0, granted)
 
+    def _joined(self) -> bool:
+        """Renewed by a partner's batch: entered, still held and renewing."""
+        return (
+            self._thread is not None
+            and not self.lost
+            and not self._abandoned
+            and not self._stop.is_set()
+        )
+
     def _renew_once(self) -> bool:
         """One renew attempt; True on success. Marks lost on refusal or past the deadline."""
+        partners = [k for k in self._group if k is not self and k._joined()]
+        if partners:
+            return self._renew_together([self, *partners])
         sent = self._clock()
         try:
             granted = self._renew()
@@ -169,6 +211,33 @@ class _Keeper:
         self.renewals += 1
         return True
 
+    def _renew_together(self, keepers: list[_Keeper]) -> bool:
+        """Renew every keeper of `keepers` in one request; True when this one's renewed. Each
+        answer is taken by its own keeper: a refusal marks only that keeper lost."""
+        sent = self._clock()
+        try:
+            renewals = self._client().leases_renew([k._renew_item() for k in keepers])
+        except (ServerUnreachable, OutcomeUnknown, ApiError) as exc:
+            for keeper in keepers:
+                if keeper._clock() >= keeper.deadline:
+                    keeper.mark_lost(f"could not renew the {keeper.kind} before it expired: {exc}")
+            return False
+        renewed_self = False
+        for keeper, renewal in zip(keepers, renewals, strict=True):
+            try:
+                granted = keeper._renewed(renewal)
+            except LeaseLost as exc:
+                keeper.mark_lost(str(exc))
+                continue
+            except ApiError as exc:  # busy or contended: retried, until the deadline
+                if keeper._clock() >= keeper.deadline:
+                    keeper.mark_lost(f"could not renew the {keeper.kind} before it expired: {exc}")
+                continue
+            keeper._confirmed(sent, granted)
+            keeper.renewals += 1
+            renewed_self = renewed_self or keeper is self
+        return renewed_self
+
     def _loop(self) -> None:
         failures = 0
         while not self._stop.is_set():
@@ -176,13 +245,16 @@ class _Keeper:
             if failures:
                 interval = min(interval, 0.5 * 2 ** min(failures, 5))
             due = (self._confirmed_at if not failures else self._clock()) + interval
-            self._wake.wait(timeout=max(0.0, due - self._clock()))
+            woken = self._wake.wait(timeout=max(0.0, due - self._clock()))
             self._wake.clear()
             if self._stop.is_set():
                 return
             with self._lock:
                 if self.lost:
                     return
+                next_due = self._confirmed_at + self._granted_ttl * self.renew_fraction
+                if not woken and not failures and next_due > self._clock():
+                    continue  # a partner's request renewed this lease meanwhile
                 failures = 0 if self._renew_once() else failures + 1
 
 
@@ -283,6 +355,34 @@ class RuntimeLeaseKeeper(_Keeper):
         self.lease = claim.lease
         return _granted(claim.lease.renewed_at, claim.lease.expires_at)
 
+    def _client(self) -> Client:
+        return self.client
+
+    def _renew_item(self) -> dict[str, Any]:
+        if self.lease is None:
+            raise LeaseLost("not claimed")
+        return {
+            "kind": "runtime",
+            "execution_workspace_id": self.workspace_id,
+            "issue_id": self.issue_id,
+            "run_id": self.run_id,
+            "generation": self.lease.generation,
+            "fence": self.lease.fence,
+            "ttl_seconds": self.ttl_seconds,
+        }
+
+    def _renewed(self, renewal: LeaseRenewal) -> float:
+        error = renewal.error
+        if error is not None:
+            if error.code in ("resource_busy", "workspace_runtime_lease_contended"):
+                raise error
+            raise LeaseLost(f"the {self.kind} was refused: {error.code}")
+        lease = renewal.lease
+        if not isinstance(lease, RuntimeLease) or lease.generation != self.generation:
+            raise LeaseLost(f"the {self.kind} generation moved from {self.generation}")
+        self.lease = lease
+        return _granted(lease.renewed_at, lease.expires_at)
+
     def _release(self) -> None:
         self.client.runtime_lease_release(
             self.workspace_id, issue_id=self.issue_id, run_id=self.run_id
@@ -378,6 +478,30 @@ class ControllerLeaseKeeper(_Keeper):
                 raise
             raise LeaseLost(f"the {self.kind} was refused: {exc.code}") from exc
         if lease.lease_owner != owner or lease.generation != self.generation:
+            raise LeaseLost(f"the {self.kind} expired and was minted anew")
+        self.lease = lease
+        return float(self.ttl_seconds)
+
+    def _client(self) -> Client:
+        return self.client
+
+    def _renew_item(self) -> dict[str, Any]:
+        return {
+            "kind": "controller",
+            "run_id": self.run_id,
+            "boot_id": self.boot_id,
+            "lease_owner": self.owner()["lease_owner"],
+            "ttl_seconds": self.ttl_seconds,
+        }
+
+    def _renewed(self, renewal: LeaseRenewal) -> float:
+        error = renewal.error
+        if error is not None:
+            if error.code == "resource_busy":
+                raise error
+            raise LeaseLost(f"the {self.kind} was refused: {error.code}")
+        lease = renewal.lease
+        if not isinstance(lease, ControllerLease) or lease.generation != self.generation:
             raise LeaseLost(f"the {self.kind} expired and was minted anew")
         self.lease = lease
         return float(self.ttl_seconds)

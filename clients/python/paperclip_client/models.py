@@ -310,3 +310,17 @@ class WorkspaceHead:
     tree: str | None
     run_id: str | None
     committed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewal:
+    """One item's answer of `Client.leases_renew`: the renewed lease (a `RuntimeLease` or a
+    `ControllerLease`, as the item's kind), or the error its single endpoint would raise."""
+
+    kind: str  # runtime | controller
+    lease: RuntimeLease | ControllerLease | None
+    error: Any = None  # an ApiError subclass instance (paperclip_client.errors) when refused
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
