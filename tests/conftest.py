@@ -75,6 +75,20 @@ def _copyback_roots(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(autouse=True)
+def _dead_connection_replaced() -> None:
+    """Several tests end Django's own session from outside (pg_terminate_backend, as a
+    failover would); the thread's connection object then still looks open, and the next
+    transactional test on the same xdist worker met `AdminShutdown` at its first query. Such
+    a connection is closed here, outside any transaction, so the test opens a fresh one."""
+    if (
+        connection.connection is not None
+        and not connection.in_atomic_block
+        and not connection.is_usable()
+    ):
+        connection.close()
+
+
+@pytest.fixture(autouse=True)
 def _procrastinate_tables_emptied(request: pytest.FixtureRequest) -> Iterator[None]:
     """Procrastinate's tables are unmanaged, so Django's flush after a transactional test
     leaves their rows behind; empty them so that no job outlives its test."""
