@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from paperclip.credentials import agent_key_create, board_token_create
 from paperclip.models import Agent, BoardMembership, Company
+from tests.helpers import close_if_dead
 from tests.paperclip.factories import AgentFactory, CompanyFactory, UserFactory
 
 PROCRASTINATE_TABLES = (
@@ -80,12 +81,7 @@ def _dead_connection_replaced() -> None:
     failover would); the thread's connection object then still looks open, and the next
     transactional test on the same xdist worker met `AdminShutdown` at its first query. Such
     a connection is closed here, outside any transaction, so the test opens a fresh one."""
-    if (
-        connection.connection is not None
-        and not connection.in_atomic_block
-        and not connection.is_usable()
-    ):
-        connection.close()
+    close_if_dead()
 
 
 @pytest.fixture(autouse=True)

@@ -135,3 +135,17 @@ def each_way(
         )
         request_lines.clear()
     return deltas, lines
+
+
+def close_if_dead() -> None:
+    """Close this thread's Django connection when its session was ended from outside
+    (pg_terminate_backend, as a failover would): the object still looks open, and the next
+    query would meet `AdminShutdown`. Outside a transaction only; the next query reconnects."""
+    from django.db import connection
+
+    if (
+        connection.connection is not None
+        and not connection.in_atomic_block
+        and not connection.is_usable()
+    ):
+        connection.close()

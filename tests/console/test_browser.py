@@ -47,6 +47,7 @@ from tests.console.helpers import (
     stale_lease,
 )
 from tests.console.test_recovery_resolve import sandbox_failed
+from tests.helpers import close_if_dead
 from tests.leases.environment.factories import EnvironmentLeaseFactory, backing_off
 from tests.paperclip.factories import (
     AgentFactory,
@@ -90,6 +91,9 @@ def page(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         tab = context.new_page()
         tab.set_default_timeout(15_000)
         tab.base_url = live_server.url  # type: ignore[attr-defined]
+        # Starting the browser takes seconds; a session of this worker's database ended
+        # meanwhile (CI: AdminShutdown at a browser test's first insert) is replaced here.
+        close_if_dead()
         try:
             yield tab
         finally:
