@@ -60,10 +60,11 @@ def changed_paths(before: Mapping[str, Entry], after: Mapping[str, Entry]) -> se
     }
 
 
-def merge3(
+def _merge_paths(
     base: Mapping[str, Entry], ours: Mapping[str, Entry], theirs: Mapping[str, Entry]
-) -> MergeResult:
-    """Merge `ours` (the run's tree) and `theirs` (the head now), both descended from `base`."""
+) -> tuple[dict[str, Entry], set[str]]:
+    """Path by path: the entry of the side that changed it (either, when both changed it the
+    same way), and the paths both sides changed differently, which get no entry here."""
     merged: dict[str, Entry] = {}
     conflicts: set[str] = set()
     ours_changed = changed_paths(base, ours)
@@ -80,6 +81,14 @@ def merge3(
             entry = theirs.get(path)
         if entry is not None:
             merged[path] = entry
+    return merged, conflicts
+
+
+def merge3(
+    base: Mapping[str, Entry], ours: Mapping[str, Entry], theirs: Mapping[str, Entry]
+) -> MergeResult:
+    """Merge `ours` (the run's tree) and `theirs` (the head now), both descended from `base`."""
+    merged, conflicts = _merge_paths(base, ours, theirs)
     for path in list(merged):
         parent = path.rpartition("/")[0]
         while parent:
@@ -110,20 +119,10 @@ def merge3_taking(
     entries form a tree: `side` is a tree, so this ends with every such path as `side` has it.
     """
     chosen = ours if side == "ours" else theirs
-    merged: dict[str, Entry] = {}
-    ours_changed = changed_paths(base, ours)
-    theirs_changed = changed_paths(base, theirs)
-    for path in base.keys() | ours.keys() | theirs.keys():
-        if path in ours_changed and path in theirs_changed:
-            clean, entry = _pick(base.get(path), ours.get(path), theirs.get(path))
-            if not clean:
-                entry = chosen.get(path)
-        elif path in ours_changed:
-            entry = ours.get(path)
-        else:
-            entry = theirs.get(path)
-        if entry is not None:
-            merged[path] = entry
+    merged, conflicts = _merge_paths(base, ours, theirs)
+    for path in conflicts:
+        if path in chosen:
+            merged[path] = chosen[path]
     taken: set[str] = set()
     while True:
         orphans = [
