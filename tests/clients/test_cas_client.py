@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from paperclip_client import Client
-from paperclip_client.client import BatchFrame
+from paperclip_client.cas import BatchFrame
 from paperclip_client.errors import BlobCorrupt, BlobDigestMismatch
 
 

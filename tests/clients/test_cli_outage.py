@@ -13,7 +13,7 @@ import pytest
 from django.core.wsgi import get_wsgi_application
 
 from paperclip.models import NativeRunResult, WorkspaceOperation
-from paperclip_client import Client, cli
+from paperclip_client import Client, cli, runner
 from tests.clients.conftest import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +47,7 @@ class Outage(httpx.BaseTransport):
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "PATIENCE_PAUSE_SECONDS", 0.01)
+    monkeypatch.setattr(runner, "PATIENCE_PAUSE_SECONDS", 0.01)
 
 
 def test_the_result_survives_an_outage_after_the_command(

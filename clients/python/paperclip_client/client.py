@@ -1,56 +1,19 @@
 """`Client`: one method per agent-facing operation of the Paperclip API.
 
-Transport rules (why each call may or may not be repeated):
-
-- every call has a timeout (`timeout`, and `wait + timeout` for `finalize(wait=...)`);
-- a request that never reached the server (connection refused, connect timeout) is retried
-  with back-off, whatever it is: nothing can have happened;
-- `503 database_unavailable`, `409 resource_busy` and `409 workspace_runtime_lease_contended`
-  are retried too: the API guarantees a failed request changes nothing;
-- a request sent without an answer (read timeout, dropped connection) is retried only when
-  repeating it is harmless: reads, a runtime-lease claim or controller-lease renew by the same
-  owner, a release, an environment-lease acquire, heartbeat or release (same outcome), a
-  result posted with a `caller_result_id`, a finalize wake-up. A fenced write, a cleanup claim
-  or a checkpoint write raises `OutcomeUnknown` instead: the caller must re-read.
+How a call is sent and when it may be repeated: `paperclip_client.transport`; the store's
+and the snapshots' calls: `paperclip_client.cas`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, NamedTuple, TypeVar, cast
-
-import httpx
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from paperclip_client import models
-from paperclip_client.errors import (
-    ApiError,
-    BlobCorrupt,
-    DatabaseUnavailable,
-    OutcomeUnknown,
-    ResourceBusy,
-    ServerUnreachable,
-    WorkspaceRuntimeLeaseContended,
-)
-
-F = TypeVar("F", bound=Callable[..., Any])
-RETRYABLE_ERRORS = (DatabaseUnavailable, ResourceBusy, WorkspaceRuntimeLeaseContended)
-USER_AGENT = "paperclip-client/0.1"
-FIND_MISSING_MAX = 10_000
-PIECE_BYTES = 1024 * 1024
-
-
-def operation(operation_id: str) -> Callable[[F], F]:
-    """Tag a method with the OpenAPI operation it calls (the schema-coverage test reads it)."""
-
-    def mark(func: F) -> F:
-        func.operation_id = operation_id  # type: ignore[attr-defined]
-        return func
-
-    return mark
+from paperclip_client.cas import StoreCalls
+from paperclip_client.errors import ApiError
+from paperclip_client.transport import drop_none, operation
 
 
 def operations() -> dict[str, str]:
@@ -63,132 +26,12 @@ def operations() -> dict[str, str]:
     return found
 
 
-def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if v is not None}
-
-
-class Client:
+class Client(StoreCalls):
     """An agent's connection to the API: `Client("http://127.0.0.1:8000", "pcak_...")`.
 
-    `retries` is how many times a retry-safe failure is repeated (back-off from `backoff`
-    seconds, doubling, with jitter, capped at `backoff_cap`; a `Retry-After` is honoured up to
-    that cap). `transport` is for tests (e.g. `httpx.WSGITransport`).
+
+    Transport options (`timeout`, `retries`, `backoff`, `transport`): `Transport`.
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        key: str,
-        *,
-        timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        retries: int = 4,
-        backoff: float = 0.25,
-        backoff_cap: float = 5.0,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.backoff_cap = backoff_cap
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {key}", "User-Agent": USER_AGENT},
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            transport=transport,
-        )
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # --- transport ---------------------------------------------------------------------------
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, Any] | None = None,
-        idempotent: bool,
-        timeout: float | None = None,
-        content: Callable[[], bytes | Iterator[bytes]] | None = None,
-        headers: Mapping[str, str] | None = None,
-        receive: Callable[[httpx.Response], Any] | None = None,
-    ) -> Any:
-        """Send one API call and return its decoded JSON body; raise the error class of its
-        code. `idempotent`: whether a request sent without an answer may be repeated.
-        `content()` gives a raw body for each attempt (bytes or an iterator of chunks, sent
-        with the `Content-Length` of `headers`); `receive(response)` reads a successful
-        answer as a stream (it must start over when called again) and gives the result."""
-        attempt = 0
-        while True:
-            delay: float | None = None
-            try:
-                response = self._send(method, path, json, params, timeout, content, headers)
-                try:
-                    if receive is not None and response.status_code < 400:
-                        return receive(response)
-                    response.read()
-                finally:
-                    response.close()
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                if attempt >= self.retries:
-                    raise ServerUnreachable(self.base_url, _reason(exc)) from exc
-            except httpx.TransportError as exc:  # sent, no (complete) answer
-                if not idempotent:
-                    raise OutcomeUnknown(method, path, _reason(exc)) from exc
-                if attempt >= self.retries:
-                    raise ServerUnreachable(self.base_url, _reason(exc)) from exc
-            else:
-                body = _decode(response)
-                if response.status_code < 400:
-                    return body
-                error = ApiError.from_body(
-                    response.status_code, body, request_id=response.headers.get("X-Request-ID")
-                )
-                if not isinstance(error, RETRYABLE_ERRORS) or attempt >= self.retries:
-                    raise error
-                delay = _retry_after(response)
-            attempt += 1
-            pause = min(self.backoff_cap, self.backoff * 2 ** (attempt - 1))
-            pause = pause * (0.5 + random.random() / 2)  # noqa: S311 - jitter, not security
-            time.sleep(min(self.backoff_cap, max(pause, delay or 0.0)))
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        params: Mapping[str, Any] | None,
-        timeout: float | None,
-        content: Callable[[], bytes | Iterator[bytes]] | None,
-        headers: Mapping[str, str] | None,
-    ) -> httpx.Response:
-        request = self._http.build_request(
-            method,
-            path,
-            json=json,
-            params=params,
-            content=None if content is None else content(),
-            headers=headers,
-            # None would mean "no timeout" to httpx: the client's default applies instead.
-            timeout=httpx.USE_CLIENT_DEFAULT
-            if timeout is None
-            else httpx.Timeout(timeout, connect=self.connect_timeout),
-        )
-        return self._http.send(request, stream=True)
-
-    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
-        return self.request("GET", path, params=params, idempotent=True)
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -220,20 +63,6 @@ class Client:
             for item in self._pages("/api/me/execution-workspaces")
         ]
 
-    def _pages(self, path: str) -> list[Any]:
-        """Every item of a `{"results", "next"}` list, following `next` (same server)."""
-        items: list[Any] = []
-        url: str | None = path
-        while url is not None:
-            page = self._get(url)
-            items.extend(page["results"])
-            following = page.get("next")
-            url = None
-            if isinstance(following, str):
-                parts = httpx.URL(following)
-                url = parts.raw_path.decode("ascii")
-        return items
-
     # --- runs --------------------------------------------------------------------------------
 
     @operation("heartbeat_run_create")
@@ -247,7 +76,7 @@ class Client:
     ) -> models.Run:
         """Queue a run for the calling agent. Not repeated without an answer (a repeat would
         create a second run)."""
-        body = _drop_none(
+        body = drop_none(
             {
                 "runtime_mode": runtime_mode,
                 "issue_id": issue_id,
@@ -285,7 +114,7 @@ class Client:
     ) -> models.LeaseClaim:
         """Claim, renew (same owner: generation unchanged) or reclaim the workspace's lease.
         Repeatable: a repeat by the same owner is a renew."""
-        body = _drop_none(
+        body = drop_none(
             {"action": action, "issue_id": issue_id, "run_id": run_id, "ttl_seconds": ttl_seconds}
         )
         data = self.request(
@@ -309,7 +138,7 @@ class Client:
         data = self.request(
             "POST",
             f"/api/execution-workspaces/{workspace_id}/runtime-lease/release",
-            json=_drop_none({"issue_id": issue_id, "run_id": run_id}),
+            json=drop_none({"issue_id": issue_id, "run_id": run_id}),
             idempotent=True,
         )
         return models.build(models.LeaseRelease, data)
@@ -329,7 +158,7 @@ class Client:
     ) -> models.WorkspaceOperation:
         """A fenced write: accepted only while the caller holds the lease at `generation`
         (else `WorkspaceRuntimeLeaseSuperseded`). Never repeated without an answer."""
-        body = _drop_none(
+        body = drop_none(
             {
                 "generation": generation,
                 "phase": phase,
@@ -356,7 +185,7 @@ class Client:
         "lease_owner", "ttl_seconds"?}`). One answer per item, in order: the lease, or the
         error its single endpoint would raise (never raised here: a refused item fails alone).
         Repeatable: a renew repeated is a renew."""
-        body = {"leases": [_drop_none(item) for item in items]}
+        body = {"leases": [drop_none(item) for item in items]}
         data = self.request("POST", "/api/leases/renew", json=body, idempotent=True)
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list) or len(results) != len(items):
@@ -391,7 +220,7 @@ class Client:
         """Acquire (no `lease_owner`) or renew (the current one) the run's controller lease.
         Only a renew is repeated without an answer: a lost first answer would leave a minted
         owner nobody knows, so the caller must see the failure."""
-        body = _drop_none(
+        body = drop_none(
             {"boot_id": boot_id, "lease_owner": lease_owner, "ttl_seconds": ttl_seconds}
         )
         data = self.request(
@@ -446,7 +275,7 @@ class Client:
         self, run_id: str, *, normalized_session_id: str | None = None
     ) -> dict[str, str]:
         """Every part, decrypted (`{}` when the run has none)."""
-        params = _drop_none({"normalized_session_id": normalized_session_id})
+        params = drop_none({"normalized_session_id": normalized_session_id})
         data = self._get(f"/api/heartbeat-runs/{run_id}/checkpoint", params or None)
         return dict(data["parts"])
 
@@ -477,7 +306,7 @@ class Client:
         `caller_result_id` (the server then answers a repeat with the same result).
         `workspace_tree`: a snapshot this run registered, which finalization publishes to the
         workspace head (without it, the workdir is copied back as before)."""
-        body = _drop_none(
+        body = drop_none(
             {
                 "result": dict(result),
                 "terminal": {"run_terminal_state": run_terminal_state},
@@ -525,167 +354,6 @@ class Client:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} not committed after {timeout:.0f} s")
 
-    # --- content-addressed store and workspace snapshots -------------------------------------
-
-    @operation("cas_limits")
-    def cas_config(self) -> models.CasConfig:
-        """The store's limits: what a client needs to plan uploads."""
-        return models.build(models.CasConfig, self._get("/api/cas"))
-
-    @operation("cas_find_missing")
-    def cas_find_missing(
-        self, digests: Sequence[str], *, batch: int = FIND_MISSING_MAX
-    ) -> list[str]:
-        """The names among `digests` the store lacks (for this company), in order; asked in
-        requests of at most `batch` names."""
-        missing: list[str] = []
-        for start in range(0, len(digests), batch):
-            data = self.request(
-                "POST",
-                "/api/cas/find-missing",
-                json={"digests": list(digests[start : start + batch])},
-                idempotent=True,
-            )
-            missing.extend(str(d) for d in data["missing"])
-        return missing
-
-    @operation("cas_blob_put")
-    def cas_put(
-        self, name: str, content: IO[bytes] | Iterator[bytes] | bytes, size: int
-    ) -> models.CasPut:
-        """Store one blob, streamed: `content` is a binary file (read from its current
-        position, `size` bytes, in pieces; re-read from there on a retry), an iterator of
-        chunks (not repeated once started) or bytes. Repeatable: a blob is named by its
-        content. `BlobDigestMismatch` when the bytes are not `name`'s; `BlobTooLarge`."""
-        body: Callable[[], bytes | Iterator[bytes]]
-        if isinstance(content, bytes):
-            data = content
-            body = lambda: data  # noqa: E731
-        elif hasattr(content, "seek") and hasattr(content, "read"):
-            stream = cast(IO[bytes], content)
-            start = stream.tell()
-
-            def body() -> Iterator[bytes]:
-                stream.seek(start)
-                return _read_pieces(stream, size)
-        else:
-            pieces = content
-            used: list[bool] = []
-
-            def body() -> Iterator[bytes]:
-                if used:
-                    raise httpx.ConnectError("an iterator body cannot be sent twice")
-                used.append(True)
-                return pieces
-
-        data_ = self.request(
-            "PUT",
-            f"/api/cas/blobs/{name}",
-            content=body,
-            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-            idempotent=True,
-        )
-        return models.build(models.CasPut, data_)
-
-    @operation("cas_batch_upload")
-    def cas_put_batch(self, frames: Sequence[tuple[str, bytes] | BatchFrame]) -> models.CasBatch:
-        """Store many small blobs in one request, all or nothing: the body is, for each blob,
-        the ASCII line `<name> <size>\n` then exactly `size` bytes. Keep it under the store's
-        `max_batch_bytes` and `max_batch_blobs` (`cas_config()`). A frame is `(name, bytes)`
-        or a `BatchFrame` whose bytes are read while the body is sent: the body is streamed
-        with its `Content-Length`, never joined in memory (read again on a retry)."""
-        parts = [
-            f if isinstance(f, BatchFrame) else BatchFrame(f[0], len(f[1]), _constant(f[1]))
-            for f in frames
-        ]
-        heads = [f"{f.name} {f.size}\n".encode("ascii") for f in parts]
-        length = sum(len(h) for h in heads) + sum(f.size for f in parts)
-
-        def body() -> Iterator[bytes]:
-            # Small blobs' frames are gathered into pieces of about PIECE_BYTES: one socket
-            # write per frame part cost more than the bytes (tens of thousands of sends for a
-            # first snapshot). Memory stays bounded by one piece.
-            pending: list[bytes] = []
-            held = 0
-            for head, frame in zip(heads, parts, strict=True):
-                pending.append(head)
-                held += len(head)
-                for piece in frame.read():
-                    pending.append(piece)
-                    held += len(piece)
-                    if held >= PIECE_BYTES:
-                        yield b"".join(pending)
-                        pending, held = [], 0
-            if pending:
-                yield b"".join(pending)
-
-        data_ = self.request(
-            "POST",
-            "/api/cas/batch",
-            content=body,
-            headers={"Content-Type": "application/octet-stream", "Content-Length": str(length)},
-            idempotent=True,
-        )
-        return models.build(models.CasBatch, data_)
-
-    @operation("cas_blob_get")
-    def cas_get(self, name: str, dest: IO[bytes]) -> int:
-        """Stream the blob `name` into the binary file `dest` (from its current position,
-        which a retry goes back to, truncating what follows) and check its digest; the number
-        of bytes written. `NotFound` for a name the store lacks; `BlobCorrupt` when the bytes
-        received are not `name`'s."""
-        start = dest.tell()
-
-        def receive(response: httpx.Response) -> int:
-            dest.seek(start)
-            dest.truncate()
-            digest = hashlib.sha256()
-            written = 0
-            for piece in response.iter_bytes(PIECE_BYTES):
-                digest.update(piece)
-                dest.write(piece)
-                written += len(piece)
-            if "sha256:" + digest.hexdigest() != name:
-                raise BlobCorrupt(name, written)
-            return written
-
-        return int(self.request("GET", f"/api/cas/blobs/{name}", idempotent=True, receive=receive))
-
-    def cas_get_bytes(self, name: str) -> bytes:
-        """A small blob (a directory) in memory, checked."""
-        buffer = io.BytesIO()
-        self.cas_get(name, buffer)
-        return buffer.getvalue()
-
-    @operation("run_snapshot_register")
-    def snapshot_register(
-        self,
-        run_id: str,
-        *,
-        tree: str,
-        base: str | None,
-        generation: int,
-        fence: int | None = None,
-    ) -> models.Snapshot:
-        """Register the tree `tree` (every blob it reaches already stored) as the run's
-        snapshot, started from the workspace head `base`; fenced by the runtime lease's
-        `generation` (`WorkspaceRuntimeLeaseSuperseded`). `SnapshotBlobsMissing` (with
-        `details["missing"]`), `SnapshotTreeInvalid` (`details["path"]`, `["reason"]`).
-        Repeatable: the same registration again is answered 200."""
-        body: dict[str, Any] = {"tree": tree, "base": base, "generation": generation}
-        if fence is not None:
-            body["fence"] = fence
-        data = self.request(
-            "POST", f"/api/heartbeat-runs/{run_id}/snapshots", json=body, idempotent=True
-        )
-        return models.build(models.Snapshot, data)
-
-    @operation("execution_workspace_head")
-    def workspace_head(self, workspace_id: str) -> models.WorkspaceHead:
-        """The workspace's published tree (`tree` None: empty), the run that published it."""
-        data = self._get(f"/api/execution-workspaces/{workspace_id}/head")
-        return models.build(models.WorkspaceHead, data)
-
     # --- recovery and environment cleanup ----------------------------------------------------
 
     @operation("issues_recovery_actions_retrieve")
@@ -709,7 +377,7 @@ class Client:
         """Lease a provider allocation to a run (provider agents). Repeated without an answer:
         the same acquire returns the lease it made (200), so it is safe to retry.
         `EnvironmentLeaseSingleFlight` while an active ephemeral lease holds the slot."""
-        body = _drop_none(
+        body = drop_none(
             {
                 "environment_id": environment_id,
                 "heartbeat_run_id": heartbeat_run_id,
@@ -775,48 +443,3 @@ class Client:
             idempotent=False,
         )
         return models.build(models.EnvironmentLease, data)
-
-
-class BatchFrame(NamedTuple):
-    """One blob of a batch upload: its name, its size and `read()`, which gives its bytes
-    from the start each time it is called (exactly `size` of them, in pieces)."""
-
-    name: str
-    size: int
-    read: Callable[[], Iterable[bytes]]
-
-
-def _constant(data: bytes) -> Callable[[], Iterable[bytes]]:
-    return lambda: (data,)
-
-
-def _read_pieces(stream: IO[bytes], size: int) -> Iterator[bytes]:
-    left = size
-    while left > 0:
-        piece = stream.read(min(PIECE_BYTES, left))
-        if not piece:
-            break  # the file shrank: the server answers blob_digest_mismatch
-        left -= len(piece)
-        yield piece
-
-
-def _decode(response: httpx.Response) -> Any:
-    if not response.content:
-        return None
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,112 @@
+"""A run's workdir as a snapshot tree: scan and upload after the command, check out before.
+
+State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touched by checkout):
+
+- `index.json`: `{"version": 1, "tree": <the tree the workdir last held, or null>, "server",
+  "workspace", "files": {path: [size, mtime_ns, mode, ino, digest or [chunks]]}}`, written
+  atomically (temporary file + rename) once a checkout or a snapshot is complete. It is a stat
+  cache, as git's index: a file whose size, mtime, mode and inode match its entry is not read
+  again, unless its mtime is not older than the index file's own (a "racily clean" entry,
+  re-hashed). A missing or unreadable index means: hash everything, the last-held tree is empty.
+- `dirs.json`: the directory blobs of the last-held tree (`{"tree", "dirs": {name: text}}`),
+  so that a checkout knows what the workdir last held without asking the server.
+- `checkout.json`: present while a checkout writes (the head and the directories it writes
+  into); the next checkout first removes the temporary files (`.paperclip-tmp-*`) it left.
+
+`.paperclipignore` at the workdir's root (gitignore syntax) keeps paths out of snapshots;
+`.paperclip/` is always left out. Symlinks are recorded as symlinks, never followed; one whose
+target is absolute or leaves the workdir is left out with a warning, as are names that are not
+UTF-8 and special files (fifos, sockets, devices).
+
+The package, by step: `scanning` (the workdir read into a tree), `uploading` (a snapshot: scan,
+upload what the store lacks, record it), `checking_out` (a head made the workdir's) with
+`writer` (what checkout does to each path), `index` (the files in `.paperclip/`), `transfer`
+(the store's interface, progress, parallel jobs) and `errors`. The names below are the API.
+"""
+
+from __future__ import annotations
+
+from paperclip_client.cas import BatchFrame
+from paperclip_client.trees import EMPTY_DIR, MAX_NAME_BYTES
+from paperclip_client.workdir.checking_out import CheckoutResult, checkout, iter_names, read_tree
+from paperclip_client.workdir.errors import LocalChanges, WorkdirChanged, WorkdirError
+from paperclip_client.workdir.index import (
+    DIRS,
+    INDEX,
+    INDEX_VERSION,
+    JOURNAL,
+    STATE_DIR,
+    Index,
+    Stat,
+    load_index,
+    save_state,
+    stored_by_index,
+)
+from paperclip_client.workdir.scanning import (
+    IGNORE_FILE,
+    MAX_DEPTH,
+    PIECE,
+    Scan,
+    build,
+    hash_fd,
+    load_ignore,
+    scan,
+)
+from paperclip_client.workdir.transfer import (
+    PROGRESS_EVERY,
+    SMALL_BLOB,
+    TRANSFER_THREADS,
+    ClientStore,
+    Limits,
+    Progress,
+    Say,
+    Store,
+    run_parallel,
+)
+from paperclip_client.workdir.uploading import SnapshotResult, commit_snapshot, snapshot, upload
+from paperclip_client.workdir.writer import TMP_PREFIX
+
+__all__ = [
+    "DIRS",
+    "EMPTY_DIR",
+    "IGNORE_FILE",
+    "INDEX",
+    "INDEX_VERSION",
+    "JOURNAL",
+    "MAX_DEPTH",
+    "MAX_NAME_BYTES",
+    "PIECE",
+    "PROGRESS_EVERY",
+    "SMALL_BLOB",
+    "STATE_DIR",
+    "TMP_PREFIX",
+    "TRANSFER_THREADS",
+    "BatchFrame",
+    "CheckoutResult",
+    "ClientStore",
+    "Index",
+    "Limits",
+    "LocalChanges",
+    "Progress",
+    "Say",
+    "Scan",
+    "SnapshotResult",
+    "Stat",
+    "Store",
+    "WorkdirChanged",
+    "WorkdirError",
+    "build",
+    "checkout",
+    "commit_snapshot",
+    "hash_fd",
+    "iter_names",
+    "load_ignore",
+    "load_index",
+    "read_tree",
+    "run_parallel",
+    "save_state",
+    "scan",
+    "snapshot",
+    "stored_by_index",
+    "upload",
+]

@@ -1,0 +1,317 @@
+"""Checkout: make the workdir hold a workspace head, touching only the paths where it differs
+from the tree the workdir last held, and refusing to overwrite local work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from paperclip_client.errors import PaperclipError
+from paperclip_client.trees import (
+    Entry,
+    TreeError,
+    blob_name,
+    decode_dir,
+    symlink_escapes,
+)
+from paperclip_client.workdir.errors import LocalChanges
+from paperclip_client.workdir.index import (
+    JOURNAL,
+    Index,
+    Stat,
+    load_dirs,
+    load_index,
+    save_state,
+    state_path,
+    write_atomic,
+)
+from paperclip_client.workdir.scanning import MAX_DEPTH
+from paperclip_client.workdir.transfer import (
+    SMALL_BLOB,
+    TRANSFER_THREADS,
+    Progress,
+    Say,
+    Store,
+)
+from paperclip_client.workdir.writer import (
+    TMP_PREFIX,
+    CheckoutWriter,
+    DirFds,
+    Prefetch,
+)
+
+# --- checkout --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CheckoutResult:
+    tree: str | None
+    files: int
+    fetched: int  # bytes over the network (file contents and directory blobs)
+    written: int  # paths created, replaced or removed
+
+
+def read_tree(
+    tree: str | None, load: Callable[[str], bytes], dirs: dict[str, bytes] | None = None
+) -> dict[str, Entry]:
+    """Every entry of `tree` by path, each directory blob checked (`dirs` collects them)."""
+    entries: dict[str, Entry] = {}
+    if tree is None:
+        return entries
+    stack: list[tuple[str, str, tuple[str, ...]]] = [("", tree, ())]
+    while stack:
+        path, digest, chain = stack.pop()
+        if digest in chain or len(chain) > MAX_DEPTH:
+            raise TreeError(path, "cycle" if digest in chain else "too_deep")
+        data = load(digest)
+        if blob_name(data) != digest:
+            raise TreeError(path, "digest_mismatch")
+        if dirs is not None:
+            dirs[digest] = data
+        for entry in decode_dir(data, path):
+            where = f"{path}/{entry.name}" if path else entry.name
+            entries[where] = entry
+            if entry.type == "dir":
+                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                stack.append((where, entry.digest, (*chain, digest)))
+    for where, entry in entries.items():
+        if entry.type == "symlink" and symlink_escapes(entries, where):
+            raise TreeError(where, "escaping_symlink")
+    return entries
+
+
+def _same(current: Entry | None, wanted: Entry | None) -> bool:
+    """Whether the workdir's entry is `wanted` for the local-work rule (a directory by type)."""
+    if current is None or wanted is None:
+        return current is wanted
+    if current.type == "dir" or wanted.type == "dir":
+        return current.type == wanted.type
+    return current.same(wanted)
+
+
+def _clean_leftovers(workdir: Path) -> None:
+    """Remove the temporary files an interrupted checkout left in the directories it wrote."""
+    try:
+        journal = json.loads((state_path(workdir) / JOURNAL).read_bytes())
+        dirs = [str(d) for d in journal.get("dirs", [])]
+    except (OSError, ValueError, AttributeError):
+        return
+    opener = DirFds(workdir)
+    try:
+        for rel in dirs:
+            fd = opener.try_open(rel)
+            if fd is None:
+                continue
+            with os.scandir(fd) as it:
+                stale = [i.name for i in it if i.name.startswith(TMP_PREFIX)]
+            for name in stale:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=fd)
+    finally:
+        opener.close()
+
+
+def checkout(
+    store: Store,
+    workdir: Path,
+    head: str | None,
+    *,
+    server: str,
+    workspace: str,
+    discard_local_changes: bool = False,
+    say: Say,
+    threads: int = TRANSFER_THREADS,
+) -> CheckoutResult:
+    """Make the workdir hold `head` (None: the empty tree). Only paths where `head` differs
+    from the tree the workdir last held are touched; each of them whose content is neither
+    of the two is local work: `LocalChanges` before anything is written, unless
+    `discard_local_changes`. File contents come from the workdir itself when a file there
+    holds them (checked while copied), else from the store (small blobs fetched by up to
+    `threads` requests at once)."""
+    index = load_index(workdir)
+    journal = state_path(workdir) / JOURNAL
+    same_place = index is not None and index.server == server and index.workspace == workspace
+    base_tree = index.tree if index is not None and same_place else None
+    if base_tree == head and index is not None and not journal.exists():
+        return CheckoutResult(head, len(index.files), 0, 0)
+    _clean_leftovers(workdir)
+    limits = store.limits()
+    cached = load_dirs(workdir)
+    dir_bytes = 0
+
+    def load(name: str) -> bytes:
+        nonlocal dir_bytes
+        data = cached.get(name)
+        if data is None or blob_name(data) != name:
+            buffer = io.BytesIO()
+            dir_bytes += store.get(name, buffer)
+            data = buffer.getvalue()
+        return data
+
+    head_dirs: dict[str, bytes] = {}
+    wanted = read_tree(head, load, head_dirs)
+    try:
+        base = read_tree(base_tree, load)
+    except (TreeError, PaperclipError):
+        base = {}  # unknown: every difference from the head counts as local work
+    changed = sorted(p for p in set(wanted) | set(base) if not _both(wanted.get(p), base.get(p)))
+    work = CheckoutWriter(store, workdir, index, limits, say)
+    try:
+        current = {p: work.current(p) for p in changed}
+        conflicts = [
+            p
+            for p in changed
+            if not _same(current[p], wanted.get(p)) and not _same(current[p], base.get(p))
+        ]
+        for p in changed:
+            cur, want = current[p], wanted.get(p)
+            if cur is not None and cur.type == "dir" and want is not None and want.type != "dir":
+                conflicts.extend(work.untracked_under(p, base))
+        # A directory both trees have that is no longer one in the workdir (a symlink put in
+        # its place, say) must be made again before anything is written under it.
+        broken = _broken_parents(work, changed, wanted, current)
+        conflicts.extend(broken)
+        if conflicts and not discard_local_changes:
+            raise LocalChanges(sorted(set(conflicts)))
+        parents = sorted({p.rpartition("/")[0] for p in changed})
+        write_atomic(journal, json.dumps({"tree": head, "dirs": parents}).encode())
+        work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
+        work.prefetch = Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
+        for p in broken:
+            work.remove(p, force=True)
+            work.make_dir(p, wanted[p].mode)
+        for p in changed:
+            want = wanted.get(p)
+            if want is None:
+                continue
+            cur = current[p]
+            if cur is not None and cur.type != want.type:
+                work.remove(p, force=True)  # checked above: tracked content or discarded
+                cur = None
+            if want.type == "dir":
+                work.make_dir(p, want.mode)
+            elif want.type == "symlink":
+                if cur is None or cur.target != want.target:
+                    work.make_symlink(p, want.target)
+            elif cur is not None and cur.same(want):
+                continue
+            elif cur is not None and cur.blobs() == want.blobs():
+                work.set_mode(p, want.mode)
+            else:
+                work.write_file(p, want)
+        # Removals last (a removed file may be the local copy of a new one), deepest first.
+        for p in sorted((p for p in changed if p not in wanted), key=_depth, reverse=True):
+            work.remove(p, force=discard_local_changes)
+    finally:
+        work.close()
+    files = _new_stats(wanted, changed, index, work.stats)
+    save_state(workdir, tree=head, server=server, workspace=workspace, files=files, dirs=head_dirs)
+    with contextlib.suppress(FileNotFoundError):
+        journal.unlink()
+    count = sum(1 for e in wanted.values() if e.type == "file")
+    return CheckoutResult(head, count, work.fetched + dir_bytes, work.written)
+
+
+def _broken_parents(
+    work: CheckoutWriter,
+    changed: Sequence[str],
+    wanted: Mapping[str, Entry],
+    current: Mapping[str, Entry | None],
+) -> list[str]:
+    touched = set(changed)
+    broken: set[str] = set()
+    checked: set[str] = set()
+    for p in changed:
+        if p not in wanted:
+            continue
+        parts = p.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            a = "/".join(parts[:depth])
+            if a in touched or a in checked:
+                continue
+            checked.add(a)
+            cur = current.get(a) if a in current else work.current(a)
+            if cur is None or cur.type != "dir":
+                broken.add(a)
+                break
+    return sorted(broken)
+
+
+def _ahead(
+    wanted: Mapping[str, Entry],
+    changed: Sequence[str],
+    current: Mapping[str, Entry | None],
+    local: Mapping[str | tuple[str, ...], str],
+) -> list[str]:
+    """The small blobs checkout will fetch, in the order it writes their files (each once;
+    none that a workdir file already holds): what `checkout`'s loop sends to `write_file`."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for p in changed:
+        want = wanted.get(p)
+        if want is None or want.type != "file" or want.digest is None:
+            continue
+        cur = current[p]
+        if cur is not None and cur.type != want.type:
+            cur = None
+        if cur is not None and (cur.same(want) or cur.blobs() == want.blobs()):
+            continue
+        if want.size > SMALL_BLOB or want.digest in seen or want.digest in local:
+            continue
+        seen.add(want.digest)
+        names.append(want.digest)
+    return names
+
+
+def _both(a: Entry | None, b: Entry | None) -> bool:
+    return (a is None and b is None) or (a is not None and a.same(b))
+
+
+def _depth(path: str) -> int:
+    return path.count("/")
+
+
+def _to_fetch(
+    wanted: Mapping[str, Entry], changed: Sequence[str], current: Mapping[str, Entry | None]
+) -> int:
+    total = 0
+    for p in changed:
+        want, cur = wanted.get(p), current.get(p)
+        if (
+            want is not None
+            and want.type == "file"
+            and (cur is None or cur.blobs() != want.blobs())
+        ):
+            total += want.size
+    return total
+
+
+def _new_stats(
+    wanted: Mapping[str, Entry],
+    changed: Sequence[str],
+    index: Index | None,
+    fresh: Mapping[str, Stat],
+) -> dict[str, Stat]:
+    """The stat cache after a checkout: what was read or written now, else what the old
+    index knew (a stat cache entry stays right whatever tree it came from)."""
+    touched = set(changed)
+    files: dict[str, Stat] = {}
+    for path, entry in wanted.items():
+        if entry.type != "file":
+            continue
+        if path in fresh:
+            files[path] = fresh[path]
+        elif path not in touched and index is not None and path in index.files:
+            files[path] = index.files[path]
+    return files
+
+
+def iter_names(entries: Mapping[str, Entry]) -> Iterator[str]:
+    for entry in entries.values():
+        yield from entry.blobs()

@@ -1,0 +1,208 @@
+"""A snapshot of the workdir: scan it, upload the blobs the store lacks (batches streamed
+from the files, large blobs by `PUT`), and record it in the index once it is registered.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from paperclip_client.cas import BatchFrame
+from paperclip_client.errors import BlobDigestMismatch
+from paperclip_client.workdir.errors import WorkdirChanged
+from paperclip_client.workdir.index import (
+    load_index,
+    save_state,
+    stored_by_index,
+)
+from paperclip_client.workdir.scanning import (
+    PIECE,
+    Scan,
+    scan,
+    under,
+)
+from paperclip_client.workdir.transfer import (
+    SMALL_BLOB,
+    TRANSFER_THREADS,
+    Progress,
+    Say,
+    Store,
+    run_parallel,
+)
+
+# --- uploading -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    tree: str
+    files: int
+    bytes: int
+    uploaded: int
+    scan: Scan
+
+
+def upload(
+    store: Store,
+    workdir: Path,
+    found: Scan,
+    *,
+    say: Say,
+    threads: int = TRANSFER_THREADS,
+    known: Collection[str] = frozenset(),
+) -> int:
+    """Upload the blobs of `found` that the store lacks; the bytes sent. Batches and large
+    blobs are sent by up to `threads` requests at once. Batch bodies are streamed from the
+    files (never held in memory) and not hashed again: the store checks every blob, and a
+    mismatch means the file changed since the scan (`WorkdirChanged`). Names in `known` are
+    taken as stored without asking (`stored_by_index`)."""
+    limits = store.limits()
+    names = [n for n in found.sources if n not in known]
+    names += [n for n in found.dirs if n not in found.sources and n not in known]
+    missing = store.find_missing(names)
+    del names
+    total = sum(len(found.dirs[n]) if n in found.dirs else found.sources[n][2] for n in missing)
+    progress = Progress(say, "upload", total)
+    small_limit = min(SMALL_BLOB, limits.max_batch_bytes // 4)
+
+    def batch(frames: list[BatchFrame]) -> Callable[[], None]:
+        def send() -> None:
+            _put_batch(store, found, frames)
+            progress.add(sum(f.size for f in frames))
+
+        return send
+
+    def large(name: str, size: int) -> Callable[[], None]:
+        def send() -> None:
+            _put_large(store, workdir, found, name, size)
+            progress.add(size)
+
+        return send
+
+    def jobs() -> Iterator[Callable[[], None]]:
+        frames: list[BatchFrame] = []
+        frame_bytes = 0
+        for name in missing:
+            frame = _frame(workdir, found, name)
+            if frame.size > small_limit:
+                yield large(name, frame.size)
+                continue
+            framed = len(name) + 24 + frame.size
+            if frames and (
+                frame_bytes + framed > limits.max_batch_bytes
+                or len(frames) >= limits.max_batch_blobs
+            ):
+                yield batch(frames)
+                frames, frame_bytes = [], 0
+            frames.append(frame)
+            frame_bytes += framed
+        if frames:
+            yield batch(frames)
+
+    run_parallel(jobs(), threads)
+    return total
+
+
+def _frame(workdir: Path, found: Scan, name: str) -> BatchFrame:
+    data = found.dirs.get(name)
+    if data is not None:
+        return BatchFrame(name, len(data), lambda: (data,))
+    path, offset, length = found.sources[name]
+    return BatchFrame(name, length, lambda: _read_source(workdir, path, offset, length))
+
+
+def _read_source(workdir: Path, path: str, offset: int, length: int) -> Iterator[bytes]:
+    """`length` bytes of the file at `path` from `offset`, in pieces (a file that no longer
+    has them: `WorkdirChanged`; one whose bytes changed is the store's mismatch)."""
+    try:
+        fd = os.open(under(workdir, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
+    try:
+        while length > 0:
+            piece = os.pread(fd, min(PIECE, length), offset)
+            if not piece:
+                raise WorkdirChanged(f"{path}: changed while it was snapshotted")
+            offset += len(piece)
+            length -= len(piece)
+            yield piece
+    finally:
+        os.close(fd)
+
+
+def _put_batch(store: Store, found: Scan, frames: Sequence[BatchFrame]) -> None:
+    try:
+        store.put_batch(frames)
+    except BlobDigestMismatch as exc:
+        digest = str(exc.details.get("digest", ""))
+        path = found.sources[digest][0] if digest in found.sources else "a file"
+        raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
+
+
+def _put_large(store: Store, workdir: Path, found: Scan, name: str, size: int) -> None:
+    if name in found.dirs:
+        store.put(name, io.BytesIO(found.dirs[name]), size)
+        return
+    path, offset, length = found.sources[name]
+    try:
+        handle = open(workdir / path, "rb", opener=_nofollow)  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
+    with handle:
+        handle.seek(offset)
+        try:
+            store.put(name, handle, length)
+        except BlobDigestMismatch as exc:
+            raise WorkdirChanged(f"{path}: changed while it was snapshotted") from exc
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def snapshot(
+    store: Store,
+    workdir: Path,
+    *,
+    say: Say,
+    warn: Say,
+    attempts: int = 3,
+    threads: int = TRANSFER_THREADS,
+    trust_index: tuple[str, str] | None = None,
+) -> SnapshotResult:
+    """Scan the workdir (with its stat cache) and upload what the store lacks. The index is
+    not written here: `commit_snapshot` does it once the snapshot is registered.
+    `trust_index` (server, workspace): blobs the index names for them are not asked about
+    (`stored_by_index`)."""
+    limits = store.limits()
+    for attempt in range(attempts):
+        index = load_index(workdir)
+        found = scan(workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn)
+        known = (
+            stored_by_index(workdir, index, server=trust_index[0], workspace=trust_index[1])
+            if trust_index is not None
+            else set()
+        )
+        try:
+            uploaded = upload(store, workdir, found, say=say, threads=threads, known=known)
+        except WorkdirChanged as exc:
+            if attempt == attempts - 1:
+                raise
+            say(f"snapshot: {exc}; scanning again")
+            continue
+        return SnapshotResult(found.tree, found.files, found.bytes, uploaded, found)
+    raise AssertionError("unreachable")
+
+
+def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, workspace: str) -> None:
+    save_state(
+        workdir,
+        tree=result.tree,
+        server=server,
+        workspace=workspace,
+        files=result.scan.stats,
+        dirs=result.scan.dirs,
+    )
