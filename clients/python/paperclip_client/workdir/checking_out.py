@@ -142,6 +142,40 @@ def checkout(
         return CheckoutResult(head, len(index.files), 0, 0)
     _clean_leftovers(workdir)
     limits = store.limits()
+    head_dirs: dict[str, bytes] = {}
+    wanted, base, dir_bytes = _read_trees(store, workdir, head, base_tree, head_dirs)
+    changed = sorted(p for p in set(wanted) | set(base) if not _both(wanted.get(p), base.get(p)))
+    work = CheckoutWriter(store, workdir, index, limits, say)
+    try:
+        current = {p: work.current(p) for p in changed}
+        conflicts, broken = _local_work(work, changed, wanted, base, current)
+        if conflicts and not discard_local_changes:
+            raise LocalChanges(sorted(set(conflicts)))
+        parents = sorted({p.rpartition("/")[0] for p in changed})
+        write_atomic(journal, json.dumps({"tree": head, "dirs": parents}).encode())
+        work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
+        work.prefetch = Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
+        _apply(work, changed, wanted, current, broken, discard_local_changes=discard_local_changes)
+    finally:
+        work.close()
+    files = _new_stats(wanted, changed, index, work.stats)
+    save_state(workdir, tree=head, server=server, workspace=workspace, files=files, dirs=head_dirs)
+    with contextlib.suppress(FileNotFoundError):
+        journal.unlink()
+    count = sum(1 for e in wanted.values() if e.type == "file")
+    return CheckoutResult(head, count, work.fetched + dir_bytes, work.written)
+
+
+def _read_trees(
+    store: Store,
+    workdir: Path,
+    head: str | None,
+    base_tree: str | None,
+    head_dirs: dict[str, bytes],
+) -> tuple[dict[str, Entry], dict[str, Entry], int]:
+    """The head's entries (its directory blobs collected in `head_dirs`), the last-held tree's
+    (empty when it cannot be read) and the bytes fetched for them: directory blobs come from
+    `.paperclip/dirs.json` when it holds them, else from the store."""
     cached = load_dirs(workdir)
     dir_bytes = 0
 
@@ -154,68 +188,76 @@ def checkout(
             data = buffer.getvalue()
         return data
 
-    head_dirs: dict[str, bytes] = {}
     wanted = read_tree(head, load, head_dirs)
     try:
         base = read_tree(base_tree, load)
     except (TreeError, PaperclipError):
         base = {}  # unknown: every difference from the head counts as local work
-    changed = sorted(p for p in set(wanted) | set(base) if not _both(wanted.get(p), base.get(p)))
-    work = CheckoutWriter(store, workdir, index, limits, say)
-    try:
-        current = {p: work.current(p) for p in changed}
-        conflicts = [
-            p
-            for p in changed
-            if not _same(current[p], wanted.get(p)) and not _same(current[p], base.get(p))
-        ]
-        for p in changed:
-            cur, want = current[p], wanted.get(p)
-            if cur is not None and cur.type == "dir" and want is not None and want.type != "dir":
-                conflicts.extend(work.untracked_under(p, base))
-        # A directory both trees have that is no longer one in the workdir (a symlink put in
-        # its place, say) must be made again before anything is written under it.
-        broken = _broken_parents(work, changed, wanted, current)
-        conflicts.extend(broken)
-        if conflicts and not discard_local_changes:
-            raise LocalChanges(sorted(set(conflicts)))
-        parents = sorted({p.rpartition("/")[0] for p in changed})
-        write_atomic(journal, json.dumps({"tree": head, "dirs": parents}).encode())
-        work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
-        work.prefetch = Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
-        for p in broken:
-            work.remove(p, force=True)
-            work.make_dir(p, wanted[p].mode)
-        for p in changed:
-            want = wanted.get(p)
-            if want is None:
-                continue
-            cur = current[p]
-            if cur is not None and cur.type != want.type:
-                work.remove(p, force=True)  # checked above: tracked content or discarded
-                cur = None
-            if want.type == "dir":
-                work.make_dir(p, want.mode)
-            elif want.type == "symlink":
-                if cur is None or cur.target != want.target:
-                    work.make_symlink(p, want.target)
-            elif cur is not None and cur.same(want):
-                continue
-            elif cur is not None and cur.blobs() == want.blobs():
-                work.set_mode(p, want.mode)
-            else:
-                work.write_file(p, want)
-        # Removals last (a removed file may be the local copy of a new one), deepest first.
-        for p in sorted((p for p in changed if p not in wanted), key=_depth, reverse=True):
-            work.remove(p, force=discard_local_changes)
-    finally:
-        work.close()
-    files = _new_stats(wanted, changed, index, work.stats)
-    save_state(workdir, tree=head, server=server, workspace=workspace, files=files, dirs=head_dirs)
-    with contextlib.suppress(FileNotFoundError):
-        journal.unlink()
-    count = sum(1 for e in wanted.values() if e.type == "file")
-    return CheckoutResult(head, count, work.fetched + dir_bytes, work.written)
+    return wanted, base, dir_bytes
+
+
+def _local_work(
+    work: CheckoutWriter,
+    changed: Sequence[str],
+    wanted: Mapping[str, Entry],
+    base: Mapping[str, Entry],
+    current: Mapping[str, Entry | None],
+) -> tuple[list[str], list[str]]:
+    """The paths checkout would overwrite or delete that hold local work, and the directories
+    of both trees that are no longer directories in the workdir (`broken`, among them)."""
+    conflicts = [
+        p
+        for p in changed
+        if not _same(current[p], wanted.get(p)) and not _same(current[p], base.get(p))
+    ]
+    for p in changed:
+        cur, want = current[p], wanted.get(p)
+        if cur is not None and cur.type == "dir" and want is not None and want.type != "dir":
+            conflicts.extend(work.untracked_under(p, base))
+    # A directory both trees have that is no longer one in the workdir (a symlink put in
+    # its place, say) must be made again before anything is written under it.
+    broken = _broken_parents(work, changed, wanted, current)
+    conflicts.extend(broken)
+    return conflicts, broken
+
+
+def _apply(
+    work: CheckoutWriter,
+    changed: Sequence[str],
+    wanted: Mapping[str, Entry],
+    current: Mapping[str, Entry | None],
+    broken: Sequence[str],
+    *,
+    discard_local_changes: bool,
+) -> None:
+    """Write the head's entries at the changed paths, then remove what it no longer has."""
+    for p in broken:
+        work.remove(p, force=True)
+        work.make_dir(p, wanted[p].mode)
+    for p in changed:
+        want = wanted.get(p)
+        if want is not None:
+            _write_entry(work, p, want, current[p])
+    # Removals last (a removed file may be the local copy of a new one), deepest first.
+    for p in sorted((p for p in changed if p not in wanted), key=_depth, reverse=True):
+        work.remove(p, force=discard_local_changes)
+
+
+def _write_entry(work: CheckoutWriter, p: str, want: Entry, cur: Entry | None) -> None:
+    if cur is not None and cur.type != want.type:
+        work.remove(p, force=True)  # checked above: tracked content or discarded
+        cur = None
+    if want.type == "dir":
+        work.make_dir(p, want.mode)
+    elif want.type == "symlink":
+        if cur is None or cur.target != want.target:
+            work.make_symlink(p, want.target)
+    elif cur is not None and cur.same(want):
+        return
+    elif cur is not None and cur.blobs() == want.blobs():
+        work.set_mode(p, want.mode)
+    else:
+        work.write_file(p, want)
 
 
 def _broken_parents(

@@ -212,12 +212,7 @@ def _collect(
 ) -> None:
     if depth >= MAX_DEPTH:
         raise WorkdirError(f"{rel}: directories nested more than {MAX_DEPTH} deep")
-    try:
-        with os.scandir(root / rel if rel else root) as it:
-            items = list(it)
-    except OSError as exc:
-        raise WorkdirError(f"{rel or '.'}: cannot be listed ({exc.strerror})") from exc
-    for item in items:
+    for item in _listing(root, rel):
         name = item.name
         path = f"{rel}/{name}" if rel else name
         if not rel and name == STATE_DIR:
@@ -241,18 +236,34 @@ def _collect(
         if stat.S_ISREG(info.st_mode):
             found[path] = ("file", info)
         elif stat.S_ISLNK(info.st_mode):
-            target = os.readlink(root / path)
-            try:
-                target.encode("utf-8")
-            except UnicodeEncodeError:
-                warn(f"{path}: symlink target is not UTF-8; left out")
-                continue
-            if target.startswith("/"):
-                warn(f"{path}: symlink to the absolute path {target!r}; left out")
-                continue
-            found[path] = ("symlink", target)
+            target = _link_target(root, path, warn)
+            if target is not None:
+                found[path] = ("symlink", target)
         else:
             warn(f"{path}: not a regular file, directory or symlink; left out")
+
+
+def _listing(root: Path, rel: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(root / rel if rel else root) as it:
+            return list(it)
+    except OSError as exc:
+        raise WorkdirError(f"{rel or '.'}: cannot be listed ({exc.strerror})") from exc
+
+
+def _link_target(root: Path, path: str, warn: Say) -> str | None:
+    """The symlink's target, or None (with a warning) when it is left out: not UTF-8, or
+    absolute (one that leaves the workdir through `..` is found once the tree is known)."""
+    target = os.readlink(root / path)
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:
+        warn(f"{path}: symlink target is not UTF-8; left out")
+        return None
+    if target.startswith("/"):
+        warn(f"{path}: symlink to the absolute path {target!r}; left out")
+        return None
+    return target
 
 
 def build(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes]]:
