@@ -11,7 +11,8 @@ board (`workspace_head_conflict`) instead of published.
 Materialization follows the head, not the run: `cwd_tree` records what the `cwd` holds, and a
 job (one at a time per workspace, under an advisory lock on a dedicated connection) makes the
 `cwd` equal to the head, touching only what differs. A crash part way leaves `cwd_tree` at the
-old tree, so the next attempt (the job retried, or the reconciler's) redoes the same diff.
+old tree, so the next attempt (the job retried, or the reconciler's) redoes the same diff; a
+recorded failure part way leaves it unknown, so the next attempt compares with the disk.
 """
 
 from __future__ import annotations
@@ -375,8 +376,9 @@ def workspace_materialize(
     One materializer per workspace: a transaction-scoped advisory lock held on a dedicated
     connection for the whole work (`busy` when another holds it: that one carries on to the
     head). Each round diffs the head against `cwd_tree` (what the cwd last held), writes only
-    what changed, then records the new `cwd_tree` (audited). A crash or an error part way
-    leaves `cwd_tree` as it was, so the next attempt finishes exactly the same target.
+    what changed, then records the new `cwd_tree` (audited). A crash part way leaves
+    `cwd_tree` as it was; a recorded failure leaves it unknown (the cwd may hold part of the
+    target), so the next attempt compares with the disk whatever the head is by then.
     """
     last: MaterializeOutcome = MaterializeOutcome("current")
     with dedicated_connection(application_name="paperclip-materialize") as lock:

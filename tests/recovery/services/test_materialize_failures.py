@@ -102,6 +102,25 @@ def test_a_lost_blob_is_recorded_retried_with_back_off_and_cleared_by_a_success(
     assert _failures() == 2
 
 
+def test_a_head_moved_back_after_a_failure_part_way_is_written_back(tmp_path: Path) -> None:
+    """The failed attempt wrote README.md's new content before it stopped: the cwd no longer
+    holds the old tree, so a head moved back to it is materialized, not taken as current."""
+    workspace = _workspace(tmp_path)
+    old = ExecutionWorkspace.objects.values_list("cwd_tree", flat=True).get(pk=workspace.pk)
+    _lose_blob(workspace)
+    assert workspace_materialize(workspace_id=workspace.pk).status == "failed"
+    assert (tmp_path / "cwd" / "README.md").read_bytes() == b"hello, changed\n"
+    workspace.refresh_from_db()
+    assert workspace.cwd_tree is None  # unknown: partly the new tree
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=old)
+    assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
+    cwd = tmp_path / "cwd"
+    assert {p: (cwd / p).read_bytes() for p in OLD} == OLD
+    assert not (cwd / "lost.bin").exists()
+    workspace.refresh_from_db()
+    assert workspace.cwd_tree == old
+
+
 def test_a_cwd_that_cannot_be_written_is_recorded_not_raised(tmp_path: Path) -> None:
     company = CompanyFactory()
     (tmp_path / "a-file").write_bytes(b"not a directory")
