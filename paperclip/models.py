@@ -740,3 +740,6 @@ class JobError(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} ({self.task_name}): {self.error[:80]}"
+
+
+from paperclip.snapshots.models import WorkspaceHeadMove  # noqa: E402, F401

@@ -828,6 +828,7 @@ def _publish_owned(
                     resolution=decision.resolution,
                     decided_head=decision.decided_head,
                 )
+                plan = replace(plan, action_id=decision.action_id, decided_by=decision.decided_by)
             else:
                 plan = publish_plan(
                     company_id=company_id,
