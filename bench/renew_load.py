@@ -73,16 +73,16 @@ from typing import Any
 import psutil
 import psycopg
 
-from paperclip.testing.servers import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.servers import (  # noqa: E402 - after the path setup
     AutovacuumStandIn,
     free_port,
     stop_process,
     throwaway_database,
     wait_for_server,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 TARGET_RATE = 800  # renews/s with p99 under TARGET_P99_MS, production configuration
 TARGET_P99_MS = 50.0
