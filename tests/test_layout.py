@@ -192,7 +192,6 @@ MAX_MODULE_LINES = 700
 BEING_SPLIT = frozenset(
     {
         "bench/renew_load.py",
-        "leases/environment/export_resume.py",
         "paperclip/models.py",
         "paperclip/snapshots/cas.py",
         "recovery/admin/actions.py",
