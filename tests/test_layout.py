@@ -199,7 +199,6 @@ BEING_SPLIT = frozenset(
         "recovery/console/management/commands/seed_demo.py",
         "recovery/selectors/source.py",
         "recovery/services/finalization.py",
-        "recovery/services/ownership.py",
     }
 )
 # Folders that hold no project source: generated, installed or scratch.

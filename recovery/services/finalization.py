@@ -77,12 +77,9 @@ from recovery.services.heads import (
     head_publish_in_tx,
     publish_plan,
 )
-from recovery.services.ownership import (
-    Acquired,
-    FinalizationOwnership,
-    NotAcquired,
-    with_finalization_ownership,
-)
+from recovery.services.ownership.acquire import with_finalization_ownership
+from recovery.services.ownership.lock_connection import FinalizationOwnership
+from recovery.services.ownership.outcomes import Acquired, NotAcquired
 
 logger = logging.getLogger(__name__)
 
