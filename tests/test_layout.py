@@ -195,7 +195,6 @@ BEING_SPLIT = frozenset(
         "leases/environment/export_resume.py",
         "paperclip/models.py",
         "paperclip/snapshots/cas.py",
-        "recovery/admin/actions.py",
         "recovery/console/management/commands/seed_demo.py",
         "recovery/selectors/source.py",
         "recovery/services/finalization.py",
