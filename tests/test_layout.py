@@ -193,10 +193,8 @@ BEING_SPLIT = frozenset(
     {
         "bench/renew_load.py",
         "paperclip/snapshots/cas.py",
-        "recovery/admin/actions.py",
         "recovery/selectors/source.py",
         "recovery/services/finalization.py",
-        "recovery/services/ownership.py",
     }
 )
 # Folders that hold no project source: generated, installed or scratch.
