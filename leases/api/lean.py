@@ -29,20 +29,17 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any, Final
 from uuid import UUID
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.urls.converters import UUIDConverter
 from django.views.decorators.csrf import csrf_exempt
 
 from leases import services
 from leases.api.views import LeaseSerializer, RuntimeLeaseClaimApi
 from paperclip.api.auth import authenticate_agent_key
 from paperclip.api.errors import exception_handler
-from paperclip.api.front import FrontRoute
 from paperclip.api.parsers import parse_json_body
 from paperclip.api.serializers import shared_serializer
 from paperclip.ids import parse_uuid
@@ -142,13 +139,13 @@ def _lean_request(request: HttpRequest) -> bool:
 
 def lean_claim(request: HttpRequest, workspace_id: UUID) -> HttpResponse | None:
     """The lean path's answer to `request`, or None when the DRF view is to answer it (not
-    plainly a valid agent renew or claim). Served by `runtime_lease_claim_view` behind
-    Django's middleware, and ahead of it by `paperclip.api.front` (registered below)."""
+    plainly a valid agent renew or claim)."""
     if not _lean_request(request):
         return None
+    body = request.body  # a body cut short raises here: RequestBodyMiddleware answers 400
     try:
         authenticated = authenticate_agent_key(request.META["HTTP_AUTHORIZATION"])
-        values = plain_claim_values(parse_json_body(request.body))
+        values = plain_claim_values(parse_json_body(body))
     except Exception:  # refused, malformed or the database failed: the DRF view says which
         return None
     if authenticated is None or values is None:
@@ -184,23 +181,6 @@ def runtime_lease_claim_view(request: HttpRequest, workspace_id: UUID) -> HttpRe
     if answered is None:  # the body stays readable for the DRF view
         return drf_view(request, workspace_id=workspace_id)
     return answered
-
-
-def _front_kwargs(groups: dict[str, str]) -> dict[str, Any]:
-    return {"workspace_id": UUIDConverter().to_python(groups["workspace_id"])}
-
-
-# Ahead of Django's handler (paperclip.api.front): the same view, the URL conf's path and name
-# (a test holds them equal to leases/api/urls.py's).
-FRONT_ROUTE: Final = FrontRoute(
-    method="POST",
-    pattern=re.compile(
-        rf"/api/execution-workspaces/(?P<workspace_id>{UUIDConverter.regex})/runtime-lease/claim"
-    ),
-    convert=_front_kwargs,
-    route="runtime-lease-claim",
-    view=lean_claim,
-)
 
 
 # The OpenAPI document (drf-spectacular) and anything else that inspects the URL conf see the
