@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any, Final
 from uuid import UUID
 
@@ -93,19 +94,59 @@ def plain_claim_values(data: Any) -> dict[str, Any] | None:
     return values
 
 
+def _lease_json(lease: services.RuntimeLease | None) -> dict[str, Any] | None:
+    return None if lease is None else shared_serializer(LeaseSerializer).to_representation(lease)
+
+
+def _reclaimed_json(reclaimed: services.ReclaimedFrom | None) -> dict[str, Any] | None:
+    if reclaimed is None:
+        return None
+    return {name: getattr(reclaimed, name) for name in RECLAIMED_FROM_KEYS}
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+# The claim's answer as the lean path renders it: one entry per key of
+# `RuntimeLeaseClaimApi.OutputSerializer`, read from the result's attribute of that name. The
+# keys are the serializer's, not a second list: `lean_keys_mismatch` compares the two, the lean
+# path declines (the DRF view answers) while they differ, and a test fails on it.
+CLAIM_RENDERERS: Final[dict[str, Callable[[Any], Any]]] = {
+    "outcome": _as_is,
+    "owner_key": _as_is,
+    "lease": _lease_json,
+    "reclaimed_from": _reclaimed_json,
+}
+# `reclaimed_from`'s keys, plain values (the nested serializer's fields).
+RECLAIMED_FROM_KEYS: Final = ("owner_key", "reason")
+
+
+def _serializer_keys() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    fields = RuntimeLeaseClaimApi.OutputSerializer().fields
+    return tuple(fields), tuple(getattr(fields.get("reclaimed_from"), "fields", {}))
+
+
+def lean_keys_mismatch() -> str | None:
+    """Where the lean rendering's keys differ from the OutputSerializer's (a field added to
+    the serializer and not here, or removed), or None when they are one set."""
+    top, nested = _serializer_keys()
+    if top != tuple(CLAIM_RENDERERS):
+        return f"OutputSerializer {top} != lean {tuple(CLAIM_RENDERERS)}"
+    if nested != RECLAIMED_FROM_KEYS:
+        return f"OutputSerializer.reclaimed_from {nested} != lean {RECLAIMED_FROM_KEYS}"
+    return None
+
+
+@functools.cache
+def _lean_rendering_complete() -> bool:
+    return lean_keys_mismatch() is None
+
+
 def claim_json(result: services.RuntimeLeaseClaim) -> dict[str, Any]:
     """`RuntimeLeaseClaimApi.OutputSerializer`'s rendering of `result`, without walking the
     serializer's fields (a test holds the two equal for every outcome)."""
-    reclaimed = result.reclaimed_from
-    lease = None if result.lease is None else shared_serializer(LeaseSerializer)
-    return {
-        "outcome": result.outcome,
-        "owner_key": result.owner_key,
-        "lease": None if lease is None else lease.to_representation(result.lease),
-        "reclaimed_from": None
-        if reclaimed is None
-        else {"owner_key": reclaimed.owner_key, "reason": reclaimed.reason},
-    }
+    return {name: render(getattr(result, name)) for name, render in CLAIM_RENDERERS.items()}
 
 
 def render(data: Any, status: int) -> HttpResponse:
@@ -134,6 +175,7 @@ def _lean_request(request: HttpRequest) -> bool:
         and length.isdigit()
         and 0 < int(length) <= MAX_LEAN_BODY
         and settings.PAPERCLIP_LEAN_CLAIM_VIEW
+        and _lean_rendering_complete()  # else a field would be dropped: the DRF view answers
     )
 
 
