@@ -1,8 +1,8 @@
 """The history of a workspace's head (docs/snapshots.md#history): one row per move, written in
 the transaction that moves the head and never rewritten (a trigger refuses every UPDATE).
 
-Kept apart from `paperclip/models.py` (which imports this module at its end, so Django sees
-the model in the `paperclip` app). The run and the recovery action are plain ids, not foreign
+Kept with the snapshots; `paperclip/models/__init__.py` imports it, so Django sees
+the model in the `paperclip` app. The run and the recovery action are plain ids, not foreign
 keys: a deleted run must not rewrite the row, and the recovery action belongs to an app above
 the core.
 """

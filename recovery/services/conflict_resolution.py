@@ -28,12 +28,12 @@ from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue
 from paperclip.snapshots.cas import cas_store_blobs
 from paperclip.snapshots.counts import counts_of, tree_counts_record
 from paperclip.snapshots.diff import Change, changes_between, entry_json, path_key
+from paperclip.snapshots.head import PublishError, PublishPlan, tree_entries
 from paperclip.snapshots.merge import MAX_CONFLICTS, changed_paths, merge3, merge3_taking
 from paperclip.snapshots.trees import Entry, TreeInvalid, build, check_symlinks
 from recovery.errors import WorkspaceConflictUnreadable
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE
-from recovery.services.heads import PublishError, PublishPlan, tree_entries
 
 type Resolution = Literal["publish", "keep_head", "discard"]
 type MergingResolution = Literal["publish", "keep_head"]

@@ -26,6 +26,7 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.locking import require_transaction
 from paperclip.errors import NotFoundError
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue, NativeRunFinalization
+from paperclip.snapshots.head import PublishPlan, conflict_fingerprint
 from recovery.errors import WorkspaceConflictStale, WorkspaceHeadMoved
 from recovery.locks import (
     recovery_actions_for_update,
@@ -35,7 +36,6 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
-from recovery.services.heads import PublishPlan, conflict_fingerprint
 
 CONFLICT_CAUSE: Final = HEAD_CONFLICT_CODE
 CONFLICT_NEXT_ACTION: Final = (
