@@ -32,6 +32,7 @@ class PreviewRow:
     modified: list[str]
     truncated: bool
     error: str | None
+    changes: list[Any]  # the shown changes, drawn by admin/console/changes.html
 
 
 def conflict_preview(request: HttpRequest, hold: IssueRecoveryAction) -> dict[str, Any]:
@@ -58,6 +59,7 @@ def conflict_preview(request: HttpRequest, hold: IssueRecoveryAction) -> dict[st
                 modified=[c.path for c in shown if c.change == "modified"],
                 truncated=len(outcome.changes) > MAX_PREVIEW_CHANGES,
                 error=outcome.error,
+                changes=list(shown),
             )
         )
     return {
