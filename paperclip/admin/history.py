@@ -11,6 +11,7 @@ from typing import Any, Final
 from uuid import UUID
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
@@ -41,10 +42,12 @@ def _workspace(model_admin: Any, request: HttpRequest, object_id: str) -> Execut
         pk = UUID(object_id)
     except ValueError as exc:
         raise Http404 from exc
-    workspace = model_admin.get_queryset(request).filter(pk=pk).first()
+    workspace: ExecutionWorkspace | None = model_admin.get_queryset(request).filter(pk=pk).first()
     if workspace is None:
         raise Http404
-    return workspace  # type: ignore[no-any-return]
+    if not model_admin.has_view_or_change_permission(request, workspace):
+        raise PermissionDenied
+    return workspace
 
 
 def _move(actor: Actor, workspace: ExecutionWorkspace, seq: int) -> Move:
@@ -223,7 +226,7 @@ def files_view(model_admin: Any, request: HttpRequest, object_id: str, seq: int)
 def restore_view(model_admin: Any, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
     workspace = _workspace(model_admin, request, object_id)
     if not model_admin.has_change_permission(request, workspace):
-        raise Http404
+        raise PermissionDenied
     actor = board_actor(request.user)
     move = _move(actor, workspace, seq)
     page = _url("change", workspace)
