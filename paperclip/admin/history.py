@@ -19,6 +19,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from paperclip.access import Actor, board_actor
+from paperclip.admin.names import run_link
 from paperclip.errors import DomainError, InvalidRequest, NotFoundError
 from paperclip.models import ExecutionWorkspace, HeartbeatRun
 from paperclip.snapshots.files import FileTooLarge, file_reader, workspace_tree_node
@@ -84,7 +85,7 @@ def _moves_shown(moves: list[Move], workspace: ExecutionWorkspace) -> list[dict[
     return [
         {
             "move": move,
-            "run": runs.get(move.run_id) if move.run_id else None,
+            "run": run_link(runs[move.run_id]) if move.run_id in runs else None,
             "is_head": move.tree == workspace.head_tree,
             "diff_url": _url("move_diff", workspace, move.seq),
             "files_url": _url("move_files", workspace, move.seq),

@@ -17,7 +17,12 @@ from paperclip.models import Company, ExecutionWorkspace
 from paperclip.snapshots.history import head_move_record_in_tx
 from paperclip.snapshots.models import WorkspaceHeadMove
 from tests.console.test_pages import staff
-from tests.paperclip.factories import CompanyFactory, ExecutionWorkspaceFactory
+from tests.paperclip.factories import (
+    AgentFactory,
+    CompanyFactory,
+    ExecutionWorkspaceFactory,
+    HeartbeatRunFactory,
+)
 from tests.recovery.snapshots import Files, store_tree
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +34,7 @@ NOTE = "the second run broke the build; back to the first"
 
 def _history(company: Company) -> tuple[ExecutionWorkspace, list[str]]:
     workspace = ExecutionWorkspaceFactory(company=company)
+    run = HeartbeatRunFactory(company=company, agent=AgentFactory(company=company, name="bob"))
     trees: list[str] = []
     for files in (V1, V2):
         tree = store_tree(company.pk, files)
@@ -42,6 +48,7 @@ def _history(company: Company) -> tuple[ExecutionWorkspace, list[str]]:
                 kind="publish",
                 actor_type="system",
                 actor_id="test",
+                run_id=run.pk if trees else None,
             )
         trees.append(tree)
     workspace.refresh_from_db()
@@ -57,6 +64,7 @@ def test_the_workspace_page_shows_head_cwd_state_and_history(company: Company) -
     html = staff(company).get(_url("change", workspace)).content.decode()
     assert f"Head {trees[1]}" in html
     assert 'id="cwd-state"' in html
+    assert "run of bob" in html  # the run that moved the head, by its agent's name
     assert 'data-seq="2"' in html
     assert 'data-seq="1"' in html
     assert html.index('data-seq="2"') < html.index('data-seq="1"')  # newest first
