@@ -152,8 +152,8 @@ class Store:
 
 def run_bench(files: int, changes: list[int], rounds: int) -> None:
     from leases.services import RuntimeLeaseOwner, run_snapshot_register, runtime_lease_claim
-    from leases.services import snapshots as registration
     from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
+    from paperclip.snapshots import registration
 
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")

@@ -87,7 +87,7 @@ def _live_snapshot_filter() -> Q:
 
 def roots_lock_key(company_id: UUID) -> str:
     """The advisory key that orders reading a company's roots against registrations that
-    trust its head's blobs without touching them (leases.services.snapshots)."""
+    trust its head's blobs without touching them (paperclip.snapshots.registration)."""
     return f"cas-roots:{company_id}"
 
 
