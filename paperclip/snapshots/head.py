@@ -190,7 +190,7 @@ def publish_plan(
     """What committing the run will do to the head, read now (no lock): fast-forward, merge
     (the merged tree's directories are stored here), nothing, or a conflict. `discard` is the
     board's answer to an earlier conflict that leaves the head as it is (the board's merging
-    answers are planned by `recovery.services.conflict_resolution.resolution_plan`)."""
+    answers are planned by `paperclip.snapshots.resolutions.resolution_plan`)."""
     head = (
         ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
         .values_list("head_tree", flat=True)

@@ -44,6 +44,7 @@ from paperclip.errors import DomainError, InvalidRequest
 from paperclip.ids import parse_uuid
 from paperclip.models import ActivityEvent, HeartbeatRun, Issue
 from paperclip.receipts import owner_line, raw_owner
+from paperclip.snapshots.resolutions import MAX_PREVIEW_CHANGES
 from paperclip.snapshots.trees import BLOB_NAME
 from paperclip.templatetags.console import stamp
 from recovery.errors import SourceFailure, SourceInspectionLimit
@@ -60,10 +61,7 @@ from recovery.selectors.source import (
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import recovery_owner_stop_confirm
 from recovery.services.actions import recovery_action_resolve
-from recovery.services.conflict_resolution import (
-    MAX_PREVIEW_CHANGES,
-    workspace_conflict_preview,
-)
+from recovery.services.conflict_resolution import workspace_conflict_preview
 from recovery.services.conflicts import CONFLICT_CAUSE, HeadExpected, workspace_conflict_resolve
 from recovery.services.export_repair import (
     EXPORT_REPAIR_CAUSE,

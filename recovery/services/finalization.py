@@ -38,6 +38,7 @@ from paperclip.snapshots.head import (
     head_publish_in_tx,
     publish_plan,
 )
+from paperclip.snapshots.resolutions import resolution_plan
 from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
 from recovery.canonical import canonical_sha256
 from recovery.errors import (
@@ -72,7 +73,6 @@ from recovery.selectors.exports import (
 )
 from recovery.selectors.finalization import owner_hold_live
 from recovery.services.actions import resolve_in_tx
-from recovery.services.conflict_resolution import resolution_plan
 from recovery.services.conflicts import ConflictDecision, conflict_hold_in_tx, conflict_mode
 from recovery.services.copyback_guard import REFUSAL_TEXT, copyback_source_refusal
 from recovery.services.export_repair import export_hold_in_tx
