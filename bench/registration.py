@@ -136,7 +136,7 @@ class Store:
         return root
 
     def upload(self, blobs: dict[str, bytes]) -> None:
-        from paperclip.snapshots.cas import cas_put_batch
+        from paperclip.snapshots.store.batch import cas_put_batch
 
         names = sorted(blobs)
         for start in range(0, len(names), BATCH):

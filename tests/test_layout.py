@@ -194,7 +194,6 @@ BEING_SPLIT = frozenset(
         "bench/renew_load.py",
         "leases/environment/export_resume.py",
         "paperclip/models.py",
-        "paperclip/snapshots/cas.py",
         "recovery/admin/actions.py",
         "recovery/console/management/commands/seed_demo.py",
         "recovery/selectors/source.py",

@@ -37,7 +37,8 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
-from paperclip.snapshots.cas import _Filesystem, cas_load_many
+from paperclip.snapshots.store.backends import FilesystemBackend
+from paperclip.snapshots.store.reads import cas_load_many
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def _delete_batch(
                 "DELETE FROM tree_counts WHERE company_id = %s AND tree = ANY(%s::text[])",
                 [company_id, [r[1] for r in rows]],
             )
-        files = _Filesystem()
+        files = FilesystemBackend()
         for _, digest, _size in rows:
             files.unplace(company_id=company_id, digest=digest)
         total = sum(r[2] for r in rows)

@@ -41,16 +41,11 @@ from paperclip.snapshots.behind import (
     materialize_defer_in_tx,
     materialize_failure_record,
 )
-from paperclip.snapshots.cas import (
-    cas_blob_file,
-    cas_open,
-    cas_rows,
-    cas_store_blobs,
-    directory_loader,
-)
 from paperclip.snapshots.counts import counts_against_head, counts_of, tree_counts_record
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
+from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
+from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import (
     Entry,
     TreeInvalid,

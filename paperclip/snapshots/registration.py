@@ -27,9 +27,11 @@ from paperclip.db.advisory import advisory_xact_lock_shared
 from paperclip.db.locking import require_transaction
 from paperclip.errors import ConflictError, DomainError, InvalidRequest
 from paperclip.models import ExecutionWorkspace, RunSnapshot
-from paperclip.snapshots.cas import BlobTooLarge, cas_pin, cas_rows, directory_loader
 from paperclip.snapshots.collect import roots_lock_key
 from paperclip.snapshots.counts import counts_against_head
+from paperclip.snapshots.store.names import BlobTooLarge
+from paperclip.snapshots.store.pins import cas_pin
+from paperclip.snapshots.store.reads import cas_rows, directory_loader
 from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, decode_stored_dir, walk
 
 MAX_MISSING_LISTED: Final = 1000
