@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paperclip.testing.servers import throwaway_database  # noqa: E402
+from tests.support.servers import throwaway_database  # noqa: E402
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
 BATCH = 4000  # blobs per batch upload

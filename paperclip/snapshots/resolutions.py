@@ -24,8 +24,8 @@ from typing import Any, Final, Literal
 from uuid import UUID
 
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.changes import Change, changes_between, entry_json, path_key
 from paperclip.snapshots.counts import counts_of, tree_counts_record
+from paperclip.snapshots.diff import Change, changes_between, entry_json, path_key
 from paperclip.snapshots.head import PublishError, PublishPlan, tree_entries
 from paperclip.snapshots.merge import MAX_CONFLICTS, changed_paths, merge3, merge3_taking
 from paperclip.snapshots.store.uploads import cas_store_blobs

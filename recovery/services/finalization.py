@@ -77,12 +77,9 @@ from recovery.services.conflicts import ConflictDecision, conflict_hold_in_tx, c
 from recovery.services.copyback_guard import REFUSAL_TEXT, copyback_source_refusal
 from recovery.services.export_repair import export_hold_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
-from recovery.services.ownership import (
-    Acquired,
-    FinalizationOwnership,
-    NotAcquired,
-    with_finalization_ownership,
-)
+from recovery.services.ownership.acquire import with_finalization_ownership
+from recovery.services.ownership.lock_connection import FinalizationOwnership
+from recovery.services.ownership.outcomes import Acquired, NotAcquired
 
 logger = logging.getLogger(__name__)
 
@@ -828,6 +825,7 @@ def _publish_owned(
                     resolution=decision.resolution,
                     decided_head=decision.decided_head,
                 )
+                plan = replace(plan, action_id=decision.action_id, decided_by=decision.decided_by)
             else:
                 plan = publish_plan(
                     company_id=company_id,
