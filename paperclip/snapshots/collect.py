@@ -201,7 +201,7 @@ def _delete_batch(
             )
         files = FilesystemBackend()
         for _, digest, _size in rows:
-            files.unplace(company_id=company_id, digest=digest)
+            files.delete(company_id=company_id, digest=digest)
         total = sum(r[2] for r in rows)
         activity_record(
             company_id=company_id,

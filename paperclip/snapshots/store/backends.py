@@ -1,8 +1,8 @@
-"""Where a blob's bytes live: one narrow interface (`BlobBackend`: `place` to put, `present`
-to stat, `unplace` to delete, `chunks` to get) and its two implementations, chosen by
-`PAPERCLIP_CAS_BACKEND` (docs/snapshots.md#the-store). The row index, the upsert and the size
-checks stay outside the backends, in `uploads`, `reads` and `pins`, so both backends answer
-the same."""
+"""Where a blob's bytes live: one narrow interface, `BlobBackend` (`put`, `stat`, `delete`,
+`get`), and its two implementations, chosen by `PAPERCLIP_CAS_BACKEND`
+(docs/snapshots.md#the-store). The row index, the upsert, find-missing and the size checks
+stay outside the backends, in `uploads`, `reads` and `pins`, so both backends answer the
+same."""
 
 from __future__ import annotations
 
@@ -24,16 +24,17 @@ from paperclip.snapshots.store.spool import Region
 
 
 class BlobBackend(Protocol):
-    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
+    def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
         """Store the bytes of `source` for the row `blob_id` (inside its transaction)."""
 
-    def present(self, *, company_id: UUID, digest: str, size: int) -> bool:
+    def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
         """The bytes of an existing row are there."""
 
-    def unplace(self, *, company_id: UUID, digest: str) -> None:
-        """Remove bytes `place` wrote in a transaction that is rolling back."""
+    def delete(self, *, company_id: UUID, digest: str) -> None:
+        """Remove a blob's bytes: those `put` wrote in a transaction that is rolling back, or
+        those of a row the collector deletes."""
 
-    def chunks(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
+    def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
         """The bytes, in pieces; raises FileNotFoundError when they are gone."""
 
 
@@ -50,7 +51,7 @@ def blob_file(company_id: UUID | str, digest: str) -> str:
 
 
 class FilesystemBackend:
-    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
+    def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
         path = blob_file(company_id, digest)
         directory, _, name = path.rpartition("/")
         temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -71,16 +72,16 @@ class FilesystemBackend:
                 os.unlink(temporary)
             raise
 
-    def present(self, *, company_id: UUID, digest: str, size: int) -> bool:
+    def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
         try:
             return blob_path(company_id, digest).stat().st_size == size
         except FileNotFoundError:
             return False
 
-    def unplace(self, *, company_id: UUID, digest: str) -> None:
+    def delete(self, *, company_id: UUID, digest: str) -> None:
         blob_path(company_id, digest).unlink(missing_ok=True)
 
-    def chunks(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
+    def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
         handle = blob_path(company_id, digest).open("rb")  # FileNotFoundError: gone
         return _file_chunks(handle)
 
@@ -119,7 +120,7 @@ def _file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
 
 
 class PostgresBackend:
-    def place(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
+    def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
         CasBlobChunk.objects.filter(blob_id=blob_id).delete()  # (a re-placed row's old pieces)
         seq = 0
         # Bound server-side: Django's client-side binding would copy each piece into the
@@ -132,13 +133,13 @@ class PostgresBackend:
                 )
                 seq += 1
 
-    def present(self, *, company_id: UUID, digest: str, size: int) -> bool:
+    def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
         return True  # the pieces commit with the row
 
-    def unplace(self, *, company_id: UUID, digest: str) -> None:
+    def delete(self, *, company_id: UUID, digest: str) -> None:
         pass  # the rollback takes the pieces with it
 
-    def chunks(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
+    def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
         count = -(-size // CHUNK_BYTES)
         first = _chunk(blob_id, 0) if count else b""
         if first is None:

@@ -59,7 +59,7 @@ def cas_find_missing(*, company_id: UUID, digests: Sequence[str]) -> list[str]:
     present = {
         digest
         for digest, size in rows
-        if backend.present(company_id=company_id, digest=digest, size=size)
+        if backend.stat(company_id=company_id, digest=digest, size=size)
     }
     return [d for d in digests if d not in present]
 
@@ -105,7 +105,7 @@ def cas_open(
         return None
     blob_id, size = row
     try:
-        chunks = blob_backend().chunks(
+        chunks = blob_backend().get(
             blob_id=blob_id, company_id=company_id, digest=digest, size=size
         )
     except FileNotFoundError:
@@ -185,7 +185,7 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
             raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
         try:
             data = b"".join(
-                backend.chunks(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
+                backend.get(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
             )
         except FileNotFoundError:
             continue
@@ -216,7 +216,7 @@ def cas_load(*, company_id: UUID, digest: str, max_bytes: int) -> bytes | None:
     if size > max_bytes:
         raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
     try:
-        chunks = blob_backend().chunks(
+        chunks = blob_backend().get(
             blob_id=blob_id, company_id=company_id, digest=digest, size=size
         )
         return b"".join(chunks)

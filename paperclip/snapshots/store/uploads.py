@@ -52,10 +52,8 @@ def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, boo
     try:
         for blob_id, digest, inserted in sorted(rows, key=lambda r: r[1]):
             blob = by_digest[digest]
-            if inserted or not backend.present(
-                company_id=company_id, digest=digest, size=blob.size
-            ):
-                backend.place(
+            if inserted or not backend.stat(company_id=company_id, digest=digest, size=blob.size):
+                backend.put(
                     blob_id=blob_id, company_id=company_id, digest=digest, source=blob.reader()
                 )
                 if inserted:
@@ -63,7 +61,7 @@ def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, boo
     except BaseException:
         for digest in placed:
             try:
-                backend.unplace(company_id=company_id, digest=digest)
+                backend.delete(company_id=company_id, digest=digest)
             except OSError:  # pragma: no cover - best effort; the blob is only stray bytes
                 logger.warning("could not remove %s of a failed upload", digest, exc_info=True)
         raise
