@@ -196,7 +196,6 @@ BEING_SPLIT = frozenset(
         "paperclip/models.py",
         "paperclip/snapshots/cas.py",
         "recovery/console/management/commands/seed_demo.py",
-        "recovery/selectors/source.py",
         "recovery/services/finalization.py",
     }
 )

@@ -17,7 +17,8 @@ commands and operators' shells.
 from __future__ import annotations
 
 from recovery.selectors.actions import recovery_action_get_live
-from recovery.selectors.source import recovery_source_inspect, recovery_source_owned_lease
+from recovery.selectors.source.inspection import recovery_source_inspect
+from recovery.selectors.source.owned_lease import recovery_source_owned_lease
 from recovery.services.actions import (
     RecoveryActionInput,
     RecoveryUpsert,

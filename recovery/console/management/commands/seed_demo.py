@@ -71,7 +71,7 @@ from paperclip.models import (
 )
 from paperclip.receipts import OWNER_KEY
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.source import HISTORICAL_SOURCE_SCHEMA
+from recovery.selectors.source.inspection import HISTORICAL_SOURCE_SCHEMA
 from recovery.services import result_accept
 from recovery.services.actions import RecoveryActionInput, recovery_action_upsert_source_scoped
 from recovery.services.copyback_guard import copyback_source_refusal
