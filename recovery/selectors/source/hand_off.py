@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 from uuid import UUID
 
-from leases.environment.export_resume import (
+from leases.environment.export_resume.sync_reference import (
     NativeWorkspaceSyncReference,
     read_native_workspace_sync_reference,
 )

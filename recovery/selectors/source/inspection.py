@@ -9,7 +9,7 @@ from uuid import UUID
 
 from django.db import connection, transaction
 
-from leases.environment.export_resume import (
+from leases.environment.export_resume.sync_reference import (
     NativeWorkspaceSyncReference,
     read_native_workspace_sync_reference,
 )

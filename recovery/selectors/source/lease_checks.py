@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django.db.models import Q
 
-from leases.environment.export_resume import NativeWorkspaceSyncReference
+from leases.environment.export_resume.sync_reference import NativeWorkspaceSyncReference
 from leases.models import EnvironmentLease
 from paperclip.ids import is_uuid
 from paperclip.models import Environment, ExecutionWorkspace, HeartbeatRun

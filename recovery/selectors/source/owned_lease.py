@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 from uuid import UUID
 
-from leases.environment.export_resume import stop_only_cleanup_read
+from leases.environment.export_resume.markers import stop_only_cleanup_read
 from leases.models import EnvironmentLease
 from recovery.errors import binding_failure
 from recovery.selectors.source.inspection import recovery_source_inspect
