@@ -193,7 +193,6 @@ BEING_SPLIT = frozenset(
     {
         "bench/renew_load.py",
         "paperclip/snapshots/cas.py",
-        "recovery/services/finalization.py",
     }
 )
 # Folders that hold no project source: generated, installed or scratch.

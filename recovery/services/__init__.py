@@ -25,14 +25,10 @@ from recovery.services.actions import (
     recovery_action_resolve,
     recovery_action_upsert_source_scoped,
 )
-from recovery.services.finalization import (
-    FinalizeOutcome,
-    ReconcileSummary,
-    ResultAcceptance,
-    finalizations_reconcile,
-    result_accept,
-    run_finalize,
-)
+from recovery.services.finalization.acceptance import ResultAcceptance, result_accept
+from recovery.services.finalization.finalize import run_finalize
+from recovery.services.finalization.outcomes import FinalizeOutcome
+from recovery.services.finalization.reconcile import ReconcileSummary, finalizations_reconcile
 from recovery.services.finalization_jobs import (
     FinalizationRequest,
     finalization_defer_in_tx,
