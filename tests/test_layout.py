@@ -192,8 +192,6 @@ MAX_MODULE_LINES = 700
 BEING_SPLIT = frozenset(
     {
         "bench/renew_load.py",
-        "recovery/selectors/source.py",
-        "recovery/services/finalization.py",
     }
 )
 # Folders that hold no project source: generated, installed or scratch.

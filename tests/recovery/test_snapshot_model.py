@@ -73,7 +73,7 @@ from paperclip.snapshots.trees import Entry, build
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.services import Acquired, run_finalize
 from recovery.services import conflicts as conflict_service
-from recovery.services.finalization import result_accept
+from recovery.services.finalization.acceptance import result_accept
 from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,

@@ -296,7 +296,9 @@ def test_a_head_moved_between_the_resolutions_plan_and_its_commit_is_planned_aga
             after_g.append(head_of(a))
         return plan
 
-    monkeypatch.setattr("recovery.services.finalization.resolution_plan", plan_then_another_commit)
+    monkeypatch.setattr(
+        "recovery.services.finalization.publish.resolution_plan", plan_then_another_commit
+    )
     run_jobs()
 
     assert planned[0] == decided
