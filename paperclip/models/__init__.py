@@ -3,6 +3,7 @@ keys), `workspaces` (execution workspaces, environments), `work` (issues, heartb
 `outcomes` (workspace operations, the native run results and coordinator), `content` (the
 content-addressed store and the snapshots registered in it), `audit` (the activity log) and
 `worker` (the worker's processes and job errors); `base` holds the abstract timestamped model.
+The head's history (`WorkspaceHeadMove`) lives with the snapshots, in `paperclip.snapshots.models`.
 
 Every model is importable from here (`from paperclip.models import Issue`), which is also how
 Django's app registry finds them.
@@ -27,6 +28,7 @@ from paperclip.models.tenancy import (
 from paperclip.models.work import HeartbeatRun, Issue
 from paperclip.models.worker import JobError, WorkerProcess
 from paperclip.models.workspaces import Environment, ExecutionWorkspace, ExecutionWorkspaceSnapshot
+from paperclip.snapshots.models import WorkspaceHeadMove
 
 __all__ = [
     "ActivityEvent",
@@ -50,5 +52,6 @@ __all__ = [
     "TimestampedModel",
     "TreeCounts",
     "WorkerProcess",
+    "WorkspaceHeadMove",
     "WorkspaceOperation",
 ]

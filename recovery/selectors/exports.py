@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django.db.models import Q
 
-from leases.environment.export_resume import remote_termination_has
+from leases.environment.export_resume.termination import remote_termination_has
 from leases.models import EnvironmentLease
 from paperclip.models import (
     ExecutionWorkspace,

@@ -32,10 +32,10 @@ from uuid import UUID
 from django.db import connection, transaction
 from django.db.models import Q
 
-from leases.environment.export_resume import (
+from leases.environment.export_resume.markers import stop_only_cleanup_read
+from leases.environment.export_resume.sync_reference import (
     NativeWorkspaceSyncReference,
     read_native_workspace_sync_reference,
-    stop_only_cleanup_read,
 )
 from leases.models import EnvironmentLease
 from paperclip.db.clock import db_now
