@@ -17,7 +17,7 @@ and drops it at the end, also on failure. Single client, sequential requests, in
 
 The paths take turns in ten interleaved rounds, so load from elsewhere on the machine hits
 them alike (on a server running with autovacuum off, the bench stands in for it between rounds,
-at autovacuum's own cadence: paperclip.testing.servers.AutovacuumStandIn); the report prints
+at autovacuum's own cadence: tests.support.servers.AutovacuumStandIn); the report prints
 ops/s, ratios to the baselines, the three targets, and where
 an HTTP renew's time goes (GET /healthz and GET /api/me on the same server as floors).
 
@@ -42,16 +42,16 @@ from typing import Any
 
 import psycopg
 
-from paperclip.testing.servers import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.servers import (  # noqa: E402 - after the path setup
     AutovacuumStandIn,
     free_port,
     stop_process,
     throwaway_database,
     wait_for_server,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 WARMUP = 100
 BACKGROUND = 10_000  # leases other agents hold, in both lease tables

@@ -22,12 +22,10 @@ Server configurations compared (each started afresh on the same database):
 
 - `production`: what `python -m paperclip.serve` runs (docs/setup.md#serving), the
   configuration the target is judged on;
-- `production-handler`: the same server with the lean view behind Django's handler and
-  middleware chain (PAPERCLIP_FRONT_ROUTES=false), the path before paperclip/api/front.py;
 - `production-drf`: the same server with every claim served by the DRF view
   (PAPERCLIP_LEAN_CLAIM_VIEW=false), the path before leases/api/lean.py, as a comparison;
 - `gunicorn-2x4`: gunicorn gthread, 2 workers x 4 threads;
-- more with --servers (`granian-WxT`, `gunicorn-WxT`, any of them with `-handler` or `-drf`).
+- more with --servers (`granian-WxT`, `gunicorn-WxT`, any of them with `-drf`).
 
 It also counts PostgreSQL round trips per renew, from libpq's own protocol trace of the
 server process's connection (in-process calls of the WSGI application the servers serve): every
@@ -73,16 +71,16 @@ from typing import Any
 import psutil
 import psycopg
 
-from paperclip.testing.servers import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.servers import (  # noqa: E402 - after the path setup
     AutovacuumStandIn,
     free_port,
     stop_process,
     throwaway_database,
     wait_for_server,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 TARGET_RATE = 800  # renews/s with p99 under TARGET_P99_MS, production configuration
 TARGET_P99_MS = 50.0
@@ -289,15 +287,9 @@ def _granian(workers: int | None, threads: int | None) -> Callable[[int], list[s
     return command
 
 
-# A configuration's slower paths, kept as comparisons: `<configuration>-handler` serves the
-# lean view behind Django's handler and middleware chain, the path before the front
-# (paperclip/api/front.py); `<configuration>-drf` every claim through the DRF view, the path
-# before the lean view (leases/api/lean.py).
+# A configuration's slower path, kept as a comparison: `<configuration>-drf` serves every
+# claim through the DRF view, the path without the lean view (leases/api/lean.py).
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "-handler": (
-        "the claim behind Django's handler (PAPERCLIP_FRONT_ROUTES=false)",
-        {"PAPERCLIP_FRONT_ROUTES": "false"},
-    ),
     "-drf": (
         "every claim through the DRF view (PAPERCLIP_LEAN_CLAIM_VIEW=false)",
         {"PAPERCLIP_LEAN_CLAIM_VIEW": "false"},
@@ -307,7 +299,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
 
 def server_config(name: str) -> ServerConfig:
     """`production` (python -m paperclip.serve as shipped), `granian-WxT` or `gunicorn-WxT`
-    (W workers x T threads); any of them with a suffix of VARIANTS (`-handler`, `-drf`)."""
+    (W workers x T threads); any of them with a suffix of VARIANTS (`-drf`)."""
     for suffix, (describe, env) in VARIANTS.items():
         if name.endswith(suffix):
             base = server_config(name.removesuffix(suffix))
@@ -348,7 +340,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=48)
     parser.add_argument(
         "--servers",
-        default="production,production-handler,production-drf,gunicorn-2x4",
+        default="production,production-drf,gunicorn-2x4",
         help=(
             "production, granian-WxT, gunicorn-WxT (W workers x T threads), each optionally"
             " with -drf (claims through the DRF view), comma-separated"
@@ -840,7 +832,7 @@ def count_round_trips(workspace_id: uuid.UUID, secret: str, body: bytes) -> floa
     or `Sync` (end of an extended-protocol exchange) sent is one round trip."""
     from django.db import connection
 
-    from paperclip.wsgi import application as app  # what the servers serve, the front first
+    from paperclip.wsgi import application as app  # what the servers serve
 
     logging.getLogger("paperclip.request").setLevel(logging.WARNING)  # the servers log theirs
 
@@ -867,7 +859,7 @@ def count_round_trips(workspace_id: uuid.UUID, secret: str, body: bytes) -> floa
         response = app(environ, start_response)
         payload = b"".join(response)
         close = getattr(response, "close", None)
-        if close is not None:  # (the front answers a list, already closed)
+        if close is not None:  # (paperclip.wsgi answers a list, already closed)
             close()
         if statuses != ["200 OK"] or b'"renewed"' not in payload:
             raise RuntimeError(f"renew failed: {statuses} {payload[:200]!r}")

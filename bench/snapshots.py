@@ -67,7 +67,7 @@ SHM = Path("/dev/shm")  # noqa: S108
 sys.path.insert(0, str(ROOT))
 
 from bench.copyback import make_tree, timed  # noqa: E402 - the same tree as the copy-back bench
-from paperclip.testing.servers import (  # noqa: E402 - after the path setup
+from tests.support.servers import (  # noqa: E402 - after the path setup
     free_port,
     stop_process,
     throwaway_database,

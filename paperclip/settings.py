@@ -312,9 +312,6 @@ PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS = env.int("PAPERCLIP_RUNTIME_LEASE_TTL_SECON
 # The claim endpoint serves well-formed agent requests without DRF's generic machinery
 # (leases/api/lean.py); false serves every request through the DRF view (a bench comparison).
 PAPERCLIP_LEAN_CLAIM_VIEW = env.bool("PAPERCLIP_LEAN_CLAIM_VIEW", default=True)
-# Such requests are answered ahead of Django's handler and middleware chain
-# (paperclip/api/front.py); false leaves every request to the handler (a bench comparison).
-PAPERCLIP_FRONT_ROUTES = env.bool("PAPERCLIP_FRONT_ROUTES", default=True)
 PAPERCLIP_COPYBACK_BACKEND = env.str(
     "PAPERCLIP_COPYBACK_BACKEND", default="recovery.adapters.copyback.LocalDirectoryCopyback"
 )

@@ -11,7 +11,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "paperclip.settings")
 django_application = get_wsgi_application()
 
 from paperclip.api.bodies import request_body_prepare  # noqa: E402 - needs the apps loaded
-from paperclip.api.front import answer as front_answer  # noqa: E402 - needs the apps loaded
 
 
 def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -21,9 +20,6 @@ def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> 
     (measured in the renew path's profile, docs/performance.md#the-renew-path). Streaming
     responses (downloads, files) stay iterables, closed by the server when sent."""
     request_body_prepare(environ)  # read in full or refused, never as empty
-    answered = front_answer(environ, start_response)  # the renew, ahead of the handler
-    if answered is not None:
-        return answered
     response = django_application(environ, start_response)
     if isinstance(response, HttpResponseBase) and not response.streaming:
         try:

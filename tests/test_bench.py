@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from paperclip.testing.processes import database_url
+from tests.support.processes import database_url
 
 ROOT = Path(settings.BASE_DIR)
 

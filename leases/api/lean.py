@@ -29,20 +29,18 @@ from __future__ import annotations
 
 import functools
 import json
-import re
+from collections.abc import Callable
 from typing import Any, Final
 from uuid import UUID
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.urls.converters import UUIDConverter
 from django.views.decorators.csrf import csrf_exempt
 
 from leases import services
 from leases.api.views import LeaseSerializer, RuntimeLeaseClaimApi
 from paperclip.api.auth import authenticate_agent_key
 from paperclip.api.errors import exception_handler
-from paperclip.api.front import FrontRoute
 from paperclip.api.parsers import parse_json_body
 from paperclip.api.serializers import shared_serializer
 from paperclip.ids import parse_uuid
@@ -96,19 +94,59 @@ def plain_claim_values(data: Any) -> dict[str, Any] | None:
     return values
 
 
+def _lease_json(lease: services.RuntimeLease | None) -> dict[str, Any] | None:
+    return None if lease is None else shared_serializer(LeaseSerializer).to_representation(lease)
+
+
+def _reclaimed_json(reclaimed: services.ReclaimedFrom | None) -> dict[str, Any] | None:
+    if reclaimed is None:
+        return None
+    return {name: getattr(reclaimed, name) for name in RECLAIMED_FROM_KEYS}
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+# The claim's answer as the lean path renders it: one entry per key of
+# `RuntimeLeaseClaimApi.OutputSerializer`, read from the result's attribute of that name. The
+# keys are the serializer's, not a second list: `lean_keys_mismatch` compares the two, the lean
+# path declines (the DRF view answers) while they differ, and a test fails on it.
+CLAIM_RENDERERS: Final[dict[str, Callable[[Any], Any]]] = {
+    "outcome": _as_is,
+    "owner_key": _as_is,
+    "lease": _lease_json,
+    "reclaimed_from": _reclaimed_json,
+}
+# `reclaimed_from`'s keys, plain values (the nested serializer's fields).
+RECLAIMED_FROM_KEYS: Final = ("owner_key", "reason")
+
+
+def _serializer_keys() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    fields = RuntimeLeaseClaimApi.OutputSerializer().fields
+    return tuple(fields), tuple(getattr(fields.get("reclaimed_from"), "fields", {}))
+
+
+def lean_keys_mismatch() -> str | None:
+    """Where the lean rendering's keys differ from the OutputSerializer's (a field added to
+    the serializer and not here, or removed), or None when they are one set."""
+    top, nested = _serializer_keys()
+    if top != tuple(CLAIM_RENDERERS):
+        return f"OutputSerializer {top} != lean {tuple(CLAIM_RENDERERS)}"
+    if nested != RECLAIMED_FROM_KEYS:
+        return f"OutputSerializer.reclaimed_from {nested} != lean {RECLAIMED_FROM_KEYS}"
+    return None
+
+
+@functools.cache
+def _lean_rendering_complete() -> bool:
+    return lean_keys_mismatch() is None
+
+
 def claim_json(result: services.RuntimeLeaseClaim) -> dict[str, Any]:
     """`RuntimeLeaseClaimApi.OutputSerializer`'s rendering of `result`, without walking the
     serializer's fields (a test holds the two equal for every outcome)."""
-    reclaimed = result.reclaimed_from
-    lease = None if result.lease is None else shared_serializer(LeaseSerializer)
-    return {
-        "outcome": result.outcome,
-        "owner_key": result.owner_key,
-        "lease": None if lease is None else lease.to_representation(result.lease),
-        "reclaimed_from": None
-        if reclaimed is None
-        else {"owner_key": reclaimed.owner_key, "reason": reclaimed.reason},
-    }
+    return {name: render(getattr(result, name)) for name, render in CLAIM_RENDERERS.items()}
 
 
 def render(data: Any, status: int) -> HttpResponse:
@@ -137,18 +175,19 @@ def _lean_request(request: HttpRequest) -> bool:
         and length.isdigit()
         and 0 < int(length) <= MAX_LEAN_BODY
         and settings.PAPERCLIP_LEAN_CLAIM_VIEW
+        and _lean_rendering_complete()  # else a field would be dropped: the DRF view answers
     )
 
 
 def lean_claim(request: HttpRequest, workspace_id: UUID) -> HttpResponse | None:
     """The lean path's answer to `request`, or None when the DRF view is to answer it (not
-    plainly a valid agent renew or claim). Served by `runtime_lease_claim_view` behind
-    Django's middleware, and ahead of it by `paperclip.api.front` (registered below)."""
+    plainly a valid agent renew or claim)."""
     if not _lean_request(request):
         return None
+    body = request.body  # a body cut short raises here: RequestBodyMiddleware answers 400
     try:
         authenticated = authenticate_agent_key(request.META["HTTP_AUTHORIZATION"])
-        values = plain_claim_values(parse_json_body(request.body))
+        values = plain_claim_values(parse_json_body(body))
     except Exception:  # refused, malformed or the database failed: the DRF view says which
         return None
     if authenticated is None or values is None:
@@ -184,23 +223,6 @@ def runtime_lease_claim_view(request: HttpRequest, workspace_id: UUID) -> HttpRe
     if answered is None:  # the body stays readable for the DRF view
         return drf_view(request, workspace_id=workspace_id)
     return answered
-
-
-def _front_kwargs(groups: dict[str, str]) -> dict[str, Any]:
-    return {"workspace_id": UUIDConverter().to_python(groups["workspace_id"])}
-
-
-# Ahead of Django's handler (paperclip.api.front): the same view, the URL conf's path and name
-# (a test holds them equal to leases/api/urls.py's).
-FRONT_ROUTE: Final = FrontRoute(
-    method="POST",
-    pattern=re.compile(
-        rf"/api/execution-workspaces/(?P<workspace_id>{UUIDConverter.regex})/runtime-lease/claim"
-    ),
-    convert=_front_kwargs,
-    route="runtime-lease-claim",
-    view=lean_claim,
-)
 
 
 # The OpenAPI document (drf-spectacular) and anything else that inspects the URL conf see the

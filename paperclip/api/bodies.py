@@ -12,8 +12,7 @@ server gave no `CONTENT_LENGTH`. Two cases would then be read wrong without a wo
 - A body cut short (the client stopped sending before `Content-Length` bytes): the stream
   `request_body_prepare` puts in front of the server's raises `RequestBodyIncomplete` (400
   `invalid_request`) when it meets the end early, whoever reads it (a JSON parser, the store
-  of blobs, a form); `paperclip.api.front` declines such a request and marks it, and the
-  middleware answers it.
+  of blobs, a form), and the middleware answers a body so marked.
 
 `request_body_prepare` runs in `paperclip.wsgi.application`, ahead of Django (every server the
 project runs: runserver, granian, gunicorn); the middleware runs in every request's chain,

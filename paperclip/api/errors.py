@@ -255,7 +255,7 @@ class ApiJsonErrorsMiddleware:
 
 def api_json_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     """`response`, or for an error on an `/api/` path that is not JSON, the API's JSON error
-    in its place (ApiJsonErrorsMiddleware's step, also called by `paperclip.api.front`)."""
+    in its place (ApiJsonErrorsMiddleware's step)."""
     if response.status_code < 400 or not request.path.startswith("/api/"):
         return response
     if response.get("Content-Type", "").startswith("application/json"):

@@ -63,8 +63,7 @@ def request_end(
     url_kwargs: Mapping[str, object],
 ) -> None:
     """What every answered request records: its X-Request-ID header, the HTTP counters and its
-    one log line. Shared by the middleware and the requests served ahead of Django's handler
-    (`paperclip.api.front`)."""
+    one log line."""
     response["X-Request-ID"] = request_id
     method = request.method if request.method in _METHODS else "OTHER"
     status = response.status_code

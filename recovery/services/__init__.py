@@ -38,12 +38,9 @@ from recovery.services.finalization_jobs import (
     finalization_request,
 )
 from recovery.services.owner_stop import OwnerStopConfirmation, recovery_owner_stop_confirm
-from recovery.services.ownership import (
-    Acquired,
-    FinalizationOwnership,
-    NotAcquired,
-    with_finalization_ownership,
-)
+from recovery.services.ownership.acquire import with_finalization_ownership
+from recovery.services.ownership.lock_connection import FinalizationOwnership
+from recovery.services.ownership.outcomes import Acquired, NotAcquired
 
 __all__ = [
     "Acquired",

@@ -27,64 +27,19 @@ from paperclip.ids import parse_uuid
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue
 from paperclip.snapshots.cas import cas_store_blobs
 from paperclip.snapshots.counts import counts_of, tree_counts_record
+from paperclip.snapshots.diff import Change, changes_between, entry_json, path_key
+from paperclip.snapshots.head import PublishError, PublishPlan, tree_entries
 from paperclip.snapshots.merge import MAX_CONFLICTS, changed_paths, merge3, merge3_taking
 from paperclip.snapshots.trees import Entry, TreeInvalid, build, check_symlinks
 from recovery.errors import WorkspaceConflictUnreadable
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE
-from recovery.services.heads import PublishError, PublishPlan, tree_entries
 
 type Resolution = Literal["publish", "keep_head", "discard"]
 type MergingResolution = Literal["publish", "keep_head"]
 
 RESOLUTIONS: Final[tuple[Resolution, ...]] = ("publish", "keep_head", "discard")
 MAX_PREVIEW_CHANGES: Final = 1000
-
-
-def entry_json(entry: Entry | None) -> dict[str, Any] | None:
-    """An entry as the preview and the diff show it: a file's type, mode, size and digest (or
-    chunks), a directory's type and mode (what is inside it shows path by path), a symlink's
-    type and target; None where there is no entry."""
-    if entry is None:
-        return None
-    if entry.type == "dir":
-        return {"type": "dir", "mode": entry.mode}
-    shown = entry.as_json()
-    del shown["name"]
-    return shown
-
-
-def _path_key(path: str) -> bytes:
-    return path.encode("utf-8", "surrogatepass")
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    path: str
-    change: Literal["added", "removed", "modified"]
-    before: Entry | None
-    after: Entry | None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "change": self.change,
-            "from": entry_json(self.before),
-            "to": entry_json(self.after),
-        }
-
-
-def changes_between(before: dict[str, Entry], after: dict[str, Entry]) -> list[Change]:
-    """What turns `before` into `after`, path by path, sorted by path: an entry added, removed,
-    or modified in type, mode or content (a directory only by type or mode)."""
-    found: list[Change] = []
-    for path in sorted(changed_paths(before, after), key=_path_key):
-        old, new = before.get(path), after.get(path)
-        kind: Literal["added", "removed", "modified"] = (
-            "added" if old is None else "removed" if new is None else "modified"
-        )
-        found.append(Change(path, kind, old, new))
-    return found
 
 
 class ResolutionUnbuildable(Exception):
@@ -329,7 +284,7 @@ def resolution_plan(
         # compared any more, so the board decides again against the head of now.
         plain = merge3(based, run, now)
         paths = plain.conflicts or tuple(
-            sorted(changed_paths(based, run), key=_path_key)[:MAX_CONFLICTS]
+            sorted(changed_paths(based, run), key=path_key)[:MAX_CONFLICTS]
         )
         return plan("conflict", None, paths, plain.conflict_count or len(paths))
     try:

@@ -22,9 +22,9 @@ from django.conf import settings
 
 from paperclip.credentials import agent_key_create
 from paperclip.models import ActivityEvent, CasBlob
-from paperclip.testing.processes import child_env
-from paperclip.testing.servers import free_port, stop_process, wait_for_server
 from tests.paperclip.factories import AgentFactory, CompanyFactory
+from tests.support.processes import child_env
+from tests.support.servers import free_port, stop_process, wait_for_server
 
 pytestmark = [
     pytest.mark.slow,
@@ -169,7 +169,7 @@ def test_a_body_cut_short_is_400_and_nothing_is_stored(
     status, body = _send(servers[server], find, short, end=True)
     assert (status, body["error"]["code"]) == (400, "invalid_request"), body
 
-    # The runtime-lease claim, served ahead of Django's handler (paperclip/api/front.py).
+    # The runtime-lease claim (its lean view reads the body too).
     claim = b'{"action": "start"}'
     head = _head(
         "POST", f"/api/execution-workspaces/{uuid.uuid4()}/runtime-lease/claim", key,

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from rest_framework import serializers
 from rest_framework.test import APIClient
 
 from leases.api import lean
@@ -120,6 +121,40 @@ def test_the_lean_rendering_is_the_output_serializers(
     assert lean.claim_json(result) == expected
     content = lean.render(lean.claim_json(result), 200).content
     assert content == json.dumps(expected, separators=(",", ":")).encode()
+
+
+def test_the_lean_keys_are_the_output_serializers() -> None:
+    assert lean.lean_keys_mismatch() is None
+
+
+def test_a_field_added_to_the_serializer_only_is_never_dropped_by_the_lean_path(
+    agent_client: APIClient, workspace: Any, drf_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard on bad input: an OutputSerializer with a field the lean path does not render
+    is reported (the test above then fails), and the claim goes to the DRF view, which renders
+    the new field, instead of being answered without it."""
+
+    class Wider(RuntimeLeaseClaimApi.OutputSerializer):
+        expires_in = serializers.IntegerField(default=60)
+
+    class WiderReclaimed(RuntimeLeaseClaimApi.OutputSerializer):
+        class Reclaimed(RuntimeLeaseClaimApi.OutputSerializer.ReclaimedFromSerializer):
+            reclaimed_at = serializers.DateTimeField(default=None)
+
+        reclaimed_from = Reclaimed(allow_null=True)
+
+    lean._lean_rendering_complete.cache_clear()
+    try:
+        monkeypatch.setattr(RuntimeLeaseClaimApi, "OutputSerializer", WiderReclaimed)
+        assert "reclaimed_at" in (lean.lean_keys_mismatch() or "")
+        monkeypatch.setattr(RuntimeLeaseClaimApi, "OutputSerializer", Wider)
+        assert "expires_in" in (lean.lean_keys_mismatch() or "")
+        response = send(agent_client, workspace.pk, {"action": "start"})
+        assert response.status_code == 200
+        assert response.json()["expires_in"] == 60
+        assert drf_calls == [url(workspace.pk)]
+    finally:
+        lean._lean_rendering_complete.cache_clear()
 
 
 # --- every error the endpoint gives: the same answer both ways ----------------------------

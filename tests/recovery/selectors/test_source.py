@@ -23,7 +23,7 @@ from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
-from recovery.admin.actions import source_panel_html
+from recovery.admin.source_panel import source_panel_html
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.selectors.source import (
     adapter_execution_control,

@@ -12,12 +12,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, NativeRunFinalization
+from paperclip.snapshots.head import workspace_materialize
 from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import build
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
 from recovery.services.conflict_resolution import resolution_plan
-from recovery.services.heads import workspace_materialize
 from tests.helpers import run_jobs
 from tests.paperclip.helpers import audit_count
 from tests.recovery.conflicts import (

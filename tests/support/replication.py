@@ -32,10 +32,10 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from paperclip.testing.servers import free_port
+from tests.support.servers import free_port
 
 STANDBY_NAME = "standby1"
-NAMESPACE_SUBNETS = "10.231.0.0/16"  # paperclip/testing/netns.py
+NAMESPACE_SUBNETS = "10.231.0.0/16"  # tests/support/netns.py
 
 
 def postgres_bindir() -> Path:
@@ -110,7 +110,7 @@ class ReplicatedCluster:
             os.setuid(self.user.pw_uid)
 
     def _run(self, tool: str, *args: str, timeout: float = 120) -> None:
-        result = subprocess.run(  # noqa: S603 - the server binaries, with our own arguments
+        result = subprocess.run(
             [str(self.bindir / tool), *args],
             capture_output=True,
             text=True,
@@ -136,7 +136,7 @@ class ReplicatedCluster:
         )
         settings = [
             # Every address: nodes in a network namespace of their own reach the servers
-            # through the host's end of their veth pair (paperclip/testing/netns.py).
+            # through the host's end of their veth pair (tests/support/netns.py).
             "listen_addresses = '*'",
             f"port = {primary.port}",
             f"unix_socket_directories = '{self.root}'",

@@ -20,9 +20,7 @@ _IP = "ip"
 
 
 def _ip(*args: str) -> None:
-    done = subprocess.run(  # noqa: S603 - iproute2 with our own arguments
-        [_IP, *args], capture_output=True, text=True, timeout=30, check=False
-    )
+    done = subprocess.run([_IP, *args], capture_output=True, text=True, timeout=30, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
 
@@ -67,9 +65,9 @@ class IsolatedNode:
 
     def destroy(self) -> None:
         """Delete the namespace (its end of the veth pair goes with it, and so the host's)."""
-        subprocess.run(  # noqa: S603 - iproute2 with our own arguments
+        subprocess.run(
             [_IP, "netns", "del", self.name], capture_output=True, timeout=30, check=False
         )
-        subprocess.run(  # noqa: S603 - iproute2 with our own arguments
+        subprocess.run(
             [_IP, "link", "del", self.host_link], capture_output=True, timeout=30, check=False
         )

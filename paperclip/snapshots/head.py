@@ -49,6 +49,7 @@ from paperclip.snapshots.cas import (
     directory_loader,
 )
 from paperclip.snapshots.counts import counts_against_head, counts_of, tree_counts_record
+from paperclip.snapshots.history import head_published_record_in_tx
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
 from paperclip.snapshots.trees import (
@@ -94,6 +95,8 @@ class PublishPlan:
     conflict_count: int = 0
     resolution: str | None = None  # the board's, for a resolved conflict
     decided_head: str | None = None  # the head the board decided against
+    action_id: UUID | None = None  # the board's conflict hold, for a resolved conflict
+    decided_by: str | None = None  # the board member who resolved it
 
     def as_json(self) -> dict[str, Any]:
         shown = {
@@ -294,6 +297,17 @@ def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> 
         entity_id=plan.workspace_id,
         run_id=run_id,
         details=plan.as_json(),
+    )
+    assert plan.new_head is not None  # noqa: S101 - only a conflict has no new head
+    head_published_record_in_tx(
+        company_id=company_id,
+        workspace_id=plan.workspace_id,
+        run_id=run_id,
+        plan_kind=plan.kind,
+        tree=plan.new_head,
+        previous_tree=plan.expected_head,
+        action_id=plan.action_id,
+        decided_by=plan.decided_by,
     )
     if row[0]:
         materialize_defer_in_tx(workspace_id=plan.workspace_id)
