@@ -4,8 +4,9 @@ A blob is kept while it is young (uploaded, or referenced by an upload, a find-m
 or a snapshot registration, within `PAPERCLIP_CAS_GRACE_SECONDS` on the database clock) or
 reachable from a root of its company: a workspace's head (and the tree its `cwd` was last made
 equal to), the tree and base of a snapshot of a live run (not terminal, or its finalization
-coordinator exists and has not settled: committed, terminal failure, applied), and the tree
-and base of every snapshot registered within the grace.
+coordinator exists and has not settled: committed, terminal failure, applied), the tree
+and base of every snapshot registered within the grace, and every tree a head moved to or
+from within `PAPERCLIP_WORKSPACE_HISTORY_DAYS` (the history's retention).
 
 Per company: the roots are read in one statement under the company's roots lock
 (`roots_lock_key`, exclusive, for that read only; a registration that trusts the head's blobs
@@ -37,6 +38,7 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
+from paperclip.snapshots.models import WorkspaceHeadMove
 from paperclip.snapshots.store.backends import FilesystemBackend
 from paperclip.snapshots.store.reads import cas_load_many
 
@@ -106,9 +108,14 @@ def _roots(company_id: UUID, grace: int) -> set[str]:
     heads = ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
         "head_tree", "cwd_tree"
     )
+    # The history's retention: every tree a head moved to or from within the window.
+    days = int(settings.PAPERCLIP_WORKSPACE_HISTORY_DAYS)
+    moves = WorkspaceHeadMove.objects.filter(
+        company_id=company_id, at__gte=Now() - timedelta(days=days)
+    ).values_list("tree", "previous_tree")
     with transaction.atomic():
         advisory_xact_lock(roots_lock_key(company_id))
-        rows = list(heads.union(snapshots, all=True))
+        rows = list(heads.union(snapshots, moves, all=True))
     return {tree for row in rows for tree in row if tree}
 
 

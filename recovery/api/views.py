@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for
+from paperclip.api.history_views import ConflictTreeChangeSerializer, ConflictTreeEntrySerializer
 from paperclip.api.serializers import (
     AUTH_ERRORS,
     INVALID_REQUEST,
@@ -335,30 +336,6 @@ class WorkspaceConflictResolveApi(APIView):
             ).data,
             status=status.HTTP_202_ACCEPTED,
         )
-
-
-class ConflictTreeEntrySerializer(serializers.Serializer[Any]):
-    """An entry of a tree at one path: a file's type, mode, size and digest (or chunks), a
-    directory's type and mode, a symlink's type and target."""
-
-    type = serializers.ChoiceField(choices=("file", "dir", "symlink"))
-    mode = serializers.IntegerField(required=False)
-    size = serializers.IntegerField(required=False)
-    digest = serializers.CharField(required=False)
-    chunks = serializers.ListField(child=serializers.CharField(), required=False)
-    target = serializers.CharField(required=False)
-
-
-class ConflictTreeChangeSerializer(serializers.Serializer[Any]):
-    path = serializers.CharField()
-    change = serializers.ChoiceField(choices=("added", "removed", "modified"))
-    from_ = ConflictTreeEntrySerializer(allow_null=True)
-    to = ConflictTreeEntrySerializer(allow_null=True)
-
-    def get_fields(self) -> dict[str, Any]:
-        fields = super().get_fields()
-        fields["from"] = fields.pop("from_")  # `from` is a keyword
-        return fields
 
 
 class ConflictOutcomeSerializer(serializers.Serializer[Any]):
