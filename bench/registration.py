@@ -136,7 +136,7 @@ class Store:
         return root
 
     def upload(self, blobs: dict[str, bytes]) -> None:
-        from paperclip.snapshots.cas import cas_put_batch
+        from paperclip.snapshots.store.batch import cas_put_batch
 
         names = sorted(blobs)
         for start in range(0, len(names), BATCH):
@@ -152,8 +152,8 @@ class Store:
 
 def run_bench(files: int, changes: list[int], rounds: int) -> None:
     from leases.services import RuntimeLeaseOwner, run_snapshot_register, runtime_lease_claim
-    from leases.services import snapshots as registration
     from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
+    from paperclip.snapshots import registration
 
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from leases.models import WorkspaceRuntimeLease
 from leases.renewal import RenewalCadence, renewal_cadence
+from paperclip.db.sql import iso_json_sql, json_object_sql
 from paperclip.models import HeartbeatRun, Issue
 
 StaleReason = Literal[
@@ -195,6 +196,33 @@ def _run_verdict() -> Subquery:
         .values("verdict")[:1]
     )
     return Subquery(verdict, output_field=TextField())
+
+
+# The lease's JSON as PostgreSQL renders it from the row, for answers with many leases (the
+# batch renew): the keys and values of the API's LeaseSerializer, in its order
+# (tests/leases/api/test_lease_rendering.py holds the two equal and fails on a key added to
+# one only). `{t}` is the table's alias in the statement.
+LEASE_JSON_KEYS: Final = (
+    ("id", "{t}.id"),
+    ("company_id", "{t}.company_id"),
+    ("execution_workspace_id", "{t}.execution_workspace_id"),
+    ("owner_key", "{t}.owner_key"),
+    ("owner_issue_id", "{t}.owner_issue_id"),
+    ("owner_run_id", "{t}.owner_run_id"),
+    ("owner_agent_id", "{t}.owner_agent_id"),
+    ("last_action", "{t}.last_action"),
+    ("generation", "{t}.generation"),
+    ("fence", "{t}.fence"),
+    ("claimed_at", iso_json_sql("{t}.claimed_at")),
+    ("renewed_at", iso_json_sql("{t}.renewed_at")),
+    ("expires_at", iso_json_sql("{t}.expires_at")),
+    ("metadata", "{t}.metadata"),
+)
+
+
+def lease_json_sql(alias: str) -> str:
+    """SQL text for the JSON (text) of the lease row `alias` (LEASE_JSON_KEYS)."""
+    return json_object_sql([(key, sql.format(t=alias)) for key, sql in LEASE_JSON_KEYS])
 
 
 def _sql_literals(values: tuple[str, ...]) -> str:

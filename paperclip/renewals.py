@@ -8,8 +8,9 @@ batch.py) reads this table and knows no kind by name. A kind brings:
 - `parse(item)`: one item of the body (a dict, `kind` included) as the values its renewer
   takes, or the field errors that make the whole body a 400 (nothing is renewed then);
 - `renew(company_id=, agent_id=, items=)`: renew every parsed item of the kind for the calling
-  agent in one statement, answering per item, in the items' order, the lease's JSON (what the
-  kind's single renew endpoint answers) or the DomainError that endpoint would raise;
+  agent in one statement, answering per item, in the items' order, the lease's JSON as text
+  (what the kind's single renew endpoint answers, rendered by PostgreSQL from the row, so a
+  batch costs no per-item rendering in Python) or the DomainError that endpoint would raise;
 - `item_serializer` / `lease_serializer`: the item's and the answer's OpenAPI components;
 - `key(values)`: what two items of one batch must not share (the lease they name).
 """
@@ -25,8 +26,9 @@ from rest_framework import serializers
 
 from paperclip.errors import DomainError
 
-# The answer for one item: the lease's JSON, or the error its single endpoint would give.
-RenewAnswer = dict[str, Any] | DomainError
+# The answer for one item: the lease's JSON (text, an object), or the error its single
+# endpoint would give.
+RenewAnswer = str | DomainError
 FieldErrors = dict[str, list[str]]
 
 

@@ -14,8 +14,7 @@ from checkpoints import services
 from checkpoints.api.views import BOOT_ID_PATTERN, ControllerLeaseAcquireApi
 from checkpoints.services.controller_lease_batch import ControllerRenewItem, controller_leases_renew
 from paperclip.api.plain import item_values
-from paperclip.api.serializers import StrictInputSerializer, UUIDBodyField, shared_serializer
-from paperclip.errors import DomainError
+from paperclip.api.serializers import StrictInputSerializer, UUIDBodyField
 from paperclip.renewals import FieldErrors, RenewAnswer, RenewKind
 
 
@@ -48,11 +47,7 @@ def _parse(item: dict[str, Any]) -> tuple[Any, FieldErrors]:
 
 
 def _renew(*, company_id: Any, agent_id: Any, items: list[Any]) -> list[RenewAnswer]:
-    output = shared_serializer(ControllerLeaseAcquireApi.OutputSerializer)
-    return [
-        answer if isinstance(answer, DomainError) else dict(output.to_representation(answer))
-        for answer in controller_leases_renew(company_id=company_id, agent_id=agent_id, items=items)
-    ]
+    return list(controller_leases_renew(company_id=company_id, agent_id=agent_id, items=items))
 
 
 CONTROLLER_KIND: Final = RenewKind(

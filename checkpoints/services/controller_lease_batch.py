@@ -7,14 +7,16 @@ unexpired lease for that owner on the same boot. Then the expiry moves to the da
 takes over a lease (an expired or missing one is `controller_lease_held`, like someone
 else's: acquire it on the single endpoint).
 
-One UPDATE for every item, its own implicit transaction. The coordinator rows are locked first,
-in run-id order (a sorted `FOR NO KEY UPDATE` read), so two batches never deadlock, and the
-expiry is sampled after the lock (`clock_timestamp()`). Items not renewed are answered one by
+One UPDATE for every item, its own implicit transaction, answering each renewed lease's JSON
+as PostgreSQL renders it from the row. The coordinator rows are locked first, in run-id order
+(a sorted `FOR NO KEY UPDATE` read), so two batches never deadlock, and the expiry is sampled
+after the lock (`clock_timestamp()`). Items not renewed are answered one by
 one, read-only, by the single endpoint's checks in its order.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,10 +27,11 @@ from django.db import connection, transaction
 
 from checkpoints.errors import ControllerLeaseHeld, ControllerLeaseRunTerminal
 from checkpoints.selectors import runner_run_get
-from checkpoints.services.controller_lease import CONTROLLER_LEASE_TTL_DEFAULT, ControllerLease
+from checkpoints.services.controller_lease import CONTROLLER_LEASE_TTL_DEFAULT
 from paperclip.db import locking
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.db.prepared import prepared_cursor
+from paperclip.db.sql import iso_json_sql, json_object_sql
 from paperclip.errors import DomainError, NotFoundError, PermissionDenied, ResourceBusy
 from paperclip.models import HeartbeatRun, NativeRunFinalization
 from paperclip.observability import metrics
@@ -54,10 +57,21 @@ class ControllerRenewItem:
     ttl_seconds: int = CONTROLLER_LEASE_TTL_DEFAULT
 
 
+# As the runtime kind's statement (leases/services/batch_renew.py): the batch as one JSON
+# parameter (`n` the item's index), the coordinator rows locked in run-id order first, each
+# renewed row answering its index and the lease's JSON as the single endpoint's
+# OutputSerializer renders a renew (CONTROLLER_JSON_KEYS), built by PostgreSQL from the row.
+CONTROLLER_JSON_KEYS: Final = (
+    ("lease_owner", "f.lease_owner"),
+    ("controller_boot_id", "f.controller_boot_id"),
+    ("generation", "f.controller_generation"),
+    ("lease_expires_at", iso_json_sql("f.lease_expires_at")),
+    ("outcome", "'renewed'"),
+)
 _RENEW_SQL: Final = (
-    "WITH v AS MATERIALIZED (SELECT * FROM unnest(%(runs)s::uuid[], %(boots)s::text[],"  # noqa: S608
-    " %(owners)s::text[], %(ttls)s::int[]) AS v(v_run, v_boot, v_owner, v_ttl)"
-    " WHERE set_config('lock_timeout', %(timeout)s, true) IS NOT NULL),"
+    "WITH v AS MATERIALIZED (SELECT b.n, b.r AS v_run, b.b AS v_boot, b.o AS v_owner,"  # noqa: S608
+    " b.t AS v_ttl FROM json_to_recordset(%(items)s::json) AS b(n int, r uuid, b text, o text,"
+    " t int) WHERE set_config('lock_timeout', %(timeout)s, true) IS NOT NULL),"
     " locked AS MATERIALIZED (SELECT f.run_id AS locked_run"
     f" FROM {_TABLE} f JOIN v ON f.run_id = v.v_run WHERE f.company_id = %(company)s"
     " ORDER BY f.run_id FOR NO KEY UPDATE OF f)"
@@ -71,16 +85,32 @@ _RENEW_SQL: Final = (
     " AND r.company_id = %(company)s AND r.agent_id = %(agent)s"
     f" AND r.runtime_mode = '{HeartbeatRun.RuntimeMode.NATIVE}'"
     f" AND r.native_issue_id IS NOT NULL AND r.status NOT IN ({_TERMINAL}))"
-    " RETURNING f.run_id, f.lease_owner, f.controller_boot_id, f.controller_generation,"
-    " f.lease_expires_at"
+    f" RETURNING v.n, {json_object_sql(list(CONTROLLER_JSON_KEYS))}"
 )
+
+
+def _batch_json(items: Sequence[ControllerRenewItem]) -> str:
+    return json.dumps(
+        [
+            {
+                "n": index,
+                "r": str(item.run_id),
+                "b": item.boot_id,
+                "o": item.lease_owner,
+                "t": item.ttl_seconds,
+            }
+            for index, item in enumerate(items)
+        ],
+        separators=(",", ":"),
+    )
 
 
 def controller_leases_renew(
     *, company_id: UUID, agent_id: UUID, items: Sequence[ControllerRenewItem]
-) -> list[ControllerLease | DomainError]:
+) -> list[str | DomainError]:
     """Renew the agent's controller leases `items` (at most MAX_ITEMS, each run once): per
-    item, in order, the renewed lease (outcome `renewed`) or the error the single endpoint
+    item, in order, the renewed lease's JSON (text: the single endpoint's answer to a renew,
+    outcome `renewed`, rendered by PostgreSQL from the row) or the error the single endpoint
     would give (NotFoundError for no run or another company's, PermissionDenied for another
     agent's, ControllerLeaseRunNotNative, ControllerLeaseRunTerminal, ControllerLeaseHeld
     for any lease this owner does not hold unexpired; ResourceBusy for every item when a row
@@ -107,30 +137,20 @@ def controller_leases_renew(
                     "timeout": locking.HOT_PATH_LOCK_TIMEOUT,
                     "company": company_id,
                     "agent": agent_id,
-                    "runs": [item.run_id for item in items],
-                    "boots": [item.boot_id for item in items],
-                    "owners": [item.lease_owner for item in items],
-                    "ttls": [item.ttl_seconds for item in items],
+                    "items": _batch_json(items),
                 },
             )
             rows = cursor.fetchall()
     except DomainError as busy:
         return [busy] * len(items)
-    renewed = {
-        run_id: ControllerLease(
-            lease_owner=owner,
-            controller_boot_id=boot,
-            generation=generation,
-            lease_expires_at=expires_at,
-            outcome="renewed",
-        )
-        for run_id, owner, boot, generation, expires_at in rows
-    }
-    if renewed:
-        metrics.CONTROLLER_LEASES.labels("renewed").inc(len(renewed))
+    answers: list[str | DomainError | None] = [None] * len(items)
+    for index, lease_json in rows:
+        answers[index] = lease_json
+    if rows:
+        metrics.CONTROLLER_LEASES.labels("renewed").inc(len(rows))
     return [
-        renewed.get(item.run_id) or _refusal(company_id=company_id, agent_id=agent_id, item=item)
-        for item in items
+        _refusal(company_id=company_id, agent_id=agent_id, item=item) if answer is None else answer
+        for item, answer in zip(items, answers, strict=True)
     ]
 
 

@@ -10,8 +10,10 @@ answer, in request order.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
+from django.http import HttpResponse
 from drf_spectacular.utils import (
     OpenApiExample,
     PolymorphicProxySerializer,
@@ -21,7 +23,7 @@ from drf_spectacular.utils import (
 from rest_framework import serializers
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
-from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.views import APIView
 
 from leases import services
@@ -36,7 +38,6 @@ from paperclip.api.serializers import (
     StrictInputSerializer,
     UUIDBodyField,
     error_responses,
-    shared_serializer,
 )
 from paperclip.errors import DomainError, InvalidRequest, PermissionDenied
 from paperclip.renewals import FieldErrors, RenewAnswer, RenewKind, renew_batch, renew_kinds
@@ -84,11 +85,7 @@ def _runtime_parse(item: dict[str, Any]) -> tuple[Any, FieldErrors]:
 
 
 def _runtime_renew(*, company_id: Any, agent_id: Any, items: list[Any]) -> list[RenewAnswer]:
-    lease = shared_serializer(LeaseSerializer)
-    return [
-        answer if isinstance(answer, DomainError) else lease.to_representation(answer)
-        for answer in runtime_leases_renew(company_id=company_id, agent_id=agent_id, items=items)
-    ]
+    return list(runtime_leases_renew(company_id=company_id, agent_id=agent_id, items=items))
 
 
 RUNTIME_KIND: Final = RenewKind(
@@ -190,17 +187,27 @@ def parse_body(data: Any) -> list[tuple[str, Any]]:
     return parsed
 
 
-def _answer_json(answer: RenewAnswer) -> dict[str, Any]:
-    if isinstance(answer, DomainError):
-        error: dict[str, Any] = {
-            "code": answer.code,
-            "message": answer.text,
-            "details": answer.details,
-        }
-        if answer.remediation_text:
-            error["remediation"] = answer.remediation_text
-        return {"ok": False, "error": error}
-    return {"ok": True, "lease": answer}
+def _answer_text(answer: RenewAnswer) -> str:
+    """One result's JSON text: the lease's JSON as the kind rendered it, or the error."""
+    if not isinstance(answer, DomainError):
+        return '{"ok":true,"lease":' + answer + "}"
+    error: dict[str, Any] = {"code": answer.code, "message": answer.text, "details": answer.details}
+    if answer.remediation_text:
+        error["remediation"] = answer.remediation_text
+    return json.dumps(
+        {"ok": False, "error": error},
+        cls=JSONEncoder,
+        ensure_ascii=True,
+        allow_nan=False,
+        separators=(",", ":"),
+    )
+
+
+def results_response(answers: list[RenewAnswer]) -> HttpResponse:
+    """`{"results": [...]}` assembled from the answers' texts: the leases' JSON is spliced
+    in as the kinds rendered it, never parsed and written again."""
+    content = '{"results":[' + ",".join(map(_answer_text, answers)) + "]}"
+    return HttpResponse(content.encode(), content_type="application/json")
 
 
 class LeasesRenewApi(APIView):
@@ -247,11 +254,11 @@ class LeasesRenewApi(APIView):
             )
         ],
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponse:
         actor = actor_for(request)
         agent = actor.agent
         if agent is None:  # pragma: no cover - IsAgent ran first
             raise PermissionDenied()
         parsed = parse_body(request.data)
         answers = renew_batch(company_id=agent.company_id, agent_id=agent.pk, parsed=parsed)
-        return Response({"results": [_answer_json(answer) for answer in answers]})
+        return results_response(answers)

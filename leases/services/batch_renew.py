@@ -8,17 +8,19 @@ still counts), the owner's issue or run is still eligible, a named run is the ag
 else: an item never creates or reclaims a lease. A renew keeps `last_action`, `claimed_at`
 and `generation`, moves `renewed_at` / `expires_at`, and writes no audit row.
 
-One UPDATE for every item, its own implicit transaction like the claim's fast path. The rows
-are locked first, in workspace-id order, by a `FOR NO KEY UPDATE` read sorted on that key, so
-two batches naming the same leases in any order queue behind each other instead of
-deadlocking. Items the statement did not renew are then answered one by one, read-only, by
-the checks the claim makes in the same order (404 workspace, issue or run; 403 another
-agent's run; the owner ineligible; the lease superseded), so a refused item fails alone and
-its neighbours are renewed all the same.
+One UPDATE for every item, its own implicit transaction like the claim's fast path, answering
+each renewed item's lease JSON as PostgreSQL renders it from the row (no per-item object or
+rendering in Python). The rows are locked first, in workspace-id order, by a `FOR NO KEY
+UPDATE` read sorted on that key, so two batches naming the same leases in any order queue
+behind each other instead of deadlocking. Items the statement did not renew are then
+answered one by one, read-only, by the checks the claim makes in the same order (404
+workspace, issue or run; 403 another agent's run; the owner ineligible; the lease
+superseded), so a refused item fails alone and its neighbours are renewed all the same.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -28,7 +30,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from leases.errors import RuntimeLeaseContended, RuntimeLeaseOwnerIneligible
-from leases.selectors import LEASE_COLUMNS, LEASE_TABLE, RuntimeLease, owner_stale_reason_sql
+from leases.selectors import LEASE_COLUMNS, LEASE_TABLE, lease_json_sql, owner_stale_reason_sql
 from leases.services.operations import require_fence
 from leases.services.shared import fetch_lease, preconditions
 from leases.services.types import BUSY_MESSAGE, RuntimeLeaseOwner
@@ -51,23 +53,24 @@ class RuntimeRenewItem:
     ttl_seconds: int | None = None  # None: PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS
 
 
-def _returning() -> str:
-    return ", ".join(f"l.{column.strip()}" for column in LEASE_COLUMNS.split(","))
-
-
-# Arrays rather than a VALUES list: one statement text whatever the number of items, so it is
-# prepared once per session (paperclip.db.prepared) instead of parsed and planned per batch.
-# `v` is the batch; `locked` takes the row locks in workspace order before the UPDATE touches
-# a row (its rows are all read before the join can emit one); the UPDATE's conditions are the
-# claim's fast renew's, per row, plus the generation and fence. `set_config` bounds the lock
-# waits of this statement, which is its own transaction.
+# The batch travels as one JSON parameter, read by `json_to_recordset`: one statement text
+# whatever the number of items, so it is prepared once per session (paperclip.db.prepared),
+# and no per-item adaptation in Python. `v` is the batch (`n` the item's index, `k` its owner
+# key, as RuntimeLeaseOwner.owner_key builds it); `locked` takes the row locks in workspace
+# order before the UPDATE touches a row (its rows are all read before the join can emit one);
+# the UPDATE's conditions are the claim's fast renew's, per row, plus the generation and
+# fence. Each renewed row answers its index and its lease's JSON, rendered by PostgreSQL
+# (leases.selectors.LEASE_JSON_KEYS). `set_config` bounds the lock waits of this statement,
+# which is its own transaction.
 _OWNER_STALE: Final = owner_stale_reason_sql(
     company="%(company)s::uuid", issue="v.v_issue", run="v.v_run"
 )
 _RENEW_SQL: Final = (
-    "WITH v AS MATERIALIZED (SELECT * FROM unnest(%(workspaces)s::uuid[], %(issues)s::uuid[],"  # noqa: S608
-    " %(runs)s::uuid[], %(keys)s::text[], %(generations)s::bigint[], %(fences)s::bigint[],"
-    " %(ttls)s::int[]) AS v(v_workspace, v_issue, v_run, v_key, v_generation, v_fence, v_ttl)"
+    "WITH v AS MATERIALIZED (SELECT b.n, b.w AS v_workspace, b.i AS v_issue, b.r AS v_run,"  # noqa: S608
+    " COALESCE('issue:' || b.i, 'run:' || b.r, %(agent_key)s) AS v_key,"
+    " b.g AS v_generation, b.f AS v_fence, b.t AS v_ttl"
+    " FROM json_to_recordset(%(items)s::json)"
+    " AS b(n int, w uuid, i uuid, r uuid, g bigint, f bigint, t int)"
     " WHERE set_config('lock_timeout', %(timeout)s, true) IS NOT NULL),"
     " locked AS MATERIALIZED (SELECT l.id AS locked_id"
     f" FROM {LEASE_TABLE} l JOIN v ON l.execution_workspace_id = v.v_workspace"
@@ -82,7 +85,7 @@ _RENEW_SQL: Final = (
     " AND l.generation = v.v_generation AND (v.v_fence IS NULL OR l.fence = v.v_fence)"
     f" AND {_OWNER_STALE} IS NULL AND (v.v_run IS NULL OR EXISTS (SELECT 1 FROM heartbeat_runs r"
     " WHERE r.id = v.v_run AND r.company_id = %(company)s AND r.agent_id = %(agent)s))"
-    f" RETURNING {_returning()}"
+    f" RETURNING v.n, {lease_json_sql('l')}"
 )
 
 _CURRENT_SQL: Final = (
@@ -91,11 +94,34 @@ _CURRENT_SQL: Final = (
 )
 
 
+def _uuid_or_none(value: UUID | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _batch_json(items: Sequence[RuntimeRenewItem], default_ttl: int) -> str:
+    return json.dumps(
+        [
+            {
+                "n": index,
+                "w": str(item.execution_workspace_id),
+                "i": _uuid_or_none(item.issue_id),
+                "r": _uuid_or_none(item.run_id),
+                "g": item.generation,
+                "f": item.fence,
+                "t": item.ttl_seconds or default_ttl,
+            }
+            for index, item in enumerate(items)
+        ],
+        separators=(",", ":"),
+    )
+
+
 def runtime_leases_renew(
     *, company_id: UUID, agent_id: UUID, items: Sequence[RuntimeRenewItem]
-) -> list[RuntimeLease | DomainError]:
+) -> list[str | DomainError]:
     """Renew the agent's runtime leases `items` (at most MAX_ITEMS, each workspace once):
-    per item, in order, the renewed lease or the error the claim would raise for it
+    per item, in order, the renewed lease's JSON (text: the API's Lease JSON, rendered by
+    PostgreSQL from the row) or the error the claim would raise for it
     (ExecutionWorkspaceNotFound / OwnerIssueNotFound / OwnerRunNotFound, OwnerRunForeign,
     RuntimeLeaseOwnerIneligible, RuntimeLeaseSuperseded when the owner key does not hold the
     lease at that generation and fence, RuntimeLeaseContended when the world moved between
@@ -113,7 +139,6 @@ def runtime_leases_renew(
     if not items:
         return []
     default_ttl = int(settings.PAPERCLIP_RUNTIME_LEASE_TTL_SECONDS)
-    owners = [_owner(agent_id, item) for item in items]
     try:
         with busy_on_lock_timeout(BUSY_MESSAGE), prepared_cursor() as cursor:
             cursor.execute(
@@ -122,25 +147,23 @@ def runtime_leases_renew(
                     "timeout": locking.HOT_PATH_LOCK_TIMEOUT,
                     "company": company_id,
                     "agent": agent_id,
-                    "workspaces": [item.execution_workspace_id for item in items],
-                    "issues": [item.issue_id for item in items],
-                    "runs": [item.run_id for item in items],
-                    "keys": [owner.owner_key for owner in owners],
-                    "generations": [item.generation for item in items],
-                    "fences": [item.fence for item in items],
-                    "ttls": [item.ttl_seconds or default_ttl for item in items],
+                    "agent_key": RuntimeLeaseOwner.for_agent(agent_id).owner_key,
+                    "items": _batch_json(items, default_ttl),
                 },
             )
             rows = cursor.fetchall()
     except DomainError as busy:  # one row held past the timeout: the statement did nothing
         return [busy] * len(items)
-    renewed = {lease.execution_workspace_id: lease for lease in map(RuntimeLease.from_row, rows)}
-    if renewed:
-        metrics.RUNTIME_LEASE_CLAIMS.labels("renewed").inc(len(renewed))
+    answers: list[str | DomainError | None] = [None] * len(items)
+    for index, lease_json in rows:
+        answers[index] = lease_json
+    if rows:
+        metrics.RUNTIME_LEASE_CLAIMS.labels("renewed").inc(len(rows))
     return [
-        renewed.get(item.execution_workspace_id)
-        or _refusal(company_id=company_id, item=item, owner=owner)
-        for item, owner in zip(items, owners, strict=True)
+        _refusal(company_id=company_id, item=item, owner=_owner(agent_id, item))
+        if answer is None
+        else answer
+        for item, answer in zip(items, answers, strict=True)
     ]
 
 

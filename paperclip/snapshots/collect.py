@@ -38,8 +38,9 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
-from paperclip.snapshots.cas import _Filesystem, cas_load_many
 from paperclip.snapshots.models import WorkspaceHeadMove
+from paperclip.snapshots.store.backends import FilesystemBackend
+from paperclip.snapshots.store.reads import cas_load_many
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def _live_snapshot_filter() -> Q:
 
 def roots_lock_key(company_id: UUID) -> str:
     """The advisory key that orders reading a company's roots against registrations that
-    trust its head's blobs without touching them (leases.services.snapshots)."""
+    trust its head's blobs without touching them (paperclip.snapshots.registration)."""
     return f"cas-roots:{company_id}"
 
 
@@ -205,9 +206,9 @@ def _delete_batch(
                 "DELETE FROM tree_counts WHERE company_id = %s AND tree = ANY(%s::text[])",
                 [company_id, [r[1] for r in rows]],
             )
-        files = _Filesystem()
+        files = FilesystemBackend()
         for _, digest, _size in rows:
-            files.unplace(company_id=company_id, digest=digest)
+            files.delete(company_id=company_id, digest=digest)
         total = sum(r[2] for r in rows)
         activity_record(
             company_id=company_id,

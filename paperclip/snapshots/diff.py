@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID
 
-from paperclip.snapshots.cas import directory_loader
 from paperclip.snapshots.merge import changed_paths
+from paperclip.snapshots.store.reads import directory_loader
 from paperclip.snapshots.trees import MAX_DEPTH, Entry, TreeInvalid, stored_dir
 
 type ChangeKind = Literal["added", "removed", "modified"]

@@ -13,8 +13,8 @@ from django.conf import settings
 from paperclip import selectors
 from paperclip.access import Actor
 from paperclip.errors import InvalidRequest, NotFoundError, PermissionDenied, RuleViolationError
-from paperclip.snapshots.cas import CasBlobReader, cas_open, directory_loader
 from paperclip.snapshots.history import TreeNotFound, is_recorded_tree, tree_name
+from paperclip.snapshots.store.reads import CasBlobReader, cas_open, directory_loader
 from paperclip.snapshots.trees import Entry, TreeInvalid, stored_dir
 
 MAX_PATH_CHARS: Final = 4096

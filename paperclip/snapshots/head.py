@@ -41,17 +41,12 @@ from paperclip.snapshots.behind import (
     materialize_defer_in_tx,
     materialize_failure_record,
 )
-from paperclip.snapshots.cas import (
-    cas_blob_file,
-    cas_open,
-    cas_rows,
-    cas_store_blobs,
-    directory_loader,
-)
 from paperclip.snapshots.counts import counts_against_head, counts_of, tree_counts_record
 from paperclip.snapshots.history import head_published_record_in_tx
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
+from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
+from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import (
     Entry,
     TreeInvalid,
@@ -193,7 +188,7 @@ def publish_plan(
     """What committing the run will do to the head, read now (no lock): fast-forward, merge
     (the merged tree's directories are stored here), nothing, or a conflict. `discard` is the
     board's answer to an earlier conflict that leaves the head as it is (the board's merging
-    answers are planned by `recovery.services.conflict_resolution.resolution_plan`)."""
+    answers are planned by `paperclip.snapshots.resolutions.resolution_plan`)."""
     head = (
         ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
         .values_list("head_tree", flat=True)

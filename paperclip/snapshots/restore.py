@@ -17,7 +17,6 @@ from paperclip.activity import activity_record
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.behind import materialize_defer_in_tx
-from paperclip.snapshots.cas import cas_pin, directory_loader
 from paperclip.snapshots.history import (
     Move,
     WorkspaceHeadMoved,
@@ -26,6 +25,8 @@ from paperclip.snapshots.history import (
     move_counts,
     tree_name,
 )
+from paperclip.snapshots.store.pins import cas_pin
+from paperclip.snapshots.store.reads import directory_loader
 from paperclip.snapshots.trees import TreeInvalid, walk
 
 MIN_NOTE_CHARS: Final = 20

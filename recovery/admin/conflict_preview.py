@@ -13,10 +13,11 @@ from paperclip.access import board_actor
 from paperclip.admin.toolkit import short_id
 from paperclip.errors import DomainError, InvalidRequest
 from paperclip.models import ActivityEvent
+from paperclip.snapshots.resolutions import MAX_PREVIEW_CHANGES
 from paperclip.snapshots.trees import BLOB_NAME
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_await
-from recovery.services.conflict_resolution import MAX_PREVIEW_CHANGES, workspace_conflict_preview
+from recovery.services.conflict_resolution import workspace_conflict_preview
 from recovery.services.conflicts import HeadExpected
 
 

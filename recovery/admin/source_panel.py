@@ -10,7 +10,7 @@ from django.template.loader import render_to_string
 from paperclip.ids import parse_uuid
 from recovery.errors import SourceFailure, SourceInspectionLimit
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.source import MAXIMUM_SOURCES, recovery_source_inspect
+from recovery.selectors.source.inspection import MAXIMUM_SOURCES, recovery_source_inspect
 
 
 def source_panel_html(action: IssueRecoveryAction) -> str:

@@ -34,6 +34,7 @@ from paperclip.api.serializers import (
 )
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
+from paperclip.snapshots.resolutions import RESOLUTIONS
 from paperclip.snapshots.trees import BLOB_NAME
 from recovery.api.serializers import FinalizationStateSerializer
 from recovery.errors import FinalizationFailed, FinalizationNotAcquired
@@ -45,7 +46,7 @@ from recovery.selectors.finalization import (
 )
 from recovery.selectors.holds import HOLD_REMEDIATION
 from recovery.services import recovery_owner_stop_confirm, result_accept
-from recovery.services.conflict_resolution import RESOLUTIONS, workspace_conflict_preview
+from recovery.services.conflict_resolution import workspace_conflict_preview
 from recovery.services.conflicts import HeadExpected, workspace_conflict_resolve
 from recovery.services.export_repair import workspace_export_retry
 from recovery.services.finalization_jobs import finalization_request

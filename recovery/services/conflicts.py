@@ -5,7 +5,7 @@ The hold is a board-owned recovery action (`cause=workspace_head_conflict`) whos
 names the run, its tree and base, the head it met and up to 100 conflicting paths. While it is
 live the run's finalization reads `held` and no attempt publishes anything. The board answers
 `publish` or `keep_head` (merges against the head it decided on, taking the run's or the
-head's side of each conflicting path: `recovery.services.conflict_resolution`) or `discard`
+head's side of each conflicting path: `paperclip.snapshots.resolutions`) or `discard`
 (the run commits without publishing); the answer and the head it was made against are kept in
 the resolved action's evidence, where the next finalization attempt (deferred in the same
 transaction) reads them.

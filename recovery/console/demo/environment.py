@@ -46,7 +46,7 @@ from recovery.console.demo.plan import (
     LeaseSpec,
 )
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.source import HISTORICAL_SOURCE_SCHEMA
+from recovery.selectors.source.inspection import HISTORICAL_SOURCE_SCHEMA
 from recovery.services.actions import RecoveryActionInput, recovery_action_upsert_source_scoped
 
 

@@ -19,9 +19,7 @@ from recovery.errors import FinalizationOwnershipLost
 
 # Keepalive cadence: well inside the server's idle-in-transaction timeout.
 _KEEPALIVE_FRACTION = 3
-
 _KEEPALIVE_MIN_SECONDS = 0.02
-
 _KEEPALIVE_MAX_SECONDS = 30.0
 
 

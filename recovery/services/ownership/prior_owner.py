@@ -26,6 +26,28 @@ class PriorJudged:
     platform_pending: bool  # the platform has not reported the recorded worker stopped yet
 
 
+def recorded_owner(prior: OwnerReceipt | None, identity: ControllerIdentity) -> RecordedOwner:
+    """What the receipt says of its owner against `identity` and this process's owner memory:
+    the facts the takeover rule needs without a probe (the console's verdict reads the same)."""
+    same_host = prior is not None and owner_host(prior, identity) == "this_host"
+    same_process = (
+        same_host
+        and prior is not None
+        and prior.controller_boot_id == identity.boot_id
+        and prior.pid == identity.pid
+    )
+    with memory_lock:
+        live_here = prior is not None and prior.token in active_owner_tokens
+        joined_here = prior is not None and prior.token in joined_owner_tokens
+    return RecordedOwner(
+        readable=prior is not None,
+        same_host=same_host,
+        same_process=same_process,
+        live_here=live_here,
+        joined_here=joined_here,
+    )
+
+
 def judge_prior(
     *,
     company_id: UUID,
@@ -37,16 +59,6 @@ def judge_prior(
     """The takeover rule (recovery/takeover.py) applied to the owner a run's receipt records,
     with this process's probes: the platform's stop proof, the OS process table and the
     copy-back barrier, each asked only when the rule reaches it."""
-    same_host = prior is not None and owner_host(prior, identity) == "this_host"
-    same_process = (
-        same_host
-        and prior is not None
-        and prior.controller_boot_id == identity.boot_id
-        and prior.pid == identity.pid
-    )
-    with memory_lock:
-        live_here = prior is not None and prior.token in active_owner_tokens
-        joined_here = prior is not None and prior.token in joined_owner_tokens
     proof: dict[str, Any] | None = None
     platform_pending = False
 
@@ -69,18 +81,12 @@ def judge_prior(
     def copyback_barrier() -> bool:
         # A dead parent may have orphaned copy children; only the durable succeeded
         # copy-back barrier proves they finished.
-        return issue_id is not None and _copyback_barrier_exists(
+        return issue_id is not None and copyback_barrier_exists(
             company_id=company_id, run_id=run_id, issue_id=issue_id
         )
 
     ruling = takeover_ruling(
-        RecordedOwner(
-            readable=prior is not None,
-            same_host=same_host,
-            same_process=same_process,
-            live_here=live_here,
-            joined_here=joined_here,
-        ),
+        recorded_owner(prior, identity),
         stop_proof=stop_proof_verified,
         process=process_check,
         copyback_barrier=copyback_barrier,
@@ -88,7 +94,7 @@ def judge_prior(
     return PriorJudged(ruling, proof, platform_pending)
 
 
-def _copyback_barrier_exists(*, company_id: UUID, run_id: UUID, issue_id: UUID) -> bool:
+def copyback_barrier_exists(*, company_id: UUID, run_id: UUID, issue_id: UUID) -> bool:
     return WorkspaceOperation.objects.filter(
         company_id=company_id,
         heartbeat_run_id=run_id,
