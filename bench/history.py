@@ -135,10 +135,11 @@ def _layout(files: int) -> dict[str, bytes]:
 def run_bench(args: argparse.Namespace, scratch: Path) -> None:
     from paperclip.access import Actor
     from paperclip.models import Company, ExecutionWorkspace
-    from paperclip.snapshots import cas
     from paperclip.snapshots.diff import tree_diff
     from paperclip.snapshots.history import workspace_history
     from paperclip.snapshots.models import WorkspaceHeadMove
+    from paperclip.snapshots.store import reads
+    from paperclip.snapshots.store.uploads import cas_store_blobs
     from paperclip.snapshots.trees import Entry, blob_name, build
 
     company = Company.objects.create(name="bench")
@@ -204,7 +205,7 @@ def run_bench(args: argparse.Namespace, scratch: Path) -> None:
                 name=parts[-1], type="file", mode=0o644, size=len(data), digest=blob_name(data)
             )
         root, blobs = build(entries)
-        cas.cas_store_blobs(company_id=company.pk, blobs=blobs)  # the directories: all a diff reads
+        cas_store_blobs(company_id=company.pk, blobs=blobs)  # the directories: all a diff reads
         return root
 
     old, new = stored_tree(before), stored_tree(after)
@@ -227,7 +228,7 @@ def run_bench(args: argparse.Namespace, scratch: Path) -> None:
     )
 
     def cold_diff() -> Any:
-        cas._directories = cas._DirectoryCache()  # every directory read from the store
+        reads._directories = reads._DirectoryCache()  # every directory read from the store
         return tree_diff(company_id=company.pk, before=old, after=new)
 
     diff = cold_diff()

@@ -143,6 +143,11 @@ def _bodies(ids: dict[str, Any]) -> dict[str, Any]:
             "run_id": run,
             "repair_note": "freed the disk of the worker's volume",
         },
+        "api/execution-workspaces/<uuid:workspace_id>/restore": {
+            "tree": "sha256:" + "1" * 64,
+            "expected_head": None,
+            "note": "put the workspace back as it was",
+        },
         # A blob name of the other company, with bytes that are not its: refused alike.
         "api/cas/blobs/<str:name>": {},
         "_issue_for_body": issue,
