@@ -202,7 +202,7 @@ def raw_seal(aead: Any, plaintexts: list[bytes], aad: bytes) -> list[tuple[bytes
 def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -> None:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from checkpoints.crypto import Binding, decrypt_part, encrypt_part, keyring
+    from checkpoints.crypto import Binding
     from checkpoints.selectors import checkpoint_load
 
     per_write, size = 64, 64 * 1024
@@ -215,42 +215,53 @@ def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -
     write(run, owner, contents)  # warm-up, and the parts the reads read
     assert checkpoint_load(binding=binding) == contents
 
-    # PostgreSQL alone: the same bytes upserted (bound server-side, in binary) and committed,
-    # then read back in binary, on a connection of its own: the ceiling for the service.
-    pg = psycopg.connect(os.environ["DATABASE_URL"])
-    pg.execute("CREATE TEMP TABLE bench_bytes (id int PRIMARY KEY, b bytea NOT NULL)")
-    upsert = (
-        "INSERT INTO bench_bytes (id, b) VALUES "
-        + ", ".join(["(%s, %b)"] * per_write)
-        + " ON CONFLICT (id) DO UPDATE SET b = EXCLUDED.b"
-    )
-
-    def pg_write(sealed: list[tuple[bytes, bytes]]) -> None:
-        pg.execute(upsert, [v for i, (_, box) in enumerate(sealed) for v in (i, box)])
-        pg.commit()
-
-    def pg_read() -> None:
-        pg.cursor(binary=True).execute("SELECT id, b FROM bench_bytes ORDER BY id").fetchall()
-        pg.commit()
-
-    raw_enc: list[float] = []
-    raw_dec: list[float] = []
-    svc_write: list[float] = []
-    svc_read: list[float] = []
-    db_write: list[float] = []
-    db_read: list[float] = []
+    pg = PgBytes(per_write)
+    times: dict[str, list[float]] = {
+        k: [] for k in ("raw_enc", "raw_dec", "svc_write", "svc_read", "db_write", "db_read")
+    }
     try:
         for _ in range(rounds):
-            raw_enc.append(timed(lambda: raw_seal(aead, plaintexts, aad)))
+            times["raw_enc"].append(timed(lambda: raw_seal(aead, plaintexts, aad)))
             sealed = raw_seal(aead, plaintexts, aad)
-            db_write.append(timed(lambda s=sealed: pg_write(s)))
-            svc_write.append(timed(lambda: write(run, owner, contents)))
-            raw_dec.append(timed(lambda s=sealed: [aead.decrypt(n, c, aad) for n, c in s]))
-            db_read.append(timed(pg_read))
-            svc_read.append(timed(lambda: checkpoint_load(binding=binding)))
+            times["db_write"].append(timed(lambda s=sealed: pg.write(s)))
+            times["svc_write"].append(timed(lambda: write(run, owner, contents)))
+            times["raw_dec"].append(timed(lambda s=sealed: [aead.decrypt(n, c, aad) for n, c in s]))
+            times["db_read"].append(timed(pg.read))
+            times["svc_read"].append(timed(lambda: checkpoint_load(binding=binding)))
     finally:
         pg.close()
+    print_parts_table(times, per_write=per_write, size=size, rounds=rounds)
+    sealing_bench(binding, aead, aad, size)
 
+
+class PgBytes:
+    """PostgreSQL alone: the same bytes upserted (bound server-side, in binary) and committed,
+    then read back in binary, on a connection of its own: the ceiling for the service."""
+
+    def __init__(self, per_write: int) -> None:
+        self.pg = psycopg.connect(os.environ["DATABASE_URL"])
+        self.pg.execute("CREATE TEMP TABLE bench_bytes (id int PRIMARY KEY, b bytea NOT NULL)")
+        self.upsert = (
+            "INSERT INTO bench_bytes (id, b) VALUES "
+            + ", ".join(["(%s, %b)"] * per_write)
+            + " ON CONFLICT (id) DO UPDATE SET b = EXCLUDED.b"
+        )
+
+    def write(self, sealed: list[tuple[bytes, bytes]]) -> None:
+        self.pg.execute(self.upsert, [v for i, (_, box) in enumerate(sealed) for v in (i, box)])
+        self.pg.commit()
+
+    def read(self) -> None:
+        self.pg.cursor(binary=True).execute("SELECT id, b FROM bench_bytes ORDER BY id").fetchall()
+        self.pg.commit()
+
+    def close(self) -> None:
+        self.pg.close()
+
+
+def print_parts_table(
+    times: dict[str, list[float]], *, per_write: int, size: int, rounds: int
+) -> None:
     mib = per_write * size / (1024 * 1024)
 
     def rate(values: list[float]) -> float:
@@ -271,8 +282,8 @@ def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -
     print(" | ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     print("-+-".join("-" * w for w in widths))
     for label, service, raw, db in (
-        ("write", svc_write, raw_enc, db_write),
-        ("read", svc_read, raw_dec, db_read),
+        ("write", times["svc_write"], times["raw_enc"], times["db_write"]),
+        ("read", times["svc_read"], times["raw_dec"], times["db_read"]),
     ):
         ratio = rate(service) / rate(raw)
         verdict = "OK" if ratio >= 0.3 else "MISSED"
@@ -284,6 +295,12 @@ def parts_bench(run: Any, owner: Any, write: Callable[..., None], rounds: int) -
         "(PostgreSQL: the same bytes upserted and committed, or selected, by psycopg alone; "
         "its ratio is service / PostgreSQL)"
     )
+
+
+def sealing_bench(binding: Any, aead: Any, aad: bytes, size: int) -> None:
+    """The sealing layer alone (no database) for 1 KiB, `size` and 1 MiB parts, beside raw
+    AES-GCM of the same bytes."""
+    from checkpoints.crypto import decrypt_part, encrypt_part, keyring
 
     print()
     print("sealing alone (encrypt_part / decrypt_part: envelope and binding, no database)")

@@ -56,16 +56,16 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
-from paperclip.testing.servers import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.servers import (  # noqa: E402 - after the path setup
     NoDelayHTTPConnection,
     free_port,
     stop_process,
     throwaway_database,
     wait_for_server,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
 WARMUP = 5

@@ -17,7 +17,7 @@ and drops it at the end, also on failure. Single client, sequential requests, in
 
 The paths take turns in ten interleaved rounds, so load from elsewhere on the machine hits
 them alike (on a server running with autovacuum off, the bench stands in for it between rounds,
-at autovacuum's own cadence: paperclip.testing.servers.AutovacuumStandIn); the report prints
+at autovacuum's own cadence: tests.support.servers.AutovacuumStandIn); the report prints
 ops/s, ratios to the baselines, the three targets, and where
 an HTTP renew's time goes (GET /healthz and GET /api/me on the same server as floors).
 
@@ -34,23 +34,24 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from paperclip.testing.servers import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.servers import (  # noqa: E402 - after the path setup
     AutovacuumStandIn,
     free_port,
     stop_process,
     throwaway_database,
     wait_for_server,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 WARMUP = 100
 BACKGROUND = 10_000  # leases other agents hold, in both lease tables
@@ -85,26 +86,69 @@ def run(bench_url: str, n: int) -> int:
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection, transaction
-    from django.utils import timezone
+    from django.db import connection
 
     from leases.models import WorkspaceRuntimeLease
-    from leases.services import RuntimeLeaseOwner, runtime_lease_claim
     from paperclip.credentials import agent_key_create
-    from paperclip.models import (
-        ActivityEvent,
-        Agent,
-        Company,
-        ExecutionWorkspace,
-        HeartbeatRun,
-        Issue,
-    )
+    from paperclip.models import ActivityEvent, ExecutionWorkspace
 
     log("migrating ...")
     call_command("migrate", verbosity=0)
+    data = seed(WARMUP + n)
+    raw = RawUpserts(bench_url, data)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # plan as production would, with statistics
+    secret = agent_key_create(agent_id=data.agent.pk).secret
+    port = free_port()
+    server = start_gunicorn(bench_url, port)
+    try:
+        http = HttpClient(wait_for_server(port, server), secret)
+        vacuum = AutovacuumStandIn(
+            bench_url,
+            (
+                WorkspaceRuntimeLease._meta.db_table,
+                "bench_raw_leases",
+                ExecutionWorkspace._meta.db_table,
+                ActivityEvent._meta.db_table,
+            ),
+            log=log,
+        )
+        results = measure_interleaved(bench_paths(data, raw, http), n, between=vacuum.due)
+        if vacuum.active:
+            log(f"(the bench vacuumed the tables {vacuum.runs} times between rounds)")
+        http.conn.close()
+    finally:
+        stop_process(server)
+        raw.close()
+        connection.close()
+    return report(results)
+
+
+@dataclass
+class Seeded:
+    """The bench's company, agent and workspaces: fresh ones per path (each created path takes
+    the next) and one per path to renew, plus an issue owner's."""
+
+    company: Any
+    agent: Any
+    fresh: dict[str, Iterator[Any]]
+    renew_ws: dict[str, Any]
+    owner: Any
+    issue_ws: Any
+    issue_owner: Any
+    others: Any
+    agent_key: str  # the agent's owner key, as the lease rows store it
+
+
+def seed(total: int) -> Seeded:
+    from django.utils import timezone
+
+    from leases.models import WorkspaceRuntimeLease
+    from leases.services import RuntimeLeaseOwner
+    from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
+
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")
-    total = WARMUP + n
     log(f"creating {4 * total + 5} workspaces ...")
     fresh = {
         key: iter(
@@ -125,7 +169,6 @@ def run(bench_url: str, n: int) -> int:
         issue_id=Issue.objects.create(company=company, title="bench", status="in_progress").pk,
         run_id=HeartbeatRun.objects.create(company=company, agent=agent, status="running").pk,
     )
-    agent_key = f"agent:{agent.pk}"
     # A deployment's lease table is not empty: other agents hold BACKGROUND leases, so every
     # statement is planned (and its prepared plan chosen) on a table of realistic size, not
     # on a nearly empty one that the paths below then grow many times over.
@@ -143,41 +186,64 @@ def run(bench_url: str, n: int) -> int:
             ExecutionWorkspace(company=company, name=f"other-{i}") for i in range(BACKGROUND)
         )
     )
-
-    # --- raw psycopg baseline: the same columns, no framework -----------------------------
-    raw = psycopg.connect(bench_url, autocommit=True)
-    raw.execute(
-        "CREATE TABLE bench_raw_leases (id uuid PRIMARY KEY, company_id uuid NOT NULL,"
-        " execution_workspace_id uuid NOT NULL UNIQUE, owner_key text NOT NULL,"
-        " owner_agent_id uuid, last_action text NOT NULL, generation bigint NOT NULL,"
-        " claimed_at timestamptz NOT NULL, renewed_at timestamptz NOT NULL,"
-        " expires_at timestamptz NOT NULL, metadata jsonb,"
-        " created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)"
-    )
-    raw.execute(
-        "INSERT INTO bench_raw_leases SELECT gen_random_uuid(), %s, gen_random_uuid(), %s, %s,"
-        " 'start', 1, now(), now(), now() + interval '30 minutes', NULL, now(), now()"
-        " FROM generate_series(1, %s)",
-        (company.pk, f"agent:{others.pk}", others.pk, BACKGROUND),
-    )
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")  # plan as production would, with statistics
-    upsert = (
-        "INSERT INTO bench_raw_leases VALUES (%s, %s, %s, %s, %s, %s, 1, now(), now(),"
-        " now() + interval '30 minutes', NULL, now(), now())"
-        " ON CONFLICT (execution_workspace_id) DO UPDATE SET renewed_at = now(),"
-        " expires_at = excluded.expires_at, last_action = excluded.last_action,"
-        " updated_at = now() RETURNING id, generation, expires_at"
+    return Seeded(
+        company, agent, fresh, renew_ws, owner, issue_ws, issue_owner, others, f"agent:{agent.pk}"
     )
 
-    def raw_op(workspace: ExecutionWorkspace) -> None:
-        with raw.transaction():
-            raw.execute(
-                upsert, (uuid.uuid4(), company.pk, workspace.pk, agent_key, agent.pk, "start")
+
+RAW_UPSERT = (
+    "INSERT INTO bench_raw_leases VALUES (%s, %s, %s, %s, %s, %s, 1, now(), now(),"
+    " now() + interval '30 minutes', NULL, now(), now())"
+    " ON CONFLICT (execution_workspace_id) DO UPDATE SET renewed_at = now(),"
+    " expires_at = excluded.expires_at, last_action = excluded.last_action,"
+    " updated_at = now() RETURNING id, generation, expires_at"
+)
+
+
+class RawUpserts:
+    """The raw psycopg baseline: the same columns, no framework, on a table that starts with
+    the same BACKGROUND leases of other agents."""
+
+    def __init__(self, bench_url: str, data: Seeded) -> None:
+        # The row's constant columns, read once (as the other paths' closures do).
+        self.row = (data.company.pk, data.agent_key, data.agent.pk)
+        self.conn = psycopg.connect(bench_url, autocommit=True)
+        self.conn.execute(
+            "CREATE TABLE bench_raw_leases (id uuid PRIMARY KEY, company_id uuid NOT NULL,"
+            " execution_workspace_id uuid NOT NULL UNIQUE, owner_key text NOT NULL,"
+            " owner_agent_id uuid, last_action text NOT NULL, generation bigint NOT NULL,"
+            " claimed_at timestamptz NOT NULL, renewed_at timestamptz NOT NULL,"
+            " expires_at timestamptz NOT NULL, metadata jsonb,"
+            " created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL)"
+        )
+        self.conn.execute(
+            "INSERT INTO bench_raw_leases SELECT gen_random_uuid(), %s, gen_random_uuid(), %s,"
+            " %s, 'start', 1, now(), now(), now() + interval '30 minutes', NULL, now(), now()"
+            " FROM generate_series(1, %s)",
+            (data.company.pk, f"agent:{data.others.pk}", data.others.pk, BACKGROUND),
+        )
+
+    def claim(self, workspace: Any) -> None:
+        company_id, agent_key, agent_id = self.row
+        with self.conn.transaction():
+            self.conn.execute(
+                RAW_UPSERT, (uuid.uuid4(), company_id, workspace.pk, agent_key, agent_id, "start")
             ).fetchone()
 
-    # --- straightforward ORM baseline -----------------------------------------------------
-    def orm_op(workspace: ExecutionWorkspace) -> None:
+    def close(self) -> None:
+        self.conn.close()
+
+
+def orm_claimer(data: Seeded) -> Callable[[Any], None]:
+    """The straightforward ORM baseline: `select_for_update()` + `update_or_create()`."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from leases.models import WorkspaceRuntimeLease
+
+    company_id, agent_key, agent_id = data.company.pk, data.agent_key, data.agent.pk
+
+    def orm_op(workspace: Any) -> None:
         with transaction.atomic():
             list(
                 WorkspaceRuntimeLease.objects.select_for_update().filter(
@@ -187,30 +253,38 @@ def run(bench_url: str, n: int) -> int:
             WorkspaceRuntimeLease.objects.update_or_create(
                 execution_workspace_id=workspace.pk,
                 defaults={
-                    "company_id": company.pk,
+                    "company_id": company_id,
                     "owner_key": agent_key,
-                    "owner_agent_id": agent.pk,
+                    "owner_agent_id": agent_id,
                     "last_action": "start",
                     "renewed_at": timezone.now(),
                     "expires_at": timezone.now() + timedelta(minutes=30),
                 },
             )
 
-    # --- the service ----------------------------------------------------------------------
-    def svc(
-        workspace: ExecutionWorkspace, expect: str, claimant: RuntimeLeaseOwner = owner
-    ) -> None:
+    return orm_op
+
+
+def service_claimer(data: Seeded) -> Callable[..., None]:
+    """The service, `runtime_lease_claim`, asserting the outcome it should answer."""
+    from leases.services import RuntimeLeaseOwner, runtime_lease_claim
+
+    company_id = data.company.pk
+
+    def svc(workspace: Any, expect: str, claimant: RuntimeLeaseOwner = data.owner) -> None:
         outcome = runtime_lease_claim(
-            company_id=company.pk,
+            company_id=company_id,
             execution_workspace_id=workspace.pk,
             action="start",
             owner=claimant,
         ).outcome
         assert outcome == expect, outcome
 
-    # --- HTTP: a live gunicorn ------------------------------------------------------------
-    secret = agent_key_create(agent_id=agent.pk).secret
-    port = free_port()
+    return svc
+
+
+def start_gunicorn(bench_url: str, port: int) -> subprocess.Popen[bytes]:
+    """A live gunicorn: one worker, keep-alive, persistent database connections."""
     worker_class = os.environ.get("BENCH_GUNICORN_WORKER_CLASS", "gthread")
     env = {
         **os.environ,
@@ -220,7 +294,7 @@ def run(bench_url: str, n: int) -> int:
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
     }
     log(f"starting gunicorn on 127.0.0.1:{port} (1 worker, {worker_class}, keep-alive) ...")
-    server = subprocess.Popen(
+    return subprocess.Popen(
         [
             str(Path(sys.executable).with_name("gunicorn")),
             "paperclip.wsgi:application",
@@ -240,77 +314,76 @@ def run(bench_url: str, n: int) -> int:
         cwd=ROOT,
         env=env,
     )
-    try:
-        conn = wait_for_server(port, server)
-        headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
-        body = json.dumps({"action": "start"}).encode()
 
-        def http_claim(workspace: ExecutionWorkspace, expect: str) -> None:
-            conn.request(
-                "POST",
-                f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim",
-                body=body,
-                headers=headers,
-            )
-            response = conn.getresponse()
-            payload = json.loads(response.read())
-            assert response.status == 200, payload
-            assert payload["outcome"] == expect, payload
 
-        def http_get(path: str) -> None:
-            conn.request("GET", path, headers=headers)
-            response = conn.getresponse()
-            response.read()
-            assert response.status == 200, response.status
+class HttpClient:
+    """The agent's requests on one keep-alive connection."""
 
-        svc(renew_ws["svc"], "created")
-        svc(issue_ws, "created", issue_owner)
-        http_claim(renew_ws["http"], "created")
-        paths: list[tuple[str, str, Callable[[], Any]]] = [
-            ("raw_created", "raw upsert, insert", lambda: raw_op(next(fresh["raw"]))),
-            ("raw_renewed", "raw upsert, update", lambda: raw_op(renew_ws["raw"])),
-            ("orm_created", "ORM, insert", lambda: orm_op(next(fresh["orm"]))),
-            ("orm_renewed", "ORM, update", lambda: orm_op(renew_ws["orm"])),
-            ("svc_created", "service, created", lambda: svc(next(fresh["svc"]), "created")),
-            ("svc_renewed", "service, renewed", lambda: svc(renew_ws["svc"], "renewed")),
-            (
-                "svc_issue_renewed",
-                "service, renewed (issue+run)",
-                lambda: svc(issue_ws, "renewed", issue_owner),
-            ),
-            (
-                "http_created",
-                "HTTP claim, created",
-                lambda: http_claim(next(fresh["http"]), "created"),
-            ),
-            (
-                "http_renewed",
-                "HTTP claim, renewed",
-                lambda: http_claim(renew_ws["http"], "renewed"),
-            ),
-            # Reference points on the same server, for "where the time goes".
-            ("http_me", "HTTP GET /api/me (auth only)", lambda: http_get("/api/me")),
-            ("http_healthz", "HTTP GET /healthz (no DRF)", lambda: http_get("/healthz")),
-        ]
-        vacuum = AutovacuumStandIn(
-            bench_url,
-            (
-                WorkspaceRuntimeLease._meta.db_table,
-                "bench_raw_leases",
-                ExecutionWorkspace._meta.db_table,
-                ActivityEvent._meta.db_table,
-            ),
-            log=log,
+    def __init__(self, conn: Any, secret: str) -> None:
+        self.conn = conn
+        self.headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
+        self.body = json.dumps({"action": "start"}).encode()
+
+    def claim(self, workspace: Any, expect: str) -> None:
+        self.conn.request(
+            "POST",
+            f"/api/execution-workspaces/{workspace.pk}/runtime-lease/claim",
+            body=self.body,
+            headers=self.headers,
         )
-        results = measure_interleaved(paths, n, between=vacuum.due)
-        if vacuum.active:
-            log(f"(the bench vacuumed the tables {vacuum.runs} times between rounds)")
-        conn.close()
-    finally:
-        stop_process(server)
-        raw.close()
-        connection.close()
-    return report(results)
+        response = self.conn.getresponse()
+        payload = json.loads(response.read())
+        assert response.status == 200, payload
+        assert payload["outcome"] == expect, payload
+
+    def get(self, path: str) -> None:
+        self.conn.request("GET", path, headers=self.headers)
+        response = self.conn.getresponse()
+        response.read()
+        assert response.status == 200, response.status
+
+
+def bench_paths(
+    data: Seeded, raw: RawUpserts, http: HttpClient
+) -> list[tuple[str, str, Callable[[], Any]]]:
+    """Every measured path (key, label, one operation), after the leases the renewing paths
+    renew are created."""
+    fresh, renew_ws, issue_ws, issue_owner = (
+        data.fresh,
+        data.renew_ws,
+        data.issue_ws,
+        data.issue_owner,
+    )
+    orm_op, svc = orm_claimer(data), service_claimer(data)
+    svc(renew_ws["svc"], "created")
+    svc(issue_ws, "created", issue_owner)
+    http.claim(renew_ws["http"], "created")
+    return [
+        ("raw_created", "raw upsert, insert", lambda: raw.claim(next(fresh["raw"]))),
+        ("raw_renewed", "raw upsert, update", lambda: raw.claim(renew_ws["raw"])),
+        ("orm_created", "ORM, insert", lambda: orm_op(next(fresh["orm"]))),
+        ("orm_renewed", "ORM, update", lambda: orm_op(renew_ws["orm"])),
+        ("svc_created", "service, created", lambda: svc(next(fresh["svc"]), "created")),
+        ("svc_renewed", "service, renewed", lambda: svc(renew_ws["svc"], "renewed")),
+        (
+            "svc_issue_renewed",
+            "service, renewed (issue+run)",
+            lambda: svc(issue_ws, "renewed", issue_owner),
+        ),
+        (
+            "http_created",
+            "HTTP claim, created",
+            lambda: http.claim(next(fresh["http"]), "created"),
+        ),
+        (
+            "http_renewed",
+            "HTTP claim, renewed",
+            lambda: http.claim(renew_ws["http"], "renewed"),
+        ),
+        # Reference points on the same server, for "where the time goes".
+        ("http_me", "HTTP GET /api/me (auth only)", lambda: http.get("/api/me")),
+        ("http_healthz", "HTTP GET /healthz (no DRF)", lambda: http.get("/healthz")),
+    ]
 
 
 def measure_interleaved(

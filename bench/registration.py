@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paperclip.testing.servers import throwaway_database  # noqa: E402
+from tests.support.servers import throwaway_database  # noqa: E402
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
 BATCH = 4000  # blobs per batch upload
@@ -136,7 +136,7 @@ class Store:
         return root
 
     def upload(self, blobs: dict[str, bytes]) -> None:
-        from paperclip.snapshots.cas import cas_put_batch
+        from paperclip.snapshots.store.batch import cas_put_batch
 
         names = sorted(blobs)
         for start in range(0, len(names), BATCH):
@@ -152,8 +152,8 @@ class Store:
 
 def run_bench(files: int, changes: list[int], rounds: int) -> None:
     from leases.services import RuntimeLeaseOwner, run_snapshot_register, runtime_lease_claim
-    from leases.services import snapshots as registration
     from paperclip.models import Agent, Company, ExecutionWorkspace, HeartbeatRun, Issue
+    from paperclip.snapshots import registration
 
     company = Company.objects.create(name="bench")
     agent = Agent.objects.create(company=company, name="bench-agent")
@@ -244,9 +244,9 @@ def merges(
     """Publishing's merge of a run's tree with a head another run moved, both changing that
     many files of `base` (disjoint): by directory as shipped, against the whole-tree merge."""
     from paperclip.models import ExecutionWorkspace
-    from recovery.services import heads
+    from paperclip.snapshots import head
 
-    by_directory: Callable[..., Any] = heads.merge_trees
+    by_directory: Callable[..., Any] = head.merge_trees
     paths = sorted(layout)
     rng = random.Random(30)
     log()
@@ -259,15 +259,15 @@ def merges(
             theirs = store.tree(layout | {p: b"theirs %d\n" % number for p in chosen[:count]})
             ours = store.tree(layout | {p: b"ours %d\n" % number for p in chosen[count:]})
             ExecutionWorkspace.objects.filter(pk=workspace_id).update(head_tree=theirs)
-            heads.merge_trees = by_directory if path == "directory" else _never
+            head.merge_trees = by_directory if path == "directory" else _never
             try:
                 started = time.perf_counter()
-                plan = heads.publish_plan(
+                plan = head.publish_plan(
                     company_id=company_id, workspace_id=workspace_id, tree=ours, base=base
                 )
                 timings[path].append(time.perf_counter() - started)
             finally:
-                heads.merge_trees = by_directory
+                head.merge_trees = by_directory
             assert plan.kind == "merged", plan
         directory = statistics.median(timings["directory"])
         whole = statistics.median(timings["whole"])

@@ -60,14 +60,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from paperclip.testing.servers import (
-    AutovacuumStandIn,
-    free_port,
-    stop_process,
-    throwaway_database,
-    wait_for_server,
-)
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # before bench/ (the script's folder, where renew_load_*.py are)
 
@@ -95,6 +87,14 @@ from renew_load_ladder import (  # noqa: E402
     start_server,
 )
 from renew_load_report import batch_report, count_round_trips, report  # noqa: E402
+
+from tests.support.servers import (  # noqa: E402 - after the path setup
+    AutovacuumStandIn,
+    free_port,
+    stop_process,
+    throwaway_database,
+    wait_for_server,
+)
 
 # ------------------------------------------------------------------------------------------
 # the run

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from paperclip.testing.servers import (
+from tests.support.servers import (
     AutovacuumStandIn,
 )
 

@@ -48,7 +48,7 @@ from scale_fixture import load_fixture, table_counts  # noqa: E402
 from scale_measure import Figure, Op, Plans, explain, measure, use_database  # noqa: E402
 from scale_ops import STAFF_COMPANIES, STALE_LARGE, STALE_SMALL, Bench  # noqa: E402
 
-from paperclip.testing.servers import throwaway_database  # noqa: E402
+from tests.support.servers import throwaway_database  # noqa: E402
 
 TARGET = 1.5
 # The small database holds one full first page of every list (1,000 leases: 10,000 activity

@@ -67,7 +67,7 @@ SHM = Path("/dev/shm")  # noqa: S108
 sys.path.insert(0, str(ROOT))
 
 from bench.copyback import make_tree, timed  # noqa: E402 - the same tree as the copy-back bench
-from paperclip.testing.servers import (  # noqa: E402 - after the path setup
+from tests.support.servers import (  # noqa: E402 - after the path setup
     free_port,
     stop_process,
     throwaway_database,
@@ -346,11 +346,34 @@ def one_round(
     n: int, url: str, source: Path, paths: list[Path], scratch: Path, config: Config,
     sampler: RssSampler, figures: Figures, worker_log: Path,
 ) -> None:  # fmt: skip
-    from paperclip_client import Client
-    from paperclip_client.workdir import ClientStore, checkout
-
     world = make_world(n, scratch / f"cwd-{n}")
-    work = scratch / f"work-{n}"
+    r = Round(n, url, scratch, config, sampler, figures, worker_log, world, scratch / f"work-{n}")
+    first_run(r, source)
+    later_run(r, source, paths)
+    checkout_at_head(r, paths)
+    for path in (r.work, world.cwd):
+        shutil.rmtree(path)
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round's setting: its world (workspace, key, cwd) and the agent's workdir."""
+
+    n: int
+    url: str
+    scratch: Path
+    config: Config
+    sampler: RssSampler
+    figures: Figures
+    worker_log: Path
+    world: World
+    work: Path
+
+
+def first_run(r: Round, source: Path) -> None:
+    """The tree copied into the workdir (cp -a, the baseline), then a first run of the CLI that
+    uploads all of it, until the worker has materialized it into the cwd."""
+    n, scratch, figures, work, world = r.n, r.scratch, r.figures, r.work, r.world
     # cp -a three times (the workdir is the first copy), its median the baseline: one copy's
     # time varies threefold on a VM (a first touch of memory the guest never used is slow).
     copies = [work, scratch / f"cp-{n}-1", scratch / f"cp-{n}-2"]
@@ -363,9 +386,9 @@ def one_round(
     figures.cp.append(statistics.median(cp_times))
     figures.cp_runs.extend(cp_times)
     subprocess.run(["sync"], check=False)
-    profile = config.profile.with_suffix(f".first-{n}.prof") if config.profile else None
+    profile = r.config.profile.with_suffix(f".first-{n}.prof") if r.config.profile else None
     started = time.perf_counter()
-    first = run_cli(url, world, work, sampler, profile)
+    first = run_cli(r.url, world, work, r.sampler, profile)
     head = first.head()
     wait_materialized(world.workspace_id, head)
     figures.first.append(time.perf_counter() - started)
@@ -375,20 +398,23 @@ def one_round(
         f" {figures.first[-1]:.2f} s (CLI {first.seconds:.2f} s: command started at"
         f" {first.at('started:'):.2f} s, snapshot line at"
         f" {first.at('snapshot:'):.2f} s, result at {first.at('result:'):.2f} s, committed at"
-        f" {first.at('finalization: committed'):.2f} s; {job_seconds(worker_log, head)}),"
+        f" {first.at('finalization: committed'):.2f} s; {job_seconds(r.worker_log, head)}),"
         f" uploaded {first.uploaded() / MB:.0f} MiB"
     )
     if not same_files(work, world.cwd):
         raise RuntimeError(f"the cwd {world.cwd} differs from the workdir {work}")
 
-    # A later run: the same change in the workdir and in a copy rsync brings up to date.
+
+def change_files(r: Round, source: Path, paths: list[Path]) -> tuple[list[float], int, int]:
+    """The same change in the workdir and in a copy rsync brings up to date (timed three
+    times, as cp -a): (rsync's times, files changed, bytes of the changed files)."""
+    n, scratch, work = r.n, r.scratch, r.work
     mirror = scratch / f"mirror-{n}"
     targets = [scratch / f"copy-{n}-{i}" for i in range(3)]  # rsync three times, as cp -a
     for target in (mirror, *targets):
         subprocess.run(["cp", "-a", work, target], check=True)
-    before = dir_blobs(work)
     rnd = random.Random(100 + n)
-    chosen = rnd.sample(range(len(paths)), max(1, int(len(paths) * config.changed)))
+    chosen = rnd.sample(range(len(paths)), max(1, int(len(paths) * r.config.changed)))
     changed_bytes = 0
     for i in chosen:
         rel = paths[i].relative_to(source)
@@ -407,11 +433,20 @@ def one_round(
     ]
     for target in (mirror, *targets):
         shutil.rmtree(target)
+    return rsync_times, len(chosen), changed_bytes
+
+
+def later_run(r: Round, source: Path, paths: list[Path]) -> None:
+    """A later run: the same change made in the workdir and timed with rsync, then the CLI
+    uploading only what changed."""
+    n, figures, work, world = r.n, r.figures, r.work, r.world
+    before = dir_blobs(work)
+    rsync_times, chosen, changed_bytes = change_files(r, source, paths)
     figures.rsync.append(statistics.median(rsync_times))
     figures.rsync_runs.extend(rsync_times)
-    profile = config.profile.with_suffix(f".later-{n}.prof") if config.profile else None
+    profile = r.config.profile.with_suffix(f".later-{n}.prof") if r.config.profile else None
     started = time.perf_counter()
-    later = run_cli(url, world, work, sampler, profile)
+    later = run_cli(r.url, world, work, r.sampler, profile)
     head = later.head()
     wait_materialized(world.workspace_id, head)
     figures.later.append(time.perf_counter() - started)
@@ -421,12 +456,12 @@ def one_round(
     figures.changed_dirs.append(sum(new_dirs.values()))
     figures.allowed.append(changed_bytes + sum(new_dirs.values()))
     log(
-        f"  round {n + 1} later run ({len(chosen):,} files changed): rsync -a"
+        f"  round {n + 1} later run ({chosen:,} files changed): rsync -a"
         f" {figures.rsync[-1]:.2f} s (median of {', '.join(f'{t:.2f}' for t in rsync_times)}),"
         f" end to end {figures.later[-1]:.2f} s (CLI {later.seconds:.2f} s: command started at"
         f" {later.at('started:'):.2f} s, snapshot line at {later.at('snapshot:'):.2f} s,"
         f" result at {later.at('result:'):.2f} s, committed at"
-        f" {later.at('finalization: committed'):.2f} s; {job_seconds(worker_log, head)});"
+        f" {later.at('finalization: committed'):.2f} s; {job_seconds(r.worker_log, head)});"
         f" uploaded {figures.uploaded[-1]:,} B"
         f" for {changed_bytes:,} B changed + {len(new_dirs)} new directory blobs"
         f" ({figures.changed_dirs[-1]:,} B)"
@@ -434,8 +469,15 @@ def one_round(
     if not same_files(work, world.cwd):
         raise RuntimeError(f"the cwd {world.cwd} differs from the workdir {work}")
 
-    # Checkout of the workdir already at the head, as the CLI's first step does it.
-    with Client(url, world.key) as client:
+
+def checkout_at_head(r: Round, paths: list[Path]) -> None:
+    """A checkout of the workdir already at the head, as the CLI's first step does it (it must
+    do no work), and what any run of the CLI costs before it does anything."""
+    from paperclip_client import Client
+    from paperclip_client.workdir import ClientStore, checkout
+
+    n, figures, work, world = r.n, r.figures, r.work, r.world
+    with Client(r.url, world.key) as client:
         started = time.perf_counter()
         tree = client.workspace_head(world.workspace_id).tree
         looked_up = time.perf_counter() - started
@@ -466,8 +508,6 @@ def one_round(
         f"  round {n + 1} checkout at the head: {figures.checkout[-1] * 1000:.0f} ms for"
         f" {done.files:,} files (head lookup {looked_up * 1000:.0f} ms)"
     )
-    for path in (work, world.cwd):
-        shutil.rmtree(path)
 
 
 def run(bench_url: str, scratch: Path, config: Config, server_kind: str) -> int:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from paperclip.errors import ConflictError, DomainError, NotFoundError, PermissionDenied
+from paperclip.errors import ConflictError, NotFoundError, PermissionDenied
 
 
 class RuntimeLeaseConflict(ConflictError):
@@ -71,20 +71,3 @@ class OwnerRunForeign(PermissionDenied):
     """The run is in the company but belongs to another agent (same code as any 403)."""
 
     message = "The run belongs to another agent; an agent may only claim for its own runs."
-
-
-class SnapshotTreeInvalid(DomainError):
-    """A snapshot's tree breaks the tree rules (docs/snapshots.md#trees)."""
-
-    code = "snapshot_tree_invalid"
-    message = "The snapshot's tree is malformed."
-    status_code = 400
-    remediation = "Fix the entry named by details.path (details.reason says what is wrong)."
-
-
-class SnapshotBlobsMissing(ConflictError):
-    """Blobs the tree reaches are not in the company's store."""
-
-    code = "snapshot_blobs_missing"
-    message = "Some blobs the snapshot's tree reaches are not stored."
-    remediation = "Upload the blobs in details.missing, then register the snapshot again."

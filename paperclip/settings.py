@@ -365,6 +365,11 @@ PAPERCLIP_CAS_MAX_BLOB_BYTES = env.int("PAPERCLIP_CAS_MAX_BLOB_BYTES", default=6
 PAPERCLIP_CAS_MAX_BATCH_BYTES = env.int("PAPERCLIP_CAS_MAX_BATCH_BYTES", default=16 * 1024 * 1024)
 # Unreferenced blobs younger than this (uploaded or referenced since) are never collected.
 PAPERCLIP_CAS_GRACE_SECONDS = env.int("PAPERCLIP_CAS_GRACE_SECONDS", default=86400)
+# Collection keeps every tree a workspace's head moved to (or from) within this many days, so
+# the history can be diffed, browsed and restored (docs/snapshots.md#retention).
+PAPERCLIP_WORKSPACE_HISTORY_DAYS = env.int("PAPERCLIP_WORKSPACE_HISTORY_DAYS", default=90)
+if PAPERCLIP_WORKSPACE_HISTORY_DAYS < 0:
+    raise ImproperlyConfigured("PAPERCLIP_WORKSPACE_HISTORY_DAYS must be 0 or more")
 
 # --- The worker (Procrastinate; docs/worker.md) ----------------------------------------------
 # Tasks live in each app's `tasks.py` (Procrastinate's autodiscovery). Intervals are in seconds

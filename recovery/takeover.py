@@ -30,6 +30,10 @@ from paperclip.receipts import OwnerReceipt
 from recovery.adapters.identity import ControllerIdentity, TakeoverDecision
 
 Verdict = Literal["own_action_live", "verify_stop", "take_over"]
+# Why the board must verify the stop (with verify_stop): the receipt is unreadable, it names
+# another host or boot (with no platform proof), its same-host process is still alive, or it is
+# gone but no durable copy-back barrier proves its copy children finished.
+StopReason = Literal["receipt_unreadable", "not_this_host", "process_alive", "no_copyback_barrier"]
 HostMatch = Literal["this_host", "other_host", "other_boot"]
 
 
@@ -70,6 +74,7 @@ class RecordedOwner:
 class Ruling:
     verdict: Verdict
     basis: str | None = None  # with take_over: why (audited with the claim)
+    why: StopReason | None = None  # with verify_stop: what is missing
 
 
 def takeover_ruling(
@@ -86,11 +91,15 @@ def takeover_ruling(
         return Ruling("own_action_live")
     if owner.readable and stop_proof():
         return Ruling("take_over", "platform_stop_proof")
-    if not owner.readable or not owner.same_host:
-        return Ruling("verify_stop")
+    if not owner.readable:
+        return Ruling("verify_stop", why="receipt_unreadable")
+    if not owner.same_host:
+        return Ruling("verify_stop", why="not_this_host")
     if owner.same_process and owner.joined_here:
         return Ruling("take_over", "same_boot_joined")
     decision = process()
-    if not decision.allowed or not copyback_barrier():
-        return Ruling("verify_stop")
+    if not decision.allowed:
+        return Ruling("verify_stop", why="process_alive")
+    if not copyback_barrier():
+        return Ruling("verify_stop", why="no_copyback_barrier")
     return Ruling("take_over", f"{decision.reason}+copyback_barrier")

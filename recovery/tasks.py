@@ -8,6 +8,7 @@ from uuid import UUID
 from procrastinate.contrib.django import app
 
 from paperclip.snapshots.behind import MATERIALIZE_TASK
+from paperclip.snapshots.head import materializations_reconcile, workspace_materialize
 from paperclip.worker.schedule import maintenance_task
 from recovery.errors import (
     FinalizationBindingMissing,
@@ -16,7 +17,6 @@ from recovery.errors import (
 )
 from recovery.services import NotAcquired, finalizations_reconcile, run_finalize
 from recovery.services.finalization_jobs import FINALIZE_TASK
-from recovery.services.heads import materializations_reconcile, workspace_materialize
 
 
 @app.task(name=FINALIZE_TASK, queue="finalization")

@@ -64,7 +64,14 @@ GROUPS: dict[str, Group] = {
     # Finalization ownership (advisory lock, receipt compare-and-swap) and owner-stop admission.
     "recovery": Group(
         modules=(
-            "recovery/services/ownership.py",
+            "recovery/services/ownership/acquire.py",
+            "recovery/services/ownership/lock_connection.py",
+            "recovery/services/ownership/memory.py",
+            "recovery/services/ownership/owner_hold.py",
+            "recovery/services/ownership/prior_owner.py",
+            "recovery/services/ownership/receipt_claim.py",
+            "recovery/services/ownership/receipt_release.py",
+            "recovery/services/ownership/task_current.py",
             "recovery/services/owner_stop.py",
             "recovery/takeover.py",
         ),

@@ -46,8 +46,8 @@ def _fast_password_hashing(settings: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _cas_dir_per_test(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
-    # The filesystem store of blobs (paperclip/snapshots/cas.py) in a temporary directory,
-    # never the checkout's data directory.
+    # The filesystem store of blobs (paperclip/snapshots/store/backends.py) in a temporary
+    # directory, never the checkout's data directory.
     settings.PAPERCLIP_CAS_DIR = tmp_path_factory.mktemp("cas")
 
 

@@ -1,4 +1,4 @@
-"""The benches' stand-in for autovacuum (paperclip.testing.servers.AutovacuumStandIn): it
+"""The benches' stand-in for autovacuum (tests.support.servers.AutovacuumStandIn): it
 vacuums only on a server running without autovacuum, and at most once per naptime."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from paperclip.testing.processes import database_url
-from paperclip.testing.servers import AutovacuumStandIn
 from tests.helpers import raw_connection
+from tests.support.processes import database_url
+from tests.support.servers import AutovacuumStandIn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from paperclip.testing.processes import database_url
+from tests.support.processes import database_url
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -31,6 +31,7 @@ ROOT = Path(settings.BASE_DIR)
         ("bench/checkpoints.py", "PAPERCLIP_BENCH_CKPT_DB", ["--iterations", "10"]),
         ("bench/renew_load.py", "PAPERCLIP_BENCH_LOAD_DB", ["--quick"]),
         ("bench/registration.py", "PAPERCLIP_BENCH_REGISTRATION_DB", ["--quick"]),
+        ("bench/history.py", "PAPERCLIP_BENCH_HISTORY_DB", ["--quick"]),
     ],
 )
 def test_bench_script_runs_to_the_end(script: str, db_env: str, args: list[str]) -> None:

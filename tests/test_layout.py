@@ -187,20 +187,6 @@ def test_no_import_cycle_between_modules() -> None:
 # --- Module size --------------------------------------------------------------------------------
 
 MAX_MODULE_LINES = 700
-# Modules other engineers are splitting now (issue 39); each leaves this list when its split
-# merges, and the list then goes.
-BEING_SPLIT = frozenset(
-    {
-        "leases/environment/export_resume.py",
-        "paperclip/models.py",
-        "paperclip/snapshots/cas.py",
-        "recovery/admin/actions.py",
-        "recovery/console/management/commands/seed_demo.py",
-        "recovery/selectors/source.py",
-        "recovery/services/finalization.py",
-        "recovery/services/ownership.py",
-    }
-)
 # Folders that hold no project source: generated, installed or scratch.
 NOT_SOURCE = {"tests", "migrations", "build", "mutants", "node_modules", "__pycache__"}
 
@@ -221,10 +207,7 @@ def oversized_modules(root: Path, limit: int = MAX_MODULE_LINES) -> dict[str, in
 
 
 def test_no_module_outside_tests_and_migrations_exceeds_700_lines() -> None:
-    oversized = oversized_modules(ROOT)
-    assert {p: n for p, n in oversized.items() if p not in BEING_SPLIT} == {}
-    # An entry whose module is split (or gone) leaves the list, so the exemption only shrinks.
-    assert sorted(BEING_SPLIT - set(oversized)) == []
+    assert oversized_modules(ROOT) == {}
 
 
 def test_the_size_rule_counts_lines_and_skips_tests_and_migrations(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.credentials import agent_key_create
-from paperclip.snapshots.cas import cas_put
+from paperclip.snapshots.store.uploads import cas_put
 from tests.leases.environment.factories import EnvironmentLeaseFactory, ProviderAgentFactory
 from tests.leases.factories import claim
 from tests.paperclip.factories import ExecutionWorkspaceFactory, IssueFactory

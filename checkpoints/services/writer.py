@@ -98,14 +98,33 @@ def checkpoint_write_validate(
 ) -> None:
     """Database-free checks of a write; InvalidRequest (400) naming the fields."""
     errors: dict[str, list[str]] = {}
+    _part_name_errors(changed, removed, errors)
+    if len(changed) > max_parts_per_write():
+        errors.setdefault("changed", []).append(f"At most {max_parts_per_write()} parts a write.")
+    _contents_errors(changed, errors)
+    both = sorted(set(changed) & set(removed))
+    if both:
+        errors.setdefault("removed", []).append(
+            f"Parts both changed and removed: {', '.join(map(repr, both[:5]))}."[:300]
+        )
+    _work_command_id_errors(work_command_ids, errors)
+    if errors:
+        raise InvalidRequest(fields=errors)
+
+
+def _part_name_errors(
+    changed: Mapping[str, str], removed: Sequence[str], errors: dict[str, list[str]]
+) -> None:
     for name in [*changed, *removed]:
         problem = _invalid_part_name(name)
         if problem:
             errors.setdefault("changed" if name in changed else "removed", []).append(
                 f"{name!r}: {problem}"[:300]
             )
-    if len(changed) > max_parts_per_write():
-        errors.setdefault("changed", []).append(f"At most {max_parts_per_write()} parts a write.")
+
+
+def _contents_errors(changed: Mapping[str, str], errors: dict[str, list[str]]) -> None:
+    """Each part's contents a string within the part limit, all of them within the write's."""
     total = 0
     for name, contents in changed.items():
         if not isinstance(contents, str):
@@ -127,11 +146,9 @@ def checkpoint_write_validate(
         errors.setdefault("changed", []).append(
             f"{total} bytes in one write exceeds the limit of {max_write_bytes()}."
         )
-    both = sorted(set(changed) & set(removed))
-    if both:
-        errors.setdefault("removed", []).append(
-            f"Parts both changed and removed: {', '.join(map(repr, both[:5]))}."[:300]
-        )
+
+
+def _work_command_id_errors(work_command_ids: Sequence[str], errors: dict[str, list[str]]) -> None:
     if len(work_command_ids) > MAX_WORK_COMMAND_IDS:
         errors.setdefault("work_command_ids", []).append(f"At most {MAX_WORK_COMMAND_IDS} ids.")
     if any(
@@ -146,8 +163,6 @@ def checkpoint_write_validate(
         errors.setdefault("work_command_ids", []).append(
             "Ids contain no NUL characters or unpaired surrogates."
         )
-    if errors:
-        raise InvalidRequest(fields=errors)
 
 
 def _owner_validate(

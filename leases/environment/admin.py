@@ -26,9 +26,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from leases.environment.attention import cleanup_attention, failed_cleanups
-from leases.environment.export_resume import (
-    STOP_ONLY_KEYS,
-    STOP_ONLY_READ_FIELDS,
+from leases.environment.export_resume.keys import STOP_ONLY_KEYS, STOP_ONLY_READ_FIELDS
+from leases.environment.export_resume.markers import (
     export_resume_has,
     export_resume_problem,
     export_resume_read,

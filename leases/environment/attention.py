@@ -11,11 +11,8 @@ from uuid import UUID
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
 
-from leases.environment.export_resume import (
-    STOP_ONLY_KEYS,
-    STOP_ONLY_READ_FIELDS,
-    stop_only_cleanup_problem,
-)
+from leases.environment.export_resume.keys import STOP_ONLY_KEYS, STOP_ONLY_READ_FIELDS
+from leases.environment.export_resume.markers import stop_only_cleanup_problem
 from leases.models import EnvironmentLease
 from paperclip.attention import (
     AttentionScope,

@@ -36,12 +36,10 @@ from leases.environment.errors import (
     EnvironmentLeaseSingleFlight,
     EnvironmentNotFound,
 )
-from leases.environment.export_resume import (
-    EXPORT_STOP_PENDING,
-    export_resume_has,
-    export_resume_preserve,
-    export_resume_release_completed,
-)
+from leases.environment.export_resume.keys import EXPORT_STOP_PENDING
+from leases.environment.export_resume.markers import export_resume_has
+from leases.environment.export_resume.preserve import export_resume_preserve
+from leases.environment.export_resume.release import export_resume_release_completed
 from leases.environment.locks import environment_leases_for_update, environment_slot_key
 from leases.models import EnvironmentLease
 from paperclip.access import Actor, scoped_company

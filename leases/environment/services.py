@@ -27,17 +27,18 @@ from leases.environment.errors import (
     CleanupRetryNotDue,
     EnvironmentLeaseNotFound,
 )
-from leases.environment.export_resume import (
+from leases.environment.export_resume.keys import (
     EXPORT_RESUME_KEY,
     REMOTE_TERMINATION_KEY,
     STOP_AND_RETAIN_KEY,
-    cleanup_settle_write_in_tx,
+)
+from leases.environment.export_resume.markers import (
     export_resume_has,
-    export_resume_settle,
-    remote_termination_receipt,
     stop_only_cleanup_has,
     stop_only_cleanup_read,
 )
+from leases.environment.export_resume.settle import cleanup_settle_write_in_tx, export_resume_settle
+from leases.environment.export_resume.termination import remote_termination_receipt
 from leases.environment.locks import environment_leases_for_update
 from leases.models import EnvironmentLease
 from paperclip.activity import activity_record, row_update_audited

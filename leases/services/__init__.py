@@ -28,7 +28,8 @@ What lives where:
 - `release`: `runtime_lease_release`, `runtime_lease_force_release`;
 - `operations`: `workspace_operation_create_fenced` (generation-fenced writes);
 - `sweep`: `runtime_lease_sweep`, `runtime_lease_sweep_batch`;
-- `snapshots`: `run_snapshot_register` (lease-fenced snapshot registration), `snapshot_walk`;
+- `snapshots`: `run_snapshot_register` (the runtime lease's fence around snapshot registration,
+  whose core is `paperclip.snapshots.registration`);
 - `shared`: what several of them use (precondition check, audit helper, lease fetch);
 - reads re-exported from `leases.selectors`: `runtime_lease_get`,
   `runtime_lease_evaluate_stale`, `RuntimeLease`, `RuntimeLeaseView`, `STALE_REASONS`.
@@ -49,7 +50,7 @@ from leases.selectors import (
 from leases.services.claim import runtime_lease_claim
 from leases.services.operations import workspace_operation_create_fenced
 from leases.services.release import runtime_lease_force_release, runtime_lease_release
-from leases.services.snapshots import SnapshotRegistration, run_snapshot_register, snapshot_walk
+from leases.services.snapshots import run_snapshot_register
 from leases.services.sweep import runtime_lease_sweep, runtime_lease_sweep_batch
 from leases.services.types import (
     LEASED_ACTIONS,
@@ -77,7 +78,6 @@ __all__ = [
     "RuntimeLeaseSweepBatch",
     "RuntimeLeaseSweepReport",
     "RuntimeLeaseView",
-    "SnapshotRegistration",
     "WorkspaceOperationRecord",
     "run_snapshot_register",
     "runtime_lease_claim",
@@ -87,6 +87,5 @@ __all__ = [
     "runtime_lease_release",
     "runtime_lease_sweep",
     "runtime_lease_sweep_batch",
-    "snapshot_walk",
     "workspace_operation_create_fenced",
 ]

@@ -16,9 +16,11 @@ from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import URLPattern
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from paperclip.admin.history import history_panel, history_urls
 from paperclip.admin.lists import IndexedValuesListFilter, recent_filter
 from paperclip.admin.names import RunIssueColumns, run_link, run_name, workspace_link
 from paperclip.admin.toolkit import (
@@ -345,6 +347,9 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
         "updated_at",
     )
 
+    def get_urls(self) -> list[URLPattern]:
+        return history_urls(self) + super().get_urls()
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[ExecutionWorkspace]:
         # The change page names the run that published the head by its agent.
         return super().get_queryset(request).select_related("company", "head_run__agent")
@@ -382,8 +387,9 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
         ]
 
     def detail_panels(self, request: HttpRequest, obj: ExecutionWorkspace) -> list[SafeString]:
+        history = history_panel(request, obj)
         if not _behind(obj):
-            return []
+            return [history]
         lines = [
             f"Head {obj.head_tree}; the cwd holds {obj.cwd_tree or 'an unknown tree'}.",
             "Agents' checkouts read the head from the store and keep working meanwhile.",
@@ -406,13 +412,14 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
                 "then Retry materialization now."
             )
         return [
+            history,
             console_panel(
                 panel_id="materialization",
                 state="behind",
                 title="cwd behind its head",
                 headline=headline,
                 lines=lines,
-            )
+            ),
         ]
 
     @admin.action(description="Retry materialization now", permissions=["change"])

@@ -27,6 +27,7 @@ from django.utils.safestring import SafeString
 
 from paperclip.activity import activity_record
 from paperclip.admin.lists import FlatCostListMixin
+from paperclip.compat import admin_object_missing_redirect
 from paperclip.errors import DomainError
 from paperclip.models import (
     ActivityEvent,
@@ -156,9 +157,7 @@ class ActivityTimelineMixin:
         model_admin: Any = self
         obj = model_admin.get_object(request, unquote(object_id))
         if obj is None:
-            return model_admin._get_obj_does_not_exist_redirect(
-                request, model_admin.model._meta, object_id
-            )
+            return admin_object_missing_redirect(model_admin, request, object_id)
         if not model_admin.has_view_or_change_permission(request, obj):
             raise PermissionDenied
         condition = Q(entity_id__in=self.timeline_entity_ids(obj))
@@ -238,8 +237,14 @@ class DetailActionsMixin:
         None when the user may not run that action there."""
         model_admin: Any = self
         target = item.get("model", type(obj))
-        owner = model_admin if target is type(obj) else model_admin.admin_site._registry.get(target)
-        if owner is None or item["action"] not in owner.get_actions(request):
+        site = model_admin.admin_site
+        if target is type(obj):
+            owner = model_admin
+        elif site.is_registered(target):
+            owner = site.get_model_admin(target)
+        else:
+            return None
+        if item["action"] not in owner.get_actions(request):
             return None
         opts = target._meta
         return {

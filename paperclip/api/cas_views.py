@@ -38,15 +38,10 @@ from paperclip.api.serializers import (
     error_responses,
 )
 from paperclip.errors import InvalidRequest, NotFoundError
-from paperclip.snapshots.cas import (
-    MAX_FIND_MISSING,
-    cas_company,
-    cas_find_missing,
-    cas_limits,
-    cas_open,
-    cas_put,
-    cas_put_batch,
-)
+from paperclip.snapshots.store.batch import cas_put_batch
+from paperclip.snapshots.store.names import MAX_FIND_MISSING, cas_company, cas_limits
+from paperclip.snapshots.store.reads import cas_find_missing, cas_open
+from paperclip.snapshots.store.uploads import cas_put
 
 COMPANY_PARAMETER = OpenApiParameter(
     "company_id",

@@ -93,14 +93,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         set_rollback()
         return domain_error_response(exc)
     if connection_lost(exc):
-        # The request's transaction is gone with its connection; drop the connection so the
-        # next request opens a fresh one, and tell the client to retry.
-        logger.warning("database unavailable during %s: %s", _view_name(context), exc)
-        with contextlib.suppress(Exception):
-            db.connection.close()
-        response = Response(_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
-        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
-        return response
+        return _database_unavailable(exc, context)
     if isinstance(exc, RequestDataTooBig):
         return Response(_too_large_body(), status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, Http404):
@@ -117,7 +110,23 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             error_body("internal_error", "The server failed to handle the request."),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
-    response = handled
+    return _rewrapped(exc, handled)
+
+
+def _database_unavailable(exc: Exception, context: dict[str, Any]) -> Response:
+    # The request's transaction is gone with its connection; drop the connection so the
+    # next request opens a fresh one, and tell the client to retry.
+    logger.warning("database unavailable during %s: %s", _view_name(context), exc)
+    with contextlib.suppress(Exception):
+        db.connection.close()
+    response = Response(_unavailable_body(), status=status.HTTP_503_SERVICE_UNAVAILABLE)
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+    return response
+
+
+def _rewrapped(exc: Exception, response: Response) -> Response:
+    """DRF's response to `exc` with the one error body: serializer errors as 400
+    `invalid_request` with `details.fields`, the others by their code."""
     if isinstance(exc, exceptions.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         response.data = error_body(
@@ -130,18 +139,21 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             "invalid_request", "The request body is not valid JSON.", {"fields": {}}
         )
         return response
-    code, message = "error", "The request failed."
-    for kind, (kind_code, kind_message) in _DRF_CODES.items():
-        if isinstance(exc, kind):
-            code, message = kind_code, kind_message
-            break
-    else:
-        if isinstance(exc, exceptions.APIException):
-            code = str(exc.default_code)
+    code, message = _drf_code(exc)
     if isinstance(exc, exceptions.APIException) and isinstance(exc.detail, str):
         message = str(exc.detail)
     response.data = error_body(code, message)
     return response
+
+
+def _drf_code(exc: Exception) -> tuple[str, str]:
+    """The code and default message of a DRF error: from the table, else its `default_code`."""
+    for kind, (kind_code, kind_message) in _DRF_CODES.items():
+        if isinstance(exc, kind):
+            return kind_code, kind_message
+    if isinstance(exc, exceptions.APIException):
+        return str(exc.default_code), "The request failed."
+    return "error", "The request failed."
 
 
 def _too_large_body() -> dict[str, Any]:

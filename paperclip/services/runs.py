@@ -114,43 +114,18 @@ def run_create(
     PermissionDenied (an agent asking for another agent), NotFoundError (agent, issue or
     workspace not visible or not in the agent's company), AgentNotActive.
     """
-    fields: dict[str, list[str]] = {}
-    if runtime_mode not in HeartbeatRun.RuntimeMode.values:
-        fields["runtime_mode"] = [f'"{runtime_mode}" is not a valid choice.']
-    if runtime_mode == HeartbeatRun.RuntimeMode.NATIVE and issue_id is None:
-        fields["issue_id"] = ["Required for native runs."]
-    if workspace_dir is not None and (problem := absolute_path_error(workspace_dir)):
-        fields["workspace_dir"] = [problem]
-    if actor.is_board and agent_id is None:
-        fields["agent_id"] = ["Required when a board member creates a run."]
-    if fields:
-        raise InvalidRequest(fields=fields)
-
-    if actor.is_agent:
-        if agent_id is not None and agent_id != actor.agent_id:
-            raise PermissionDenied("An agent can only create runs for itself.")
-        agent_id = actor.agent_id
-    if agent_id is None:  # pragma: no cover - rejected above for boards; agents have an id
-        raise InvalidRequest(fields={"agent_id": ["Required."]})
-    agent = selectors.agent_get(actor=actor, agent_id=agent_id)
-    if agent.status != Agent.Status.ACTIVE:
-        raise AgentNotActive(agent_id=str(agent.pk), status=agent.status)
+    _run_create_validate(
+        actor=actor,
+        runtime_mode=runtime_mode,
+        agent_id=agent_id,
+        issue_id=issue_id,
+        workspace_dir=workspace_dir,
+    )
+    agent = _run_agent(actor, agent_id)
 
     native = runtime_mode == HeartbeatRun.RuntimeMode.NATIVE
     with transaction.atomic(durable=True):
-        # Related rows must be in the agent's company, whatever else the actor may see.
-        issue = None
-        if issue_id is not None:
-            issue = Issue.objects.filter(pk=issue_id, company_id=agent.company_id).first()
-            if issue is None:
-                raise NotFoundError("The issue was not found in the agent's company.")
-        workspace = None
-        if execution_workspace_id is not None:
-            workspace = ExecutionWorkspace.objects.filter(
-                pk=execution_workspace_id, company_id=agent.company_id
-            ).first()
-            if workspace is None:
-                raise NotFoundError("The execution workspace was not found in the agent's company.")
+        issue, workspace = _run_related(agent, issue_id, execution_workspace_id)
         profile: dict[str, Any] = {}
         if workspace_dir is not None:
             profile["nativeExecutionInput"] = {"binding": {"workspaceDir": workspace_dir}}
@@ -193,6 +168,62 @@ def run_create(
         )
         run.refresh_from_db()
     return RunCreated(run=run, finalization=finalization)
+
+
+def _run_create_validate(
+    *,
+    actor: Actor,
+    runtime_mode: str,
+    agent_id: UUID | None,
+    issue_id: UUID | None,
+    workspace_dir: str | None,
+) -> None:
+    """Database-free checks of a new run; InvalidRequest naming every bad field."""
+    fields: dict[str, list[str]] = {}
+    if runtime_mode not in HeartbeatRun.RuntimeMode.values:
+        fields["runtime_mode"] = [f'"{runtime_mode}" is not a valid choice.']
+    if runtime_mode == HeartbeatRun.RuntimeMode.NATIVE and issue_id is None:
+        fields["issue_id"] = ["Required for native runs."]
+    if workspace_dir is not None and (problem := absolute_path_error(workspace_dir)):
+        fields["workspace_dir"] = [problem]
+    if actor.is_board and agent_id is None:
+        fields["agent_id"] = ["Required when a board member creates a run."]
+    if fields:
+        raise InvalidRequest(fields=fields)
+
+
+def _run_agent(actor: Actor, agent_id: UUID | None) -> Agent:
+    """The agent the run is for (an agent: itself), visible to the actor and active."""
+    if actor.is_agent:
+        if agent_id is not None and agent_id != actor.agent_id:
+            raise PermissionDenied("An agent can only create runs for itself.")
+        agent_id = actor.agent_id
+    if agent_id is None:  # pragma: no cover - rejected above for boards; agents have an id
+        raise InvalidRequest(fields={"agent_id": ["Required."]})
+    agent = selectors.agent_get(actor=actor, agent_id=agent_id)
+    if agent.status != Agent.Status.ACTIVE:
+        raise AgentNotActive(agent_id=str(agent.pk), status=agent.status)
+    return agent
+
+
+def _run_related(
+    agent: Agent, issue_id: UUID | None, execution_workspace_id: UUID | None
+) -> tuple[Issue | None, ExecutionWorkspace | None]:
+    """The run's issue and workspace: related rows must be in the agent's company, whatever
+    else the actor may see."""
+    issue = None
+    if issue_id is not None:
+        issue = Issue.objects.filter(pk=issue_id, company_id=agent.company_id).first()
+        if issue is None:
+            raise NotFoundError("The issue was not found in the agent's company.")
+    workspace = None
+    if execution_workspace_id is not None:
+        workspace = ExecutionWorkspace.objects.filter(
+            pk=execution_workspace_id, company_id=agent.company_id
+        ).first()
+        if workspace is None:
+            raise NotFoundError("The execution workspace was not found in the agent's company.")
+    return issue, workspace
 
 
 @dataclass(frozen=True, slots=True)

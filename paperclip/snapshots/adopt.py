@@ -14,9 +14,11 @@ from django.db.models.functions import Now
 from paperclip.activity import activity_record
 from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.cas import cas_put, cas_store_blobs
 from paperclip.snapshots.counts import counts_of, tree_counts_record
+from paperclip.snapshots.diff import ChangeCounts
+from paperclip.snapshots.history import SYSTEM_ACTOR, head_move_record_in_tx
 from paperclip.snapshots.materialize import read_tree
+from paperclip.snapshots.store.uploads import cas_put, cas_store_blobs
 from paperclip.snapshots.trees import TreeInvalid, build, check_symlinks
 from paperclip.worker.jobs import job_defer_in_tx
 
@@ -113,5 +115,15 @@ def workspace_cwd_adopt(*, company_id: UUID, workspace_id: UUID) -> str | None:
                 entity_type="execution_workspace",
                 entity_id=workspace_id,
                 details={"tree": root, "cwd": cwd, "entries": len(entries)},
+            )
+            head_move_record_in_tx(
+                company_id=company_id,
+                workspace_id=workspace_id,
+                tree=root,
+                previous_tree=None,
+                kind="adoption",
+                actor_type="system",
+                actor_id=SYSTEM_ACTOR,
+                counts=ChangeCounts(added=len(entries)),
             )
     return root if adopted else None

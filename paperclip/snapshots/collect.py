@@ -4,8 +4,9 @@ A blob is kept while it is young (uploaded, or referenced by an upload, a find-m
 or a snapshot registration, within `PAPERCLIP_CAS_GRACE_SECONDS` on the database clock) or
 reachable from a root of its company: a workspace's head (and the tree its `cwd` was last made
 equal to), the tree and base of a snapshot of a live run (not terminal, or its finalization
-coordinator exists and has not settled: committed, terminal failure, applied), and the tree
-and base of every snapshot registered within the grace.
+coordinator exists and has not settled: committed, terminal failure, applied), the tree
+and base of every snapshot registered within the grace, and every tree a head moved to or
+from within `PAPERCLIP_WORKSPACE_HISTORY_DAYS` (the history's retention).
 
 Per company: the roots are read in one statement under the company's roots lock
 (`roots_lock_key`, exclusive, for that read only; a registration that trusts the head's blobs
@@ -37,7 +38,9 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
-from paperclip.snapshots.cas import _Filesystem, cas_load_many
+from paperclip.snapshots.models import WorkspaceHeadMove
+from paperclip.snapshots.store.backends import FilesystemBackend
+from paperclip.snapshots.store.reads import cas_load_many
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ def _live_snapshot_filter() -> Q:
 
 def roots_lock_key(company_id: UUID) -> str:
     """The advisory key that orders reading a company's roots against registrations that
-    trust its head's blobs without touching them (leases.services.snapshots)."""
+    trust its head's blobs without touching them (paperclip.snapshots.registration)."""
     return f"cas-roots:{company_id}"
 
 
@@ -105,9 +108,14 @@ def _roots(company_id: UUID, grace: int) -> set[str]:
     heads = ExecutionWorkspace.objects.filter(company_id=company_id).values_list(
         "head_tree", "cwd_tree"
     )
+    # The history's retention: every tree a head moved to or from within the window.
+    days = int(settings.PAPERCLIP_WORKSPACE_HISTORY_DAYS)
+    moves = WorkspaceHeadMove.objects.filter(
+        company_id=company_id, at__gte=Now() - timedelta(days=days)
+    ).values_list("tree", "previous_tree")
     with transaction.atomic():
         advisory_xact_lock(roots_lock_key(company_id))
-        rows = list(heads.union(snapshots, all=True))
+        rows = list(heads.union(snapshots, moves, all=True))
     return {tree for row in rows for tree in row if tree}
 
 
@@ -198,9 +206,9 @@ def _delete_batch(
                 "DELETE FROM tree_counts WHERE company_id = %s AND tree = ANY(%s::text[])",
                 [company_id, [r[1] for r in rows]],
             )
-        files = _Filesystem()
+        files = FilesystemBackend()
         for _, digest, _size in rows:
-            files.unplace(company_id=company_id, digest=digest)
+            files.delete(company_id=company_id, digest=digest)
         total = sum(r[2] for r in rows)
         activity_record(
             company_id=company_id,

@@ -226,24 +226,9 @@ def _merge_directories(
             for name in names_here:
                 where = f"{path}/{name}" if path else name
                 be, oe, te = (side.get(name) for side in sides)
-                if _same_subtree(oe, be):
-                    decided[where] = te
-                elif _same_subtree(te, be) or _same_subtree(oe, te):
-                    decided[where] = oe
-                elif oe is not None and te is not None and oe.type == te.type == "dir":
-                    assert oe.digest is not None  # noqa: S101 - decode_dir checked it
-                    assert te.digest is not None  # noqa: S101
-                    ours_moved = be is None or be.type != "dir" or be.mode != oe.mode
-                    theirs_moved = be is None or be.type != "dir" or be.mode != te.mode
-                    if ours_moved and theirs_moved and oe.mode != te.mode:
-                        raise _Unclean  # both changed the directory's mode, differently
-                    here = oe.mode if ours_moved else te.mode
-                    below = be.digest if be is not None and be.type == "dir" else None
-                    following.append((where, below, oe.digest, te.digest, here))
-                elif _removed_over_removals(be, oe, te, load_many, path=where):
-                    decided[where] = None  # one side removed it, the other only removed inside
-                else:
-                    raise _Unclean  # both changed it, differently: a conflict
+                descend = _merge_name(where, be, oe, te, load_many, decided)
+                if descend is not None:
+                    following.append(descend)
         level = following
     # Bottom up: each merged directory encoded from its children, deepest first.
     blobs: dict[str, bytes] = {}
@@ -264,6 +249,38 @@ def _merge_directories(
                 name=path.rpartition("/")[2], type="dir", mode=mode, digest=digest
             )
     return TreeMerge(root=root, blobs=blobs, read=read)
+
+
+def _merge_name(
+    where: str,
+    be: Entry | None,
+    oe: Entry | None,
+    te: Entry | None,
+    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    decided: dict[str, Entry | None],
+) -> tuple[str, str | None, str, str, int] | None:
+    """One name of a directory both sides changed (base, ours, theirs): decided (an entry
+    taken from a side, or None: removed), or the directory both changed to descend into
+    (returned). Raises _Unclean for a conflict."""
+    if _same_subtree(oe, be):
+        decided[where] = te
+    elif _same_subtree(te, be) or _same_subtree(oe, te):
+        decided[where] = oe
+    elif oe is not None and te is not None and oe.type == te.type == "dir":
+        assert oe.digest is not None  # noqa: S101 - decode_dir checked it
+        assert te.digest is not None  # noqa: S101
+        ours_moved = be is None or be.type != "dir" or be.mode != oe.mode
+        theirs_moved = be is None or be.type != "dir" or be.mode != te.mode
+        if ours_moved and theirs_moved and oe.mode != te.mode:
+            raise _Unclean  # both changed the directory's mode, differently
+        here = oe.mode if ours_moved else te.mode
+        below = be.digest if be is not None and be.type == "dir" else None
+        return (where, below, oe.digest, te.digest, here)
+    elif _removed_over_removals(be, oe, te, load_many, path=where):
+        decided[where] = None  # one side removed it, the other only removed inside
+    else:
+        raise _Unclean  # both changed it, differently: a conflict
+    return None
 
 
 def _removed_over_removals(

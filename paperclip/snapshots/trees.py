@@ -153,20 +153,25 @@ def _entry(raw: object, path: str) -> Entry:
     if frozenset(raw) not in _KEYS[kind]:
         raise TreeInvalid(where, "bad_fields", ", ".join(sorted(raw)))
     if kind == "symlink":
-        target = raw["target"]
-        if not isinstance(target, str) or not target or "\0" in target:
-            raise TreeInvalid(where, "bad_symlink")
-        if target.startswith("/"):
-            raise TreeInvalid(where, "absolute_symlink")
-        return Entry(name=name, type="symlink", target=target)
+        return _symlink_entry(raw, name, where)
     mode = _int(raw["mode"], 0, MAX_MODE)
     if mode is None:
         raise TreeInvalid(where, "bad_mode")
     if kind == "dir":
-        digest = raw["digest"]
-        if not isinstance(digest, str) or not BLOB_NAME.fullmatch(digest):
-            raise TreeInvalid(where, "bad_digest")
-        return Entry(name=name, type="dir", mode=mode, digest=digest)
+        return Entry(name=name, type="dir", mode=mode, digest=_digest(raw["digest"], where))
+    return _file_entry(raw, name, where, mode)
+
+
+def _symlink_entry(raw: dict[str, Any], name: str, where: str) -> Entry:
+    target = raw["target"]
+    if not isinstance(target, str) or not target or "\0" in target:
+        raise TreeInvalid(where, "bad_symlink")
+    if target.startswith("/"):
+        raise TreeInvalid(where, "absolute_symlink")
+    return Entry(name=name, type="symlink", target=target)
+
+
+def _file_entry(raw: dict[str, Any], name: str, where: str, mode: int) -> Entry:
     size = _int(raw["size"], 0, 2**53)
     if size is None:
         raise TreeInvalid(where, "bad_size")
@@ -179,10 +184,13 @@ def _entry(raw: object, path: str) -> Entry:
         ):
             raise TreeInvalid(where, "bad_chunks")
         return Entry(name=name, type="file", mode=mode, size=size, chunks=tuple(chunks))
-    digest = raw["digest"]
-    if not isinstance(digest, str) or not BLOB_NAME.fullmatch(digest):
+    return Entry(name=name, type="file", mode=mode, size=size, digest=_digest(raw["digest"], where))
+
+
+def _digest(value: object, where: str) -> str:
+    if not isinstance(value, str) or not BLOB_NAME.fullmatch(value):
         raise TreeInvalid(where, "bad_digest")
-    return Entry(name=name, type="file", mode=mode, size=size, digest=digest)
+    return value
 
 
 def decode_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
@@ -314,11 +322,7 @@ def walk(
         if depth > MAX_DEPTH:
             raise TreeInvalid(level[0][0], "too_deep")
         names = sorted({digest for _, digest, _ in level})
-        if load_many is not None:
-            stored = load_many(names)
-        else:
-            assert load is not None  # noqa: S101 - one of the two is required
-            stored = {n: d for n in names if (d := load(n)) is not None}
+        stored = _load_level(names, load, load_many)
         following: list[tuple[str, str, tuple[str, ...]]] = []
         for path, digest, chain in level:
             if digest in chain:
@@ -331,22 +335,13 @@ def walk(
             result.directories.setdefault(digest, path)
             for entry in entries:
                 where = _join(path, entry.name)
-                if keep_files or entry.type != "file":
-                    result.entries[where] = entry
                 count += 1
                 if count > max_entries:
                     raise TreeInvalid(where, "too_many_entries")
+                _walk_record(result, where, entry, keep_files=keep_files)
                 if entry.type == "dir":
                     assert entry.digest is not None  # noqa: S101 - decode_dir checked it
                     following.append((where, entry.digest, (*chain, digest)))
-                elif entry.type == "file":
-                    result.files += 1
-                    result.bytes += entry.size
-                    result.contents.update(entry.blobs())
-                    if not claim_size(result.sizes, result.chunked, where, entry):
-                        raise TreeInvalid(
-                            where, "size_mismatch", "its blob is named with two sizes"
-                        )
         level = following
         depth += 1
     result.count = count
@@ -355,6 +350,33 @@ def walk(
     if contents is not None:
         result.missing.extend(contents(sorted(result.contents)))
     return result
+
+
+def _load_level(
+    names: list[str],
+    load: Callable[[str], bytes | None] | None,
+    load_many: Callable[[list[str]], Mapping[str, bytes]] | None,
+) -> Mapping[str, bytes]:
+    """The stored directory blobs among `names`, by name: one `load_many` call, else `load`
+    one by one."""
+    if load_many is not None:
+        return load_many(names)
+    assert load is not None  # noqa: S101 - one of the two is required
+    return {n: d for n in names if (d := load(n)) is not None}
+
+
+def _walk_record(result: Walk, where: str, entry: Entry, *, keep_files: bool) -> None:
+    """Keep `entry` in the walk's entries (a file only with `keep_files`) and count a file:
+    its bytes, its blobs, the size its blob is named with."""
+    if keep_files or entry.type != "file":
+        result.entries[where] = entry
+    if entry.type != "file":
+        return
+    result.files += 1
+    result.bytes += entry.size
+    result.contents.update(entry.blobs())
+    if not claim_size(result.sizes, result.chunked, where, entry):
+        raise TreeInvalid(where, "size_mismatch", "its blob is named with two sizes")
 
 
 @dataclass(slots=True)
@@ -420,41 +442,72 @@ def walk_changes(
                 (1, own, old, ours, links[0]),
                 (-1, old, own, theirs, links[1]),
             ):
-                for entry in entries.values():
-                    twin = against.get(entry.name)
-                    if (
-                        entry.type == "dir"
-                        and twin is not None
-                        and twin.type == "dir"
-                        and twin.digest == entry.digest
-                    ):
-                        continue  # the same subtree at the same path: not entered
-                    where = _join(path, entry.name)
-                    changes.entries += sign
-                    if entry.type == "dir":
-                        assert entry.digest is not None  # noqa: S101 - decode_dir checked it
-                        reached.add(entry.digest)
-                        beside = twin.digest if twin is not None and twin.type == "dir" else None
-                        if sign > 0:
-                            following.append((where, entry.digest, beside, chain))
-                        elif beside is None:  # a directory we no longer have: count it out
-                            following.append((where, None, entry.digest, chain))
-                    elif entry.type == "file":
-                        changes.files += sign
-                        changes.bytes += sign * entry.size
-                        reached.update(entry.blobs())
-                        if sign > 0 and not claim_size(
-                            changes.sizes, changes.chunked, where, entry
-                        ):
-                            return None  # the whole walk names the file
-                    else:
-                        found[where] = entry.target
+                side = _Side(sign, reached, found)
+                if not _compare_level(changes, side, path, chain, entries, against, following):
+                    return None  # the whole walk names the file
         level = following
         depth += 1
     if links[0] != links[1]:
         return None
     changes.new = ours - theirs
     return changes
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """One side of `walk_changes`: +1 for `root`'s entries, -1 for `head`'s; the blobs it
+    reaches in the parts that differ; its symlinks there (path -> target)."""
+
+    sign: int
+    reached: set[str]
+    links: dict[str, str]
+
+
+def _compare_level(
+    changes: Changes,
+    side: _Side,
+    path: str,
+    chain: tuple[str, ...],
+    entries: dict[str, Entry],
+    against: dict[str, Entry],
+    following: list[tuple[str, str | None, str | None, tuple[str, ...]]],
+) -> bool:
+    """Count one side's entries of the directory at `path` that differ from the other side's
+    (`against`) into `changes`, and queue the subdirectories to compare next. False when a
+    file's blob is named with two sizes (the caller cannot vouch for the tree)."""
+    sign = side.sign
+    for entry in entries.values():
+        twin = against.get(entry.name)
+        if _same_dir(entry, twin):
+            continue  # the same subtree at the same path: not entered
+        where = _join(path, entry.name)
+        changes.entries += sign
+        if entry.type == "dir":
+            assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+            side.reached.add(entry.digest)
+            beside = twin.digest if twin is not None and twin.type == "dir" else None
+            if sign > 0:
+                following.append((where, entry.digest, beside, chain))
+            elif beside is None:  # a directory we no longer have: count it out
+                following.append((where, None, entry.digest, chain))
+        elif entry.type == "file":
+            changes.files += sign
+            changes.bytes += sign * entry.size
+            side.reached.update(entry.blobs())
+            if sign > 0 and not claim_size(changes.sizes, changes.chunked, where, entry):
+                return False
+        else:
+            side.links[where] = entry.target
+    return True
+
+
+def _same_dir(entry: Entry, twin: Entry | None) -> bool:
+    return (
+        entry.type == "dir"
+        and twin is not None
+        and twin.type == "dir"
+        and twin.digest == entry.digest
+    )
 
 
 def stored_dir(

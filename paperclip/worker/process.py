@@ -28,11 +28,10 @@ from django.db.models.functions import Now
 from procrastinate import JobContext, exceptions
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import app
-from procrastinate.job_context import JobResult
 from procrastinate.jobs import Job, Status
 from procrastinate.manager import JobManager
-from procrastinate.retry import RetryDecision
 
+from paperclip.compat import HookedWorker, Upstream
 from paperclip.db.errors import connection_lost
 from paperclip.host import kernel_boot_id
 from paperclip.models import JobError, WorkerProcess
@@ -128,7 +127,7 @@ async def record_errors_async(
     return result
 
 
-class ResilientWorker(procrastinate_worker.Worker):
+class ResilientWorker(HookedWorker):
     """Procrastinate's worker, riding out a lost database session.
 
     Procrastinate stops a worker when one of its side tasks raises: right for a bug, wrong for
@@ -156,7 +155,8 @@ class ResilientWorker(procrastinate_worker.Worker):
         """How long without a heartbeat written means heartbeats are being missed."""
         return float(self.update_heartbeat_interval) * 1.5 + 1
 
-    async def _update_heartbeat(self) -> None:  # a private hook of Procrastinate ~=3.10
+    async def heartbeat_loop(self, upstream: Upstream) -> None:
+        # Replaces upstream's loop: same interval, but a database error does not end it.
         _heartbeat_written(missing_after=self._missing_after(), after_missing=False)
         try:
             while True:
@@ -193,7 +193,7 @@ class ResilientWorker(procrastinate_worker.Worker):
                 " WHERE e.job_id = j.id AND e.type = 'started') < now() - interval '1 second'",
                 worker=self.worker_id,
             )
-            running = {c.job.id for c in self._running_jobs.values()}  # after the query
+            running = set(self.running_job_ids())  # after the query
             for job_id in [row["id"] for row in rows if row["id"] not in running]:
                 [job] = await self.app.job_manager.list_jobs_async(id=job_id)
                 outcome = await requeue_job(self.app.job_manager, job)
@@ -209,7 +209,7 @@ class ResilientWorker(procrastinate_worker.Worker):
 
     async def _after_long_outage(self, silent: float) -> None:
         """Carry on only if nobody took this worker for dead while it was cut off."""
-        running = [c.job.id for c in self._running_jobs.values() if c.job.id is not None]
+        running = self.running_job_ids()
         try:
             rows = await self.app.connector.execute_query_all_async(
                 "SELECT (SELECT count(*) FROM procrastinate_workers WHERE id = %(worker)s)"
@@ -242,22 +242,24 @@ class ResilientWorker(procrastinate_worker.Worker):
         )
         self.stop()  # type: ignore[no-untyped-call]
 
-    async def _periodic_deferrer(self) -> None:  # a private hook of Procrastinate ~=3.10
+    async def periodic_deferrer_loop(self, upstream: Upstream) -> None:
         # Started at once, in every worker (`make run`'s included): nothing delays recovery of
         # work in flight after a restart (docs/worker.md#tasks).
         while True:
             try:
-                return await super()._periodic_deferrer()  # type: ignore[no-untyped-call]
+                return await upstream()
             except exceptions.ConnectorException as exc:
                 self._ride_out("the periodic deferrer", exc)
             await asyncio.sleep(1.0)
 
-    def _start_side_tasks(self) -> list[asyncio.Task[Any]]:  # Procrastinate ~=3.10 hook
+    def side_tasks_start(
+        self, upstream: Callable[[], list[asyncio.Task[Any]]]
+    ) -> list[asyncio.Task[Any]]:
         # Procrastinate's listener reconnects after a lost session but dies when the
         # reconnection itself fails (no primary yet during a failover); this one keeps trying.
         listen, self.listen_notify = self.listen_notify, False
         try:
-            side_tasks: list[asyncio.Task[Any]] = super()._start_side_tasks()
+            side_tasks = upstream()
         finally:
             self.listen_notify = listen
         if listen:
@@ -267,41 +269,26 @@ class ResilientWorker(procrastinate_worker.Worker):
     async def _listen(self) -> None:
         while True:
             try:
-                await self.app.job_manager.listen_for_jobs(
-                    on_notification=self._handle_notification, queues=self.queues
-                )
+                await self.jobs_listen()
             except exceptions.ConnectorException as exc:
                 # Meanwhile the fetch loop polls every PAPERCLIP_WORKER_POLL_SECONDS.
                 self._ride_out("listening for jobs", exc)
             await asyncio.sleep(1.0)
 
-    async def _fetch_and_process_jobs(self) -> None:  # a private hook of Procrastinate ~=3.10
+    async def jobs_fetch(self, upstream: Upstream) -> None:
         try:
-            await super()._fetch_and_process_jobs()  # type: ignore[no-untyped-call]
+            await upstream()
         except exceptions.ConnectorException as exc:
             # The worker loop waits for a notification or the next poll, then fetches again.
             self._ride_out("fetching jobs", exc)
 
-    async def _persist_job_status(  # a private hook of Procrastinate ~=3.10
-        self,
-        job: Job,
-        status: Status,
-        retry_decision: RetryDecision | None,
-        context: JobContext,
-        job_result: JobResult | None,
-    ) -> None:
+    async def job_status_persist(self, upstream: Upstream, *, job: Job) -> None:
         """Record a finished job's outcome, waiting for the database when it is away: given up,
         the job's row would stay `doing` under a live worker, and nothing would ever recover
         it. An error other than a lost connection is raised as before."""
         while True:
             try:
-                await super()._persist_job_status(
-                    job=job,
-                    status=status,
-                    retry_decision=retry_decision,
-                    context=context,
-                    job_result=job_result,
-                )
+                await upstream()
             except exceptions.ConnectorException as exc:
                 if not connection_lost(exc.__cause__):
                     raise

@@ -34,7 +34,7 @@ from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUS
 from recovery.selectors.attention import failed_finalizations, retrying_finalizations
 from recovery.selectors.finalization import finalization_state
 from recovery.selectors.holds import HOLD_REMEDIATION
-from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
+from recovery.selectors.source.inspection import WORKSPACE_EXPORT_CAUSES
 from recovery.selectors.verdict import owner_hold_verdict
 from recovery.services import finalization_request
 

@@ -28,7 +28,8 @@ from paperclip.api.serializers import (
 )
 from paperclip.models import Environment, ExecutionWorkspace, Issue
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.source import MAXIMUM_SOURCES, RecoverySource, recovery_source_inspect
+from recovery.selectors.source.inspection import MAXIMUM_SOURCES, recovery_source_inspect
+from recovery.selectors.source.lease_checks import RecoverySource
 
 
 @extend_schema_serializer(component_name="RecoverySourceAction")

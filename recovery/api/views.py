@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from paperclip.access import scoped_get
 from paperclip.api.auth import IsAgent, IsAgentOrBoard, IsBoard, actor_for
+from paperclip.api.history_views import ConflictTreeChangeSerializer, ConflictTreeEntrySerializer
 from paperclip.api.serializers import (
     AUTH_ERRORS,
     INVALID_REQUEST,
@@ -33,6 +34,7 @@ from paperclip.api.serializers import (
 )
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun, Issue
+from paperclip.snapshots.resolutions import RESOLUTIONS
 from paperclip.snapshots.trees import BLOB_NAME
 from recovery.api.serializers import FinalizationStateSerializer
 from recovery.errors import FinalizationFailed, FinalizationNotAcquired
@@ -44,7 +46,7 @@ from recovery.selectors.finalization import (
 )
 from recovery.selectors.holds import HOLD_REMEDIATION
 from recovery.services import recovery_owner_stop_confirm, result_accept
-from recovery.services.conflict_resolution import RESOLUTIONS, workspace_conflict_preview
+from recovery.services.conflict_resolution import workspace_conflict_preview
 from recovery.services.conflicts import HeadExpected, workspace_conflict_resolve
 from recovery.services.export_repair import workspace_export_retry
 from recovery.services.finalization_jobs import finalization_request
@@ -334,30 +336,6 @@ class WorkspaceConflictResolveApi(APIView):
             ).data,
             status=status.HTTP_202_ACCEPTED,
         )
-
-
-class ConflictTreeEntrySerializer(serializers.Serializer[Any]):
-    """An entry of a tree at one path: a file's type, mode, size and digest (or chunks), a
-    directory's type and mode, a symlink's type and target."""
-
-    type = serializers.ChoiceField(choices=("file", "dir", "symlink"))
-    mode = serializers.IntegerField(required=False)
-    size = serializers.IntegerField(required=False)
-    digest = serializers.CharField(required=False)
-    chunks = serializers.ListField(child=serializers.CharField(), required=False)
-    target = serializers.CharField(required=False)
-
-
-class ConflictTreeChangeSerializer(serializers.Serializer[Any]):
-    path = serializers.CharField()
-    change = serializers.ChoiceField(choices=("added", "removed", "modified"))
-    from_ = ConflictTreeEntrySerializer(allow_null=True)
-    to = ConflictTreeEntrySerializer(allow_null=True)
-
-    def get_fields(self) -> dict[str, Any]:
-        fields = super().get_fields()
-        fields["from"] = fields.pop("from_")  # `from` is a keyword
-        return fields
 
 
 class ConflictOutcomeSerializer(serializers.Serializer[Any]):

@@ -144,8 +144,9 @@ class ConsoleAdminSite(admin.AdminSite):
         return self._can_view(request, model)
 
     def _can_view(self, request: HttpRequest, model: type[Any]) -> bool:
-        model_admin = self._registry.get(model)
-        return model_admin is not None and model_admin.has_view_permission(request)
+        return self.is_registered(model) and self.get_model_admin(model).has_view_permission(
+            request
+        )
 
 
 def _change_url(model: type[Any], pk: Any) -> str:

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django.db.models import Q
 
-from leases.environment.export_resume import remote_termination_has
+from leases.environment.export_resume.termination import remote_termination_has
 from leases.models import EnvironmentLease
 from paperclip.models import (
     ExecutionWorkspace,
@@ -20,7 +20,7 @@ from paperclip.models import (
     NativeRunResult,
 )
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.source import WORKSPACE_EXPORT_CAUSES
+from recovery.selectors.source.inspection import WORKSPACE_EXPORT_CAUSES
 
 # A held export the finalizer opened carries its descriptor; an export-cause action recorded
 # otherwise (a failed run's retained sandbox as its recovery source) is inspected, not retried.

@@ -1,12 +1,13 @@
 """Why a held finalization waits for the board, in words (the admin's verdict panel).
 
-Mirrors the takeover rules of finalization ownership (docs/recovery.md#owner-unverified-hold)
-from the point of view of the process rendering the page: the recorded owner is on another
-host, or under this host name but another kernel boot, or on this host and still alive, or on
-this host and dead but without the durable copy-back barrier, or a worker whose platform stop
-proof is pending. Where it ran is decided by the takeover rule's own `owner_host`, so the page
-never calls a process live or dead that the controller would not probe. Reads only (the OS
-process table and three rows); never takes a lock.
+Calls the takeover rule of finalization ownership itself (`recovery/takeover.py`,
+docs/recovery.md#owner-unverified-hold) on the evidence the controller reads, from the point of
+view of the process rendering the page: the recorded owner as `recorded_owner` sees it, the
+platform's signed stop receipt, the OS process table and the durable copy-back barrier; then
+says the ruling in words: on another host, or under this host name but another kernel boot, or
+on this host and still alive, or dead but without the barrier, or a worker whose platform stop
+proof is pending; or that the next attempt takes over by itself. Reads only (the OS process
+table and a few rows); never takes a lock.
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from paperclip.ids import parse_uuid
-from paperclip.models import HeartbeatRun, WorkspaceOperation
-from paperclip.receipts import raw_owner, read_owner
-from recovery.adapters.identity import current_controller_identity, evaluate_receipt_takeover
+from paperclip.models import HeartbeatRun
+from paperclip.receipts import OwnerReceipt, raw_owner, read_owner
+from recovery.adapters.identity import (
+    ControllerIdentity,
+    TakeoverDecision,
+    current_controller_identity,
+    evaluate_receipt_takeover,
+)
 from recovery.models import IssueRecoveryAction, WorkerStopReceipt
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, run_issue_id
-from recovery.takeover import owner_host
+from recovery.services.ownership.prior_owner import copyback_barrier_exists, recorded_owner
+from recovery.takeover import Ruling, Verdict, owner_host, takeover_ruling
 
 VerdictKind = Literal[
     "not_an_owner_hold",
@@ -34,7 +41,24 @@ VerdictKind = Literal[
     "same_host_alive",
     "same_host_dead_no_barrier",
     "same_host_dead_with_barrier",
+    "platform_proved",
+    "joined_here",
+    "own_action_live",
 ]
+# The takeover rule's verdict each kind stands for (tests/console/test_verdict.py checks that
+# the page and the rule agree on every combination of evidence).
+RULE_VERDICT: dict[VerdictKind, Verdict] = {
+    "receipt_unreadable": "verify_stop",
+    "platform_proof_pending": "verify_stop",
+    "foreign_host": "verify_stop",
+    "other_boot": "verify_stop",
+    "same_host_alive": "verify_stop",
+    "same_host_dead_no_barrier": "verify_stop",
+    "same_host_dead_with_barrier": "take_over",
+    "platform_proved": "take_over",
+    "joined_here": "take_over",
+    "own_action_live": "own_action_live",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +111,41 @@ def owner_hold_verdict(action: IssueRecoveryAction) -> OwnerVerdict:
             False,
         )
     receipt = read_owner(recorded)
-    if receipt is None:
+    here = current_controller_identity()
+    issue_id = run_issue_id(run)
+    proved = (
+        receipt is not None
+        and receipt.worker is not None
+        and (WorkerStopReceipt.objects.filter(run_id=run.pk, owner_token=receipt.token).exists())
+    )
+    decisions: list[TakeoverDecision] = []
+
+    def process() -> TakeoverDecision:
+        if receipt is None:  # never probed so: the rule asks only about a readable receipt
+            return TakeoverDecision(False, "controller_identity_missing")
+        decisions.append(evaluate_receipt_takeover(receipt))
+        return decisions[0]
+
+    ruling = takeover_ruling(
+        recorded_owner(receipt, here),
+        stop_proof=lambda: proved,
+        process=process,
+        copyback_barrier=lambda: (
+            issue_id is not None
+            and copyback_barrier_exists(company_id=run.company_id, run_id=run.pk, issue_id=issue_id)
+        ),
+    )
+    return verdict_of_ruling(ruling, receipt, here, decisions[0] if decisions else None)
+
+
+def verdict_of_ruling(
+    ruling: Ruling,
+    receipt: OwnerReceipt | None,
+    here: ControllerIdentity,
+    decision: TakeoverDecision | None,
+) -> OwnerVerdict:
+    """The takeover rule's ruling on a hold's recorded owner, in words for the board."""
+    if receipt is None or ruling.why == "receipt_unreadable":
         return OwnerVerdict(
             "receipt_unreadable",
             "The recorded owner receipt is unreadable (a field is missing or malformed), so "
@@ -96,83 +154,103 @@ def owner_hold_verdict(action: IssueRecoveryAction) -> OwnerVerdict:
             True,
         )
     where = f"{receipt.hostname} · PID {receipt.pid}"
+    reason = decision.reason if decision is not None else "not probed"
+    if ruling.verdict == "own_action_live":
+        return OwnerVerdict(
+            "own_action_live",
+            f"The owner ({where}) is this very process and its finalization still runs here.",
+            ("Wait for it to end; nothing to confirm.",),
+            False,
+        )
+    if ruling.verdict == "take_over":
+        return _taken_over(ruling, receipt, where, reason)
     if receipt.worker is not None:
-        proved = WorkerStopReceipt.objects.filter(run_id=run.pk, owner_token=receipt.token)
-        if not proved.exists():
-            return OwnerVerdict(
-                "platform_proof_pending",
-                f"The owner ({where}) ran as platform worker {receipt.worker.get('id', '?')}; "
-                "the platform has not reported it stopped yet (no signed stop receipt).",
-                (
-                    "Whether the worker platform shows this worker stopped; its signed stop "
-                    "receipt lets the next attempt take over by itself.",
-                    _VERIFY,
-                    _KEEP,
-                ),
-                True,
-            )
-    here = current_controller_identity()
-    match owner_host(receipt, here):
-        case "other_host":
-            return OwnerVerdict(
-                "foreign_host",
-                f"The owner ran on another host ({receipt.hostname}, this server is "
-                f"{here.hostname}): its process {receipt.pid} cannot be checked from here.",
-                (f"On {receipt.hostname}: {_VERIFY}", _KEEP),
-                True,
-            )
-        case "other_boot":
-            return OwnerVerdict(
-                "other_boot",
-                f"The owner ran on a host named {receipt.hostname} like this server, but under "
-                f"another kernel boot ({receipt.kernel_boot_id}, this server is "
-                f"{here.kernel_boot_id or 'unknown'}): the host rebooted since, or it is "
-                f"another machine of that name, so process {receipt.pid} here proves nothing.",
-                (f"On the machine that ran it: {_VERIFY}", _KEEP),
-                True,
-            )
-    decision = evaluate_receipt_takeover(receipt)
-    if not decision.allowed:
+        return OwnerVerdict(
+            "platform_proof_pending",
+            f"The owner ({where}) ran as platform worker {receipt.worker.get('id', '?')}; "
+            "the platform has not reported it stopped yet (no signed stop receipt).",
+            (
+                "Whether the worker platform shows this worker stopped; its signed stop "
+                "receipt lets the next attempt take over by itself.",
+                _VERIFY,
+                _KEEP,
+            ),
+            True,
+        )
+    if ruling.why == "not_this_host":
+        return _elsewhere(receipt, here)
+    if ruling.why == "process_alive":
         return OwnerVerdict(
             "same_host_alive",
             f"The owner ran on this host and its process {receipt.pid} is still alive "
-            f"({decision.reason}): a confirmation is refused while it runs.",
+            f"({reason}): a confirmation is refused while it runs.",
             (
                 f"What process {receipt.pid} is; stop it (and its copy-back children) first.",
                 _KEEP,
             ),
             False,
         )
-    issue_id = run_issue_id(run)
-    barrier = (
-        issue_id is not None
-        and WorkspaceOperation.objects.filter(
-            company_id=run.company_id,
-            heartbeat_run_id=run.pk,
-            issue_id=issue_id,
-            phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE,
-            status=WorkspaceOperation.Status.SUCCEEDED,
-        ).exists()
-    )
-    if barrier:
-        return OwnerVerdict(
-            "same_host_dead_with_barrier",
-            f"The owner ran on this host, its process {receipt.pid} is gone "
-            f"({decision.reason}) and a succeeded copy-back barrier exists: the next "
-            "finalization attempt takes over by itself.",
-            ("Nothing to confirm: finalize now, or wait for the reconciler.",),
-            True,
-        )
     return OwnerVerdict(
         "same_host_dead_no_barrier",
         f"The owner ran on this host and its process {receipt.pid} is gone "
-        f"({decision.reason}), but no succeeded copy-back barrier was recorded: copy-back "
+        f"({reason}), but no succeeded copy-back barrier was recorded: copy-back "
         "children it started may still be running.",
         (
             "That no copy-back process (tar, rsync, cp) of this run is still running on this host.",
             _VERIFY,
             _KEEP,
         ),
+        True,
+    )
+
+
+def _taken_over(ruling: Ruling, receipt: OwnerReceipt, where: str, reason: str) -> OwnerVerdict:
+    """The rule lets the next finalization attempt take the owner over by itself."""
+    if ruling.basis == "platform_stop_proof":
+        worker = receipt.worker.get("id", "?") if receipt.worker is not None else "?"
+        return OwnerVerdict(
+            "platform_proved",
+            f"The owner ({where}) ran as platform worker {worker}, and the platform reported "
+            "it stopped (a signed stop receipt): the next finalization attempt takes over by "
+            "itself.",
+            ("Nothing to confirm: finalize now, or wait for the reconciler.",),
+            True,
+        )
+    if ruling.basis == "same_boot_joined":
+        return OwnerVerdict(
+            "joined_here",
+            f"The owner ({where}) is this very process and its finalization already ended "
+            "here (its receipt was left behind): the next attempt takes over by itself.",
+            ("Nothing to confirm: finalize now, or wait for the reconciler.",),
+            True,
+        )
+    return OwnerVerdict(
+        "same_host_dead_with_barrier",
+        f"The owner ran on this host, its process {receipt.pid} is gone "
+        f"({reason}) and a succeeded copy-back barrier exists: the next "
+        "finalization attempt takes over by itself.",
+        ("Nothing to confirm: finalize now, or wait for the reconciler.",),
+        True,
+    )
+
+
+def _elsewhere(receipt: OwnerReceipt, here: ControllerIdentity) -> OwnerVerdict:
+    """The owner ran under another host name, or this name but another kernel boot."""
+    if owner_host(receipt, here) == "other_host":
+        return OwnerVerdict(
+            "foreign_host",
+            f"The owner ran on another host ({receipt.hostname}, this server is "
+            f"{here.hostname}): its process {receipt.pid} cannot be checked from here.",
+            (f"On {receipt.hostname}: {_VERIFY}", _KEEP),
+            True,
+        )
+    return OwnerVerdict(
+        "other_boot",
+        f"The owner ran on a host named {receipt.hostname} like this server, but under "
+        f"another kernel boot ({receipt.kernel_boot_id}, this server is "
+        f"{here.kernel_boot_id or 'unknown'}): the host rebooted since, or it is "
+        f"another machine of that name, so process {receipt.pid} here proves nothing.",
+        (f"On the machine that ran it: {_VERIFY}", _KEEP),
         True,
     )
 

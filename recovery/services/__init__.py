@@ -17,33 +17,27 @@ commands and operators' shells.
 from __future__ import annotations
 
 from recovery.selectors.actions import recovery_action_get_live
-from recovery.selectors.source import recovery_source_inspect, recovery_source_owned_lease
+from recovery.selectors.source.inspection import recovery_source_inspect
+from recovery.selectors.source.owned_lease import recovery_source_owned_lease
 from recovery.services.actions import (
     RecoveryActionInput,
     RecoveryUpsert,
     recovery_action_resolve,
     recovery_action_upsert_source_scoped,
 )
-from recovery.services.finalization import (
-    FinalizeOutcome,
-    ReconcileSummary,
-    ResultAcceptance,
-    finalizations_reconcile,
-    result_accept,
-    run_finalize,
-)
+from recovery.services.finalization.acceptance import ResultAcceptance, result_accept
+from recovery.services.finalization.finalize import run_finalize
+from recovery.services.finalization.outcomes import FinalizeOutcome
+from recovery.services.finalization.reconcile import ReconcileSummary, finalizations_reconcile
 from recovery.services.finalization_jobs import (
     FinalizationRequest,
     finalization_defer_in_tx,
     finalization_request,
 )
 from recovery.services.owner_stop import OwnerStopConfirmation, recovery_owner_stop_confirm
-from recovery.services.ownership import (
-    Acquired,
-    FinalizationOwnership,
-    NotAcquired,
-    with_finalization_ownership,
-)
+from recovery.services.ownership.acquire import with_finalization_ownership
+from recovery.services.ownership.lock_connection import FinalizationOwnership
+from recovery.services.ownership.outcomes import Acquired, NotAcquired
 
 __all__ = [
     "Acquired",

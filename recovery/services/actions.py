@@ -199,39 +199,58 @@ def _upsert_once(
     if _exhausted(live):
         return RecoveryUpsert(live, "unchanged")
     max_attempts = data.max_attempts if data.max_attempts is not None else live.max_attempts
-    next_count = live.attempt_count + 1
-    if max_attempts is not None and next_count > max_attempts:
+    if max_attempts is not None and live.attempt_count + 1 > max_attempts:
         # The budget would be exceeded: hand the issue to the board instead of retrying.
-        used = live.attempt_count
-        live.status = IssueRecoveryAction.Status.ESCALATED
-        live.owner_type = IssueRecoveryAction.OwnerType.BOARD
-        live.owner_agent_id = None
-        live.owner_user_id = None
-        live.wake_policy = None
-        live.monitor_policy = None
-        live.max_attempts = max_attempts
-        live.evidence = {
-            **(live.evidence if isinstance(live.evidence, dict) else {}),
-            **data.evidence,
-            "recoveryBudget": {
-                "state": "exhausted",
-                "attemptsUsed": used,
-                "maxAttempts": max_attempts,
-                "exhaustedAt": db_now_iso(),
-                "cause": data.cause,
-                "fingerprint": data.fingerprint,
-            },
-        }
-        live.outcome = IssueRecoveryAction.Outcome.ESCALATED
-        live.next_action = (
-            f"Automatic recovery stopped after {used}/{max_attempts} attempts; "
-            "a board member must decide how to continue."
-        )
-        live.updated_at = Now()
-        live.save()
-        live.refresh_from_db()
-        _audit(live, "escalated", actor_id, attemptsUsed=used, maxAttempts=max_attempts)
-        return RecoveryUpsert(live, "escalated")
+        return _escalate(live, data, max_attempts=max_attempts, actor_id=actor_id)
+    return _update_live(live, data, max_attempts=max_attempts, actor_id=actor_id)
+
+
+def _escalate(
+    live: IssueRecoveryAction, data: RecoveryActionInput, *, max_attempts: int, actor_id: str
+) -> RecoveryUpsert:
+    """The live action, its attempt budget spent, handed to the board (`escalated`)."""
+    used = live.attempt_count
+    live.status = IssueRecoveryAction.Status.ESCALATED
+    live.owner_type = IssueRecoveryAction.OwnerType.BOARD
+    live.owner_agent_id = None
+    live.owner_user_id = None
+    live.wake_policy = None
+    live.monitor_policy = None
+    live.max_attempts = max_attempts
+    live.evidence = {
+        **(live.evidence if isinstance(live.evidence, dict) else {}),
+        **data.evidence,
+        "recoveryBudget": {
+            "state": "exhausted",
+            "attemptsUsed": used,
+            "maxAttempts": max_attempts,
+            "exhaustedAt": db_now_iso(),
+            "cause": data.cause,
+            "fingerprint": data.fingerprint,
+        },
+    }
+    live.outcome = IssueRecoveryAction.Outcome.ESCALATED
+    live.next_action = (
+        f"Automatic recovery stopped after {used}/{max_attempts} attempts; "
+        "a board member must decide how to continue."
+    )
+    live.updated_at = Now()
+    live.save()
+    live.refresh_from_db()
+    _audit(live, "escalated", actor_id, attemptsUsed=used, maxAttempts=max_attempts)
+    return RecoveryUpsert(live, "escalated")
+
+
+def _update_live(
+    live: IssueRecoveryAction,
+    data: RecoveryActionInput,
+    *,
+    max_attempts: int | None,
+    actor_id: str,
+) -> RecoveryUpsert:
+    """One more attempt of the live action: its evidence merged (the owner kept), or the whole
+    action replaced by `data`."""
+    next_count = live.attempt_count + 1
     if data.preserve_existing_owner:
         live.evidence = {
             **(live.evidence if isinstance(live.evidence, dict) else {}),

@@ -1,160 +1,31 @@
-"""The board's resolutions of a workspace head conflict, as merges against the head of the
-moment (docs/snapshots.md#conflicts), and the preview of each before the board decides.
-
-A held run changed paths that the head changed too since the run's `base`. Every resolution
-is a three-way merge of base→run and base→head, never a replacement: `publish` takes the run's
-entry on each conflicting path, `keep_head` the head's, and both keep every other change of
-both sides; `discard` commits the run without publishing anything.
-
-The board decides against the head it saw (`decidedHead`, recorded with the resolution). The
-worker publishes later, under finalization ownership: when the head is still that one, the
-resolved tree becomes the head; when another run moved it since, the resolved tree is merged
-with the head of now taking the decided head as the base, so the later runs' changes are kept
-and the board's choice applies only to what it saw. A path that both the resolution and the
-later runs changed is a new conflict: nothing is published and the run is held again, with a
-new preview against the new head.
+"""The preview of a workspace head conflict hold's resolutions before the board decides
+(docs/snapshots.md#conflicts): the hold read from recovery's actions, the resolutions computed
+from trees alone by `paperclip.snapshots.resolutions`, which also plans the worker's publish of
+the board's decision.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any
 from uuid import UUID
 
 from paperclip.access import Actor
 from paperclip.errors import NotFoundError
 from paperclip.ids import parse_uuid
-from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue
-from paperclip.snapshots.cas import cas_store_blobs
-from paperclip.snapshots.counts import counts_of, tree_counts_record
-from paperclip.snapshots.merge import MAX_CONFLICTS, changed_paths, merge3, merge3_taking
-from paperclip.snapshots.trees import Entry, TreeInvalid, build, check_symlinks
+from paperclip.models import HeartbeatRun, Issue
+from paperclip.snapshots.head import PublishError
+from paperclip.snapshots.resolutions import (
+    Conflict,
+    MergingResolution,
+    Outcome,
+    resolution_preview,
+    resolution_sides,
+    workspace_head,
+)
 from recovery.errors import WorkspaceConflictUnreadable
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE
-from recovery.services.heads import PublishError, PublishPlan, tree_entries
-
-type Resolution = Literal["publish", "keep_head", "discard"]
-type MergingResolution = Literal["publish", "keep_head"]
-
-RESOLUTIONS: Final[tuple[Resolution, ...]] = ("publish", "keep_head", "discard")
-MAX_PREVIEW_CHANGES: Final = 1000
-
-
-def entry_json(entry: Entry | None) -> dict[str, Any] | None:
-    """An entry as the preview and the diff show it: a file's type, mode, size and digest (or
-    chunks), a directory's type and mode (what is inside it shows path by path), a symlink's
-    type and target; None where there is no entry."""
-    if entry is None:
-        return None
-    if entry.type == "dir":
-        return {"type": "dir", "mode": entry.mode}
-    shown = entry.as_json()
-    del shown["name"]
-    return shown
-
-
-def _path_key(path: str) -> bytes:
-    return path.encode("utf-8", "surrogatepass")
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    path: str
-    change: Literal["added", "removed", "modified"]
-    before: Entry | None
-    after: Entry | None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "change": self.change,
-            "from": entry_json(self.before),
-            "to": entry_json(self.after),
-        }
-
-
-def changes_between(before: dict[str, Entry], after: dict[str, Entry]) -> list[Change]:
-    """What turns `before` into `after`, path by path, sorted by path: an entry added, removed,
-    or modified in type, mode or content (a directory only by type or mode)."""
-    found: list[Change] = []
-    for path in sorted(changed_paths(before, after), key=_path_key):
-        old, new = before.get(path), after.get(path)
-        kind: Literal["added", "removed", "modified"] = (
-            "added" if old is None else "removed" if new is None else "modified"
-        )
-        found.append(Change(path, kind, old, new))
-    return found
-
-
-class ResolutionUnbuildable(Exception):
-    """The resolved entries break a rule of trees (a symlink that escapes only once both
-    sides' changes are together): the resolution cannot be published as such."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path or '/'}: {reason}")
-        self.path = path
-        self.reason = reason
-
-
-def resolved_entries(
-    base: dict[str, Entry],
-    run: dict[str, Entry],
-    head: dict[str, Entry],
-    resolution: MergingResolution,
-) -> dict[str, Entry]:
-    """The entries `resolution` publishes against `head`: the three-way merge with each
-    conflicting path taking the run's side (`publish`) or the head's (`keep_head`). Raises
-    ResolutionUnbuildable when the result breaks a rule of trees."""
-    merged = merge3_taking(base, run, head, side="ours" if resolution == "publish" else "theirs")
-    try:
-        check_symlinks(merged)
-    except TreeInvalid as exc:
-        raise ResolutionUnbuildable(exc.path, exc.reason) from exc
-    return merged
-
-
-# --- the preview ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    tree: str | None  # the tree the resolution would publish now (None: it cannot be built)
-    changes: list[Change]
-    error: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        shown = [change.as_json() for change in self.changes[:MAX_PREVIEW_CHANGES]]
-        body: dict[str, Any] = {
-            "tree": self.tree,
-            "changes": shown,
-            "truncated": len(self.changes) > MAX_PREVIEW_CHANGES,
-        }
-        if self.error is not None:
-            body["error"] = self.error
-        return body
-
-    def counts(self) -> dict[str, int]:
-        counted = {"added": 0, "removed": 0, "modified": 0}
-        for change in self.changes:
-            counted[change.change] += 1
-        return counted
-
-
-@dataclass(frozen=True, slots=True)
-class Conflict:
-    path: str
-    base: Entry | None
-    head: Entry | None
-    run: Entry | None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "base": entry_json(self.base),
-            "head": entry_json(self.head),
-            "run": entry_json(self.run),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,20 +105,12 @@ def workspace_conflict_preview(*, actor: Actor, issue_id: UUID, action_id: UUID)
     longer readable from the store."""
     held = held_conflict(actor=actor, issue_id=issue_id, action_id=action_id)
     company_id = held.action.company_id
-    head = _head_of(company_id, held.workspace_id)
+    head = workspace_head(company_id, held.workspace_id)
     try:
-        base, run, now = _three_sides(company_id, held.base, held.tree, head)
+        base, run, now = resolution_sides(company_id, held.base, held.tree, head)
     except PublishError as exc:
         raise WorkspaceConflictUnreadable(code=exc.code, reason=str(exc)) from exc
-    plain = merge3(base, run, now)
-    outcomes: dict[MergingResolution, Outcome] = {}
-    for resolution in ("publish", "keep_head"):
-        try:
-            entries = resolved_entries(base, run, now, resolution)
-        except ResolutionUnbuildable as exc:
-            outcomes[resolution] = Outcome(None, [], error=str(exc))
-            continue
-        outcomes[resolution] = Outcome(build(entries)[0], changes_between(now, entries))
+    preview = resolution_preview(base, run, now)
     return ConflictPreview(
         action_id=held.action.pk,
         run_id=held.run_id,
@@ -255,99 +118,7 @@ def workspace_conflict_preview(*, actor: Actor, issue_id: UUID, action_id: UUID)
         base=held.base,
         head=head,
         tree=held.tree,
-        conflicts=[
-            Conflict(path, base.get(path), now.get(path), run.get(path)) for path in plain.conflicts
-        ],
-        conflict_count=plain.conflict_count,
-        outcomes=outcomes,
+        conflicts=preview.conflicts,
+        conflict_count=preview.conflict_count,
+        outcomes=preview.outcomes,
     )
-
-
-def _three_sides(
-    company_id: UUID, base: str | None, tree: str, head: str | None
-) -> tuple[dict[str, Entry], dict[str, Entry], dict[str, Entry]]:
-    try:
-        based = tree_entries(company_id, base)
-    except PublishError:
-        based = {}  # collected while the run worked: as publishing, every overlap conflicts
-    return based, tree_entries(company_id, tree), tree_entries(company_id, head)
-
-
-def _head_of(company_id: UUID, workspace_id: UUID) -> str | None:
-    head: str | None = (
-        ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
-        .values_list("head_tree", flat=True)
-        .first()
-    )
-    return head
-
-
-# --- the worker's plan ----------------------------------------------------------------------
-
-
-def resolution_plan(
-    *,
-    company_id: UUID,
-    workspace_id: UUID,
-    tree: str,
-    base: str | None,
-    resolution: MergingResolution,
-    decided_head: str | None,
-) -> PublishPlan:
-    """What committing a run the board resolved does to the head, read now (no lock; the
-    commit moves the head by compare-and-set on the head read here). The resolution applied
-    against the head the board decided on; when the head moved since, that result merged with
-    the head of now (the decided head as the base): kind `resolved` with the new head, or
-    `conflict` with the paths both changed (the run is held again). The new tree's
-    directories are stored here. Raises PublishError when a tree is unreadable."""
-    head = _head_of(company_id, workspace_id)
-
-    def plan(
-        kind: Literal["resolved", "conflict"],
-        new_head: str | None,
-        conflicts: tuple[str, ...] = (),
-        count: int = 0,
-    ) -> PublishPlan:
-        return PublishPlan(
-            kind=kind,
-            workspace_id=workspace_id,
-            tree=tree,
-            base=base,
-            expected_head=head,
-            new_head=new_head,
-            conflicts=conflicts,
-            conflict_count=count,
-            resolution=resolution,
-            decided_head=decided_head,
-        )
-
-    based, run, now = _three_sides(company_id, base, tree, head)
-    try:
-        decided = now if decided_head == head else tree_entries(company_id, decided_head)
-    except PublishError:
-        # The tree the board decided on is gone from the store: what it saw cannot be
-        # compared any more, so the board decides again against the head of now.
-        plain = merge3(based, run, now)
-        paths = plain.conflicts or tuple(
-            sorted(changed_paths(based, run), key=_path_key)[:MAX_CONFLICTS]
-        )
-        return plan("conflict", None, paths, plain.conflict_count or len(paths))
-    try:
-        entries = resolved_entries(based, run, decided, resolution)
-    except ResolutionUnbuildable as exc:
-        return plan("conflict", None, (exc.path,), 1)
-    if head != decided_head:
-        later = merge3(decided, entries, now)
-        if later.entries is None:
-            return plan("conflict", None, later.conflicts, later.conflict_count)
-        try:
-            check_symlinks(later.entries)
-        except TreeInvalid as exc:
-            return plan("conflict", None, (exc.path,), 1)
-        entries = later.entries
-    root, blobs = build(entries)
-    if root == head:
-        return plan("resolved", head)
-    cas_store_blobs(company_id=company_id, blobs=blobs)
-    tree_counts_record(company_id=company_id, tree=root, counts=counts_of(entries))
-    return plan("resolved", root)

@@ -5,7 +5,7 @@ The hold is a board-owned recovery action (`cause=workspace_head_conflict`) whos
 names the run, its tree and base, the head it met and up to 100 conflicting paths. While it is
 live the run's finalization reads `held` and no attempt publishes anything. The board answers
 `publish` or `keep_head` (merges against the head it decided on, taking the run's or the
-head's side of each conflicting path: `recovery.services.conflict_resolution`) or `discard`
+head's side of each conflicting path: `paperclip.snapshots.resolutions`) or `discard`
 (the run commits without publishing); the answer and the head it was made against are kept in
 the resolved action's evidence, where the next finalization attempt (deferred in the same
 transaction) reads them.
@@ -26,6 +26,7 @@ from paperclip.db.advisory import advisory_xact_lock
 from paperclip.db.locking import require_transaction
 from paperclip.errors import NotFoundError
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, Issue, NativeRunFinalization
+from paperclip.snapshots.head import PublishPlan, conflict_fingerprint
 from recovery.errors import WorkspaceConflictStale, WorkspaceHeadMoved
 from recovery.locks import (
     recovery_actions_for_update,
@@ -35,7 +36,6 @@ from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.finalization_jobs import finalization_defer_in_tx
-from recovery.services.heads import PublishPlan, conflict_fingerprint
 
 CONFLICT_CAUSE: Final = HEAD_CONFLICT_CODE
 CONFLICT_NEXT_ACTION: Final = (
@@ -59,6 +59,8 @@ class HeadExpected:
 class ConflictDecision:
     resolution: Resolution
     decided_head: str | None  # the head the board decided against
+    action_id: UUID | None = None  # the hold the board resolved
+    decided_by: str | None = None  # who resolved it
 
 
 def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held"] | ConflictDecision:
@@ -69,12 +71,12 @@ def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held"]
             company_id=company_id, cause=CONFLICT_CAUSE, evidence__runId=str(run_id)
         )
         .order_by("-created_at", "-id")
-        .values_list("status", "evidence")
+        .values_list("status", "evidence", "id")
         .first()
     )
     if latest is None:
         return "merge"
-    status, evidence = latest
+    status, evidence, action_id = latest
     if status in LIVE_STATUSES:
         return "held"
     if not isinstance(evidence, dict):
@@ -83,7 +85,13 @@ def conflict_mode(*, company_id: UUID, run_id: UUID) -> Literal["merge", "held"]
     # A decision recorded before `decidedHead` existed was made against the head held.
     decided = evidence.get("decidedHead", evidence.get("head"))
     if resolution in ("publish", "keep_head", "discard"):
-        return ConflictDecision(resolution, decided if isinstance(decided, str) else None)
+        by = evidence.get("resolvedBy")
+        return ConflictDecision(
+            resolution,
+            decided if isinstance(decided, str) else None,
+            action_id=action_id,
+            decided_by=by if isinstance(by, str) else None,
+        )
     return "merge"
 
 

@@ -20,7 +20,7 @@ from uuid import UUID
 from django.db import transaction
 from django.db.models.functions import Now
 
-from leases.environment.export_resume import export_resume_preserve
+from leases.environment.export_resume.preserve import export_resume_preserve
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
 from paperclip.access import Actor
 from paperclip.activity import activity_record

@@ -32,7 +32,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from paperclip.testing.servers import NoDelayHTTPConnection
+from tests.support.servers import NoDelayHTTPConnection
 
 OPEN_ISSUE_STATUSES = frozenset({"backlog", "todo", "in_progress", "in_review", "blocked"})
 PHASES = ("runtime_start", "runtime_probe", "runtime_restart", "runtime_repair", "runtime_stop")

@@ -22,11 +22,11 @@ Kinds (weights in `DEFAULT_WEIGHTS`):
   keeps running: a holder whose renewals come late. Others may reclaim while the old holder
   is still writing; from then on its writes must be refused.
 - `sweep`: the runtime-lease sweep runs concurrently (not a fault: another actor).
-- `failover` (a replicated cluster only, paperclip/testing/replication.py): SIGKILL the
+- `failover` (a replicated cluster only, tests/support/replication.py): SIGKILL the
   primary, promote the standby a second later, then clone a new standby from the new primary
   in the old one's place, so that the next failover finds one. Synchronous replication: no
   acknowledged grant may be lost.
-- `cut_node` (the server in a network namespace only, paperclip/testing/netns.py): cut the
+- `cut_node` (the server in a network namespace only, tests/support/netns.py): cut the
   web node off from the database for a few seconds (a blackhole route inside its namespace:
   its clients still reach it), then heal.
 """
@@ -47,8 +47,8 @@ from typing import Any, Protocol
 
 import psycopg
 
-from paperclip.testing.netns import IsolatedNode
-from paperclip.testing.replication import ReplicatedCluster
+from tests.support.netns import IsolatedNode
+from tests.support.replication import ReplicatedCluster
 
 DEFAULT_WEIGHTS: dict[str, float] = {
     "kill_agent": 2,

@@ -9,8 +9,8 @@ and drops the database and its temporary directory, also on failure or SIGTERM. 
 faults log, the server log and summary.json in DIR.
 
 With `failover` or `cut_node` weighted (the default), it builds a replicated cluster of its
-own instead (paperclip/testing/replication.py), runs the server in a network namespace
-(paperclip/testing/netns.py, root) and removes both at the end; `--faults` without them uses
+own instead (tests/support/replication.py), runs the server in a network namespace
+(tests/support/netns.py, root) and removes both at the end; `--faults` without them uses
 $DATABASE_URL's server as above.
 
 From pytest, `run_chaos()` runs against the (transactional) test database, or against a
@@ -58,9 +58,6 @@ from typing import Any
 import psutil
 import psycopg
 
-from paperclip.testing.netns import IsolatedNode
-from paperclip.testing.replication import ReplicatedCluster
-from paperclip.testing.servers import free_port, throwaway_database
 from tests.chaos.checker import Report, check, read_jsonl
 from tests.chaos.nemesis import (
     CLUSTER_FAULTS,
@@ -69,6 +66,9 @@ from tests.chaos.nemesis import (
     FaultLog,
     Nemesis,
 )
+from tests.support.netns import IsolatedNode
+from tests.support.replication import ReplicatedCluster
+from tests.support.servers import free_port, throwaway_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -522,7 +522,7 @@ def run_chaos(
     processes, the server inside `node`'s network namespace when given (the `cut_node`
     fault); the `sweep` fault, which runs in this process, is left out then. Every process it
     starts is gone when it returns."""
-    from paperclip.testing.processes import child_env
+    from tests.support.processes import child_env
 
     rng = random.Random(config.seed)
     env = child_env(

@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from paperclip.testing.netns import IsolatedNode
-from paperclip.testing.replication import ReplicatedCluster, postgres_bindir
 from tests.chaos.nemesis import DEFAULT_WEIGHTS
 from tests.chaos.run import Config, run_chaos
+from tests.support.netns import IsolatedNode
+from tests.support.replication import ReplicatedCluster, postgres_bindir
 
 
 @pytest.mark.slow

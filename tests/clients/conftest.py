@@ -17,7 +17,6 @@ from django.db import close_old_connections
 
 from paperclip.credentials import agent_key_create
 from paperclip.models import Agent, ExecutionWorkspace, Issue
-from paperclip.testing.processes import child_env
 from paperclip_client import Client
 from tests.chaos.run import Config, GunicornServer
 from tests.paperclip.factories import (
@@ -26,6 +25,7 @@ from tests.paperclip.factories import (
     ExecutionWorkspaceFactory,
     IssueFactory,
 )
+from tests.support.processes import child_env
 
 
 @dataclass

@@ -42,12 +42,12 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
-from paperclip.testing.servers import free_port
 from tests.clients.conftest import World, make_world
 from tests.leases.factories import expire
 from tests.paperclip.factories import HeartbeatRunFactory
 from tests.paperclip.worker.test_worker_processes import Worker, wait_for
 from tests.recovery.snapshots import store_tree
+from tests.support.servers import free_port
 
 pytestmark = [
     pytest.mark.slow,

@@ -31,6 +31,8 @@ BOARD_ONLY = {
     "issues_recovery_actions_retry_workspace_export_create",
     "platform_worker_stops_create",  # the worker platform, signed by HMAC
     "heartbeat_run_interrupt",
+    "execution_workspace_files",
+    "execution_workspace_restore",
 }
 CODE = re.compile(r"\b[a-z]+(?:_[a-z]+)+\b|\b(?:conflict|not_found)\b")
 

@@ -15,6 +15,7 @@ from django.test import Client
 
 from paperclip.models import ActivityEvent
 from recovery.admin import actions as console_actions
+from recovery.admin.conflict_preview import what_happened
 from recovery.models import IssueRecoveryAction
 from tests.helpers import run_jobs
 from tests.recovery.conflicts import (
@@ -120,7 +121,7 @@ def test_the_message_after_confirming_says_what_the_worker_did(
     run_jobs()
     assert files_of(a, head_of(a))["README.md"] == b"X's README\n"
     # Once the worker committed, the same words report it (the page's own helper).
-    said = console_actions._what_happened(hold, a.run.pk, None, 0.0)
+    said = what_happened(hold, a.run.pk, None, 0.0)
     assert f"the workspace head is now {head_of(a)}" in said
     assert "keep_head" in said
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from recovery.console.management.commands.seed_demo import USERNAME
+from recovery.console.demo.plan import USERNAME
 from tests.console.test_browser import PASSWORD, fresh_worker_heartbeat, log_in, page, shot
 from tests.helpers import run_jobs
 from tests.paperclip.test_seed_demo_stays_put import _every_periodic_task

@@ -10,9 +10,11 @@ import pytest
 
 from paperclip.models import WorkspaceOperation
 from paperclip.models import WorkspaceOperation as Op
-from recovery.adapters.identity import current_controller_identity
+from recovery.adapters.identity import TakeoverDecision, current_controller_identity
 from recovery.models import WorkerStopReceipt
-from recovery.selectors.verdict import owner_hold_verdict
+from recovery.selectors.verdict import RULE_VERDICT, owner_hold_verdict
+from recovery.services.ownership import memory
+from recovery.takeover import RecordedOwner, takeover_ruling
 from tests.console.helpers import held
 from tests.recovery.factories import exited_pid, receipt_for
 
@@ -95,7 +97,10 @@ def test_platform_proof_pending_then_proved(company) -> None:
         stopped_at="2026-01-01T00:00:00Z",
         signature="sig",
     )
-    assert owner_hold_verdict(action).kind == "foreign_host"
+    # The rule takes over on the platform's proof, whatever the host: so does the page.
+    proved = owner_hold_verdict(action)
+    assert proved.kind == "platform_proved"
+    assert proved.confirmable
 
 
 def test_unreadable_receipt_and_changed_owner(company) -> None:
@@ -110,3 +115,77 @@ def test_confirmed_hold(company) -> None:
     _, action, _receipt = held(company)
     action.evidence = {**action.evidence, "workspaceOwnerStop": {"confirmedAt": "now"}}
     assert owner_hold_verdict(action).kind == "confirmed"
+
+
+# --- The page and the rule agree ----------------------------------------------------------------
+HOSTS = ("this_host", "other_host", "other_boot")
+OWNERS = ("alive", "dead", "self_live", "self_joined")
+WORKERS = (None, "pending", "proved")
+
+
+@pytest.mark.parametrize("barrier", [False, True])
+@pytest.mark.parametrize("worker", WORKERS)
+@pytest.mark.parametrize("owner", OWNERS)
+@pytest.mark.parametrize("host", HOSTS)
+def test_the_verdict_and_the_takeover_rule_agree_on_every_evidence(
+    company, host: str, owner: str, worker: str | None, barrier: bool
+) -> None:
+    """Each combination of evidence built in the database and the process table; the page's
+    verdict must stand for the ruling the rule gives on the same facts as plain values."""
+    me = current_controller_identity()
+    this_process = owner.startswith("self")
+    receipt = receipt_for(
+        hostname=me.hostname if host != "other_host" else "elsewhere.example",
+        kernel_boot_id=str(uuid.uuid4()) if host == "other_boot" else None,
+        pid=exited_pid() if owner == "dead" else os.getpid(),
+        boot_id=me.boot_id if this_process else None,
+        worker={"id": "worker-7", "kind": "k8s"} if worker else None,
+    )
+    b, action, _ = held(company, receipt=receipt)
+    if barrier:
+        WorkspaceOperation.objects.create(
+            company=company,
+            heartbeat_run=b.run,
+            issue=b.issue,
+            execution_workspace=b.workspace,
+            phase=Op.PHASE_WORKSPACE_FINALIZE,
+            status=Op.Status.SUCCEEDED,
+        )
+    if worker == "proved":
+        WorkerStopReceipt.objects.create(
+            company=company,
+            run=b.run,
+            owner_token=receipt["token"],
+            worker_id="worker-7",
+            stopped_at="2026-01-01T00:00:00Z",
+            signature="sig",
+        )
+    remembered = {
+        "self_live": memory.active_owner_tokens,
+        "self_joined": memory.joined_owner_tokens,
+    }
+    try:
+        if owner in remembered:
+            with memory.memory_lock:
+                remembered[owner].add(receipt["token"])
+        verdict = owner_hold_verdict(action)
+    finally:
+        with memory.memory_lock:
+            memory.active_owner_tokens.discard(receipt["token"])
+            memory.joined_owner_tokens.discard(receipt["token"])
+
+    same_host = host == "this_host"
+    facts = RecordedOwner(
+        readable=True,
+        same_host=same_host,
+        same_process=same_host and this_process,
+        live_here=owner == "self_live",
+        joined_here=owner == "self_joined",
+    )
+    ruling = takeover_ruling(
+        facts,
+        stop_proof=lambda: worker == "proved",
+        process=lambda: TakeoverDecision(owner == "dead", "probed"),
+        copyback_barrier=lambda: barrier,
+    )
+    assert RULE_VERDICT[verdict.kind] == ruling.verdict, (verdict.kind, ruling)

@@ -4,7 +4,7 @@ Standalone: `python -m tests.ha.failover [--async] [--agents N] [--out DIR]`; fr
 tests/ha/test_failover.py calls `run_failover()`.
 
 What runs: a primary and a streaming standby built from the machine's PostgreSQL binaries
-(paperclip/testing/replication.py), synchronous unless `--async`; the project migrated onto
+(tests/support/replication.py), synchronous unless `--async`; the project migrated onto
 it through the multi-host URL (`target_session_attrs=read-write`); two gunicorn web nodes and
 two `manage.py run_worker` processes on that URL, storing blobs in PostgreSQL (nothing else
 shared); N `paperclip-agent run` processes, one per workspace, started a little apart, each
@@ -46,7 +46,6 @@ from typing import Any
 import httpx
 import psycopg
 
-from paperclip.testing.replication import ReplicatedCluster
 from tests.chaos.run import (
     Config,
     GunicornServer,
@@ -54,6 +53,7 @@ from tests.chaos.run import (
     cluster_world,
     stop_process_group,
 )
+from tests.support.replication import ReplicatedCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = str(Path(sys.executable).with_name("paperclip-agent"))

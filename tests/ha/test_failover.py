@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from paperclip.testing.replication import postgres_bindir
 from tests.ha import failover
 from tests.ha.failover import FailoverReport, Probe, _check_web, overlapping_owners, run_failover
+from tests.support.replication import postgres_bindir
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("failover")]
 

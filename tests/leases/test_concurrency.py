@@ -26,7 +26,6 @@ from leases.services import (
 )
 from paperclip.errors import DomainError, ResourceBusy
 from paperclip.models import ExecutionWorkspace, WorkspaceOperation
-from paperclip.testing.processes import child_env
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.leases.factories import claim, expire
 from tests.paperclip.factories import (
@@ -36,6 +35,7 @@ from tests.paperclip.factories import (
     HeartbeatRunFactory,
     IssueFactory,
 )
+from tests.support.processes import child_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 

@@ -14,8 +14,8 @@ from django.db.models.expressions import RawSQL
 
 from leases.services import run_snapshot_register
 from paperclip.models import CasBlob, RunSnapshot
-from paperclip.snapshots.cas import cas_open
 from paperclip.snapshots.collect import CollectProgress, cas_collect
+from paperclip.snapshots.store.reads import cas_open
 from tests.leases.factories import running_run
 from tests.recovery.snapshots import store_tree
 

@@ -21,10 +21,10 @@ from paperclip.models import CasBlob, ExecutionWorkspace, HeartbeatRun, RunSnaps
 from paperclip.snapshots import counts as counting
 from paperclip.snapshots import trees
 from paperclip.snapshots.adopt import workspace_cwd_adopt
-from paperclip.snapshots.cas import cas_load, cas_open
 from paperclip.snapshots.collect import cas_collect
 from paperclip.snapshots.counts import Counts, tree_counts, tree_counts_record
-from recovery.services.heads import publish_plan
+from paperclip.snapshots.head import publish_plan
+from paperclip.snapshots.store.reads import cas_load, cas_open
 from tests.helpers import wait_for_lock_waiters
 from tests.leases.factories import running_run
 from tests.paperclip.factories import HeartbeatRunFactory

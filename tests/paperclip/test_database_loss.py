@@ -15,10 +15,10 @@ from rest_framework.test import APIClient
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent
-from paperclip.testing.servers import free_port
 from tests.helpers import assert_error, raw_connection
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, IssueFactory
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 

@@ -9,7 +9,7 @@ import environ
 import pytest
 from django.db import connection
 
-from paperclip.testing.processes import child_env, database_url
+from tests.support.processes import child_env, database_url
 
 pytestmark = pytest.mark.embedded
 

@@ -22,9 +22,9 @@ from django.conf import settings
 
 from paperclip.credentials import agent_key_create
 from paperclip.models import ActivityEvent, CasBlob
-from paperclip.testing.processes import child_env
-from paperclip.testing.servers import free_port, stop_process, wait_for_server
 from tests.paperclip.factories import AgentFactory, CompanyFactory
+from tests.support.processes import child_env
+from tests.support.servers import free_port, stop_process, wait_for_server
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,7 @@ import io
 import pytest
 from django.core.management import call_command
 
-from leases.environment.export_resume import export_resume_read, stop_only_cleanup_problem
+from leases.environment.export_resume.markers import export_resume_read, stop_only_cleanup_problem
 from leases.models import EnvironmentLease
 from paperclip.models import ActivityEvent, Agent, Environment
 from recovery.console.attention import attention_summary

@@ -15,8 +15,8 @@ import pytest
 from django.conf import settings
 
 from paperclip import serve
-from paperclip.testing.processes import child_env
-from paperclip.testing.servers import free_port, wait_for_server
+from tests.support.processes import child_env
+from tests.support.servers import free_port, wait_for_server
 
 
 def test_the_command_runs_granian_on_the_wsgi_application() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.cas import cas_load
+from paperclip.snapshots.store.reads import cas_load
 from paperclip.snapshots.trees import walk
 from recovery.models import IssueRecoveryAction
 from recovery.services import Acquired, run_finalize

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from recovery.services import ownership
+from recovery.services.ownership import acquire, memory
 from tests.recovery.factories import exited_pid
 
 
@@ -20,8 +20,8 @@ def dead_pid() -> int:
 def _clean_process_memory() -> Iterator[None]:
     """Process-local ownership memory must not leak between tests."""
     yield
-    ownership.before_claim_hook = None
-    with ownership._state:
-        ownership._active_owner_tokens.clear()
-        ownership._active_run_owners.clear()
-        ownership._joined_owner_tokens.clear()
+    acquire.before_claim_hook = None
+    with memory.memory_lock:
+        memory.active_owner_tokens.clear()
+        memory.active_run_owners.clear()
+        memory.joined_owner_tokens.clear()

@@ -165,9 +165,12 @@ def receipt_for(
 
 def hold_for_board(b: Binding, receipt: dict[str, Any]) -> IssueRecoveryAction:
     """The owner-unverified hold the finalization controller records for `b`'s run whose
-    recorded owner is `receipt` (as recovery/services/ownership.py writes it)."""
+    recorded owner is `receipt` (as recovery/services/ownership/owner_hold.py writes it)."""
     from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
-    from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+    from recovery.services.ownership.owner_hold import (
+        OWNER_UNVERIFIED_NEXT_ACTION,
+        owner_fingerprint,
+    )
 
     return IssueRecoveryAction.objects.create(
         company=b.company,

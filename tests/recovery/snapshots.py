@@ -6,7 +6,7 @@ import io
 from uuid import UUID
 
 from paperclip.models import HeartbeatRun, NativeRunResult, RunSnapshot
-from paperclip.snapshots.cas import cas_put
+from paperclip.snapshots.store.uploads import cas_put
 from paperclip.snapshots.trees import Entry, blob_name, build
 
 type Files = dict[str, bytes | str]  # path → content (str: a symlink target)

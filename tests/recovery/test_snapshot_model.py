@@ -66,14 +66,14 @@ from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
-from paperclip.snapshots.cas import cas_load
+from paperclip.snapshots.head import tree_entries, workspace_materialize
 from paperclip.snapshots.materialize import is_temp_name, read_tree
+from paperclip.snapshots.store.reads import cas_load
 from paperclip.snapshots.trees import Entry, build
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.services import Acquired, run_finalize
 from recovery.services import conflicts as conflict_service
-from recovery.services.finalization import result_accept
-from recovery.services.heads import tree_entries, workspace_materialize
+from recovery.services.finalization.acceptance import result_accept
 from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,

@@ -113,21 +113,22 @@ def test_probes_are_called_only_when_the_rule_reaches_them(
 
 def test_an_unreadable_receipt_needs_the_board_without_any_probe() -> None:
     ruling, calls = rule(RecordedOwner(False, False, False, False, False), True, DEAD, True)
-    assert ruling == Ruling("verify_stop")
+    assert ruling == Ruling("verify_stop", why="receipt_unreadable")
     assert not calls
 
 
 def test_another_host_needs_the_board_unless_the_platform_proved_the_stop() -> None:
     foreign = RecordedOwner(True, False, False, False, False)
-    assert rule(foreign, False, DEAD, True)[0] == Ruling("verify_stop")
+    assert rule(foreign, False, DEAD, True)[0] == Ruling("verify_stop", why="not_this_host")
     assert rule(foreign, True, ALIVE, False)[0] == Ruling("take_over", "platform_stop_proof")
 
 
 @pytest.mark.parametrize(
     ("process", "barrier", "expected"),
     [
-        (ALIVE, True, Ruling("verify_stop")),
-        (DEAD, False, Ruling("verify_stop")),  # orphaned copy children may still run
+        (ALIVE, True, Ruling("verify_stop", why="process_alive")),
+        # orphaned copy children may still run
+        (DEAD, False, Ruling("verify_stop", why="no_copyback_barrier")),
         (DEAD, True, Ruling("take_over", "controller_process_dead+copyback_barrier")),
         (RECYCLED, True, Ruling("take_over", "controller_pid_recycled+copyback_barrier")),
     ],
@@ -185,5 +186,5 @@ def test_an_owner_of_another_boot_is_never_probed_even_when_dead() -> None:
     match = owner_host(_recorded("ctl-3", REBOOTED), _here(BOOT))
     owner = RecordedOwner(True, match == "this_host", False, False, False)
     ruling, calls = rule(owner, False, DEAD, True)
-    assert ruling == Ruling("verify_stop")
+    assert ruling == Ruling("verify_stop", why="not_this_host")
     assert calls["process"] == 0

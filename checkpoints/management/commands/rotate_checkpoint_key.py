@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from checkpoints.crypto import KeyUnavailable, key_file_prepend_new_key, keyring
+from checkpoints.crypto import KeyRing, KeyUnavailable, key_file_prepend_new_key, keyring
 from checkpoints.services import (
     checkpoint_key_rotate_batch,
     checkpoint_parts_remaining_under_old_keys,
@@ -41,26 +41,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        batch_size: int = options["batch_size"]
-        if batch_size < 1:
-            raise CommandError("--batch-size must be at least 1")
-        max_bytes = int(options["max_batch_mib"]) * 1024 * 1024
-        if max_bytes < 1:
-            raise CommandError("--max-batch-mib must be at least 1")
+        batch_size, max_bytes = _limits(options)
         if options["new_key"]:
             if options["dry_run"]:
                 raise CommandError("--new-key cannot be combined with --dry-run")
-            try:
-                key = key_file_prepend_new_key()
-            except ImproperlyConfigured as exc:
-                raise CommandError(str(exc)) from exc
-            self.stdout.write(f"new primary key {key.key_id} written to the key file")
-        try:
-            ring = keyring(create=False)
-        except KeyUnavailable as exc:
-            raise CommandError(f"no checkpoint key is configured ({exc})") from exc
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
+            self._new_key()
+        ring = _configured_keyring()
         primary = ring.primary.key_id
         remaining = checkpoint_parts_remaining_under_old_keys()
         self.stdout.write(
@@ -70,6 +56,27 @@ class Command(BaseCommand):
             self.stdout.write("nothing re-encrypted" + (" (dry run)" if options["dry_run"] else ""))
             return
 
+        done, unreadable = self._rotate(remaining, batch_size=batch_size, max_bytes=max_bytes)
+        left = checkpoint_parts_remaining_under_old_keys()
+        self.stdout.write(
+            f"done: re-encrypted {done} part(s) under {primary}; {unreadable} unreadable; "
+            f"{left} part(s) remain under other keys"
+        )
+        if unreadable:
+            raise CommandError(
+                f"{unreadable} part(s) could not be decrypted with any configured key and were "
+                "left as they are (their runs must start fresh)"
+            )
+
+    def _new_key(self) -> None:
+        try:
+            key = key_file_prepend_new_key()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"new primary key {key.key_id} written to the key file")
+
+    def _rotate(self, remaining: int, *, batch_size: int, max_bytes: int) -> tuple[int, int]:
+        """Re-encrypt batch after batch until none is left; (re-encrypted, unreadable)."""
         after = None
         batch = done = unreadable = 0
         while True:
@@ -82,7 +89,7 @@ class Command(BaseCommand):
                     f"batch {batch + 1} failed ({exc.code}); re-run to continue"
                 ) from exc
             if result.scanned == 0:
-                break
+                return done, unreadable
             batch += 1
             done += result.reencrypted
             unreadable += len(result.unreadable)
@@ -93,13 +100,23 @@ class Command(BaseCommand):
             )
             for row_id, part, reason in result.unreadable:
                 self.stdout.write(f"  unreadable part {part!r} (row {row_id}): {reason}")
-        left = checkpoint_parts_remaining_under_old_keys()
-        self.stdout.write(
-            f"done: re-encrypted {done} part(s) under {primary}; {unreadable} unreadable; "
-            f"{left} part(s) remain under other keys"
-        )
-        if unreadable:
-            raise CommandError(
-                f"{unreadable} part(s) could not be decrypted with any configured key and were "
-                "left as they are (their runs must start fresh)"
-            )
+
+
+def _limits(options: dict[str, Any]) -> tuple[int, int]:
+    """(parts per batch, bytes per batch) from the options, each at least 1."""
+    batch_size: int = options["batch_size"]
+    if batch_size < 1:
+        raise CommandError("--batch-size must be at least 1")
+    max_bytes = int(options["max_batch_mib"]) * 1024 * 1024
+    if max_bytes < 1:
+        raise CommandError("--max-batch-mib must be at least 1")
+    return batch_size, max_bytes
+
+
+def _configured_keyring() -> KeyRing:
+    try:
+        return keyring(create=False)
+    except KeyUnavailable as exc:
+        raise CommandError(f"no checkpoint key is configured ({exc})") from exc
+    except ImproperlyConfigured as exc:
+        raise CommandError(str(exc)) from exc

@@ -181,6 +181,30 @@ class StoreCalls(Transport):
         data = self._get(f"/api/execution-workspaces/{workspace_id}/head")
         return models.build(models.WorkspaceHead, data)
 
+    @operation("execution_workspace_history")
+    def workspace_history(
+        self, workspace_id: str, *, limit: int = 50, before: int | None = None
+    ) -> dict[str, Any]:
+        """A page of the moves of the workspace's head, newest first: `{"results", "next"}`
+        (`next`: the `before` of the following page, None at the end)."""
+        params: dict[str, Any] = {"limit": limit}
+        if before is not None:
+            params["before"] = before
+        data: dict[str, Any] = self._get(
+            f"/api/execution-workspaces/{workspace_id}/history", params
+        )
+        return data
+
+    @operation("execution_workspace_diff")
+    def workspace_diff(
+        self, workspace_id: str, from_tree: str | None, to_tree: str, *, limit: int = 1000
+    ) -> dict[str, Any]:
+        """The changes from `from_tree` (None: empty) to `to_tree`, path by path:
+        `{"from", "to", "changes", "truncated"}`."""
+        params = {"from": from_tree or "empty", "to": to_tree, "limit": limit}
+        data: dict[str, Any] = self._get(f"/api/execution-workspaces/{workspace_id}/diff", params)
+        return data
+
 
 class BatchFrame(NamedTuple):
     """One blob of a batch upload: its name, its size and `read()`, which gives its bytes

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from paperclip_client import history_cli
 from paperclip_client.cli_output import (
     EXIT_LOST,
     EXIT_NOT_COMMITTED,
@@ -95,6 +96,7 @@ def parser() -> argparse.ArgumentParser:
         "--key", default=os.environ.get("PAPERCLIP_AGENT_KEY"), help="$PAPERCLIP_AGENT_KEY"
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
+    history_cli.add_parsers(sub)
     return top
 
 
@@ -108,28 +110,38 @@ def _transfers(text: str) -> int:
     return value
 
 
+def _run_command(args: argparse.Namespace) -> list[str]:
+    """`run`'s COMMAND, once its options are checked (Usage otherwise)."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise Usage("no COMMAND given (put it after --)")
+    if not TTL_MIN <= args.lease_ttl <= TTL_MAX:
+        raise Usage(f"--lease-ttl must be from {TTL_MIN} to {TTL_MAX} seconds")
+    if args.checkpoint_every <= 0:
+        raise Usage("--checkpoint-every must be positive")
+    if args.resume and not args.session_dir:
+        raise Usage("--resume needs --session-dir (where to restore)")
+    problem = history_cli.usage_problem(args)  # the server URL and key, as every verb
+    if problem is not None:
+        raise Usage(problem)
+    return command
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    verb = "run"
     try:
         args = parser().parse_args(argv)
-        command = list(args.command)
-        if command and command[0] == "--":
-            command = command[1:]
-        if not command:
-            raise Usage("no COMMAND given (put it after --)")
-        if not TTL_MIN <= args.lease_ttl <= TTL_MAX:
-            raise Usage(f"--lease-ttl must be from {TTL_MIN} to {TTL_MAX} seconds")
-        if args.checkpoint_every <= 0:
-            raise Usage("--checkpoint-every must be positive")
-        if args.resume and not args.session_dir:
-            raise Usage("--resume needs --session-dir (where to restore)")
-        if not args.url:
-            raise Usage("no server URL: give --url or set PAPERCLIP_URL")
-        if not args.key:
-            raise Usage("no agent key: give --key or set PAPERCLIP_AGENT_KEY")
-        if not args.url.startswith(("http://", "https://")):
-            raise Usage(f"--url must start with http:// or https:// (got {args.url!r})")
+        verb = args.verb
+        if verb != "run":
+            problem = history_cli.usage_problem(args)
+            if problem is not None:
+                raise Usage(problem)
+            return history_cli.run_verb(args)
+        command = _run_command(args)
     except Usage as exc:
-        fail(f"{exc} (see {PROG} run --help)")
+        fail(f"{exc} (see {PROG} {verb} --help)")
         return EXIT_USAGE
     try:
         with Client(args.url, args.key) as client:

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from paperclip.snapshots.head import materializations_reconcile
 from paperclip.worker.health import worker_fresh
-from recovery.services.heads import materializations_reconcile
 
 
 class Command(BaseCommand):

@@ -13,7 +13,6 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from paperclip.models import ActivityEvent, BoardMembership, Company, Environment
-from paperclip.testing.processes import child_env
 from tests.leases.environment.factories import (
     EnvironmentLeaseFactory,
     build_scenario,
@@ -21,6 +20,7 @@ from tests.leases.environment.factories import (
     set_meta,
 )
 from tests.paperclip.factories import CompanyFactory, EnvironmentFactory, UserFactory
+from tests.support.processes import child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 LEASES = "/admin/leases/environmentlease/"

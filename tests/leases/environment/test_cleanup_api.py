@@ -15,7 +15,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 import paperclip.db.locking
-from leases.environment.export_resume import export_resume_has
+from leases.environment.export_resume.markers import export_resume_has
 from leases.models import EnvironmentLease
 from paperclip.db.advisory import dedicated_connection
 from paperclip.db.clock import db_now

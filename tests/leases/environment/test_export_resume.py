@@ -9,16 +9,18 @@ from typing import Any
 
 import pytest
 
-from leases.environment.export_resume import (
+from leases.environment.export_resume.markers import (
     export_resume_has,
-    export_resume_preserve,
     export_resume_read,
-    export_resume_release_completed,
-    export_resume_settle,
-    read_native_workspace_sync_reference,
+    stop_only_cleanup_read,
+)
+from leases.environment.export_resume.preserve import export_resume_preserve
+from leases.environment.export_resume.release import export_resume_release_completed
+from leases.environment.export_resume.settle import export_resume_settle
+from leases.environment.export_resume.sync_reference import read_native_workspace_sync_reference
+from leases.environment.export_resume.termination import (
     remote_termination_has,
     remote_termination_receipt,
-    stop_only_cleanup_read,
 )
 from leases.models import EnvironmentLease
 from paperclip.models import ActivityEvent, HeartbeatRun

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from leases.environment.export_resume import (
+from leases.environment.export_resume.markers import (
     export_resume_read,
     stop_only_cleanup_problem,
     stop_only_cleanup_read,

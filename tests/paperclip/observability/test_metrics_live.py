@@ -17,11 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from paperclip.credentials import agent_key_create
-from paperclip.testing.processes import child_env
 from recovery.selectors.finalization import finalization_state
 from tests.chaos.run import Config, GunicornServer
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 from tests.paperclip.worker.test_worker_processes import Worker, fresh_binding, wait_for
+from tests.support.processes import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

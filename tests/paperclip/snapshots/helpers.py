@@ -7,7 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from paperclip.models import CasBlob, CasBlobChunk
-from paperclip.snapshots.cas import blob_path
+from paperclip.snapshots.store.backends import blob_path
 
 
 def name_of(data: bytes) -> str:

@@ -11,7 +11,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, Agent, CasBlob, Company
-from paperclip.snapshots.cas import cas_put
+from paperclip.snapshots.store.uploads import cas_put
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, NativeRunFactory
 from tests.paperclip.snapshots.helpers import NOTHING, frames, kept, name_of

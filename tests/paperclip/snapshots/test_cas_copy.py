@@ -1,6 +1,6 @@
-"""The filesystem store's copy of a spooled blob into its temporary sibling (`cas._copy`): in the
-kernel, falling back to reads and writes where `copy_file_range` is refused, and never a short
-blob."""
+"""The filesystem store's copy of a spooled blob into its temporary sibling
+(`backends.copy_region`): in the kernel, falling back to reads and writes where
+`copy_file_range` is refused, and never a short blob."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from typing import IO
 
 import pytest
 
-from paperclip.snapshots import cas
+from paperclip.snapshots.store import backends
+from paperclip.snapshots.store.spool import Region
 
 
-def _region(data: bytes, offset: int, size: int) -> tuple[cas._Region, IO[bytes]]:
+def _region(data: bytes, offset: int, size: int) -> tuple[Region, IO[bytes]]:
     spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller
     spool.write(data)
     spool.flush()
-    return cas._Region(spool, offset, size, spool.fileno()), spool
+    return Region(spool, offset, size, spool.fileno()), spool
 
 
 @pytest.mark.parametrize("refused", [False, True])
@@ -36,7 +37,7 @@ def test_a_region_of_the_batch_file_is_copied_exactly(
     region, spool = _region(data, 1234, 150_000)
     out = os.open(tmp_path / "blob", os.O_WRONLY | os.O_CREAT)
     try:
-        cas._copy(region, out)
+        backends.copy_region(region, out)
     finally:
         os.close(out)
         spool.close()
@@ -48,7 +49,7 @@ def test_a_batch_file_that_ends_early_never_makes_a_short_blob(tmp_path: Path) -
     out = os.open(tmp_path / "blob", os.O_WRONLY | os.O_CREAT)
     try:
         with pytest.raises(OSError, match="missing"):
-            cas._copy(region, out)
+            backends.copy_region(region, out)
     finally:
         os.close(out)
         spool.close()

@@ -14,8 +14,9 @@ from django.db.models.expressions import RawSQL
 
 from paperclip.models import ActivityEvent, CasBlob, Company, HeartbeatRun, RunSnapshot
 from paperclip.snapshots import trees
-from paperclip.snapshots.cas import cas_pin, cas_put
 from paperclip.snapshots.collect import CollectProgress, cas_collect
+from paperclip.snapshots.store.pins import cas_pin
+from paperclip.snapshots.store.uploads import cas_put
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
     CompanyFactory,
@@ -265,7 +266,7 @@ def test_a_reference_registered_after_the_reachability_pass_wins(company: Compan
 
 
 def _read(company_id: UUID, name: str) -> Any:
-    from paperclip.snapshots.cas import cas_open
+    from paperclip.snapshots.store.reads import cas_open
 
     reader = cas_open(company_id=company_id, digest=name)
     assert reader is not None

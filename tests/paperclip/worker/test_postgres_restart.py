@@ -23,9 +23,9 @@ import pytest
 from django.conf import settings
 
 from paperclip.db.embedded import embedded_server_stop
-from paperclip.testing.processes import child_env
 from tests.paperclip.worker.nemesis import Event, Op, check_finalizations
 from tests.paperclip.worker.test_worker_processes import FAST, Worker
+from tests.support.processes import child_env
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,6 @@ from paperclip.models import (
     NativeRunFinalization,
     WorkspaceOperation,
 )
-from paperclip.testing.processes import child_env
 from paperclip.worker.jobs import job_defer_in_tx, job_status
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
@@ -43,6 +42,7 @@ from tests.paperclip.factories import (
     UserFactory,
 )
 from tests.recovery.factories import make_binding
+from tests.support.processes import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 

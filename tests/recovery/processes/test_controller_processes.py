@@ -25,7 +25,6 @@ from django.db import connection
 from paperclip.access import board_actor
 from paperclip.models import ActivityEvent, BoardMembership, WorkspaceOperation
 from paperclip.receipts import OWNER_KEY
-from paperclip.testing.processes import child_env
 from recovery.errors import FinalizationOwnershipLost
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
@@ -39,6 +38,7 @@ from recovery.services import (
 from tests.helpers import run_jobs
 from tests.paperclip.factories import UserFactory
 from tests.recovery.factories import make_binding
+from tests.support.processes import child_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.embedded]
 

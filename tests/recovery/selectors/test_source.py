@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-import recovery.selectors.source
+import recovery.selectors.source.inspection
 import recovery.services
 from leases.models import EnvironmentLease
 from paperclip.db.clock import db_now
@@ -23,14 +23,12 @@ from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
-from recovery.admin.actions import source_panel_html
+from recovery.admin.source_panel import source_panel_html
 from recovery.errors import SourceFailure, SourceInspectionLimit
-from recovery.selectors.source import (
-    adapter_execution_control,
-    recovery_source_inspect,
-    recovery_source_owned_lease,
-    retired_reusable_lease_predecessors,
-)
+from recovery.selectors.source.execution import adapter_execution_control
+from recovery.selectors.source.hand_off import retired_reusable_lease_predecessors
+from recovery.selectors.source.inspection import recovery_source_inspect
+from recovery.selectors.source.owned_lease import recovery_source_owned_lease
 from tests.helpers import assert_error
 from tests.leases.environment.factories import (
     EnvironmentLeaseFactory,
@@ -1287,7 +1285,7 @@ def test_inspection_outside_a_transaction_uses_one_read_only_snapshot(
 ) -> None:
     s = build_scenario()
     seen: list[tuple[str, str]] = []
-    checks = recovery.selectors.source._inspect
+    checks = recovery.selectors.source.inspection._inspect
 
     def observed(*args: Any) -> Any:
         with connection.cursor() as cursor:
@@ -1298,7 +1296,7 @@ def test_inspection_outside_a_transaction_uses_one_read_only_snapshot(
             seen.append(cursor.fetchone())
         return checks(*args)
 
-    monkeypatch.setattr(recovery.selectors.source, "_inspect", observed)
+    monkeypatch.setattr(recovery.selectors.source.inspection, "_inspect", observed)
     assert not connection.in_atomic_block
     assert len(inspect(s).sources) == 1
     assert seen == [("repeatable read", "on")]

@@ -12,12 +12,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, NativeRunFinalization
+from paperclip.snapshots.head import workspace_materialize
 from paperclip.snapshots.materialize import read_tree
+from paperclip.snapshots.resolutions import resolution_plan
 from paperclip.snapshots.trees import build
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
-from recovery.services.conflict_resolution import resolution_plan
-from recovery.services.heads import workspace_materialize
 from tests.helpers import run_jobs
 from tests.paperclip.helpers import audit_count
 from tests.recovery.conflicts import (
@@ -296,7 +296,9 @@ def test_a_head_moved_between_the_resolutions_plan_and_its_commit_is_planned_aga
             after_g.append(head_of(a))
         return plan
 
-    monkeypatch.setattr("recovery.services.finalization.resolution_plan", plan_then_another_commit)
+    monkeypatch.setattr(
+        "recovery.services.finalization.publish.resolution_plan", plan_then_another_commit
+    )
     run_jobs()
 
     assert planned[0] == decided

@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 from leases.models import WorkspaceRuntimeLease
 from leases.orphans import orphaned_runs, orphaned_runs_interrupt
 from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinalization
+from paperclip.snapshots.head import PublishPlan
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.finalization import finalization_state
@@ -32,7 +33,6 @@ from recovery.services import (
     with_finalization_ownership,
 )
 from recovery.services.conflicts import conflict_hold_in_tx
-from recovery.services.heads import PublishPlan
 from tests.helpers import run_jobs
 from tests.paperclip.factories import NativeRunFactory
 from tests.paperclip.helpers import audit_count

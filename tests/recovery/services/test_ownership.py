@@ -31,8 +31,8 @@ from recovery.services import (
     NotAcquired,
     with_finalization_ownership,
 )
-from recovery.services import ownership as ownership_module
-from recovery.services.ownership import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from recovery.services.ownership import acquire, memory, prior_owner
+from recovery.services.ownership.owner_hold import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import CompanyFactory, HeartbeatRunFactory, IssueFactory
 from tests.recovery.factories import RecoveryActionFactory, make_binding, receipt_for
@@ -204,8 +204,8 @@ def test_a_finalization_key_held_outside_this_connection_alias_is_busy(holder: s
     b = make_binding()
     run_key = finalization_lock_key(b.company.pk, b.run.pk)
     if holder == "another_alias_of_this_process":
-        with ownership_module._state:
-            ownership_module._active_run_owners[run_key] = ("their-token", "other-alias")
+        with memory.memory_lock:
+            memory.active_run_owners[run_key] = ("their-token", "other-alias")
     ran = []
     with raw_connection(autocommit=False) as other:
         other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [run_key])
@@ -455,7 +455,7 @@ def test_a_controller_of_this_host_name_but_another_kernel_boot_is_never_probed(
         probed.append(receipt.pid)
         return evaluate_receipt_takeover(receipt)
 
-    monkeypatch.setattr(ownership_module, "evaluate_receipt_takeover", probe)
+    monkeypatch.setattr(prior_owner, "evaluate_receipt_takeover", probe)
     prior = receipt_for(pid=os.getpid() if alive else dead_pid, kernel_boot_id=str(uuid.uuid4()))
     b = make_binding(receipt=prior)
     _barrier(b)
@@ -599,7 +599,7 @@ def test_binding_changed_when_the_receipt_changes_between_read_and_swap(prior: s
             runner_profile_json={**_profile(b.run), OWNER_KEY: intruder}
         )
 
-    ownership_module.before_claim_hook = change_receipt
+    acquire.before_claim_hook = change_receipt
     ran = []
     outcome = with_finalization_ownership(
         company_id=b.company.pk, run_id=b.run.pk, action=lambda o: ran.append(1)
@@ -608,8 +608,8 @@ def test_binding_changed_when_the_receipt_changes_between_read_and_swap(prior: s
     assert ran == []
     assert _profile(b.run)[OWNER_KEY] == intruder  # the newer receipt is left alone
     assert not ActivityEvent.objects.filter(action__startswith="run.finalization_owner").exists()
-    assert not ownership_module._active_owner_tokens
-    assert not ownership_module._active_run_owners
+    assert not memory.active_owner_tokens
+    assert not memory.active_run_owners
 
 
 def test_terminated_lock_connection_fails_assert_held_and_admits_no_second_owner() -> None:
@@ -679,9 +679,9 @@ def test_same_boot_joined_token_is_taken_over_after_failed_cleanup() -> None:
     ) == NotAcquired("owner_unverified")
     IssueRecoveryAction.objects.all().delete()
     # ...with it (the action finished, the receipt removal failed) this boot may.
-    with ownership_module._state:
-        ownership_module._joined_owner_tokens.add(prior["token"])
+    with memory.memory_lock:
+        memory.joined_owner_tokens.add(prior["token"])
     assert with_finalization_ownership(
         company_id=b.company.pk, run_id=b.run.pk, action=lambda o: 2
     ) == Acquired(2)
-    assert prior["token"] not in ownership_module._joined_owner_tokens
+    assert prior["token"] not in memory.joined_owner_tokens

@@ -47,9 +47,9 @@ from recovery.services import (
     run_finalize,
     with_finalization_ownership,
 )
-from recovery.services import ownership as ownership_module
 from recovery.services.finalization_jobs import FOLLOW_UP_DELAY
-from recovery.services.ownership import owner_fingerprint
+from recovery.services.ownership import acquire, memory, receipt_release
+from recovery.services.ownership.owner_hold import owner_fingerprint
 from recovery.services.worker_stops import worker_stop_record
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
@@ -338,7 +338,7 @@ def test_failed_cleanup_leaves_join_evidence_only_this_boot_can_use() -> None:
     left = b.run.runner_profile_json[OWNER_KEY]
     assert left["token"] == tokens[0]
     assert left["controllerBootId"] == current_controller_identity().boot_id
-    assert tokens[0] in ownership_module._joined_owner_tokens
+    assert tokens[0] in memory.joined_owner_tokens
 
     # This boot knows its action joined, so it takes the receipt over without a board action.
     assert with_finalization_ownership(
@@ -347,7 +347,7 @@ def test_failed_cleanup_leaves_join_evidence_only_this_boot_can_use() -> None:
     takeover = ActivityEvent.objects.get(action="run.finalization_owner_takeover")
     assert takeover.details["takeoverBasis"] == "same_boot_joined"
     assert not IssueRecoveryAction.objects.exists()
-    assert not ownership_module._joined_owner_tokens
+    assert not memory.joined_owner_tokens
 
 
 def test_a_receipt_left_by_a_failed_cleanup_is_removed_once_the_database_answers(
@@ -357,10 +357,10 @@ def test_a_receipt_left_by_a_failed_cleanup_is_removed_once_the_database_answers
     and the removal itself fails). The process retries in the background, removes it once the
     database answers, and defers the run's next attempt, so that any worker, not only this
     one, can carry on without holding the run for the board."""
-    monkeypatch.setattr(ownership_module, "RELEASE_RETRY_DELAYS", (0.05, 0.05, 0.05, 0.05))
+    monkeypatch.setattr(receipt_release, "RELEASE_RETRY_DELAYS", (0.05, 0.05, 0.05, 0.05))
     b = make_binding()
     tokens: list[str] = []
-    real_remove = ownership_module._remove_receipt
+    real_remove = receipt_release._remove_receipt
     attempts: list[int] = []
 
     def still_away_once(**kwargs: Any) -> None:
@@ -371,7 +371,7 @@ def test_a_receipt_left_by_a_failed_cleanup_is_removed_once_the_database_answers
 
     def kill_my_application_connection(own: FinalizationOwnership) -> None:
         tokens.append(own.token)
-        monkeypatch.setattr(ownership_module, "_remove_receipt", still_away_once)
+        monkeypatch.setattr(receipt_release, "_remove_receipt", still_away_once)
         with raw_connection() as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid]
@@ -383,7 +383,7 @@ def test_a_receipt_left_by_a_failed_cleanup_is_removed_once_the_database_answers
         )
     connection.close()
     deadline = time.monotonic() + 10
-    while tokens[0] in ownership_module._joined_owner_tokens and time.monotonic() < deadline:
+    while tokens[0] in memory.joined_owner_tokens and time.monotonic() < deadline:
         time.sleep(0.02)  # the background retry
     b.run.refresh_from_db()
     assert OWNER_KEY not in b.run.runner_profile_json
@@ -760,7 +760,7 @@ def test_a_platform_proof_takeover_neither_reads_nor_locks_the_first_rows_of_the
 @override_settings(PAPERCLIP_PLATFORM_STOP_SECRET=SECRET)
 def test_a_platform_proof_takeover_of_a_run_deleted_before_the_swap_claims_nothing() -> None:
     b, _ = _proof_binding("pod-12")
-    ownership_module.before_claim_hook = lambda: HeartbeatRun.objects.filter(pk=b.run.pk).delete()
+    acquire.before_claim_hook = lambda: HeartbeatRun.objects.filter(pk=b.run.pk).delete()
     ran: list[int] = []
     outcome = with_finalization_ownership(
         company_id=b.company.pk, run_id=b.run.pk, action=lambda own: ran.append(1)

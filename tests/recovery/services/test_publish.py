@@ -14,13 +14,13 @@ from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinalization
 from paperclip.snapshots.adopt import CwdUnadoptable, workspace_cwd_adopt
-from paperclip.snapshots.cas import cas_load
+from paperclip.snapshots.head import workspace_materialize
 from paperclip.snapshots.materialize import read_tree
+from paperclip.snapshots.store.reads import cas_load
 from paperclip.snapshots.trees import build, walk
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.finalization import finalization_state
 from recovery.services import Acquired, finalizations_reconcile, run_finalize
-from recovery.services.heads import workspace_materialize
 from tests.helpers import run_jobs
 from tests.paperclip.helpers import audit_count
 from tests.recovery.factories import Binding, make_binding

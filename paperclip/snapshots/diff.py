@@ -1,0 +1,188 @@
+"""What changed between two trees, path by path (docs/snapshots.md#diff): the one diff of the
+project, used by the history, the diff and restore APIs, the board's conflict preview and the
+console.
+
+`changes_between` compares two trees given whole (entries by path); `tree_diff` compares two
+stored trees reading only the directories that differ (a subdirectory with the same blob on
+both sides is not entered), so a change of a few files in a tree of 50,000 costs a few
+directory reads on each side, as registration against the head does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from uuid import UUID
+
+from paperclip.snapshots.merge import changed_paths
+from paperclip.snapshots.store.reads import directory_loader
+from paperclip.snapshots.trees import MAX_DEPTH, Entry, TreeInvalid, stored_dir
+
+type ChangeKind = Literal["added", "removed", "modified"]
+
+
+def entry_json(entry: Entry | None) -> dict[str, Any] | None:
+    """An entry as the preview and the diff show it: a file's type, mode, size and digest (or
+    chunks), a directory's type and mode (what is inside it shows path by path), a symlink's
+    type and target; None where there is no entry."""
+    if entry is None:
+        return None
+    if entry.type == "dir":
+        return {"type": "dir", "mode": entry.mode}
+    shown = entry.as_json()
+    del shown["name"]
+    return shown
+
+
+def path_key(path: str) -> bytes:
+    """The order of paths in a diff: by their UTF-8 bytes, as a tree orders names."""
+    return path.encode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    path: str
+    change: ChangeKind
+    before: Entry | None
+    after: Entry | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "change": self.change,
+            "from": entry_json(self.before),
+            "to": entry_json(self.after),
+        }
+
+
+def _kind(before: Entry | None, after: Entry | None) -> ChangeKind:
+    return "added" if before is None else "removed" if after is None else "modified"
+
+
+def changes_between(before: Mapping[str, Entry], after: Mapping[str, Entry]) -> list[Change]:
+    """What turns `before` into `after`, path by path, sorted by path: an entry added, removed,
+    or modified in type, mode or content (a directory only by type or mode)."""
+    found: list[Change] = []
+    for path in sorted(changed_paths(before, after), key=path_key):
+        old, new = before.get(path), after.get(path)
+        found.append(Change(path, _kind(old, new), old, new))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeCounts:
+    added: int = 0
+    removed: int = 0
+    modified: int = 0
+
+    def as_json(self) -> dict[str, int]:
+        return {"added": self.added, "removed": self.removed, "modified": self.modified}
+
+
+@dataclass(frozen=True, slots=True)
+class TreeDiff:
+    """`changes` sorted by path (at most the limit asked for), `truncated` when there were
+    more; `counts` always counts them all; `read` is the directory blobs read, both sides."""
+
+    before: str | None
+    after: str | None
+    changes: list[Change]
+    truncated: bool
+    counts: ChangeCounts
+    read: int = 0
+
+
+class TreeUnreadable(Exception):
+    """A directory of `tree` is not in the company's store (collected, or never stored), or is
+    not a valid directory: `path` names where ("" is the root)."""
+
+    def __init__(self, tree: str, path: str, reason: str = "not_stored") -> None:
+        super().__init__(f"tree {tree}: directory {path or '/'} {reason}")
+        self.tree = tree
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Walk:
+    load_many: Callable[[list[str]], Mapping[str, bytes]]
+    before: str | None
+    after: str | None
+    found: list[Change] = field(default_factory=list)
+    read: int = 0
+
+    def run(self) -> None:
+        # (path, the directory blob before, after): None on a side that has no directory there
+        level: list[tuple[str, str | None, str | None]] = [("", self.before, self.after)]
+        depth = 0
+        while level:
+            if depth > MAX_DEPTH:
+                raise TreeUnreadable(self.after or self.before or "", level[0][0], "too_deep")
+            names = sorted({d for _, old, new in level for d in (old, new) if d})
+            stored = self.load_many(names) if names else {}
+            self.read += len(names)
+            following: list[tuple[str, str | None, str | None]] = []
+            for path, old, new in level:
+                gone = _dir(stored, old, path, self.before)
+                following.extend(self._compare(path, gone, _dir(stored, new, path, self.after)))
+            level = following
+            depth += 1
+
+    def _compare(
+        self, path: str, old: dict[str, Entry], new: dict[str, Entry]
+    ) -> Iterator[tuple[str, str | None, str | None]]:
+        for name in old.keys() | new.keys():
+            a, b = old.get(name), new.get(name)
+            if a is not None and b is not None and a.type == b.type == "dir" and a.same_dir(b):
+                continue  # the same subtree at the same path: not entered
+            where = f"{path}/{name}" if path else name
+            if a is None or b is None or not a.same_as(b):
+                self.found.append(Change(where, _kind(a, b), a, b))
+            below_a = a.digest if a is not None and a.type == "dir" else None
+            below_b = b.digest if b is not None and b.type == "dir" else None
+            if below_a is not None or below_b is not None:
+                yield where, below_a, below_b
+
+
+def _dir(
+    stored: Mapping[str, bytes], digest: str | None, path: str, tree: str | None
+) -> dict[str, Entry]:
+    """The entries by name of the directory `digest` of `tree` at `path` ({} for None)."""
+    try:
+        entries = stored_dir(stored, digest, path)
+    except TreeInvalid as exc:
+        raise TreeUnreadable(tree or "", path, exc.reason) from exc
+    if entries is None:
+        raise TreeUnreadable(tree or "", path)
+    return entries
+
+
+def tree_diff(
+    *,
+    company_id: UUID,
+    before: str | None,
+    after: str | None,
+    limit: int | None = None,
+    load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
+) -> TreeDiff:
+    """The changes that turn the tree `before` into `after` (None: the empty tree), as
+    `changes_between` would give them for the whole trees, reading only the directories that
+    differ. Reads only. Raises TreeUnreadable when a directory it needs is not in the
+    company's store (or is not one). `limit` bounds the changes returned, not the counts."""
+    walker = _Walk(load_many or directory_loader(company_id), before, after)
+    if before != after:
+        walker.run()
+    found = sorted(walker.found, key=lambda change: path_key(change.path))
+    counted = {"added": 0, "removed": 0, "modified": 0}
+    for change in found:
+        counted[change.change] += 1
+    shown = found if limit is None else found[:limit]
+    return TreeDiff(
+        before=before,
+        after=after,
+        changes=shown,
+        truncated=len(shown) < len(found),
+        counts=ChangeCounts(**counted),
+        read=walker.read,
+    )

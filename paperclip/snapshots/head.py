@@ -1,0 +1,512 @@
+"""Publishing a run's snapshot as its workspace's head, and materializing the head into the
+workspace's `cwd` (docs/snapshots.md#publishing).
+
+The head moves only in the transaction that commits the run, by compare-and-set on the head
+the plan was made against: a publisher that lost the race plans again. The plan is made
+outside that transaction (trees are read from the store): the head still equal to the run's
+`base` becomes the run's tree; a head another run moved is merged path by path with the run's
+changes since `base` (`paperclip.snapshots.merge`), and overlapping changes are held for the
+board (`workspace_head_conflict`) instead of published.
+
+Materialization follows the head, not the run: `cwd_tree` records what the `cwd` holds, and a
+job (one at a time per workspace, under an advisory lock on a dedicated connection) makes the
+`cwd` equal to the head, touching only what differs. A crash part way leaves `cwd_tree` at the
+old tree, so the next attempt (the job retried, or the reconciler's) redoes the same diff; a
+recorded failure part way leaves it unknown, so the next attempt compares with the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, BinaryIO, Final, Literal
+from uuid import UUID
+
+import psycopg
+from django.db import DatabaseError, connection, transaction
+from django.db.models.functions import Now
+
+from paperclip.activity import activity_record
+from paperclip.db.advisory import dedicated_connection
+from paperclip.db.locking import require_transaction
+from paperclip.models import ExecutionWorkspace
+from paperclip.snapshots.behind import (
+    FAILURE_CLEARED,
+    MaterializeFailure,
+    behind_head,
+    due_for_attempt,
+    materialize_defer_in_tx,
+    materialize_failure_record,
+)
+from paperclip.snapshots.counts import counts_against_head, counts_of, tree_counts_record
+from paperclip.snapshots.history import head_published_record_in_tx
+from paperclip.snapshots.materialize import MaterializeReport, materialize
+from paperclip.snapshots.merge import merge3, merge_trees
+from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
+from paperclip.snapshots.store.uploads import cas_store_blobs
+from paperclip.snapshots.trees import (
+    Entry,
+    TreeInvalid,
+    build,
+    check_symlinks,
+    decode_dir,
+    walk,
+)
+
+logger = logging.getLogger(__name__)
+
+PUBLISHER: Final = "workspace_publisher"
+
+
+class PublishError(Exception):
+    """Publishing cannot proceed now (a tree unreadable from the store): retried later."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HeadMoved(Exception):
+    """Another run moved the head after the plan was made: plan again."""
+
+
+type PublishKind = Literal[
+    "fast_forward", "merged", "unchanged", "conflict", "resolved", "discarded"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishPlan:
+    kind: PublishKind
+    workspace_id: UUID
+    tree: str  # the run's snapshot
+    base: str | None
+    expected_head: str | None  # the head the plan was made against
+    new_head: str | None
+    conflicts: tuple[str, ...] = field(default_factory=tuple)
+    conflict_count: int = 0
+    resolution: str | None = None  # the board's, for a resolved conflict
+    decided_head: str | None = None  # the head the board decided against
+    action_id: UUID | None = None  # the board's conflict hold, for a resolved conflict
+    decided_by: str | None = None  # the board member who resolved it
+
+    def as_json(self) -> dict[str, Any]:
+        shown = {
+            "kind": self.kind,
+            "tree": self.tree,
+            "base": self.base,
+            "previousHead": self.expected_head,
+            "head": self.new_head,
+            "conflictCount": self.conflict_count,
+        }
+        if self.resolution is not None:
+            shown |= {"resolution": self.resolution, "decidedHead": self.decided_head}
+        return shown
+
+
+def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
+    """The entries of a stored tree by path (an empty dict for None). Raises PublishError when
+    a directory blob is gone or the tree breaks a rule."""
+    if tree is None:
+        return {}
+
+    try:
+        walked = walk(tree, load_many=directory_loader(company_id))
+    except TreeInvalid as exc:
+        raise PublishError("snapshot_tree_invalid", f"tree {tree}: {exc}") from exc
+    if walked.missing:
+        raise PublishError(
+            "snapshot_blobs_missing", f"tree {tree}: {len(walked.missing)} blob(s) not stored"
+        )
+    return walked.entries
+
+
+def tree_diff_entries(
+    company_id: UUID, target: str, previous: str | None
+) -> tuple[dict[str, Entry], dict[str, Entry] | None]:
+    """The entries materialization needs to take a directory from `previous` to `target`:
+    both trees read together level by level, descending only into directories whose blob
+    differs between them (an unchanged subtree is one entry, its directory, on both sides),
+    so a small change costs a few directory reads, not the whole tree. Without a readable
+    `previous`, the whole target and None. Raises PublishError as `tree_entries`."""
+    if previous is None:
+        return tree_entries(company_id, target), None
+    load_many = directory_loader(company_id)
+    ours: dict[str, Entry] = {}
+    theirs: dict[str, Entry] = {}
+    level: list[tuple[str, str, str | None]] = [("", target, previous)]
+    while level:
+        stored = load_many(sorted({d for _, t, p in level for d in (t, p) if d}))
+        following: list[tuple[str, str, str | None]] = []
+        for path, digest, before in level:
+            if digest not in stored or (before is not None and before not in stored):
+                if path == "" and digest in stored:
+                    return tree_entries(company_id, target), None  # previous collected
+                raise PublishError(
+                    "snapshot_blobs_missing", f"tree {target}: directory {path or '/'} gone"
+                )
+            try:
+                now = decode_dir(stored[digest], path)
+                then = decode_dir(stored[before], path) if before is not None else ()
+            except TreeInvalid as exc:
+                raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
+            earlier = {entry.name: entry for entry in then}
+            for entry in then:
+                theirs[f"{path}/{entry.name}" if path else entry.name] = entry
+            for entry in now:
+                where = f"{path}/{entry.name}" if path else entry.name
+                ours[where] = entry
+                old = earlier.get(entry.name)
+                if entry.type != "dir" or (old is not None and old.same_dir(entry)):
+                    continue  # a file, a symlink, or a directory whose content is unchanged
+                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                gone = old.digest if old is not None and old.type == "dir" else None
+                following.append((where, entry.digest, gone))
+        level = following
+    try:
+        check_symlinks(ours)
+    except TreeInvalid as exc:
+        raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
+    return ours, theirs
+
+
+def _store(company_id: UUID, blobs: dict[str, bytes]) -> None:
+    cas_store_blobs(company_id=company_id, blobs=blobs)
+
+
+def publish_plan(
+    *,
+    company_id: UUID,
+    workspace_id: UUID,
+    tree: str,
+    base: str | None,
+    resolution: Literal["merge", "discard"] = "merge",
+) -> PublishPlan:
+    """What committing the run will do to the head, read now (no lock): fast-forward, merge
+    (the merged tree's directories are stored here), nothing, or a conflict. `discard` is the
+    board's answer to an earlier conflict that leaves the head as it is (the board's merging
+    answers are planned by `paperclip.snapshots.resolutions.resolution_plan`)."""
+    head = (
+        ExecutionWorkspace.objects.filter(pk=workspace_id, company_id=company_id)
+        .values_list("head_tree", flat=True)
+        .first()
+    )
+
+    def plan(
+        kind: PublishKind, new_head: str | None, conflicts: tuple[str, ...] = (), count: int = 0
+    ) -> PublishPlan:
+        return PublishPlan(
+            kind=kind,
+            workspace_id=workspace_id,
+            tree=tree,
+            base=base,
+            expected_head=head,
+            new_head=new_head,
+            conflicts=conflicts,
+            conflict_count=count,
+        )
+
+    if resolution == "discard":
+        return plan("discarded", head)
+    if head == tree:
+        return plan("unchanged", head)
+    if head == base:
+        return plan("fast_forward", tree)
+    if head is not None and (
+        by_directory := merge_trees(base, tree, head, load_many=directory_loader(company_id))
+    ):
+        _store(company_id, by_directory.blobs)
+        _count_merged(company_id, by_directory.root, head)
+        return plan("merged", by_directory.root)
+    # A conflict, a symlink changed, or a base gone: the whole trees, path by path.
+    try:
+        based = tree_entries(company_id, base)
+    except PublishError:
+        based = {}  # collected while the run worked: overlapping paths go to the board
+    merged = merge3(
+        based,
+        tree_entries(company_id, tree),
+        tree_entries(company_id, head),
+    )
+    if merged.entries is None:
+        return plan("conflict", None, merged.conflicts, merged.conflict_count)
+    try:
+        # Each side's links stayed inside its own tree; together they may not (one side's
+        # link through a directory the other side turned into a link).
+        check_symlinks(merged.entries)
+    except TreeInvalid as exc:
+        return plan("conflict", None, (exc.path,), 1)
+    root, blobs = build(merged.entries)
+    _store(company_id, blobs)
+    # The next run registers against this head by difference, as against a registered tree.
+    tree_counts_record(company_id=company_id, tree=root, counts=counts_of(merged.entries))
+    return plan("merged", root)
+
+
+def _count_merged(company_id: UUID, merged: str, head: str) -> None:
+    """Record the counts of a tree merged by directory, from the head's and the difference
+    (not recorded when the head has none: the next registration then walks the whole tree;
+    nor if the comparison gives up, which both sides' symlinks being the base's rule out)."""
+    found = counts_against_head(
+        company_id=company_id, tree=merged, head=head, load_many=directory_loader(company_id)
+    )
+    if found is not None:
+        tree_counts_record(company_id=company_id, tree=merged, counts=found[0])
+
+
+def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> bool:
+    """Move the head to `plan.new_head` if it still is `plan.expected_head` (HeadMoved
+    otherwise); defers the materialization when the workspace has a cwd. Returns whether the
+    head changed. Audited when it did."""
+    require_transaction()
+    if plan.new_head == plan.expected_head:
+        # Nothing to move, but the head must still be what the plan saw (None: IS NULL).
+        if (
+            plan.kind != "discarded"
+            and not ExecutionWorkspace.objects.filter(
+                pk=plan.workspace_id, head_tree=plan.expected_head
+            ).exists()
+        ):
+            raise HeadMoved
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE execution_workspaces SET head_tree = %s, head_run_id = %s,"
+            " head_committed_at = now(), updated_at = now()"
+            " WHERE id = %s AND company_id = %s AND head_tree IS NOT DISTINCT FROM %s"
+            " RETURNING cwd",
+            [plan.new_head, run_id, plan.workspace_id, company_id, plan.expected_head],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise HeadMoved
+    activity_record(
+        company_id=company_id,
+        actor_type="system",
+        actor_id=PUBLISHER,
+        action="workspace.head_published",
+        entity_type="execution_workspace",
+        entity_id=plan.workspace_id,
+        run_id=run_id,
+        details=plan.as_json(),
+    )
+    assert plan.new_head is not None  # noqa: S101 - only a conflict has no new head
+    head_published_record_in_tx(
+        company_id=company_id,
+        workspace_id=plan.workspace_id,
+        run_id=run_id,
+        plan_kind=plan.kind,
+        tree=plan.new_head,
+        previous_tree=plan.expected_head,
+        action_id=plan.action_id,
+        decided_by=plan.decided_by,
+    )
+    if row[0]:
+        materialize_defer_in_tx(workspace_id=plan.workspace_id)
+    return True
+
+
+def materializations_reconcile() -> int:
+    """Defer a materialization for every workspace whose cwd is behind its head (a crash part
+    way, a lost job, a failure whose back-off has passed: one still backing off waits for its
+    `materialize_next_at`); returns how many were deferred."""
+    behind = list(
+        due_for_attempt(behind_head(ExecutionWorkspace.objects.all())).values_list("pk", flat=True)
+    )
+    deferred = 0
+    for workspace_id in behind:
+        with transaction.atomic(durable=True):
+            if materialize_defer_in_tx(workspace_id=workspace_id) is not None:
+                deferred += 1
+    return deferred
+
+
+class _ChunkStream(io.RawIOBase):
+    """A blob's pieces as a readable stream (for `materialize`, which reads files in pieces)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            piece = next(self._chunks, None)
+            if piece is None:
+                return 0
+            self._pending = piece
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        super().close()
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializeOutcome:
+    status: Literal["materialized", "current", "busy", "no_cwd", "failed"]
+    tree: str | None = None
+    report: MaterializeReport | None = None
+    rounds: int = 0
+    error: str | None = None  # failed: what went wrong, recorded on the workspace
+    failure: MaterializeFailure | None = None  # failed: attempts in a row, the next one's time
+
+
+def _without_special_bits(entries: dict[str, Entry]) -> dict[str, Entry]:
+    """Permission bits only: an agent's tree never makes a setuid, setgid or sticky entry in a
+    cwd written by a worker that may run as root."""
+    return {
+        path: entry
+        if entry.type == "symlink" or entry.mode <= 0o777
+        else replace(entry, mode=entry.mode & 0o777)
+        for path, entry in entries.items()
+    }
+
+
+def materialize_lock_key(workspace_id: UUID) -> str:
+    return f"workspace-materialize:{workspace_id}"
+
+
+def workspace_materialize(
+    *, workspace_id: UUID, on_round: Callable[[str], None] | None = None
+) -> MaterializeOutcome:
+    """Make the workspace's cwd hold its head, until it does (the head may move meanwhile).
+
+    One materializer per workspace: a transaction-scoped advisory lock held on a dedicated
+    connection for the whole work (`busy` when another holds it: that one carries on to the
+    head). Each round diffs the head against `cwd_tree` (what the cwd last held), writes only
+    what changed, then records the new `cwd_tree` (audited). A crash part way leaves
+    `cwd_tree` as it was; a recorded failure leaves it unknown (the cwd may hold part of the
+    target), so the next attempt compares with the disk whatever the head is by then.
+    """
+    last: MaterializeOutcome = MaterializeOutcome("current")
+    with dedicated_connection(application_name="paperclip-materialize") as lock:
+        held = lock.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+            [materialize_lock_key(workspace_id)],
+        ).fetchone()
+        if not held or not held[0]:
+            return MaterializeOutcome("busy")
+
+        def check() -> None:
+            lock.execute("SELECT 1")  # raises when the lock connection is gone
+
+        for rounds in range(1, 101):
+            row = (
+                ExecutionWorkspace.objects.filter(pk=workspace_id)
+                .values("company_id", "cwd", "head_tree", "cwd_tree")
+                .first()
+            )
+            if row is None or not row["cwd"]:
+                return MaterializeOutcome("no_cwd")
+            head, previous_tree = row["head_tree"], row["cwd_tree"]
+            if head is None or head == previous_tree:
+                return last if rounds > 1 else MaterializeOutcome("current", tree=head)
+            company_id: UUID = row["company_id"]
+            if on_round is not None:
+                on_round(head)
+            try:
+                report = _materialize_round(
+                    company_id=company_id,
+                    cwd=row["cwd"],
+                    head=head,
+                    previous_tree=previous_tree,
+                    check=check,
+                )
+            except (DatabaseError, psycopg.Error):
+                raise  # the database or the lock's connection is gone: the job is retried
+            except Exception as exc:
+                error = _describe(exc)
+                logger.warning("materializing %s into %s failed: %s", head, row["cwd"], error)
+                failure = materialize_failure_record(
+                    company_id=company_id,
+                    workspace_id=workspace_id,
+                    tree=head,
+                    previous_tree=previous_tree,
+                    cwd=row["cwd"],
+                    error=error,
+                )
+                return MaterializeOutcome(
+                    "failed", tree=head, rounds=rounds, error=error, failure=failure
+                )
+            with transaction.atomic(durable=True):
+                # Only over the tree it diffed against (None filters IS NULL); a success
+                # clears the failure recorded by an earlier attempt.
+                updated = ExecutionWorkspace.objects.filter(
+                    pk=workspace_id, cwd=row["cwd"], cwd_tree=previous_tree
+                ).update(cwd_tree=head, updated_at=Now(), **FAILURE_CLEARED)
+                if updated:
+                    activity_record(
+                        company_id=company_id,
+                        actor_type="system",
+                        actor_id=PUBLISHER,
+                        action="workspace.materialized",
+                        entity_type="execution_workspace",
+                        entity_id=workspace_id,
+                        details={
+                            "tree": head,
+                            "previousTree": previous_tree,
+                            "cwd": row["cwd"],
+                            **asdict(report),
+                        },
+                    )
+            last = MaterializeOutcome("materialized", tree=head, report=report, rounds=rounds)
+    return last
+
+
+def _materialize_round(
+    *,
+    company_id: UUID,
+    cwd: str,
+    head: str,
+    previous_tree: str | None,
+    check: Callable[[], None],
+) -> MaterializeReport:
+    """Make `cwd` hold `head`, diffed against `previous_tree` (what it last held)."""
+    whole, before = tree_diff_entries(company_id, head, previous_tree)
+    target = _without_special_bits(whole)
+    previous = _without_special_bits(before) if before is not None else None
+    # One query for the rows of every blob the materializer may write, not one per file
+    # (50,000 files: 50,000 round trips to PostgreSQL).
+    known = cas_rows(company_id=company_id, digests=_to_write(target, previous))
+
+    def open_blob(digest: str) -> BinaryIO:
+        file = cas_blob_file(company_id=company_id, digest=digest, known=known)
+        if file is not None:
+            return file  # the store's own file: materialize copies it in the kernel
+        reader = cas_open(company_id=company_id, digest=digest, known=known)
+        if reader is None:
+            raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")
+        return io.BufferedReader(_ChunkStream(reader.chunks), 1 << 20)
+
+    return materialize(
+        destination=cwd, target=target, previous=previous, open_blob=open_blob, check=check
+    )
+
+
+def _describe(exc: Exception) -> str:
+    """An error as the console shows it: its code or class, and its message."""
+    code = getattr(exc, "code", None)
+    return f"{code if isinstance(code, str) else type(exc).__name__}: {exc}"
+
+
+def _to_write(target: dict[str, Entry], previous: dict[str, Entry] | None) -> Iterator[str]:
+    """The content blobs of the target's files that the previous tree did not hold as such
+    (all of them when it is unknown)."""
+    for path, entry in target.items():
+        if entry.type == "file" and (previous is None or not entry.same_as(previous.get(path))):
+            yield from entry.blobs()
+
+
+def conflict_fingerprint(run_id: UUID, tree: str, head: str | None) -> str:
+    return hashlib.sha256(f"{run_id}:{tree}:{head}".encode()).hexdigest()

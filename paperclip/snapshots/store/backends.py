@@ -1,0 +1,171 @@
+"""Where a blob's bytes live: one narrow interface, `BlobBackend` (`put`, `stat`, `delete`,
+`get`), and its two implementations, chosen by `PAPERCLIP_CAS_BACKEND`
+(docs/snapshots.md#the-store). The row index, the upsert, find-missing and the size checks
+stay outside the backends, in `uploads`, `reads` and `pins`, so both backends answer the
+same."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import IO, Final, Protocol
+from uuid import UUID
+
+from django.conf import settings
+
+from paperclip.db.prepared import prepared_cursor
+from paperclip.models import CasBlobChunk
+from paperclip.snapshots.store.names import CHUNK_BYTES, READ_BYTES
+from paperclip.snapshots.store.spool import Region
+
+
+class BlobBackend(Protocol):
+    def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
+        """Store the bytes of `source` for the row `blob_id` (inside its transaction)."""
+
+    def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
+        """The bytes of an existing row are there."""
+
+    def delete(self, *, company_id: UUID, digest: str) -> None:
+        """Remove a blob's bytes: those `put` wrote in a transaction that is rolling back, or
+        those of a row the collector deletes."""
+
+    def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
+        """The bytes, in pieces; raises FileNotFoundError when they are gone."""
+
+
+def blob_path(company_id: UUID | str, digest: str) -> Path:
+    """Where the filesystem backend keeps a blob."""
+    return Path(blob_file(company_id, digest))
+
+
+def blob_file(company_id: UUID | str, digest: str) -> str:
+    """`blob_path` as a string, built without pathlib (once per file a materialization
+    writes: the Path operations cost more than opening the file)."""
+    hexdigest = digest.removeprefix("sha256:")
+    return f"{os.fspath(settings.PAPERCLIP_CAS_DIR)}/{company_id}/{hexdigest[:2]}/{hexdigest}"
+
+
+class FilesystemBackend:
+    def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
+        path = blob_file(company_id, digest)
+        directory, _, name = path.rpartition("/")
+        temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+        try:
+            out = os.open(temporary, _CREATE_FLAGS, 0o666)
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)
+            out = os.open(temporary, _CREATE_FLAGS, 0o666)
+        try:
+            try:
+                copy_region(source, out)
+                os.fsync(out)
+            finally:
+                os.close(out)
+            os.replace(temporary, path)
+        except BaseException:
+            with suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+
+    def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
+        try:
+            return blob_path(company_id, digest).stat().st_size == size
+        except FileNotFoundError:
+            return False
+
+    def delete(self, *, company_id: UUID, digest: str) -> None:
+        blob_path(company_id, digest).unlink(missing_ok=True)
+
+    def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
+        handle = blob_path(company_id, digest).open("rb")  # FileNotFoundError: gone
+        return _file_chunks(handle)
+
+
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+def copy_region(source: Region, out: int) -> None:
+    """Write `source`'s bytes to the descriptor `out`: in the kernel (`copy_file_range`, no
+    Python buffers) when the source is a real file, else piece by piece."""
+    if source.fd is not None:
+        try:
+            while source.left > 0:
+                done = os.copy_file_range(source.fd, out, source.left, offset_src=source.offset)
+                if done <= 0:
+                    break
+                source.offset += done
+                source.left -= done
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+    while data := source.read(READ_BYTES):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view) :]
+    if source.left:  # the spooled file ended early: never place a short blob
+        raise OSError(errno.EIO, f"{source.left} bytes of a spooled blob missing")
+
+
+def _file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
+    try:
+        while data := handle.read(READ_BYTES):
+            yield data
+    finally:
+        handle.close()
+
+
+class PostgresBackend:
+    def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
+        CasBlobChunk.objects.filter(blob_id=blob_id).delete()  # (a re-placed row's old pieces)
+        seq = 0
+        # Bound server-side: Django's client-side binding would copy each piece into the
+        # query text (twice its size, as hex), and psycopg keeps recent query texts.
+        with prepared_cursor() as cursor:
+            while data := source.read(CHUNK_BYTES):
+                cursor.execute(
+                    "INSERT INTO cas_blob_chunks (blob_id, seq, data) VALUES (%s, %s, %s)",
+                    [blob_id, seq, data],
+                )
+                seq += 1
+
+    def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
+        return True  # the pieces commit with the row
+
+    def delete(self, *, company_id: UUID, digest: str) -> None:
+        pass  # the rollback takes the pieces with it
+
+    def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
+        count = -(-size // CHUNK_BYTES)
+        first = _chunk(blob_id, 0) if count else b""
+        if first is None:
+            raise FileNotFoundError(digest)
+        return _postgres_chunks(blob_id, first, count)
+
+
+def _chunk(blob_id: int, seq: int) -> bytes | None:
+    row = CasBlobChunk.objects.filter(blob_id=blob_id, seq=seq).values_list("data", flat=True)
+    data = row.first()
+    return None if data is None else bytes(data)
+
+
+def _postgres_chunks(blob_id: int, first: bytes, count: int) -> Iterator[bytes]:
+    # One piece per query, so a streamed 64 MiB blob never sits in memory; a blob collected
+    # mid-stream ends short of its Content-Length, which the client sees as a failed download.
+    if count:
+        yield first
+    for seq in range(1, count):
+        data = _chunk(blob_id, seq)
+        if data is None:
+            return
+        yield data
+
+
+def blob_backend() -> BlobBackend:
+    if settings.PAPERCLIP_CAS_BACKEND == "postgres":
+        return PostgresBackend()
+    return FilesystemBackend()

@@ -1,0 +1,104 @@
+"""Uploading blobs: the row upserted first, then the bytes placed through the backend, then the
+commit (the order that keeps the collector away, see the package's docstring)."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+
+from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
+from paperclip.db.prepared import prepared_cursor
+from paperclip.snapshots.store.backends import blob_backend
+from paperclip.snapshots.store.names import checked_name
+from paperclip.snapshots.store.spool import Readable, Spooled, spool_upload
+
+logger = logging.getLogger(__name__)
+
+
+# Rows are upserted in digest order (the `sorted` of the callers): two uploads, or an upload
+# and a registration's `cas_pin` (same order), never wait for each other in a cycle. The
+# collector skips locked rows, so it never waits for either.
+_UPSERT: Final = """
+    INSERT INTO cas_blobs (company_id, digest, size, created_at, referenced_at)
+    SELECT %s, t.digest, t.size, now(), now()
+    FROM unnest(%s::text[], %s::bigint[]) AS t(digest, size)
+    ORDER BY t.digest
+    ON CONFLICT (company_id, digest) DO UPDATE SET referenced_at = now()
+    RETURNING id, digest, (xmax = 0) AS inserted
+"""
+
+
+def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, bool]:
+    """Upsert the rows (locking them), then place the bytes of new rows and of existing rows
+    whose bytes are gone; returns digest → created. Runs in the caller's transaction; on any
+    error removes what it placed before the transaction rolls back (still holding the rows,
+    so no concurrent upload of the same blob can have written there meanwhile)."""
+    require_transaction()
+    by_digest = {s.digest: s for s in spooled}
+    digests = sorted(by_digest)
+    backend = blob_backend()
+    set_local_lock_timeout()
+    with prepared_cursor() as cursor:
+        cursor.execute(_UPSERT, [company_id, digests, [by_digest[d].size for d in digests]])
+        rows: list[tuple[int, str, bool]] = cursor.fetchall()
+    placed: list[str] = []
+    try:
+        for blob_id, digest, inserted in sorted(rows, key=lambda r: r[1]):
+            blob = by_digest[digest]
+            if inserted or not backend.stat(company_id=company_id, digest=digest, size=blob.size):
+                backend.put(
+                    blob_id=blob_id, company_id=company_id, digest=digest, source=blob.reader()
+                )
+                if inserted:
+                    placed.append(digest)
+    except BaseException:
+        for digest in placed:
+            try:
+                backend.delete(company_id=company_id, digest=digest)
+            except OSError:  # pragma: no cover - best effort; the blob is only stray bytes
+                logger.warning("could not remove %s of a failed upload", digest, exc_info=True)
+        raise
+    return {digest: inserted for _, digest, inserted in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class CasPut:
+    digest: str
+    size: int
+    created: bool  # False: the company already had it (its `referenced_at` moved)
+
+
+def cas_put(
+    *, company_id: UUID, digest: str, stream: Readable | None, length: int | None
+) -> CasPut:
+    """Store the blob `digest` from `stream` (`length` bytes when known, e.g. the request's
+    Content-Length; else to its end) in the company's store, or note that it is already there.
+
+    Hashes while streaming into a spooled temporary file; then, in one transaction, upserts
+    the row (locking it; lock waits bounded, else `resource_busy`), places the bytes and
+    commits. Raises InvalidRequest (bad name, body shorter than `length`), BlobTooLarge (413,
+    `details.max_bytes`, as soon as the limit is passed), BlobDigestMismatch; nothing is kept
+    on any error. Blob uploads are content, not domain state: no audit row."""
+    checked_name(digest)
+    spooled = spool_upload(
+        stream, digest=digest, length=length, max_bytes=settings.PAPERCLIP_CAS_MAX_BLOB_BYTES
+    )
+    try:
+        with busy_on_lock_timeout(), transaction.atomic(durable=True):
+            created = store_spooled(company_id, [spooled])[digest]
+    finally:
+        spooled.file.close()
+    return CasPut(digest=digest, size=spooled.size, created=created)
+
+
+def cas_store_blobs(*, company_id: UUID, blobs: Mapping[str, bytes]) -> None:
+    """Store small blobs the server made itself (directory blobs of a merge or an adoption)."""
+    for name, data in blobs.items():
+        cas_put(company_id=company_id, digest=name, stream=io.BytesIO(data), length=len(data))

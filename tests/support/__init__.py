@@ -1,0 +1,1 @@
+"""Helpers for the tests, the benches and the chaos test only; not shipped with the apps."""
