@@ -347,6 +347,35 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
         "updated_at",
     )
 
+    # The change page is an operator's view: the head's history (detail panels) and state
+    # first, the editable settings folded away below (docs/snapshots.md#the-console).
+    STATE_FIELDS = (
+        "head_tree",
+        "head_run_named",
+        "head_committed_at",
+        "cwd_tree",
+        "materialize_error",
+        "materialize_failed_at",
+        "materialize_attempts",
+        "materialize_next_at",
+        "runtime_lease_generation",
+        "id",
+        "opened_at",
+        "created_at",
+        "updated_at",
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: ExecutionWorkspace | None = None) -> Any:
+        if obj is None:
+            return super().get_fieldsets(request, obj)
+        return [
+            ("State", {"fields": self.STATE_FIELDS}),
+            (
+                "Settings",
+                {"fields": ExecutionWorkspaceAdminForm.Meta.fields, "classes": ("collapse",)},
+            ),
+        ]
+
     def get_urls(self) -> list[URLPattern]:
         return history_urls(self) + super().get_urls()
 

@@ -73,6 +73,23 @@ def test_the_workspace_page_shows_head_cwd_state_and_history(company: Company) -
     assert _url("move_restore", workspace, 2) not in html  # the head: nothing to restore
 
 
+def test_the_workspace_page_is_a_view_with_its_settings_folded_away(company: Company) -> None:
+    workspace, _ = _history(company)
+    html = staff(company).get(_url("change", workspace)).content.decode()
+    history, state, settings = (
+        html.index('data-seq="1"'),
+        html.index(">State<"),
+        html.index("Settings"),
+    )
+    assert history < state < settings  # the history, the state, then the settings
+    # The editable settings sit in a folded <details> (Django's collapsed fieldset).
+    assert html.rindex("<details", 0, settings) > state
+    assert html.index('name="name"') > settings
+    # Adding a workspace is still a plain form.
+    add = staff(company).get(reverse("admin:paperclip_executionworkspace_add")).content.decode()
+    assert "<details" not in add
+
+
 def test_the_diff_lists_changes_and_shows_a_text_file_side_by_side(company: Company) -> None:
     workspace, _trees = _history(company)
     client = staff(company)
