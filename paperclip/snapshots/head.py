@@ -10,9 +10,9 @@ board (`workspace_head_conflict`) instead of published.
 
 Materialization follows the head, not the run: `cwd_tree` records what the `cwd` holds, and a
 job (one at a time per workspace, under an advisory lock on a dedicated connection) makes the
-`cwd` equal to the head, touching only what differs. A crash part way leaves `cwd_tree` at the
-old tree, so the next attempt (the job retried, or the reconciler's) redoes the same diff; a
-recorded failure part way leaves it unknown, so the next attempt compares with the disk.
+`cwd` equal to the head, touching only what differs. `cwd_tree` is marked unknown before the
+first write, so a crash or a failure part way leaves it unknown and the next attempt (the job
+retried, or the reconciler's) compares the head with the disk.
 """
 
 from __future__ import annotations
@@ -385,9 +385,10 @@ def workspace_materialize(
     One materializer per workspace: a transaction-scoped advisory lock held on a dedicated
     connection for the whole work (`busy` when another holds it: that one carries on to the
     head). Each round diffs the head against `cwd_tree` (what the cwd last held), writes only
-    what changed, then records the new `cwd_tree` (audited). A crash part way leaves
-    `cwd_tree` as it was; a recorded failure leaves it unknown (the cwd may hold part of the
-    target), so the next attempt compares with the disk whatever the head is by then.
+    what changed, then records the new `cwd_tree` (audited). Before its first write a round
+    marks `cwd_tree` unknown (audited), so a crash or a failure part way leaves it unknown
+    (the cwd may hold part of the target) and the next attempt compares with the disk,
+    whatever the head is by then.
     """
     last: MaterializeOutcome = MaterializeOutcome("current")
     with dedicated_connection(application_name="paperclip-materialize") as lock:
@@ -413,6 +414,14 @@ def workspace_materialize(
             if head is None or head == previous_tree:
                 return last if rounds > 1 else MaterializeOutcome("current", tree=head)
             company_id: UUID = row["company_id"]
+            if previous_tree is not None and not _cwd_unknown_while_writing(
+                company_id=company_id,
+                workspace_id=workspace_id,
+                cwd=row["cwd"],
+                tree=head,
+                previous_tree=previous_tree,
+            ):
+                continue  # the row changed meanwhile: read it again
             if on_round is not None:
                 on_round(head)
             try:
@@ -440,10 +449,11 @@ def workspace_materialize(
                     "failed", tree=head, rounds=rounds, error=error, failure=failure
                 )
             with transaction.atomic(durable=True):
-                # Only over the tree it diffed against (None filters IS NULL); a success
-                # clears the failure recorded by an earlier attempt.
+                # Only while the cwd is still marked unknown by this round (an adoption that
+                # recorded another tree meanwhile wins); a success clears the failure recorded
+                # by an earlier attempt.
                 updated = ExecutionWorkspace.objects.filter(
-                    pk=workspace_id, cwd=row["cwd"], cwd_tree=previous_tree
+                    pk=workspace_id, cwd=row["cwd"], cwd_tree__isnull=True
                 ).update(cwd_tree=head, updated_at=Now(), **FAILURE_CLEARED)
                 if updated:
                     activity_record(
@@ -462,6 +472,31 @@ def workspace_materialize(
                     )
             last = MaterializeOutcome("materialized", tree=head, report=report, rounds=rounds)
     return last
+
+
+def _cwd_unknown_while_writing(
+    *, company_id: UUID, workspace_id: UUID, cwd: str, tree: str, previous_tree: str
+) -> bool:
+    """Mark the cwd's tree unknown (null) before the first write, in its own committed
+    transaction with one `workspace.materialize_started` audit row: a process killed part way
+    then leaves no `cwd_tree` claiming what the disk no longer holds, and the next attempt
+    compares with the disk (a head moved back to `previous_tree` is written back). False when
+    the row no longer holds `previous_tree` for `cwd`."""
+    with transaction.atomic(durable=True):
+        updated = ExecutionWorkspace.objects.filter(
+            pk=workspace_id, cwd=cwd, cwd_tree=previous_tree
+        ).update(cwd_tree=None, updated_at=Now())
+        if updated:
+            activity_record(
+                company_id=company_id,
+                actor_type="system",
+                actor_id=PUBLISHER,
+                action="workspace.materialize_started",
+                entity_type="execution_workspace",
+                entity_id=workspace_id,
+                details={"tree": tree, "previousTree": previous_tree, "cwd": cwd},
+            )
+    return bool(updated)
 
 
 def _materialize_round(

@@ -9,8 +9,10 @@ import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
+from django.db import DatabaseError
 from django.db.models.functions import Now
 from procrastinate.contrib.django.models import ProcrastinateJob
 
@@ -119,6 +121,35 @@ def test_a_head_moved_back_after_a_failure_part_way_is_written_back(tmp_path: Pa
     assert not (cwd / "lost.bin").exists()
     workspace.refresh_from_db()
     assert workspace.cwd_tree == old
+
+
+def test_a_round_cut_short_without_a_record_leaves_the_cwd_unknown(tmp_path: Path) -> None:
+    """As a worker killed part way, or its database connection lost: nothing records the
+    failure, yet `cwd_tree` (marked unknown before the first write) does not claim the old
+    tree, so a head moved back to it is written back."""
+    workspace = _workspace(tmp_path)
+    old = ExecutionWorkspace.objects.values_list("cwd_tree", flat=True).get(pk=workspace.pk)
+    real_rename = os.rename
+    calls = {"n": 0}
+
+    def rename_then_die(*args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise DatabaseError("the connection is gone (injected)")
+        real_rename(*args, **kwargs)
+
+    with mock.patch("os.rename", rename_then_die), pytest.raises(DatabaseError):
+        workspace_materialize(workspace_id=workspace.pk)
+    cwd = tmp_path / "cwd"
+    assert (cwd / "README.md").read_bytes() == b"hello, changed\n"  # the first rename landed
+    workspace.refresh_from_db()
+    assert workspace.cwd_tree is None
+    assert workspace.materialize_error is None  # nothing recorded: the job is retried
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=old)
+    assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
+    assert {p: (cwd / p).read_bytes() for p in OLD} == OLD
+    # Marked once: the rounds that start from an unknown cwd have nothing to unmark.
+    assert ActivityEvent.objects.filter(action="workspace.materialize_started").count() == 1
 
 
 def test_a_cwd_that_cannot_be_written_is_recorded_not_raised(tmp_path: Path) -> None:
