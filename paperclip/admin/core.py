@@ -329,23 +329,6 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
     search_fields = ("name", "id", "cwd")
     list_select_related = ("company",)
     autocomplete_fields = ("company", "source_issue")
-    # The lease generation is a fencing counter owned by the lease service; the head moves only
-    # when a run commits (docs/snapshots.md#publishing).
-    readonly_fields = (
-        "id",
-        "runtime_lease_generation",
-        "head_tree",
-        "head_run_named",
-        "head_committed_at",
-        "cwd_tree",
-        "materialize_error",
-        "materialize_failed_at",
-        "materialize_attempts",
-        "materialize_next_at",
-        "opened_at",
-        "created_at",
-        "updated_at",
-    )
 
     # The change page is an operator's view: the head's history (detail panels) and state
     # first, the editable settings folded away below (docs/snapshots.md#the-console).
@@ -364,6 +347,9 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
         "created_at",
         "updated_at",
     )
+    # The lease generation is a fencing counter owned by the lease service; the head moves only
+    # when a run commits (docs/snapshots.md#publishing): the state is read-only.
+    readonly_fields = STATE_FIELDS
 
     def get_fieldsets(self, request: HttpRequest, obj: ExecutionWorkspace | None = None) -> Any:
         if obj is None:
