@@ -100,9 +100,10 @@ def materialize_failure_record(
     error: str,
 ) -> MaterializeFailure | None:
     """Record that materializing `tree` into the workspace's cwd failed with `error`: one more
-    attempt in a row, the next one after the back-off (database time), `cwd_tree` unknown
-    (the cwd may hold part of `tree`); one `workspace.materialize_failed` audit row. None when
-    the workspace is gone."""
+    attempt in a row, the next one after the back-off (database time); one
+    `workspace.materialize_failed` audit row. `cwd_tree` is left as the round marked it before
+    its first write (unknown: the cwd may hold part of `tree`). None when the workspace is
+    gone."""
     error = error[:MAX_ERROR_CHARS]
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
@@ -113,11 +114,6 @@ def materialize_failure_record(
                 " materialize_attempts = materialize_attempts + 1,"
                 " materialize_next_at = now() + make_interval(secs => least("
                 "   %s * power(2, least(materialize_attempts, 20)), %s)),"
-                # What the cwd holds is no longer known: some entries may already hold
-                # `tree`'s content. The next attempt compares with the disk, whatever the
-                # head is by then (diffing against the old tree would skip a path the head
-                # moved back to it while the disk holds the failed target's bytes).
-                " cwd_tree = NULL,"
                 " updated_at = now()"
                 " WHERE id = %s AND company_id = %s"
                 " RETURNING materialize_attempts, materialize_next_at",
