@@ -227,16 +227,14 @@ class ReplicatedCluster:
         """SIGSTOP the primary's WAL sender: what the primary commits from now on is not
         shipped (with asynchronous replication, commits still return), and goes with it when
         it is killed. Nothing is left in flight in a socket buffer to be read later."""
-        pid = self.primary.postmaster_pid()
-        senders = [
-            child
-            for child in (psutil.Process(pid).children() if pid is not None else [])
-            if "walsender" in " ".join(child.cmdline())
-        ]
-        if not senders:
+        # The primary names its WAL senders itself; walking the postmaster's children by
+        # command line raced with a backend exiting at that moment (a zombie has none).
+        with psycopg.connect(self.primary.dsn, autocommit=True) as conn:
+            pids = [row[0] for row in conn.execute("SELECT pid FROM pg_stat_replication")]
+        if not pids:
             raise RuntimeError("the primary has no WAL sender")
-        for sender in senders:
-            sender.send_signal(signal.SIGSTOP)
+        for pid in pids:
+            psutil.Process(pid).send_signal(signal.SIGSTOP)
 
     def promote(self) -> None:
         """Promote the standby. It inherited `synchronous_standby_names` from the primary and
