@@ -88,7 +88,8 @@ class StalenessFilter(admin.SimpleListFilter):
         if self.value() == "stale":
             return among_stale_candidates(queryset).filter(**STALE)
         if self.value() == "expired":
-            return queryset.filter(expires_at__lte=Now())
+            # Through the floor's index; `expires_at` itself is the verdict.
+            return queryset.filter(expiry_floor__lte=Now(), expires_at__lte=Now())
         return queryset
 
 

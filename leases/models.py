@@ -55,6 +55,13 @@ class WorkspaceRuntimeLease(TimestampedModel):
     # the generation below, so a failover that lost the last grants still hands out larger ones.
     fence = models.BigIntegerField(db_default=0)
     generation = models.BigIntegerField(default=1)
+    # A lower bound of `expires_at` that a renew leaves alone, so that a renew changes no
+    # indexed column and PostgreSQL updates the row in place (a HOT update: none of the
+    # table's indexes is written). Set-wide expiry reads find candidates through its index and
+    # judge `expires_at` itself; the periodic sweep moves the floors of live leases up. Kept by
+    # database triggers (never above `expires_at`), not by Python:
+    # docs/data-model.md#expiry-floor.
+    expiry_floor = models.DateTimeField(db_default=Now(), editable=False)
     # Whether the owner the key names is missing, hidden or ended: kept by database triggers
     # on this table, issues and runs (docs/data-model.md#owner-stale-marker), never by Python.
     # Only a filter for set-wide stale reads; the verdict itself is judged live.
@@ -68,9 +75,15 @@ class WorkspaceRuntimeLease(TimestampedModel):
                 name="ws_rt_leases_company_ws_idx",
             ),
             models.Index(fields=["company", "owner_key"], name="ws_rt_leases_company_owner_idx"),
-            models.Index(fields=["expires_at"], name="ws_rt_leases_expires_at_idx"),
+            models.Index(fields=["expiry_floor"], name="ws_rt_leases_expiry_floor_idx"),
             models.Index(
                 fields=["id"], condition=Q(owner_stale=True), name="ws_rt_leases_owner_stale_idx"
+            ),
+        ]
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.CheckConstraint(
+                condition=Q(expiry_floor__lte=models.F("expires_at")),
+                name="ws_rt_leases_expiry_floor_lte_expires_at",
             ),
         ]
 

@@ -16,7 +16,7 @@ def sweep_runtime_leases(timestamp: int) -> str:
     report = runtime_lease_sweep()
     return (
         f"deleted {report.deleted}, survived {report.survived}, "
-        f"skipped (locked) {report.skipped_locked}"
+        f"skipped (locked) {report.skipped_locked}, expiry floors raised {report.floors_raised}"
     )
 
 

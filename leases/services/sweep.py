@@ -79,6 +79,35 @@ def runtime_lease_sweep_batch(*, lease_ids: list[UUID]) -> RuntimeLeaseSweepBatc
     )
 
 
+# Floors of live leases that have passed, moved up to their expiry: `FOR NO KEY UPDATE SKIP
+# LOCKED` so that a renew or claim holding a row is never waited for (its row is taken by the
+# next sweep), in id order and in batches, each its own statement.
+_RAISE_FLOORS_SQL: Final = (
+    f"WITH due AS (SELECT id FROM {LEASE_TABLE}"  # noqa: S608
+    " WHERE expiry_floor <= now() AND expires_at > now()"
+    " ORDER BY id LIMIT %s FOR NO KEY UPDATE SKIP LOCKED)"
+    f" UPDATE {LEASE_TABLE} l SET expiry_floor = l.expires_at FROM due WHERE l.id = due.id"
+)
+
+
+def runtime_lease_floors_raise(*, batch_size: int = 1000) -> int:
+    """Move the expiry floor of every live lease whose floor has passed up to its
+    `expires_at` (docs/data-model.md#expiry-floor); how many rows moved.
+
+    A renew leaves the floor alone (so that it is an in-place update), which lets the floors
+    of renewed leases fall behind; this keeps the expiry candidates few. It changes no lease's
+    meaning (the floor is an index hint, never a verdict), so it writes no audit row.
+    """
+    raised = 0
+    while True:
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(_RAISE_FLOORS_SQL, [batch_size])
+            moved = cursor.rowcount
+        raised += moved
+        if moved < batch_size:
+            return raised
+
+
 def runtime_lease_sweep(
     *,
     batch_size: int = 500,
@@ -95,6 +124,8 @@ def runtime_lease_sweep(
     if batch_size < 1:
         raise InvalidRequest(fields={"batch_size": ["Must be a positive integer."]})
     report = RuntimeLeaseSweepReport(dry_run=dry_run)
+    if not dry_run:
+        report.floors_raised = runtime_lease_floors_raise()
     after: UUID | None = None
     while True:
         page = runtime_lease_stale_page(after_id=after, limit=batch_size)

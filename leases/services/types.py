@@ -109,6 +109,7 @@ class RuntimeLeaseSweepReport:
     skipped_locked: int = 0
     survived: int = 0
     by_reason: Counter[str] = field(default_factory=Counter)
+    floors_raised: int = 0  # live leases whose expiry floor moved up (docs/data-model.md)
 
     @property
     def deleted(self) -> int:

@@ -40,3 +40,7 @@ class Command(SweepCommand):
         )
         for reason, count in sorted(report.by_reason.items()):
             self.stdout.write(f"  {reason}: {count}")
+        if report.floors_raised:
+            self.stdout.write(
+                f"Raised the expiry floor of {report.floors_raised} live lease(s) to their expiry."
+            )
