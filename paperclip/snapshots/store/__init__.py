@@ -23,5 +23,6 @@ find-missing answers such a blob missing and the next upload of it writes the by
 
 The package by step: `names` (names, limits, errors, the caller's company), `backends` (the
 `BlobBackend` interface and its filesystem and postgres implementations), `spool`, `uploads`,
-`batch`, `reads`, `pins`.
+`batch`, `reads`, `pins`, and `migration` (copying every blob to another backend,
+`manage.py cas_migrate`).
 """

@@ -1,0 +1,331 @@
+"""`manage.py cas_migrate`: every blob copied to another backend and verified, bad source
+bytes reported and not copied, bad input refused before anything, a killed run resumed, the
+collector and uploads beside a copy (docs/snapshots.md#moving-the-store-to-another-backend)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from io import BytesIO, StringIO
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from paperclip.models import CasBlob, CasBlobChunk
+from paperclip.snapshots.collect import cas_collect
+from paperclip.snapshots.store.backends import FilesystemBackend, PostgresBackend, blob_path
+from paperclip.snapshots.store.names import CHUNK_BYTES
+from paperclip.snapshots.store.reads import cas_open
+from paperclip.snapshots.store.uploads import cas_put
+from tests.paperclip.factories import CompanyFactory
+from tests.paperclip.snapshots.helpers import NOTHING, kept, name_of
+from tests.support.processes import child_env
+
+OTHER = {"filesystem": "postgres", "postgres": "filesystem"}
+
+
+@pytest.fixture(params=["filesystem", "postgres"])
+def source(request: pytest.FixtureRequest, settings: Any, tmp_path: Path) -> str:
+    settings.PAPERCLIP_CAS_BACKEND = request.param
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    return str(request.param)
+
+
+def store(company_id: UUID, data: bytes) -> str:
+    name = name_of(data)
+    cas_put(company_id=company_id, digest=name, stream=BytesIO(data), length=len(data))
+    return name
+
+
+def migrate(*args: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("cas_migrate", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def read(company_id: UUID, name: str) -> bytes | None:
+    blob = cas_open(company_id=company_id, digest=name)
+    return None if blob is None else b"".join(blob.chunks)
+
+
+def in_target(target: str, company_id: UUID, name: str) -> bool:
+    """Whether the target backend holds bytes of the blob (whatever they are)."""
+    if target == "postgres":
+        return CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name).exists()
+    return blob_path(company_id, name).exists()
+
+
+@pytest.mark.django_db
+def test_every_blob_of_every_company_is_copied_and_reads_back_from_the_target(
+    source: str, settings: Any
+) -> None:
+    first, second = CompanyFactory(), CompanyFactory()
+    big = os.urandom(2 * CHUNK_BYTES + 12345)  # three pieces in postgres
+    contents = {
+        first.pk: [b"", b"alpha", big, b"shared bytes"],
+        second.pk: [b"shared bytes", b"beta" * 1000],
+    }
+    names = {c: [store(c, data) for data in blobs] for c, blobs in contents.items()}
+    target = OTHER[source]
+
+    # The empty blob has no pieces in postgres: there it is present from the start.
+    copied, present = (5, 1) if target == "postgres" else (6, 0)
+
+    out, err = migrate("--to", target, "--batch-size", "2")
+
+    assert f"done: copied {copied} blob(s)" in out
+    assert f"{present} already there, 0 gone (collected meanwhile), 0 not copied" in out
+    assert f"set PAPERCLIP_CAS_BACKEND={target}" in out
+    assert f"PAPERCLIP_CAS_BACKEND={source} manage.py cas_migrate --to {target}" in out
+    lines = err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["batch 1", "batch 2", "batch 3"]
+    assert lines[-1].startswith("batch 3: 6/6 blobs, ")
+    assert " MiB/s, ETA " in lines[-1]
+    assert source == settings.PAPERCLIP_CAS_BACKEND  # switches nothing
+    settings.PAPERCLIP_CAS_BACKEND = target
+    for company_id, blobs in contents.items():
+        for name, data in zip(names[company_id], blobs, strict=True):
+            assert read(company_id, name) == data
+    if target == "postgres":
+        assert CasBlobChunk.objects.filter(blob__digest=name_of(big)).count() == 3
+    settings.PAPERCLIP_CAS_BACKEND = source  # the source keeps its copy
+    assert read(first.pk, name_of(big)) == big
+
+    again, _ = migrate("--to", target)
+
+    assert "done: copied 0 blob(s), 0.0 MiB" in again
+    assert "6 already there" in again
+
+
+@pytest.mark.django_db
+def test_a_dry_run_counts_what_the_target_lacks_and_copies_nothing(source: str) -> None:
+    company = CompanyFactory()
+    names = [store(company.pk, data) for data in (b"one", b"two")]
+
+    out, _ = migrate("--to", OTHER[source], "--dry-run")
+
+    assert "done: would copy 2 blob(s)" in out
+    assert not any(in_target(OTHER[source], company.pk, name) for name in names)
+
+
+def _spoil(backend: str, company_id: UUID, name: str, data: bytes | None) -> None:
+    """Replace the source's bytes of `name` with `data`, or remove them (None)."""
+    if backend == "filesystem":
+        path = blob_path(company_id, name)
+        if data is None:
+            path.unlink()
+        else:
+            path.write_bytes(data)
+        return
+    chunks = CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name)
+    if data is None:
+        chunks.delete()
+    else:
+        chunks.update(data=data)
+
+
+@pytest.mark.django_db
+def test_source_bytes_that_are_not_the_blob_are_reported_and_never_copied(source: str) -> None:
+    company = CompanyFactory()
+    good, corrupt, short, missing = (
+        store(company.pk, data) for data in (b"good", b"corrupt", b"short one", b"missing")
+    )
+    _spoil(source, company.pk, corrupt, b"CORRUPT")  # same size, other bytes
+    _spoil(source, company.pk, short, b"short")
+    _spoil(source, company.pk, missing, None)
+    target = OTHER[source]
+    out = StringIO()
+
+    with pytest.raises(CommandError, match=r"3 blob\(s\) not copied"):
+        call_command("cas_migrate", "--to", target, stdout=out, stderr=StringIO())
+
+    text = out.getvalue()
+    assert "done: copied 1 blob(s)" in text
+    assert "3 not copied" in text
+    expected = {
+        corrupt: f"its 7 bytes (recorded 7) hash to {name_of(b'CORRUPT')}",
+        short: f"its 5 bytes (recorded 9) hash to {name_of(b'short')}",
+        missing: "missing from the source",
+    }
+    for name, reason in expected.items():
+        assert f"not copied (unreadable): company {company.pk} blob {name}: {reason}" in text
+        assert not in_target(target, company.pk, name)
+    assert in_target(target, company.pk, good)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--to", "s4"], "--to must be one of filesystem, postgres, not 's4'"),
+        (["--to", "{source}"], "is the backend in use"),
+        (["--to", "{target}", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--to", "{target}", "--max-batch-mib", "0"], "--max-batch-mib must be at least 1"),
+    ],
+)
+def test_bad_input_is_a_command_error_and_copies_nothing(
+    source: str, args: list[str], message: str
+) -> None:
+    company = CompanyFactory()
+    name = store(company.pk, b"untouched")
+    filled = [a.format(source=source, target=OTHER[source]) for a in args]
+    out = StringIO()
+
+    with pytest.raises(CommandError, match=message):
+        call_command("cas_migrate", *filled, stdout=out, stderr=StringIO())
+
+    assert out.getvalue() == ""
+    assert not in_target(OTHER[source], company.pk, name)
+
+
+@pytest.mark.django_db
+def test_a_copy_that_does_not_read_back_stops_the_pass_and_keeps_nothing_of_it(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    company = CompanyFactory()
+    first, second = store(company.pk, b"first"), store(company.pk, b"second")
+    target = OTHER[source]
+    target_class = PostgresBackend if target == "postgres" else FilesystemBackend
+
+    def garbled(self: Any, **kwargs: Any) -> Iterator[bytes]:
+        return iter([b"not what was written"])
+
+    monkeypatch.setattr(target_class, "get", garbled)
+
+    with pytest.raises(CommandError, match=rf"the copy to {target} failed: .* {first}: read back"):
+        call_command("cas_migrate", "--to", target, stdout=StringIO(), stderr=StringIO())
+
+    assert not in_target(target, company.pk, first)
+    assert not in_target(target, company.pk, second)  # the pass stopped at the first
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_collector_skips_a_blob_being_copied_and_uploads_do_not_wait_for_it(
+    source: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.PAPERCLIP_CAS_GRACE_SECONDS = 0  # every committed blob is old: no root keeps any
+    company = CompanyFactory()
+    held, collected = store(company.pk, b"held"), store(company.pk, b"collected")
+    target = OTHER[source]
+    target_class = PostgresBackend if target == "postgres" else FilesystemBackend
+    entered, release = threading.Event(), threading.Event()
+    real_put = target_class.put
+
+    def paused_put(self: Any, **kwargs: Any) -> None:
+        if kwargs["digest"] == held:
+            entered.set()
+            release.wait(20)
+        real_put(self, **kwargs)
+
+    monkeypatch.setattr(target_class, "put", paused_put)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["out"], _ = migrate("--to", target)
+        except BaseException as exc:  # reported to the test below
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert entered.wait(20)
+        summary = cas_collect(batch_size=10)  # holds nothing while the copy is paused
+        started = time.monotonic()
+        cas_put(company_id=company.pk, digest=held, stream=BytesIO(b"held"), length=4)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        thread.join(30)
+
+    assert "error" not in outcome, outcome.get("error")
+    assert summary.deleted == 1  # `collected` only: the row being copied was skipped
+    assert waited < 2  # the upload's upsert does not wait for the copy's row lock
+    assert kept(company.pk, collected) == NOTHING
+    assert "done: copied 1 blob(s)" in outcome["out"]
+    assert "1 gone (collected meanwhile)" in outcome["out"]
+    assert in_target(target, company.pk, held)
+    assert not in_target(target, company.pk, collected)  # never re-created
+
+    cas_collect(batch_size=10)  # later, the held blob goes from both backends
+
+    assert kept(company.pk, held) == NOTHING
+
+
+def _seed(company_id: UUID, count: int) -> None:
+    """`count` distinct blobs of about 2 KiB in the filesystem store, written directly (the
+    upload path's fsync per blob would make this the slowest part of the test)."""
+    rows = []
+    for index in range(count):
+        data = index.to_bytes(4, "big") * 512
+        name = name_of(data)
+        path = blob_path(company_id, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        rows.append(CasBlob(company_id=company_id, digest=name, size=len(data)))
+    CasBlob.objects.bulk_create(rows)
+
+
+VERIFIED_IN_POSTGRES = """
+    SELECT count(*) FROM cas_blobs b
+    WHERE 'sha256:' || encode(sha256(coalesce(
+        (SELECT string_agg(c.data, ''::bytea ORDER BY c.seq)
+         FROM cas_blob_chunks c WHERE c.blob_id = b.id), ''::bytea)), 'hex') = b.digest
+"""
+
+
+def _verified_in_postgres() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(VERIFIED_IN_POSTGRES)
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_run_killed_part_way_resumes_and_copies_only_the_rest(
+    settings: Any, tmp_path: Path
+) -> None:
+    settings.PAPERCLIP_CAS_BACKEND = "filesystem"
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    total = 4000
+    _seed(CompanyFactory().pk, total)
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "cas_migrate", "--to", "postgres", "--batch-size", "100"],
+        cwd=django_settings.BASE_DIR,
+        env=child_env(PAPERCLIP_CAS_BACKEND="filesystem", PAPERCLIP_CAS_DIR=str(tmp_path / "cas")),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("batch 5: "):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    copied_before = _verified_in_postgres()
+    assert 500 <= copied_before < total  # killed part way, after five batches
+
+    out, _ = migrate("--to", "postgres", "--batch-size", "500")
+
+    assert f"done: copied {total - copied_before} blob(s)" in out
+    assert f"{copied_before} already there, 0 gone" in out
+    assert _verified_in_postgres() == total
