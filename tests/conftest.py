@@ -5,6 +5,7 @@ after transactional tests; and the order tests start in (slow ones first)."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from paperclip.credentials import agent_key_create, board_token_create
 from paperclip.models import Agent, BoardMembership, Company
 from tests.helpers import close_if_dead
 from tests.paperclip.factories import AgentFactory, CompanyFactory, UserFactory
+from tests.support.s3 import RcloneUnavailable, S3Server, must_not_skip, rclone_s3
 
 PROCRASTINATE_TABLES = (
     "procrastinate_events",
@@ -160,3 +162,46 @@ def superuser_client() -> Client:
     client = Client()
     client.force_login(UserFactory(is_superuser=True))
     return client
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One `rclone serve s3` per test session (per xdist worker); each test that uses it takes
+    a key prefix of its own (`s3_settings`)."""
+    yield from _s3_serve(tmp_path_factory.mktemp("s3"))
+
+
+@pytest.fixture
+def s3_own_server(tmp_path: Path) -> Iterator[S3Server]:
+    """A server for one test only (failure injection: killed, stopped, restarted)."""
+    yield from _s3_serve(tmp_path / "s3")
+
+
+def _s3_serve(root: Path) -> Iterator[S3Server]:
+    try:
+        server_context = rclone_s3(root)
+        server = server_context.__enter__()
+    except RcloneUnavailable as exc:
+        if must_not_skip():
+            pytest.fail(f"the real S3 server is needed under CI=true: {exc}")
+        pytest.skip(f"no S3 server: {exc}")
+    try:
+        yield server
+    finally:
+        server_context.__exit__(None, None, None)
+
+
+def s3_settings(settings: Any, monkeypatch: pytest.MonkeyPatch, server: S3Server) -> str:
+    """Point the store at `server` under a key prefix of the test's own (credentials and
+    region in the standard AWS_* environment, as in production); returns the prefix."""
+    prefix = f"t{uuid.uuid4().hex[:12]}/cas/"
+    settings.PAPERCLIP_CAS_BACKEND = "s3"
+    settings.PAPERCLIP_CAS_S3_BUCKET = server.bucket
+    settings.PAPERCLIP_CAS_S3_PREFIX = prefix
+    settings.PAPERCLIP_CAS_S3_ENDPOINT_URL = server.endpoint
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    monkeypatch.setenv("AWS_REGION", server.region)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return prefix
