@@ -16,6 +16,7 @@ class DomainError(Exception):
     message: ClassVar[str] = "The request could not be completed."
     remediation: ClassVar[str | None] = None
     status_code: ClassVar[int] = 400
+    retry_after_seconds: ClassVar[int | None] = None  # sent as Retry-After (a 503)
 
     def __init__(
         self, message: str | None = None, *, remediation: str | None = None, **details: Any

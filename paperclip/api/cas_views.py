@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -40,7 +41,7 @@ from paperclip.api.serializers import (
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.snapshots.store.batch import cas_put_batch
 from paperclip.snapshots.store.names import MAX_FIND_MISSING, cas_company, cas_limits
-from paperclip.snapshots.store.reads import cas_find_missing, cas_open
+from paperclip.snapshots.store.reads import cas_blob_redirect, cas_find_missing, cas_open
 from paperclip.snapshots.store.uploads import cas_put
 
 COMPANY_PARAMETER = OpenApiParameter(
@@ -62,6 +63,8 @@ NAME_PARAMETER = OpenApiParameter(
 )
 TOO_LARGE = (413, "blob_too_large")
 DIGEST_MISMATCH = (400, "blob_digest_mismatch")
+UNREADABLE = (422, "blob_unreadable")
+STORE_UNAVAILABLE = (503, "blob_store_unavailable")
 
 
 def _company(request: Request) -> UUID:
@@ -164,13 +167,31 @@ class CasBlobApi(APIView):
         parameters=[NAME_PARAMETER, COMPANY_PARAMETER],
         responses={
             (200, "application/octet-stream"): OpenApiResponse(
-                OpenApiTypes.BINARY, description="The blob's bytes, with Content-Length."
+                OpenApiTypes.BINARY,
+                description="The blob's bytes, with Content-Length. Verified against the "
+                "name as they are read: a mismatch that shows only at the end cuts the "
+                "stream short of its Content-Length.",
             ),
-            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+            307: OpenApiResponse(
+                description="s3 backend with PAPERCLIP_CAS_S3_REDIRECT: `Location` is a "
+                "short-lived pre-signed URL of the object; fetch it without this API's "
+                "Authorization header and verify the bytes against the name."
+            ),
+            **error_responses(
+                *AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND, UNREADABLE, STORE_UNAVAILABLE
+            ),
         },
     )
-    def get(self, request: Request, name: str) -> StreamingHttpResponse:
+    def get(self, request: Request, name: str) -> HttpResponseBase:
         company_id = _company(request)
+        location = cas_blob_redirect(company_id=company_id, digest=name)
+        if location is not None:
+            # 307: the store's URL is fetched without this API's Authorization header (the
+            # agents' client drops it) and the bytes are verified by the reader.
+            redirect = HttpResponse(status=307)
+            redirect["Location"] = location
+            redirect["Cache-Control"] = "no-store"
+            return redirect
         reader = cas_open(company_id=company_id, digest=name)
         if reader is None:
             raise NotFoundError()
@@ -187,7 +208,13 @@ class CasBlobApi(APIView):
             201: BlobStoredSerializer,
             200: BlobStoredSerializer,
             **error_responses(
-                *AUTH_ERRORS, INVALID_REQUEST, DIGEST_MISMATCH, NOT_FOUND, RESOURCE_BUSY, TOO_LARGE
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                DIGEST_MISMATCH,
+                NOT_FOUND,
+                RESOURCE_BUSY,
+                TOO_LARGE,
+                STORE_UNAVAILABLE,
             ),
         },
     )
@@ -235,6 +262,7 @@ class CasBatchApi(APIView):
                 RESOURCE_BUSY,
                 TOO_LARGE,
                 (413, "request_too_large"),
+                STORE_UNAVAILABLE,
             ),
         },
     )

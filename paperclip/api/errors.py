@@ -44,10 +44,13 @@ def error_body(
 
 
 def domain_error_response(exc: DomainError) -> Response:
-    return Response(
+    response = Response(
         error_body(exc.code, exc.text, exc.details, exc.remediation_text),
         status=exc.status_code,
     )
+    if exc.retry_after_seconds is not None:
+        response["Retry-After"] = str(exc.retry_after_seconds)
+    return response
 
 
 def _flatten(detail: Any) -> Any:

@@ -15,7 +15,7 @@ once), then the old unreachable rows are deleted in batches, each batch one tran
 re-checks the age on the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a
 blob after the reachability pass (it holds the row, or has committed a young `referenced_at`)
 wins. The bytes go in the same transaction, before its commit, while the deleted rows are
-still locked.
+still locked (the s3 backend's objects too, one DeleteObjects request per 1,000).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
 from paperclip.snapshots.models import WorkspaceHeadMove
-from paperclip.snapshots.store.backends import FilesystemBackend
+from paperclip.snapshots.store.backends import FilesystemBackend, blob_backend
 from paperclip.snapshots.store.reads import cas_load_many
 
 logger = logging.getLogger(__name__)
@@ -206,9 +206,16 @@ def _delete_batch(
                 "DELETE FROM tree_counts WHERE company_id = %s AND tree = ANY(%s::text[])",
                 [company_id, [r[1] for r in rows]],
             )
-        files = FilesystemBackend()
-        for _, digest, _size in rows:
-            files.delete(company_id=company_id, digest=digest)
+        digests = [r[1] for r in rows]
+        FilesystemBackend().delete_many(company_id=company_id, digests=digests)
+        backend = blob_backend()
+        if not isinstance(backend, FilesystemBackend):
+            # The s3 backend's objects: requests to the store while the rows are locked, on
+            # purpose (docs/snapshots.md#collection-and-object-storage): deleted after the
+            # commit, an upload re-creating a row and its object in between would lose its
+            # bytes. BlobStoreUnavailable
+            # rolls the batch back (its rows stay; the next collection tries again).
+            backend.delete_many(company_id=company_id, digests=digests)
         total = sum(r[2] for r in rows)
         activity_record(
             company_id=company_id,

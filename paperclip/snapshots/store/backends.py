@@ -1,8 +1,9 @@
 """Where a blob's bytes live: one narrow interface, `BlobBackend` (`put`, `stat`, `delete`,
-`get`), and its two implementations, chosen by `PAPERCLIP_CAS_BACKEND`
-(docs/snapshots.md#the-store). The row index, the upsert, find-missing and the size checks
-stay outside the backends, in `uploads`, `reads` and `pins`, so both backends answer the
-same."""
+`get`, and the optional `presigned_url`), its filesystem and postgres implementations and the
+s3 one (`paperclip.snapshots.store.s3`), chosen by `PAPERCLIP_CAS_BACKEND`
+(docs/snapshots.md#the-store). The row index, the upsert, find-missing, the size checks and
+the verification of what a read returns stay outside the backends, in `uploads`, `reads` and
+`pins`, so every backend answers the same."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from paperclip.snapshots.store.spool import Region
 
 
 class BlobBackend(Protocol):
+    # `stat` is a local check (a file's size, or nothing to check): find-missing may ask it
+    # of every present name. False for a remote store (s3: one request per name).
+    cheap_stat: bool
+
     def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
         """Store the bytes of `source` for the row `blob_id` (inside its transaction)."""
 
@@ -34,8 +39,13 @@ class BlobBackend(Protocol):
         """Remove a blob's bytes: those `put` wrote in a transaction that is rolling back, or
         those of a row the collector deletes."""
 
+    def delete_many(self, *, company_id: UUID, digests: list[str]) -> None:
+        """Remove the bytes of rows the collector deletes (in its transaction, before the
+        commit, while it holds the rows)."""
+
     def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
-        """The bytes, in pieces; raises FileNotFoundError when they are gone."""
+        """The bytes, in pieces; raises FileNotFoundError when they are gone, and
+        BlobStoreUnavailable (503) when the store cannot be reached (s3)."""
 
 
 def blob_path(company_id: UUID | str, digest: str) -> Path:
@@ -51,6 +61,8 @@ def blob_file(company_id: UUID | str, digest: str) -> str:
 
 
 class FilesystemBackend:
+    cheap_stat = True
+
     def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
         path = blob_file(company_id, digest)
         directory, _, name = path.rpartition("/")
@@ -80,6 +92,10 @@ class FilesystemBackend:
 
     def delete(self, *, company_id: UUID, digest: str) -> None:
         blob_path(company_id, digest).unlink(missing_ok=True)
+
+    def delete_many(self, *, company_id: UUID, digests: list[str]) -> None:
+        for digest in digests:
+            self.delete(company_id=company_id, digest=digest)
 
     def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
         handle = blob_path(company_id, digest).open("rb")  # FileNotFoundError: gone
@@ -120,6 +136,8 @@ def _file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
 
 
 class PostgresBackend:
+    cheap_stat = True
+
     def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
         CasBlobChunk.objects.filter(blob_id=blob_id).delete()  # (a re-placed row's old pieces)
         seq = 0
@@ -138,6 +156,9 @@ class PostgresBackend:
 
     def delete(self, *, company_id: UUID, digest: str) -> None:
         pass  # the rollback takes the pieces with it
+
+    def delete_many(self, *, company_id: UUID, digests: list[str]) -> None:
+        pass  # the collector deletes the pieces with their rows
 
     def get(self, *, blob_id: int, company_id: UUID, digest: str, size: int) -> Iterator[bytes]:
         count = -(-size // CHUNK_BYTES)
@@ -168,4 +189,22 @@ def _postgres_chunks(blob_id: int, first: bytes, count: int) -> Iterator[bytes]:
 def blob_backend() -> BlobBackend:
     if settings.PAPERCLIP_CAS_BACKEND == "postgres":
         return PostgresBackend()
+    if settings.PAPERCLIP_CAS_BACKEND == "s3":
+        # Imported here: boto3 costs a third of a second to import, which the other
+        # backends' processes (and every test) need not pay.
+        from paperclip.snapshots.store.s3 import S3Backend
+
+        return S3Backend()
     return FilesystemBackend()
+
+
+def blob_presigned_url(
+    backend: BlobBackend, *, company_id: UUID, digest: str, size: int
+) -> str | None:
+    """The backend's optional capability `presigned_url` (a URL that fetches the bytes
+    directly from the store for a short while), or None when it has none."""
+    presign = getattr(backend, "presigned_url", None)
+    if presign is None:
+        return None
+    url: str | None = presign(company_id=company_id, digest=digest, size=size)
+    return url

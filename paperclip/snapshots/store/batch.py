@@ -102,7 +102,7 @@ def _frame_header(body: _Body) -> tuple[str, int] | None:
 def _batch_file() -> IO[bytes]:
     """An unnamed temporary file for a batch's frames: in the filesystem store's directory
     (the same filesystem as the blobs), else the system's temporary directory."""
-    if settings.PAPERCLIP_CAS_BACKEND != "postgres":
+    if settings.PAPERCLIP_CAS_BACKEND == "filesystem":
         directory = Path(settings.PAPERCLIP_CAS_DIR)
         directory.mkdir(parents=True, exist_ok=True)
         return tempfile.TemporaryFile(dir=directory)

@@ -10,7 +10,13 @@ from uuid import UUID
 from django.conf import settings
 
 from paperclip.access import Actor
-from paperclip.errors import DomainError, InvalidRequest, NotFoundError, PayloadTooLargeError
+from paperclip.errors import (
+    DomainError,
+    InvalidRequest,
+    NotFoundError,
+    PayloadTooLargeError,
+    RuleViolationError,
+)
 from paperclip.ids import parse_uuid
 from paperclip.models import Company
 
@@ -43,6 +49,23 @@ class BlobDigestMismatch(DomainError):  # 400
     code = "blob_digest_mismatch"
     message = "The bytes do not hash to the blob's name; nothing was stored."
     status_code = 400
+
+
+class BlobUnreadable(RuleViolationError):  # 422, details.digest and details.reason
+    code = "blob_unreadable"
+    message = (
+        "The store holds this blob but its bytes cannot be read back as it: they are gone "
+        "from the backend or do not hash to its name. They are never served as the blob."
+    )
+    remediation = "Upload the blob again (PUT /api/cas/blobs/{name}): that writes its bytes anew."
+
+
+class BlobStoreUnavailable(DomainError):  # 503 with Retry-After, details.reason
+    code = "blob_store_unavailable"
+    message = "The blob store cannot be reached; nothing was changed. Retry shortly."
+    remediation = "Retry after the number of seconds in the Retry-After header."
+    status_code = 503
+    retry_after_seconds = 5
 
 
 class BlobTooLarge(PayloadTooLargeError):  # 413, details.max_bytes

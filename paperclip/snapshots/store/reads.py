@@ -3,7 +3,9 @@ walks use (with its per-process cache)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -16,13 +18,22 @@ from django.conf import settings
 
 from paperclip.db.prepared import prepared_cursor
 from paperclip.errors import InvalidRequest
-from paperclip.snapshots.store.backends import blob_backend, blob_file
+from paperclip.snapshots.store.backends import blob_backend, blob_file, blob_presigned_url
 from paperclip.snapshots.store.names import (
     MAX_DIRECTORY_BYTES,
     MAX_FIND_MISSING,
     BlobTooLarge,
+    BlobUnreadable,
     checked_name,
 )
+
+logger = logging.getLogger(__name__)
+
+# A blob up to this size is read and verified whole before its first byte is answered, so a
+# mismatch is a 422 `blob_unreadable`; a larger one streams, verified as it goes, and its
+# last piece is held back until the whole has hashed to the name: a mismatch then cuts the
+# stream short of its Content-Length, so a reader never receives all of a wrong blob.
+VERIFY_AHEAD_BYTES: Final = 1024 * 1024
 
 
 def cas_find_missing(*, company_id: UUID, digests: Sequence[str]) -> list[str]:
@@ -56,10 +67,14 @@ def cas_find_missing(*, company_id: UUID, digests: Sequence[str]) -> list[str]:
         )
         rows: list[tuple[str, int]] = cursor.fetchall()
     backend = blob_backend()
+    # A backend whose check is a local stat proves the bytes are there (a blob lost anyway is
+    # then answered missing and uploaded again); one whose check is a request to a remote
+    # store (s3: a HEAD per name, 10,000 per call) trusts the rows, which the upload and
+    # collection order keeps true (docs/snapshots.md#object-storage).
     present = {
         digest
         for digest, size in rows
-        if backend.stat(company_id=company_id, digest=digest, size=size)
+        if not backend.cheap_stat or backend.stat(company_id=company_id, digest=digest, size=size)
     }
     return [d for d in digests if d not in present]
 
@@ -95,8 +110,11 @@ def cas_open(
 ) -> CasBlobReader | None:
     """The company's blob `digest` to stream (its size and its bytes in pieces), or None when
     the company has no such blob (another company's included). `known` is rows read before
-    by `cas_rows` (a name not in it is looked up). InvalidRequest for a bad name. Reads only;
-    writes nothing."""
+    by `cas_rows` (a name not in it is looked up). InvalidRequest for a bad name;
+    BlobUnreadable (422) when the row's bytes are gone from the backend or do not hash to the
+    name (a large blob's mismatch shows only at its end: its stream raises it before its last
+    piece, see VERIFY_AHEAD_BYTES); BlobStoreUnavailable (503) when the store cannot be
+    reached. Reads only; writes nothing."""
     checked_name(digest)
     row = known.get(digest) if known is not None else None
     if row is None:
@@ -109,8 +127,70 @@ def cas_open(
             blob_id=blob_id, company_id=company_id, digest=digest, size=size
         )
     except FileNotFoundError:
-        return None  # collected between the two reads
-    return CasBlobReader(digest=digest, size=size, chunks=chunks)
+        _unless_collected(company_id, digest)
+        return None
+    verified = verified_chunks(chunks, digest=digest, size=size)
+    if size <= VERIFY_AHEAD_BYTES:
+        data = b"".join(verified)  # BlobUnreadable here, before anything is answered
+        return CasBlobReader(digest=digest, size=size, chunks=_pieces(data))
+    return CasBlobReader(digest=digest, size=size, chunks=verified)
+
+
+def cas_blob_redirect(*, company_id: UUID, digest: str) -> str | None:
+    """A short-lived URL that fetches the company's blob `digest` straight from the store,
+    when the backend can sign one and PAPERCLIP_CAS_S3_REDIRECT is on; None otherwise (also
+    when the company has no such blob: the caller then answers from `cas_open`). The reader
+    of the URL verifies the bytes against the name (the agents' client does). Reads only."""
+    if settings.PAPERCLIP_CAS_BACKEND != "s3" or not settings.PAPERCLIP_CAS_S3_REDIRECT:
+        return None
+    row = blob_row(company_id, checked_name(digest))
+    if row is None:
+        return None
+    return blob_presigned_url(blob_backend(), company_id=company_id, digest=digest, size=row[1])
+
+
+def verified_chunks(chunks: Iterator[bytes], *, digest: str, size: int) -> Iterator[bytes]:
+    """`chunks` passed on while they are hashed, the last piece held back until all of them
+    hash to `digest` in exactly `size` bytes: BlobUnreadable (reason `digest_mismatch`)
+    otherwise, so wrong bytes are never passed on whole. Closes `chunks`."""
+    hasher = hashlib.sha256()
+    total = 0
+    held: bytes | None = None
+    try:
+        for data in chunks:
+            total += len(data)
+            if total > size:
+                break
+            hasher.update(data)
+            if held is not None:
+                yield held
+            held = data
+        if total != size or "sha256:" + hasher.hexdigest() != digest:
+            logger.error(
+                "blob %s read back as %d bytes that do not hash to its name", digest, total
+            )
+            raise BlobUnreadable(digest=digest, reason="digest_mismatch")
+        if held is not None:
+            yield held
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def _pieces(data: bytes) -> Iterator[bytes]:
+    if data:
+        yield data
+
+
+def _unless_collected(company_id: UUID, digest: str) -> None:
+    """A row whose bytes the backend lacks: nothing when the row is gone too (collected
+    between the two reads: absent), else BlobUnreadable (reason `missing`: lost behind the
+    store's back)."""
+    if blob_row(company_id, digest) is None:
+        return
+    logger.error("blob %s of company %s has a row but no bytes in the store", digest, company_id)
+    raise BlobUnreadable(digest=digest, reason="missing")
 
 
 def cas_blob_file(
@@ -120,7 +200,7 @@ def cas_blob_file(
     opened for reading (unbuffered, so that a reader can copy it in the kernel); None for the
     postgres backend, a name not in `known` or bytes that are gone (`cas_open` then answers).
     The caller closes it and must never write to it."""
-    if settings.PAPERCLIP_CAS_BACKEND == "postgres" or digest not in known:
+    if settings.PAPERCLIP_CAS_BACKEND != "filesystem" or digest not in known:
         return None
     try:
         fd = os.open(blob_file(company_id, checked_name(digest)), os.O_RDONLY | os.O_CLOEXEC)
@@ -184,11 +264,12 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
         if size > max_bytes:
             raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
         try:
-            data = b"".join(
-                backend.get(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
-            )
+            chunks = backend.get(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
+            data = b"".join(verified_chunks(chunks, digest=digest, size=size))
         except FileNotFoundError:
-            continue
+            continue  # collected meanwhile, or lost: absent to a tree walk
+        except BlobUnreadable:
+            continue  # logged; absent to a tree walk, never read as another directory
         _directories.put((company_id, digest), data)
         found[digest] = data
     return found
@@ -207,7 +288,8 @@ def directory_loader(company_id: UUID) -> Callable[[list[str]], dict[str, bytes]
 def cas_load(*, company_id: UUID, digest: str, max_bytes: int) -> bytes | None:
     """The whole blob (meant for small ones, such as directory blobs in tree walks), or None
     when the company does not have it. Raises BlobTooLarge (`details.max_bytes`) for a stored
-    blob bigger than `max_bytes`, InvalidRequest for a bad name."""
+    blob bigger than `max_bytes`, InvalidRequest for a bad name, BlobUnreadable when its bytes
+    are gone or wrong."""
     checked_name(digest)
     row = blob_row(company_id, digest)
     if row is None:
@@ -219,9 +301,10 @@ def cas_load(*, company_id: UUID, digest: str, max_bytes: int) -> bytes | None:
         chunks = blob_backend().get(
             blob_id=blob_id, company_id=company_id, digest=digest, size=size
         )
-        return b"".join(chunks)
     except FileNotFoundError:
+        _unless_collected(company_id, digest)
         return None
+    return b"".join(verified_chunks(chunks, digest=digest, size=size))
 
 
 def blob_row(company_id: UUID, digest: str) -> tuple[int, int] | None:

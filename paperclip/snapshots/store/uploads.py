@@ -16,7 +16,7 @@ from django.db import transaction
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.db.prepared import prepared_cursor
 from paperclip.snapshots.store.backends import blob_backend
-from paperclip.snapshots.store.names import checked_name
+from paperclip.snapshots.store.names import BlobStoreUnavailable, checked_name
 from paperclip.snapshots.store.spool import Readable, Spooled, spool_upload
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, boo
         for digest in placed:
             try:
                 backend.delete(company_id=company_id, digest=digest)
-            except OSError:  # pragma: no cover - best effort; the blob is only stray bytes
+            except (OSError, BlobStoreUnavailable):  # pragma: no cover - best effort; the
+                # rollback takes the row, so the bytes are only stray ones
                 logger.warning("could not remove %s of a failed upload", digest, exc_info=True)
         raise
     return {digest: inserted for _, digest, inserted in rows}
