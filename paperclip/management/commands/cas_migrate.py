@@ -88,10 +88,13 @@ class Command(BaseCommand):
                 dry_run=dry_run,
             )
         except TargetFailed as exc:
-            done = f" after copying {last[0].copied} blob(s)" if last else ""
             raise CommandError(
-                f"the copy to {target} failed{done}: {exc}. Nothing of that blob was kept; fix "
-                "the target and run the command again to continue"
+                f"the copy to {target} failed{_after(last)}: {exc}. Nothing of that blob was "
+                "kept; fix the target and run the command again to continue"
+            ) from exc
+        except KeyboardInterrupt as exc:  # Ctrl-C: the blob in hand was rolled back
+            raise CommandError(
+                f"interrupted{_after(last)}; run the command again to copy the rest"
             ) from exc
 
     def _report(
@@ -137,6 +140,10 @@ def _checked(options: dict[str, Any]) -> tuple[str, int, int]:
     if max_bytes < 1:
         raise CommandError("--max-batch-mib must be at least 1")
     return target, batch_size, max_bytes
+
+
+def _after(last: list[MigrateProgress]) -> str:
+    return f" after copying {last[0].copied} blob(s)" if last else ""
 
 
 def _where(target: str) -> str:

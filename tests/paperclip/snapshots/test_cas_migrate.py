@@ -294,8 +294,9 @@ def _verified_in_postgres() -> int:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_run_killed_part_way_resumes_and_copies_only_the_rest(
-    settings: Any, tmp_path: Path
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
+def test_a_run_stopped_part_way_resumes_and_copies_only_the_rest(
+    settings: Any, tmp_path: Path, stop: signal.Signals
 ) -> None:
     settings.PAPERCLIP_CAS_BACKEND = "filesystem"
     settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
@@ -310,17 +311,27 @@ def test_a_run_killed_part_way_resumes_and_copies_only_the_rest(
         text=True,
         start_new_session=True,
     )
+    lines: list[str] = []
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
             if line.startswith("batch 5: "):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, stop)
+                lines = proc.stderr.readlines()  # to its end: the process is gone
                 break
+        proc.wait(30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    assert proc.returncode == -signal.SIGKILL
+            proc.wait(30)
+    if stop == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 1
+        assert any(
+            "interrupted after copying" in line and "run the command again" in line
+            for line in lines
+        ), lines
     copied_before = _verified_in_postgres()
     assert 500 <= copied_before < total  # killed part way, after five batches
 
