@@ -32,7 +32,7 @@ help:
 	@echo "make lint       ruff, ruff format --check, mypy (and mypy --strict on clients/python)"
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py,"
 	@echo "                bench/copyback.py, bench/renew_load.py, bench/scale.py, bench/snapshots.py,"
-	@echo "                bench/registration.py, bench/history.py"
+	@echo "                bench/registration.py, bench/history.py, bench/snapshots.py --cas s3"
 	@echo "                (BENCH_ARGS=...)"
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	@echo "make chaos      runtime-lease chaos test, DURATION=600 seconds (CHAOS_ARGS=...), with"
@@ -106,6 +106,7 @@ bench: $(STAMP)
 		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done
+	@echo "== bench/snapshots.py --cas s3"; $(PY) bench/snapshots.py --cas s3 $(BENCH_ARGS)
 
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.run --duration $(DURATION) $(CHAOS_ARGS)

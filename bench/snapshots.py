@@ -36,7 +36,8 @@ Each of --rounds rounds (default 2) uses a new company (an empty store), workspa
    (the server's children) during the runs. Target < 200 MB each.
 
 Options: --files N, --changed F, --rounds N, --server production|gunicorn, --dir DIR,
---keep-db, --quick (1,000 files, 1 round: a smoke run).
+--keep-db, --quick (1,000 files, 1 round: a smoke run), --cas s3 (the s3 backend against this
+one in the same run: bench/snapshots_cas.py).
 """
 
 from __future__ import annotations
@@ -634,6 +635,12 @@ def main() -> int:
     )
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--cas",
+        choices=("filesystem", "s3"),
+        default="filesystem",
+        help="s3: the s3 backend against the filesystem one, same run (bench/snapshots_cas.py)",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     config = Config(
@@ -658,6 +665,10 @@ def main() -> int:
     name = os.environ.get("PAPERCLIP_BENCH_SNAPSHOTS_DB", "paperclip_bench_snapshots")
     try:
         with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
+            if args.cas == "s3":
+                from bench.snapshots_cas import run_cas
+
+                return run_cas(bench_url, scratch, config.files, config.rounds, args.server)
             return run(bench_url, scratch, config, args.server)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

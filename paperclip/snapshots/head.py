@@ -530,9 +530,20 @@ def _materialize_round(
 
 
 def _describe(exc: Exception) -> str:
-    """An error as the console shows it: its code or class, and its message."""
+    """An error as the console shows it: its code or class, its message, and the blob or
+    path it names (a blob that cannot be read back is named, so the operator knows which)."""
     code = getattr(exc, "code", None)
-    return f"{code if isinstance(code, str) else type(exc).__name__}: {exc}"
+    text = f"{code if isinstance(code, str) else type(exc).__name__}: {exc}"
+    details = getattr(exc, "details", None)
+    if isinstance(details, dict):
+        named = [
+            f"{key} {details[key]}"
+            for key in ("digest", "path")
+            if details.get(key) and str(details[key]) not in text
+        ]
+        if named:
+            text += f" ({', '.join(named)})"
+    return text
 
 
 def _to_write(target: dict[str, Entry], previous: dict[str, Entry] | None) -> Iterator[str]:
