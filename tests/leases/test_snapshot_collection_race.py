@@ -16,18 +16,25 @@ from leases.services import run_snapshot_register
 from paperclip.models import CasBlob, RunSnapshot
 from paperclip.snapshots.collect import CollectProgress, cas_collect
 from paperclip.snapshots.store.reads import cas_open
+from tests.conftest import s3_settings
 from tests.leases.factories import running_run
 from tests.recovery.snapshots import store_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.mark.parametrize("backend", ["filesystem", "postgres"])
+@pytest.mark.parametrize("backend", ["filesystem", "postgres", "s3"])
 def test_a_registration_committed_after_the_reachability_pass_keeps_its_blobs(
-    backend: str, settings: Any, tmp_path: Any
+    backend: str,
+    settings: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     settings.PAPERCLIP_CAS_BACKEND = backend
     settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    if backend == "s3":
+        s3_settings(settings, monkeypatch, request.getfixturevalue("s3_server"))
     run, claim = running_run()
     assert claim is not None
     assert claim.lease is not None

@@ -169,7 +169,12 @@ def verified_chunks(chunks: Iterator[bytes], *, digest: str, size: int) -> Itera
             logger.error(
                 "blob %s read back as %d bytes that do not hash to its name", digest, total
             )
-            raise BlobUnreadable(digest=digest, reason="digest_mismatch")
+            raise BlobUnreadable(
+                f"The bytes of blob {digest} in the store do not hash to its name; they are "
+                "never served as it.",
+                digest=digest,
+                reason="digest_mismatch",
+            )
         if held is not None:
             yield held
     finally:
@@ -190,7 +195,11 @@ def _unless_collected(company_id: UUID, digest: str) -> None:
     if blob_row(company_id, digest) is None:
         return
     logger.error("blob %s of company %s has a row but no bytes in the store", digest, company_id)
-    raise BlobUnreadable(digest=digest, reason="missing")
+    raise BlobUnreadable(
+        f"The store lost the bytes of blob {digest} (its row remains).",
+        digest=digest,
+        reason="missing",
+    )
 
 
 def cas_blob_file(

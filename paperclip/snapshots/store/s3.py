@@ -63,6 +63,8 @@ def _store_errors(what: str, key: str) -> Iterator[None]:
     """Any failure of the store as BlobStoreUnavailable (logged with its cause)."""
     try:
         yield
+    except FileNotFoundError:
+        raise  # "no such object", raised by the caller: not the store's failure
     except _UNAVAILABLE as exc:
         logger.warning("s3 %s of %s failed: %s", what, key, exc)
         raise BlobStoreUnavailable(reason=f"{what}: {type(exc).__name__}") from exc

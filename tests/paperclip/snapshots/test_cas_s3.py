@@ -1,0 +1,206 @@
+"""The s3 backend against a real S3 server of its own (`rclone serve s3`, tests/support/s3.py),
+with failures injected: the server killed mid-upload, objects deleted or corrupted behind the
+plane's back, a server that stops answering; and the redirect to a pre-signed URL
+(docs/snapshots.md#object-storage)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db.models.functions import Now
+from rest_framework.test import APIClient
+
+from paperclip.models import Agent, CasBlob, ExecutionWorkspace
+from paperclip.snapshots.head import workspace_materialize
+from paperclip.snapshots.store.names import BlobUnreadable
+from paperclip.snapshots.store.s3 import S3Backend
+from tests.conftest import s3_settings
+from tests.helpers import assert_error
+from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
+from tests.paperclip.snapshots.helpers import kept, name_of
+from tests.recovery.snapshots import store_tree
+from tests.support.s3 import S3Server
+
+pytestmark = pytest.mark.django_db
+OCTETS = "application/octet-stream"
+
+
+@pytest.fixture
+def s3(settings: Any, monkeypatch: pytest.MonkeyPatch, s3_own_server: S3Server) -> S3Server:
+    """The store on a server of this test's own, with short timeouts (a stopped server is
+    given up on in about 2 x (1 + 1) s) and the redirect off unless a test turns it on."""
+    s3_settings(settings, monkeypatch, s3_own_server)
+    settings.PAPERCLIP_CAS_S3_CONNECT_TIMEOUT = 1.0
+    settings.PAPERCLIP_CAS_S3_READ_TIMEOUT = 1.0
+    settings.PAPERCLIP_CAS_S3_MAX_ATTEMPTS = 2
+    settings.PAPERCLIP_CAS_S3_REDIRECT = False
+    return s3_own_server
+
+
+def put(client: APIClient, data: bytes) -> Any:
+    return client.put(f"/api/cas/blobs/{name_of(data)}", data, content_type=OCTETS)
+
+
+def object_file(server: S3Server, company_id: Any, data: bytes) -> Path:
+    return server.object_path(S3Backend().key(company_id, name_of(data)))
+
+
+def test_a_server_killed_mid_upload_keeps_nothing_and_the_retry_succeeds(
+    s3: S3Server, agent_client: APIClient, agent: Agent
+) -> None:
+    data = os.urandom(20 * 1024 * 1024 + 5)  # a multipart upload: 3 parts
+    backend = S3Backend()
+    parts: list[int] = []
+
+    def kill_at_the_second_part(**kwargs: Any) -> None:
+        parts.append(1)
+        if len(parts) == 2:
+            s3.kill()
+
+    backend.client.meta.events.register("before-send.s3.UploadPart", kill_at_the_second_part)
+    try:
+        response = put(agent_client, data)
+    finally:
+        backend.client.meta.events.unregister("before-send.s3.UploadPart", kill_at_the_second_part)
+    assert_error(response, 503, "blob_store_unavailable")
+    assert response["Retry-After"] == "5"
+    assert len(parts) >= 2
+    assert not CasBlob.objects.filter(company_id=agent.company_id).exists()
+
+    s3.start()
+    assert kept(agent.company_id, name_of(data)) == {"row": False, "chunks": False, "file": False}
+    assert agent_client.post(
+        "/api/cas/find-missing", {"digests": [name_of(data)]}, format="json"
+    ).json() == {"missing": [name_of(data)]}
+    again = put(agent_client, data)
+    assert again.status_code == 201, again.content
+    got = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert got.status_code == 200
+    assert hashlib.sha256(b"".join(got.streaming_content)).hexdigest() == name_of(data)[7:]
+
+
+def test_an_object_deleted_behind_the_plane_is_422_never_bytes(
+    s3: S3Server, agent_client: APIClient, agent: Agent
+) -> None:
+    data = b"a small blob\n"
+    assert put(agent_client, data).status_code == 201
+    object_file(s3, agent.company_id, data).unlink()
+    response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert_error(response, 422, "blob_unreadable")
+    assert response.json()["error"]["details"] == {"digest": name_of(data), "reason": "missing"}
+    # Uploading it again writes its bytes anew (the upload checks an existing row's object).
+    assert put(agent_client, data).status_code == 200
+    assert b"".join(agent_client.get(f"/api/cas/blobs/{name_of(data)}").streaming_content) == data
+
+
+def test_a_corrupted_small_object_is_422_before_any_byte(
+    s3: S3Server, agent_client: APIClient, agent: Agent
+) -> None:
+    data = b"the right bytes\n"
+    assert put(agent_client, data).status_code == 201
+    object_file(s3, agent.company_id, data).write_bytes(b"the WRONG bytes\n")  # same size
+    response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert_error(response, 422, "blob_unreadable")
+    assert response.json()["error"]["details"]["reason"] == "digest_mismatch"
+
+
+def test_a_corrupted_large_object_is_cut_short_never_served_whole(
+    s3: S3Server, agent_client: APIClient, agent: Agent
+) -> None:
+    data = os.urandom(3 * 1024 * 1024)
+    assert put(agent_client, data).status_code == 201
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF  # only the very end differs
+    object_file(s3, agent.company_id, data).write_bytes(bytes(damaged))
+    response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert response.status_code == 200
+    assert response["Content-Length"] == str(len(data))
+    received = bytearray()
+
+    def read_all() -> None:
+        for piece in response.streaming_content:
+            received.extend(piece)
+
+    with pytest.raises(BlobUnreadable):
+        read_all()
+    assert len(received) < len(data)
+    assert bytes(received) == data[: len(received)]
+
+
+def test_the_materialization_refuses_a_corrupted_object(
+    s3: S3Server, tmp_path: Path, agent: Agent
+) -> None:
+    company_id = agent.company_id
+    workspace = ExecutionWorkspaceFactory(company=agent.company, cwd=str(tmp_path / "cwd"))
+    files = {"ok.txt": b"fine\n", "bad.txt": b"will be damaged\n"}
+    tree = store_tree(company_id, files)
+    object_file(s3, company_id, b"will be damaged\n").write_bytes(b"WILL BE DAMAGED\n")
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(
+        head_tree=tree, head_committed_at=Now()
+    )
+    outcome = workspace_materialize(workspace_id=workspace.pk)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert "blob_unreadable" in outcome.error
+    assert name_of(b"will be damaged\n") in outcome.error
+    assert not (tmp_path / "cwd" / "bad.txt").exists()
+
+
+@pytest.fixture
+def paused(s3: S3Server) -> Iterator[S3Server]:
+    s3.pause()
+    try:
+        yield s3
+    finally:
+        s3.resume()
+
+
+def test_a_stopped_server_is_503_with_retry_after_within_the_timeout(
+    s3: S3Server, agent_client: APIClient, agent: Agent, request: pytest.FixtureRequest
+) -> None:
+    stored = b"stored before the server stopped\n"
+    assert put(agent_client, stored).status_code == 201
+    request.getfixturevalue("paused")
+    for call in (
+        lambda: agent_client.get(f"/api/cas/blobs/{name_of(stored)}"),
+        lambda: put(agent_client, b"a new blob\n"),
+        lambda: agent_client.post(
+            "/api/cas/batch", f"{name_of(b'x')} 1\nx".encode(), content_type=OCTETS
+        ),
+    ):
+        began = time.monotonic()
+        response = call()
+        assert time.monotonic() - began < 10  # 2 attempts of 1 s connect + 1 s read, back-off
+        assert_error(response, 503, "blob_store_unavailable")
+        assert response["Retry-After"] == "5"
+    assert not CasBlob.objects.filter(company_id=agent.company_id, size__lt=5).exists()
+
+
+def test_the_blob_get_redirects_to_a_presigned_url_only_for_the_own_company(
+    s3: S3Server,
+    settings: Any,
+    agent_client: APIClient,
+    other_company: Any,
+    make_agent_client: Any,
+) -> None:
+    other_agent_client = make_agent_client(AgentFactory(company=other_company))
+    settings.PAPERCLIP_CAS_S3_REDIRECT = True
+    data = b"fetched from the bucket directly\n"
+    assert put(agent_client, data).status_code == 201
+    response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert response.status_code == 307
+    location = response["Location"]
+    assert location.startswith(s3.endpoint)
+    assert "X-Amz-Signature=" in location
+    assert "X-Amz-Expires=300" in location
+    with urllib.request.urlopen(location, timeout=5) as fetched:  # noqa: S310 - the test server
+        assert fetched.read() == data
+    # Another company's agent learns nothing: 404, no URL.
+    assert_error(other_agent_client.get(f"/api/cas/blobs/{name_of(data)}"), 404, "not_found")
