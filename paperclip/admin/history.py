@@ -31,6 +31,7 @@ from paperclip.snapshots.history import (
     workspace_move,
 )
 from paperclip.snapshots.restore import MIN_NOTE_CHARS, workspace_restore
+from paperclip.snapshots.store.names import BlobStoreUnavailable, BlobUnreadable
 
 PAGE_MOVES: Final = 20
 DIFF_SHOWN: Final = 1000
@@ -149,6 +150,10 @@ def _read_text(actor: Actor, workspace: ExecutionWorkspace, tree: str | None, pa
         return f"a large file ({node.entry.size} bytes): not shown"
     except NotFoundError:
         return "its bytes are gone from the store"
+    except BlobUnreadable as exc:
+        return f"unreadable: blob {exc.details.get('digest')} is {exc.details.get('reason')}"
+    except BlobStoreUnavailable:
+        return "the blob store cannot be reached: reload the page shortly"
     if b"\0" in data:
         return f"a binary file ({len(data)} bytes): not shown"
     try:

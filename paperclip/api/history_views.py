@@ -232,7 +232,14 @@ class WorkspaceFilesApi(APIView):
             (200, "application/octet-stream"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="A file's bytes, with Content-Length."
             ),
-            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND, FILE_TOO_LARGE),
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                FILE_TOO_LARGE,
+                (422, "blob_unreadable"),
+                (503, "blob_store_unavailable"),
+            ),
         },
     )
     def get(self, request: Request, workspace_id: UUID) -> Response | StreamingHttpResponse:

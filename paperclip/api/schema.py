@@ -42,6 +42,10 @@ def add_database_unavailable(result: dict[str, Any], **kwargs: Any) -> dict[str,
     for path in result.get("paths", {}).values():
         for operation in path.values():
             if isinstance(operation, dict) and "responses" in operation:
+                own = operation["responses"].get("503")
+                if own is not None:  # the operation's own 503 (blob_store_unavailable)
+                    own["description"] = f"{own.get('description', '')} | database_unavailable"
+                    continue
                 operation["responses"].setdefault(
                     "503",
                     {

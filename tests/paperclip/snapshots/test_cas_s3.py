@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.db.models.functions import Now
 from rest_framework.test import APIClient
 
 from paperclip.models import Agent, CasBlob, ExecutionWorkspace
 from paperclip.snapshots.head import workspace_materialize
+from paperclip.snapshots.history import head_move_record_in_tx
 from paperclip.snapshots.store.names import BlobUnreadable
 from paperclip.snapshots.store.s3 import S3Backend
 from tests.conftest import s3_settings
@@ -204,3 +206,35 @@ def test_the_blob_get_redirects_to_a_presigned_url_only_for_the_own_company(
         assert fetched.read() == data
     # Another company's agent learns nothing: 404, no URL.
     assert_error(other_agent_client.get(f"/api/cas/blobs/{name_of(data)}"), 404, "not_found")
+
+
+def test_the_files_endpoint_refuses_a_corrupted_file_and_a_stopped_store(
+    s3: S3Server, company: Any, board_client: APIClient
+) -> None:
+    workspace = ExecutionWorkspaceFactory(company=company)
+    tree = store_tree(company.pk, {"a.txt": b"the file\n"})
+    with transaction.atomic():
+        ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=tree)
+        head_move_record_in_tx(
+            company_id=company.pk,
+            workspace_id=workspace.pk,
+            tree=tree,
+            previous_tree=None,
+            kind="publish",
+            actor_type="system",
+            actor_id="test",
+        )
+    url = f"/api/execution-workspaces/{workspace.pk}/files"
+    good = board_client.get(url, {"tree": tree, "path": "a.txt"})
+    assert b"".join(good.streaming_content) == b"the file\n"
+    object_file(s3, company.pk, b"the file\n").write_bytes(b"THE FILE\n")
+    response = board_client.get(url, {"tree": tree, "path": "a.txt"})
+    assert_error(response, 422, "blob_unreadable")
+    assert response.json()["error"]["details"]["digest"] == name_of(b"the file\n")
+    s3.pause()
+    try:
+        stopped = board_client.get(url, {"tree": tree, "path": "a.txt"})
+    finally:
+        s3.resume()
+    assert_error(stopped, 503, "blob_store_unavailable")
+    assert stopped["Retry-After"] == "5"
