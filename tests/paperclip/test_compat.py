@@ -4,6 +4,7 @@ or calls a library's private name."""
 
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
 import pkgutil
@@ -121,6 +122,8 @@ def private_overrides(classes: Iterable[type]) -> list[tuple[type, str, type]]:
         for name in vars(cls):
             if not name.startswith("_") or name.startswith("__") or name in GENERATED:
                 continue
+            if issubclass(cls, enum.Enum) and name.endswith("_"):
+                continue  # the `_sunder_` names EnumType sets on every enum it creates
             for base in cls.__mro__[1:]:
                 if base.__module__.split(".")[0] not in {*APPS, "builtins"} and name in vars(base):
                     found.append((cls, name, base))

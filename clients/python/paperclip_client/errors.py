@@ -146,6 +146,20 @@ class DatabaseUnavailable(ApiError):
     code = "database_unavailable"
 
 
+class BlobStoreUnavailable(ApiError):
+    """503: the server's blob store (an S3 bucket, say) cannot be reached; nothing was
+    changed. Retried, honouring Retry-After."""
+
+    code = "blob_store_unavailable"
+
+
+class BlobUnreadable(RuleViolation):
+    """422: the store holds the blob (`details["digest"]`) but its bytes are gone or do not
+    hash to its name; they are never served as it. Upload the blob again."""
+
+    code = "blob_unreadable"
+
+
 _KIND_BY_STATUS: dict[int, type[ApiError]] = {
     400: InvalidRequest,
     401: NotAuthenticated,

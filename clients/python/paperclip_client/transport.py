@@ -5,7 +5,8 @@ Transport rules (why each call may or may not be repeated):
 - every call has a timeout (`timeout`, and `wait + timeout` for `finalize(wait=...)`);
 - a request that never reached the server (connection refused, connect timeout) is retried
   with back-off, whatever it is: nothing can have happened;
-- `503 database_unavailable`, `409 resource_busy` and `409 workspace_runtime_lease_contended`
+- `503 database_unavailable`, `503 blob_store_unavailable`, `409 resource_busy` and
+  `409 workspace_runtime_lease_contended`
   are retried too: the API guarantees a failed request changes nothing;
 - a request sent without an answer (read timeout, dropped connection) is retried only when
   repeating it is harmless: reads, a runtime-lease claim or controller-lease renew by the same
@@ -25,6 +26,7 @@ import httpx
 
 from paperclip_client.errors import (
     ApiError,
+    BlobStoreUnavailable,
     DatabaseUnavailable,
     OutcomeUnknown,
     ResourceBusy,
@@ -33,7 +35,12 @@ from paperclip_client.errors import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-RETRYABLE_ERRORS = (DatabaseUnavailable, ResourceBusy, WorkspaceRuntimeLeaseContended)
+RETRYABLE_ERRORS = (
+    DatabaseUnavailable,
+    BlobStoreUnavailable,
+    ResourceBusy,
+    WorkspaceRuntimeLeaseContended,
+)
 USER_AGENT = "paperclip-client/0.1"
 
 

@@ -59,17 +59,6 @@ class BlobUnreadable(RuleViolationError):  # 422, details.digest and details.rea
     )
     remediation = "Upload the blob again (PUT /api/cas/blobs/{name}): that writes its bytes anew."
 
-    def __init__(self, *, digest: str, reason: str) -> None:
-        # The message names the blob: an operator reading it on the console or an agent in
-        # its CLI's output knows which one to upload again.
-        super().__init__(
-            f"The store holds the blob {digest} but its bytes cannot be read back as it: they"
-            " are gone from the backend or do not hash to its name. They are never served as"
-            " the blob.",
-            digest=digest,
-            reason=reason,
-        )
-
 
 class BlobStoreUnavailable(DomainError):  # 503 with Retry-After, details.reason
     code = "blob_store_unavailable"
