@@ -12,7 +12,11 @@ Transport rules (why each call may or may not be repeated):
   repeating it is harmless: reads, a runtime-lease claim or controller-lease renew by the same
   owner, a release, an environment-lease acquire, heartbeat or release (same outcome), a
   result posted with a `caller_result_id`, a finalize wake-up. A fenced write, a cleanup claim
-  or a checkpoint write raises `OutcomeUnknown` instead: the caller must re-read.
+  or a checkpoint write raises `OutcomeUnknown` instead: the caller must re-read;
+- a download the API redirects (`307` to a pre-signed URL of the object store) is fetched
+  from there by a second HTTP client that never carries the API's `Authorization` header;
+  a store that refuses it (an expired URL) counts as a dropped answer: the download is asked
+  of the API again, which signs a fresh URL. The caller verifies the bytes as before.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ RETRYABLE_ERRORS = (
     WorkspaceRuntimeLeaseContended,
 )
 USER_AGENT = "paperclip-client/0.1"
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class DirectFetchFailed(httpx.TransportError):
+    """The object store refused a redirected download (its status in the message)."""
 
 
 def operation(operation_id: str) -> Callable[[F], F]:
@@ -91,9 +100,17 @@ class Transport:
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             transport=transport,
         )
+        # Redirected downloads: no Authorization header, ever (the store must never see the
+        # agent's key), and no redirect of its own followed.
+        self._direct = httpx.Client(
+            headers={"User-Agent": USER_AGENT},
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            follow_redirects=False,
+        )
 
     def close(self) -> None:
         self._http.close()
+        self._direct.close()
 
     def __enter__(self) -> Self:
         return self
@@ -126,6 +143,8 @@ class Transport:
             delay: float | None = None
             try:
                 response = self._send(method, path, json, params, timeout, content, headers)
+                if receive is not None and response.status_code in REDIRECTS:
+                    response = self._redirected(response, timeout)
                 try:
                     if receive is not None and response.status_code < 400:
                         return receive(response)
@@ -178,6 +197,28 @@ class Transport:
             else httpx.Timeout(timeout, connect=self.connect_timeout),
         )
         return self._http.send(request, stream=True)
+
+    def _redirected(self, response: httpx.Response, timeout: float | None) -> httpx.Response:
+        """The answer of the URL a redirect names, fetched without the API's headers;
+        DirectFetchFailed when the store refuses it (or the redirect names no URL)."""
+        location = response.headers.get("Location")
+        response.read()
+        response.close()
+        if not location:
+            raise DirectFetchFailed(f"a {response.status_code} without a Location")
+        request = self._direct.build_request(
+            "GET",
+            response.url.join(location),
+            timeout=httpx.USE_CLIENT_DEFAULT
+            if timeout is None
+            else httpx.Timeout(timeout, connect=self.connect_timeout),
+        )
+        direct = self._direct.send(request, stream=True)
+        if direct.status_code >= 300:
+            direct.read()
+            direct.close()
+            raise DirectFetchFailed(f"the object store answered {direct.status_code}")
+        return direct
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, params=params, idempotent=True)
