@@ -7,7 +7,12 @@ collector's clock); the bytes live in the backend chosen by `PAPERCLIP_CAS_BACKE
 
 - `filesystem` (default): `<PAPERCLIP_CAS_DIR>/<company_id>/<hex[:2]>/<hex>` (the directory
   defaults to `<PAPERCLIP_DATA_DIR>/cas`), written through a temporary sibling and a rename;
-- `postgres`: `CasBlobChunk` rows of at most 1 MiB, in the transaction that writes the row.
+- `postgres`: `CasBlobChunk` rows of at most 1 MiB, in the transaction that writes the row;
+- `s3`: objects `<PAPERCLIP_CAS_S3_PREFIX><company_id>/<hex[:2]>/<hex>` of a bucket
+  (`paperclip.snapshots.store.s3`), written in the transaction that writes the row.
+
+Every read is verified against the blob's name (`reads.verified_chunks`): bytes that are gone
+or wrong are `BlobUnreadable` (422), never served as the blob.
 
 Uploads hash the bytes as they stream into a spooled temporary file (never the whole blob in
 memory), refuse them as soon as they pass the size limit, and only then open a transaction.
@@ -22,7 +27,7 @@ the same (a crash between the collector's unlinks and its commit), the filesyste
 find-missing answers such a blob missing and the next upload of it writes the bytes again.
 
 The package by step: `names` (names, limits, errors, the caller's company), `backends` (the
-`BlobBackend` interface and its filesystem and postgres implementations), `spool`, `uploads`,
-`batch`, `reads`, `pins`, and `migration` (copying every blob to another backend,
-`manage.py cas_migrate`).
+`BlobBackend` interface and its filesystem and postgres implementations), `s3` (the object
+store's), `spool`, `uploads`, `batch`, `reads`, `pins`, and `migration` (copying every blob to
+another backend, `manage.py cas_migrate`).
 """

@@ -58,6 +58,12 @@ def _missing(exc: BaseException) -> bool:
     return str(error.get("Code")) in _MISSING_CODES or status == 404
 
 
+def _not_implemented(exc: botocore.exceptions.ClientError) -> bool:
+    code = str(exc.response.get("Error", {}).get("Code"))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("NotImplemented", "MethodNotAllowed") or status in (501, 405)
+
+
 @contextmanager
 def _store_errors(what: str, key: str) -> Iterator[None]:
     """Any failure of the store as BlobStoreUnavailable (logged with its cause)."""
@@ -244,10 +250,18 @@ class S3Backend:
         for start in range(0, len(keys), DELETE_BATCH):
             batch = keys[start : start + DELETE_BATCH]
             with _store_errors("delete", batch[0]):
-                answer = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
-                )
+                try:
+                    answer = self.client.delete_objects(
+                        Bucket=self.bucket,
+                        Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+                    )
+                except botocore.exceptions.ClientError as exc:
+                    if not _not_implemented(exc):
+                        raise
+                    # A store without the batch delete (GCS's XML API): one key at a time.
+                    for key in batch:
+                        self.client.delete_object(Bucket=self.bucket, Key=key)
+                    continue
             errors = [e for e in answer.get("Errors", []) if e.get("Code") not in _MISSING_CODES]
             if errors:
                 logger.warning("s3 delete of %d objects failed: %s", len(errors), errors[:3])

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.stub import Stubber
 from django.db import transaction
 from django.db.models.functions import Now
 from rest_framework.test import APIClient
@@ -238,3 +240,30 @@ def test_the_files_endpoint_refuses_a_corrupted_file_and_a_stopped_store(
         s3.resume()
     assert_error(stopped, 503, "blob_store_unavailable")
     assert stopped["Retry-After"] == "5"
+
+
+def test_a_store_without_the_batch_delete_has_its_objects_deleted_one_by_one(
+    settings: Any,
+) -> None:
+    """A unit test (botocore's Stubber; rclone implements DeleteObjects): a store answering
+    DeleteObjects as not implemented, as GCS's XML API may, gets one DeleteObject per key."""
+    settings.PAPERCLIP_CAS_S3_BUCKET = "b"
+    settings.PAPERCLIP_CAS_S3_PREFIX = "cas/"
+    backend = S3Backend()
+    backend.client = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        endpoint_url="http://stub.invalid",
+    )
+    company = "0b6e4c8e-0000-4000-8000-000000000000"
+    digests = [name_of(b"one"), name_of(b"two")]
+    with Stubber(backend.client) as stub:
+        stub.add_client_error("delete_objects", "NotImplemented", http_status_code=501)
+        for digest in digests:
+            stub.add_response(
+                "delete_object", {}, {"Bucket": "b", "Key": backend.key(company, digest)}
+            )
+        backend.delete_many(company_id=company, digests=digests)  # type: ignore[arg-type]
+        stub.assert_no_pending_responses()
