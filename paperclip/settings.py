@@ -376,6 +376,11 @@ PAPERCLIP_CAS_S3_MAX_ATTEMPTS = env.int("PAPERCLIP_CAS_S3_MAX_ATTEMPTS", default
 # bytes flow from the bucket, not through a web node (docs/snapshots.md#direct-transfers).
 PAPERCLIP_CAS_S3_REDIRECT = env.bool("PAPERCLIP_CAS_S3_REDIRECT", default=True)
 PAPERCLIP_CAS_S3_REDIRECT_SECONDS = env.int("PAPERCLIP_CAS_S3_REDIRECT_SECONDS", default=300)
+# Smaller blobs are answered by the web node: a redirect costs a second round trip, which
+# for a small blob takes longer than relaying it.
+PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES = env.int(
+    "PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES", default=1024 * 1024
+)
 PAPERCLIP_CAS_DIR = Path(env.str("PAPERCLIP_CAS_DIR", default=str(DATA_DIR / "cas")))
 PAPERCLIP_CAS_MAX_BLOB_BYTES = env.int("PAPERCLIP_CAS_MAX_BLOB_BYTES", default=64 * 1024 * 1024)
 PAPERCLIP_CAS_MAX_BATCH_BYTES = env.int("PAPERCLIP_CAS_MAX_BATCH_BYTES", default=16 * 1024 * 1024)

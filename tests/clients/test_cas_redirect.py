@@ -123,6 +123,7 @@ def test_end_to_end_through_the_s3_backend(
 ) -> None:
     s3_settings(settings, monkeypatch, s3_server)
     settings.PAPERCLIP_CAS_S3_REDIRECT = True
+    settings.PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES = 0
     data = b"a file of the workspace\n" * 1000
     client.cas_put(name(data), data, len(data))
     redirect = client._http.get(f"/api/cas/blobs/{name(data)}")  # the raw answer

@@ -138,13 +138,14 @@ def cas_open(
 
 def cas_blob_redirect(*, company_id: UUID, digest: str) -> str | None:
     """A short-lived URL that fetches the company's blob `digest` straight from the store,
-    when the backend can sign one and PAPERCLIP_CAS_S3_REDIRECT is on; None otherwise (also
-    when the company has no such blob: the caller then answers from `cas_open`). The reader
+    when the backend can sign one, PAPERCLIP_CAS_S3_REDIRECT is on and the blob has at least
+    PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES; None otherwise (also when the company has no such
+    blob: the caller then answers from `cas_open`). The reader
     of the URL verifies the bytes against the name (the agents' client does). Reads only."""
     if settings.PAPERCLIP_CAS_BACKEND != "s3" or not settings.PAPERCLIP_CAS_S3_REDIRECT:
         return None
     row = blob_row(company_id, checked_name(digest))
-    if row is None:
+    if row is None or row[1] < settings.PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES:
         return None
     return blob_presigned_url(blob_backend(), company_id=company_id, digest=digest, size=row[1])
 
