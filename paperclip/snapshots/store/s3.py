@@ -19,6 +19,7 @@ import io
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from typing import Any, Final
 from uuid import UUID
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 MULTIPART_BYTES: Final = 16 * 1024 * 1024  # a larger blob goes up in parts
 PART_BYTES: Final = 8 * 1024 * 1024
+PUT_THREADS: Final = 8  # a batch's PUTs in flight at once
 DELETE_BATCH: Final = 1000  # DeleteObjects takes at most 1,000 keys
 
 _MISSING_CODES: Final = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -142,6 +144,7 @@ class _RegionFile(io.RawIOBase):
     def __init__(self, source: Region, start: int, size: int) -> None:
         super().__init__()
         self.file, self.start, self.size = source.file, source.offset + start, size
+        self.fd = source.fd  # a real file: read with pread (no shared position)
         self.at = 0
 
     def readable(self) -> bool:
@@ -162,8 +165,11 @@ class _RegionFile(io.RawIOBase):
         want = self.size - self.at if size is None or size < 0 else min(size, self.size - self.at)
         if want <= 0:
             return b""
-        self.file.seek(self.start + self.at)
-        data = self.file.read(want)
+        if self.fd is not None:
+            data = os.pread(self.fd, want, self.start + self.at)
+        else:
+            self.file.seek(self.start + self.at)
+            data = self.file.read(want)
         self.at += len(data)
         return data
 
@@ -201,6 +207,26 @@ class S3Backend:
                 self._put_parts(key, source, size)
         source.offset += size
         source.left = 0
+
+    def put_many(self, *, company_id: UUID, blobs: list[tuple[int, str, Region]]) -> None:
+        """`put` of each blob, PUT_THREADS at a time (a batch of small blobs is bound by the
+        store's round trips, not by bandwidth); the first failure is raised once every
+        request has ended. The regions must be of a real file (`Region.fd`: read with
+        `pread`, so the threads never share a file position)."""
+        if any(source.fd is None for _, _, source in blobs):
+            for blob_id, digest, source in blobs:
+                self.put(blob_id=blob_id, company_id=company_id, digest=digest, source=source)
+            return
+        with ThreadPoolExecutor(PUT_THREADS, thread_name_prefix="s3-put") as pool:
+            futures = [
+                pool.submit(
+                    self.put, blob_id=blob_id, company_id=company_id, digest=digest, source=source
+                )
+                for blob_id, digest, source in blobs
+            ]
+            wait(futures)
+        for future in futures:
+            future.result()
 
     def _put_parts(self, key: str, source: Region, size: int) -> None:
         """A multipart upload, part after part, each streamed from the spool (never a part
@@ -247,6 +273,9 @@ class S3Backend:
         """Remove the objects of `digests` (DeleteObjects, DELETE_BATCH keys a request);
         BlobStoreUnavailable when one cannot be removed."""
         keys = [self.key(company_id, digest) for digest in digests]
+        if len(keys) == 1:
+            self.delete(company_id=company_id, digest=digests[0])
+            return
         for start in range(0, len(keys), DELETE_BATCH):
             batch = keys[start : start + DELETE_BATCH]
             with _store_errors("delete", batch[0]):

@@ -15,9 +15,9 @@ from django.db import transaction
 
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.db.prepared import prepared_cursor
-from paperclip.snapshots.store.backends import blob_backend
+from paperclip.snapshots.store.backends import BlobBackend, blob_backend
 from paperclip.snapshots.store.names import BlobStoreUnavailable, checked_name
-from paperclip.snapshots.store.spool import Readable, Spooled, spool_upload
+from paperclip.snapshots.store.spool import Readable, Region, Spooled, spool_upload
 
 logger = logging.getLogger(__name__)
 
@@ -48,25 +48,37 @@ def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, boo
     with prepared_cursor() as cursor:
         cursor.execute(_UPSERT, [company_id, digests, [by_digest[d].size for d in digests]])
         rows: list[tuple[int, str, bool]] = cursor.fetchall()
-    placed: list[str] = []
+    placed: list[str] = []  # the new rows' bytes: removed again on failure
     try:
+        to_place: list[tuple[int, str, Region]] = []
         for blob_id, digest, inserted in sorted(rows, key=lambda r: r[1]):
             blob = by_digest[digest]
             if inserted or not backend.stat(company_id=company_id, digest=digest, size=blob.size):
-                backend.put(
-                    blob_id=blob_id, company_id=company_id, digest=digest, source=blob.reader()
-                )
+                to_place.append((blob_id, digest, blob.reader()))
                 if inserted:
                     placed.append(digest)
+        _place(backend, company_id, to_place)
     except BaseException:
-        for digest in placed:
-            try:
-                backend.delete(company_id=company_id, digest=digest)
-            except (OSError, BlobStoreUnavailable):  # pragma: no cover - best effort; the
-                # rollback takes the row, so the bytes are only stray ones
-                logger.warning("could not remove %s of a failed upload", digest, exc_info=True)
+        # One request for all of them (s3: one DeleteObjects, bounded by its timeouts even
+        # when the store is what failed).
+        try:
+            backend.delete_many(company_id=company_id, digests=placed)
+        except (OSError, BlobStoreUnavailable):  # pragma: no cover - best effort; the
+            # rollback takes the rows, so the bytes are only stray ones
+            logger.warning("could not remove %d blobs of a failed upload", len(placed))
         raise
     return {digest: inserted for _, digest, inserted in rows}
+
+
+def _place(backend: BlobBackend, company_id: UUID, blobs: list[tuple[int, str, Region]]) -> None:
+    """Write the bytes: through the backend's `put_many` when it has one (s3: several
+    requests in flight, each blob's PUT a round trip to the store), else one `put` each."""
+    put_many = getattr(backend, "put_many", None)
+    if put_many is not None and len(blobs) > 1:
+        put_many(company_id=company_id, blobs=blobs)
+        return
+    for blob_id, digest, source in blobs:
+        backend.put(blob_id=blob_id, company_id=company_id, digest=digest, source=source)
 
 
 @dataclass(frozen=True, slots=True)

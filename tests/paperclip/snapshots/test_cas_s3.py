@@ -176,7 +176,9 @@ def test_a_stopped_server_is_503_with_retry_after_within_the_timeout(
         lambda: agent_client.get(f"/api/cas/blobs/{name_of(stored)}"),
         lambda: put(agent_client, b"a new blob\n"),
         lambda: agent_client.post(
-            "/api/cas/batch", f"{name_of(b'x')} 1\nx".encode(), content_type=OCTETS
+            "/api/cas/batch",  # two new blobs: their PUTs in flight together (put_many)
+            f"{name_of(b'x')} 1\nx{name_of(b'y')} 1\ny".encode(),
+            content_type=OCTETS,
         ),
     ):
         began = time.monotonic()
