@@ -10,6 +10,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Final
 from uuid import UUID
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 # last piece is held back until the whole has hashed to the name: a mismatch then cuts the
 # stream short of its Content-Length, so a reader never receives all of a wrong blob.
 VERIFY_AHEAD_BYTES: Final = 1024 * 1024
+
+READ_THREADS: Final = 8  # directory blobs read at once from a remote store (s3)
 
 
 def cas_find_missing(*, company_id: UUID, digests: Sequence[str]) -> list[str]:
@@ -269,19 +272,33 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
     if not wanted:
         return found
     rows = cas_rows(company_id=company_id, digests=wanted)
-    backend = blob_backend()
-    for digest, (blob_id, size) in rows.items():
+    for digest, (_, size) in rows.items():
         if size > max_bytes:
             raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
+    backend = blob_backend()
+
+    def read(item: tuple[str, tuple[int, int]]) -> tuple[str, bytes | None]:
+        digest, (blob_id, size) = item
         try:
             chunks = backend.get(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
-            data = b"".join(verified_chunks(chunks, digest=digest, size=size))
+            return digest, b"".join(verified_chunks(chunks, digest=digest, size=size))
         except FileNotFoundError:
-            continue  # collected meanwhile, or lost: absent to a tree walk
+            return digest, None  # collected meanwhile, or lost: absent to a tree walk
         except BlobUnreadable:
-            continue  # logged; absent to a tree walk, never read as another directory
-        _directories.put((company_id, digest), data)
-        found[digest] = data
+            return digest, None  # logged; absent to a tree walk, never read as another one
+
+    loaded: Iterable[tuple[str, bytes | None]]
+    if backend.cheap_stat or len(rows) < 2:
+        loaded = map(read, rows.items())
+    else:
+        # A remote store (s3): a round trip per blob, so several in flight. Only for it: the
+        # postgres backend reads through this thread's database connection.
+        with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="cas-read") as pool:
+            loaded = list(pool.map(read, rows.items()))
+    for digest, data in loaded:
+        if data is not None:
+            _directories.put((company_id, digest), data)
+            found[digest] = data
     return found
 
 
