@@ -39,7 +39,12 @@ from paperclip.db.prepared import prepared_cursor
 from paperclip.models import ExecutionWorkspace, HeartbeatRun, NativeRunFinalization, RunSnapshot
 from paperclip.snapshots import trees
 from paperclip.snapshots.models import WorkspaceHeadMove
-from paperclip.snapshots.store.backends import FilesystemBackend, blob_backend
+from paperclip.snapshots.store.backends import (
+    BlobBackend,
+    FilesystemBackend,
+    PostgresBackend,
+    blob_backend,
+)
 from paperclip.snapshots.store.reads import cas_load_many
 
 logger = logging.getLogger(__name__)
@@ -208,8 +213,7 @@ def _delete_batch(
             )
         digests = [r[1] for r in rows]
         FilesystemBackend().delete_many(company_id=company_id, digests=digests)
-        backend = blob_backend()
-        if not isinstance(backend, FilesystemBackend):
+        for backend in _remote_backends():
             # The s3 backend's objects: requests to the store while the rows are locked, on
             # purpose (docs/snapshots.md#collection-and-object-storage): deleted after the
             # commit, an upload re-creating a row and its object in between would lose its
@@ -232,6 +236,20 @@ def _delete_batch(
             },
         )
     return len(rows), total
+
+
+def _remote_backends() -> list[BlobBackend]:
+    """The stores beside the two built-in ones whose bytes a deleted row takes with it: the
+    configured s3 backend, and the s3 bucket that is configured while another backend is in
+    use (a move to or from it, `cas_migrate`: its copies of collected blobs go too)."""
+    backend = blob_backend()
+    if isinstance(backend, FilesystemBackend | PostgresBackend):
+        if not settings.PAPERCLIP_CAS_S3_BUCKET:
+            return []
+        from paperclip.snapshots.store.s3 import S3Backend  # boto3: imported when needed
+
+        return [S3Backend()]
+    return [backend]
 
 
 def cas_collect(

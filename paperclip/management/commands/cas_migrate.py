@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from paperclip.snapshots.store.migration import (
@@ -14,7 +15,9 @@ from paperclip.snapshots.store.migration import (
     MigrateProgress,
     MigrateTotals,
     MigrationRunning,
+    StoreUnavailable,
     TargetFailed,
+    backend_named,
     cas_migrate,
     cas_migrate_totals,
     migration_lock,
@@ -92,6 +95,11 @@ class Command(BaseCommand):
                 f"the copy to {target} failed{_after(last)}: {exc}. Nothing of that blob was "
                 "kept; fix the target and run the command again to continue"
             ) from exc
+        except StoreUnavailable as exc:
+            raise CommandError(
+                f"{exc}{_after(last)}; nothing of the blob in hand was kept: run the command "
+                "again once it answers"
+            ) from exc
         except KeyboardInterrupt as exc:  # Ctrl-C: the blob in hand was rolled back
             raise CommandError(
                 f"interrupted{_after(last)}; run the command again to copy the rest"
@@ -133,6 +141,10 @@ def _checked(options: dict[str, Any]) -> tuple[str, int, int]:
         raise CommandError(
             f"--to {target} is the backend in use (PAPERCLIP_CAS_BACKEND); nothing to copy"
         )
+    try:
+        backend_named(target)  # its settings (s3: the bucket), before anything is read
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"--to {target}: {exc}; nothing was copied") from exc
     batch_size: int = options["batch_size"]
     if batch_size < 1:
         raise CommandError("--batch-size must be at least 1")
@@ -147,12 +159,28 @@ def _after(last: list[MigrateProgress]) -> str:
 
 
 def _where(target: str) -> str:
-    return f"{target} ({settings.PAPERCLIP_CAS_DIR})" if target == "filesystem" else target
+    if target == "filesystem":
+        return f"filesystem ({settings.PAPERCLIP_CAS_DIR})"
+    if target == "s3":
+        endpoint = settings.PAPERCLIP_CAS_S3_ENDPOINT_URL or "AWS"
+        return (
+            f"s3 (bucket {settings.PAPERCLIP_CAS_S3_BUCKET}, prefix "
+            f"{settings.PAPERCLIP_CAS_S3_PREFIX}, {endpoint})"
+        )
+    return target
 
 
 def _target_settings(target: str) -> str:
     if target == "filesystem":
         return f" and PAPERCLIP_CAS_DIR={settings.PAPERCLIP_CAS_DIR}"
+    if target == "s3":
+        endpoint = settings.PAPERCLIP_CAS_S3_ENDPOINT_URL
+        return (
+            f" with PAPERCLIP_CAS_S3_BUCKET={settings.PAPERCLIP_CAS_S3_BUCKET}, "
+            f"PAPERCLIP_CAS_S3_PREFIX={settings.PAPERCLIP_CAS_S3_PREFIX}"
+            + (f", PAPERCLIP_CAS_S3_ENDPOINT_URL={endpoint}" if endpoint else "")
+            + " and the AWS_* credentials"
+        )
     return ""
 
 

@@ -54,11 +54,12 @@ from paperclip.snapshots.store.names import (
     CHUNK_BYTES,
     READ_BYTES,
     BlobDigestMismatch,
+    BlobStoreUnavailable,
     BlobTooLarge,
 )
 from paperclip.snapshots.store.spool import Spooled, spool_upload
 
-BACKENDS: Final = ("filesystem", "postgres")
+BACKENDS: Final = ("filesystem", "postgres", "s3")
 
 # One pass at a time: two would copy the same blobs side by side (and, into postgres, collide
 # on the same pieces). Session-scoped, on the command's only connection, so it ends with the
@@ -67,11 +68,16 @@ MIGRATION_LOCK_KEY: Final = "cas-migrate"
 
 
 def backend_named(name: str) -> BlobBackend:
-    """The backend `PAPERCLIP_CAS_BACKEND=name` would use (ValueError for an unknown name)."""
+    """The backend `PAPERCLIP_CAS_BACKEND=name` would use, with its settings (ValueError for
+    an unknown name; ImproperlyConfigured for s3 without PAPERCLIP_CAS_S3_BUCKET)."""
     if name == "filesystem":
         return FilesystemBackend()
     if name == "postgres":
         return PostgresBackend()
+    if name == "s3":
+        from paperclip.snapshots.store.s3 import S3Backend  # boto3: imported when needed
+
+        return S3Backend()
     raise ValueError(f"unknown blob backend {name!r}")
 
 
@@ -124,6 +130,14 @@ class TargetFailed(Exception):
     def __init__(self, *, company_id: UUID, digest: str, reason: str) -> None:
         super().__init__(f"company {company_id} blob {digest}: {reason}")
         self.company_id, self.digest, self.reason = company_id, digest, reason
+
+
+class StoreUnavailable(Exception):
+    """The source or the target store cannot be reached (s3); the pass stops there."""
+
+    def __init__(self, *, side: str, reason: str) -> None:
+        super().__init__(f"the {side} store cannot be reached ({reason})")
+        self.side, self.reason = side, reason
 
 
 class MigrationRunning(Exception):
@@ -217,7 +231,8 @@ def cas_migrate(
     `problems` lists the blobs not copied. A batch holds at most `batch_size` rows and ends
     early once it copied `max_batch_bytes`; `progress` is called after each. Locks: each
     copied row `FOR KEY SHARE`, one row per transaction, waits bounded. Raises ValueError for
-    an unknown or the configured `target`, TargetFailed (the pass stops; re-run to go on).
+    an unknown or the configured `target`, TargetFailed or StoreUnavailable (the pass stops;
+    re-run to go on).
     `dry_run` counts the blobs the target lacks as copied and copies nothing."""
     if target == settings.PAPERCLIP_CAS_BACKEND:
         raise ValueError(f"the store already uses the {target} backend")
@@ -275,7 +290,12 @@ def _present(dest: BlobBackend, rows: list[_Row]) -> set[int]:
                 [[r.id for r in rows], CHUNK_BYTES, CHUNK_BYTES],
             )
             return {int(r[0]) for r in cursor.fetchall()}
-    return {r.id for r in rows if dest.stat(company_id=r.company_id, digest=r.digest, size=r.size)}
+    try:
+        return {
+            r.id for r in rows if dest.stat(company_id=r.company_id, digest=r.digest, size=r.size)
+        }
+    except BlobStoreUnavailable as exc:
+        raise StoreUnavailable(side="target", reason=str(exc.details.get("reason"))) from exc
 
 
 def _copy_one(source: BlobBackend, dest: BlobBackend, row: _Row) -> tuple[Outcome, str]:
@@ -308,9 +328,13 @@ def _read_source(source: BlobBackend, row: _Row) -> tuple[Spooled | None, str]:
         )
     except FileNotFoundError:
         return None, "missing from the source"
+    except BlobStoreUnavailable as exc:
+        raise StoreUnavailable(side="source", reason=str(exc.details.get("reason"))) from exc
     reader = _ChunkReader(chunks)
     try:
         spooled = spool_upload(reader, digest=row.digest, length=None, max_bytes=row.size)
+    except BlobStoreUnavailable as exc:  # cut off part way
+        raise StoreUnavailable(side="source", reason=str(exc.details.get("reason"))) from exc
     except BlobTooLarge:
         return None, f"longer than its recorded {row.size} bytes"
     except BlobDigestMismatch as exc:

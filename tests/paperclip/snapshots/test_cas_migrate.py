@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import botocore.exceptions
 import pytest
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
@@ -26,19 +28,56 @@ from paperclip.snapshots.collect import cas_collect
 from paperclip.snapshots.store.backends import FilesystemBackend, PostgresBackend, blob_path
 from paperclip.snapshots.store.names import CHUNK_BYTES
 from paperclip.snapshots.store.reads import cas_open
+from paperclip.snapshots.store.s3 import MULTIPART_BYTES, S3Backend
 from paperclip.snapshots.store.uploads import cas_put
+from tests.conftest import s3_settings
 from tests.paperclip.factories import CompanyFactory
 from tests.paperclip.snapshots.helpers import NOTHING, kept, name_of
 from tests.support.processes import child_env
 
-OTHER = {"filesystem": "postgres", "postgres": "filesystem"}
+PAIRS = [
+    ("filesystem", "postgres"),
+    ("postgres", "filesystem"),
+    ("filesystem", "s3"),
+    ("s3", "postgres"),
+    ("postgres", "s3"),
+    ("s3", "filesystem"),
+]
+OTHER = {"filesystem": "postgres", "postgres": "s3", "s3": "filesystem"}
 
 
-@pytest.fixture(params=["filesystem", "postgres"])
-def source(request: pytest.FixtureRequest, settings: Any, tmp_path: Path) -> str:
-    settings.PAPERCLIP_CAS_BACKEND = request.param
+def configure(
+    request: pytest.FixtureRequest, settings: Any, monkeypatch: pytest.MonkeyPatch, *names: str
+) -> None:
+    """Every store of `names` usable (s3: the session's rclone server, a prefix of the test's
+    own), the first one in use."""
+    if "s3" in names:
+        s3_settings(settings, monkeypatch, request.getfixturevalue("s3_server"))
+        settings.PAPERCLIP_CAS_S3_REDIRECT = False
+    settings.PAPERCLIP_CAS_BACKEND = names[0]
+
+
+@pytest.fixture(params=PAIRS, ids="->".join)
+def move(
+    request: pytest.FixtureRequest, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, str]:
+    """(source in use, target)."""
     settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    configure(request, settings, monkeypatch, *request.param)
+    return request.param
+
+
+@pytest.fixture(params=["filesystem", "postgres", "s3"])
+def source(
+    request: pytest.FixtureRequest, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    configure(request, settings, monkeypatch, request.param, OTHER[request.param])
     return str(request.param)
+
+
+def backend_class(name: str) -> type[Any]:
+    return {"filesystem": FilesystemBackend, "postgres": PostgresBackend, "s3": S3Backend}[name]
 
 
 def store(company_id: UUID, data: bytes) -> str:
@@ -62,13 +101,21 @@ def in_target(target: str, company_id: UUID, name: str) -> bool:
     """Whether the target backend holds bytes of the blob (whatever they are)."""
     if target == "postgres":
         return CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name).exists()
+    if target == "s3":
+        backend = S3Backend()
+        try:
+            backend.client.head_object(Bucket=backend.bucket, Key=backend.key(company_id, name))
+        except botocore.exceptions.ClientError:
+            return False
+        return True
     return blob_path(company_id, name).exists()
 
 
 @pytest.mark.django_db
 def test_every_blob_of_every_company_is_copied_and_reads_back_from_the_target(
-    source: str, settings: Any
+    move: tuple[str, str], settings: Any
 ) -> None:
+    source, target = move
     first, second = CompanyFactory(), CompanyFactory()
     big = os.urandom(2 * CHUNK_BYTES + 12345)  # three pieces in postgres
     contents = {
@@ -76,7 +123,6 @@ def test_every_blob_of_every_company_is_copied_and_reads_back_from_the_target(
         second.pk: [b"shared bytes", b"beta" * 1000],
     }
     names = {c: [store(c, data) for data in blobs] for c, blobs in contents.items()}
-    target = OTHER[source]
 
     # The empty blob has no pieces in postgres: there it is present from the start.
     copied, present = (5, 1) if target == "postgres" else (6, 0)
@@ -108,14 +154,15 @@ def test_every_blob_of_every_company_is_copied_and_reads_back_from_the_target(
 
 
 @pytest.mark.django_db
-def test_a_dry_run_counts_what_the_target_lacks_and_copies_nothing(source: str) -> None:
+def test_a_dry_run_counts_what_the_target_lacks_and_copies_nothing(move: tuple[str, str]) -> None:
+    _, target = move
     company = CompanyFactory()
     names = [store(company.pk, data) for data in (b"one", b"two")]
 
-    out, _ = migrate("--to", OTHER[source], "--dry-run")
+    out, _ = migrate("--to", target, "--dry-run")
 
     assert "done: would copy 2 blob(s)" in out
-    assert not any(in_target(OTHER[source], company.pk, name) for name in names)
+    assert not any(in_target(target, company.pk, name) for name in names)
 
 
 def _spoil(backend: str, company_id: UUID, name: str, data: bytes | None) -> None:
@@ -127,6 +174,14 @@ def _spoil(backend: str, company_id: UUID, name: str, data: bytes | None) -> Non
         else:
             path.write_bytes(data)
         return
+    if backend == "s3":
+        store = S3Backend()
+        key = store.key(company_id, name)
+        if data is None:
+            store.client.delete_object(Bucket=store.bucket, Key=key)
+        else:
+            store.client.put_object(Bucket=store.bucket, Key=key, Body=data)
+        return
     chunks = CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name)
     if data is None:
         chunks.delete()
@@ -135,7 +190,10 @@ def _spoil(backend: str, company_id: UUID, name: str, data: bytes | None) -> Non
 
 
 @pytest.mark.django_db
-def test_source_bytes_that_are_not_the_blob_are_reported_and_never_copied(source: str) -> None:
+def test_source_bytes_that_are_not_the_blob_are_reported_and_never_copied(
+    move: tuple[str, str],
+) -> None:
+    source, target = move
     company = CompanyFactory()
     good, corrupt, short, missing = (
         store(company.pk, data) for data in (b"good", b"corrupt", b"short one", b"missing")
@@ -143,7 +201,6 @@ def test_source_bytes_that_are_not_the_blob_are_reported_and_never_copied(source
     _spoil(source, company.pk, corrupt, b"CORRUPT")  # same size, other bytes
     _spoil(source, company.pk, short, b"short")
     _spoil(source, company.pk, missing, None)
-    target = OTHER[source]
     out = StringIO()
 
     with pytest.raises(CommandError, match=r"3 blob\(s\) not copied"):
@@ -167,7 +224,7 @@ def test_source_bytes_that_are_not_the_blob_are_reported_and_never_copied(source
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--to", "s4"], "--to must be one of filesystem, postgres, not 's4'"),
+        (["--to", "s4"], "--to must be one of filesystem, postgres, s3, not 's4'"),
         (["--to", "{source}"], "is the backend in use"),
         (["--to", "{target}", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["--to", "{target}", "--max-batch-mib", "0"], "--max-batch-mib must be at least 1"),
@@ -189,13 +246,75 @@ def test_bad_input_is_a_command_error_and_copies_nothing(
 
 
 @pytest.mark.django_db
-def test_a_copy_that_does_not_read_back_stops_the_pass_and_keeps_nothing_of_it(
-    source: str, monkeypatch: pytest.MonkeyPatch
+def test_an_s3_target_without_its_bucket_is_a_command_error_before_anything(
+    settings: Any, tmp_path: Path
 ) -> None:
+    settings.PAPERCLIP_CAS_BACKEND = "filesystem"
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    settings.PAPERCLIP_CAS_S3_BUCKET = ""
+    store(CompanyFactory().pk, b"untouched")
+    out = StringIO()
+
+    with pytest.raises(CommandError, match=r"--to s3: .*needs PAPERCLIP_CAS_S3_BUCKET"):
+        call_command("cas_migrate", "--to", "s3", stdout=out, stderr=StringIO())
+
+    assert out.getvalue() == ""
+
+
+@pytest.mark.django_db
+def test_an_s3_target_that_cannot_be_reached_stops_the_pass_with_nothing_copied(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.PAPERCLIP_CAS_BACKEND = "filesystem"
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings.PAPERCLIP_CAS_S3_BUCKET = "nowhere"
+    settings.PAPERCLIP_CAS_S3_ENDPOINT_URL = f"http://127.0.0.1:{port}"
+    settings.PAPERCLIP_CAS_S3_CONNECT_TIMEOUT = 0.5
+    settings.PAPERCLIP_CAS_S3_MAX_ATTEMPTS = 1
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    store(CompanyFactory().pk, b"untouched")
+
+    with pytest.raises(CommandError, match=r"the target store cannot be reached \(stat: "):
+        call_command("cas_migrate", "--to", "s3", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.django_db
+def test_a_blob_over_the_multipart_size_goes_to_s3_in_parts_and_comes_back(
+    request: pytest.FixtureRequest, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    configure(request, settings, monkeypatch, "filesystem", "s3")
+    company = CompanyFactory()
+    big = os.urandom(MULTIPART_BYTES + CHUNK_BYTES + 7)
+    name = store(company.pk, big)
+
+    out, _ = migrate("--to", "s3")
+
+    assert "done: copied 1 blob(s), 17.0 MiB" in out
+    settings.PAPERCLIP_CAS_BACKEND = "s3"
+    assert read(company.pk, name) == big
+
+    back, _ = migrate("--to", "postgres")
+
+    assert "done: copied 1 blob(s)" in back
+    assert CasBlobChunk.objects.filter(blob__digest=name).count() == 18
+    settings.PAPERCLIP_CAS_BACKEND = "postgres"
+    assert read(company.pk, name) == big
+
+
+@pytest.mark.django_db
+def test_a_copy_that_does_not_read_back_stops_the_pass_and_keeps_nothing_of_it(
+    move: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, target = move
     company = CompanyFactory()
     first, second = store(company.pk, b"first"), store(company.pk, b"second")
-    target = OTHER[source]
-    target_class = PostgresBackend if target == "postgres" else FilesystemBackend
+    target_class = backend_class(target)
 
     def garbled(self: Any, **kwargs: Any) -> Iterator[bytes]:
         return iter([b"not what was written"])
@@ -211,13 +330,13 @@ def test_a_copy_that_does_not_read_back_stops_the_pass_and_keeps_nothing_of_it(
 
 @pytest.mark.django_db(transaction=True)
 def test_the_collector_skips_a_blob_being_copied_and_uploads_do_not_wait_for_it(
-    source: str, settings: Any, monkeypatch: pytest.MonkeyPatch
+    move: tuple[str, str], settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _, target = move
     settings.PAPERCLIP_CAS_GRACE_SECONDS = 0  # every committed blob is old: no root keeps any
     company = CompanyFactory()
     held, collected = store(company.pk, b"held"), store(company.pk, b"collected")
-    target = OTHER[source]
-    target_class = PostgresBackend if target == "postgres" else FilesystemBackend
+    target_class = backend_class(target)
     entered, release = threading.Event(), threading.Event()
     real_put = target_class.put
 
@@ -262,6 +381,7 @@ def test_the_collector_skips_a_blob_being_copied_and_uploads_do_not_wait_for_it(
     cas_collect(batch_size=10)  # later, the held blob goes from both backends
 
     assert kept(company.pk, held) == NOTHING
+    assert not in_target(target, company.pk, held)  # s3 too: its bucket is configured
 
 
 def _seed(company_id: UUID, count: int) -> None:
@@ -278,6 +398,27 @@ def _seed(company_id: UUID, count: int) -> None:
     CasBlob.objects.bulk_create(rows)
 
 
+def _verified_in(target: str) -> int:
+    """How many blobs the target holds whole and right (hashed)."""
+    if target == "postgres":
+        with connection.cursor() as cursor:
+            cursor.execute(VERIFIED_IN_POSTGRES)
+            return int(cursor.fetchone()[0])
+    backend = S3Backend()
+    right = 0
+    for blob in CasBlob.objects.order_by("pk"):
+        try:
+            data = b"".join(
+                backend.get(
+                    blob_id=blob.pk, company_id=blob.company_id, digest=blob.digest, size=blob.size
+                )
+            )
+        except FileNotFoundError:
+            continue
+        right += name_of(data) == blob.digest
+    return right
+
+
 VERIFIED_IN_POSTGRES = """
     SELECT count(*) FROM cas_blobs b
     WHERE 'sha256:' || encode(sha256(coalesce(
@@ -286,26 +427,46 @@ VERIFIED_IN_POSTGRES = """
 """
 
 
-def _verified_in_postgres() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(VERIFIED_IN_POSTGRES)
-        return int(cursor.fetchone()[0])
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
+@pytest.mark.parametrize(
+    ("target", "stop", "total"),
+    [
+        ("postgres", signal.SIGKILL, 2000),
+        ("postgres", signal.SIGINT, 2000),
+        ("s3", signal.SIGKILL, 1000),
+    ],
+    ids=["postgres-kill", "postgres-ctrl-c", "s3-kill"],
+)
 def test_a_run_stopped_part_way_resumes_and_copies_only_the_rest(
-    settings: Any, tmp_path: Path, stop: signal.Signals
+    request: pytest.FixtureRequest,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    target: str,
+    stop: signal.Signals,
+    total: int,
 ) -> None:
-    settings.PAPERCLIP_CAS_BACKEND = "filesystem"
     settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
-    total = 4000
+    configure(request, settings, monkeypatch, "filesystem", target)
     _seed(CompanyFactory().pk, total)
+    env = {
+        "PAPERCLIP_CAS_BACKEND": "filesystem",
+        "PAPERCLIP_CAS_DIR": str(tmp_path / "cas"),
+        **(
+            {
+                "PAPERCLIP_CAS_S3_BUCKET": settings.PAPERCLIP_CAS_S3_BUCKET,
+                "PAPERCLIP_CAS_S3_PREFIX": settings.PAPERCLIP_CAS_S3_PREFIX,
+                "PAPERCLIP_CAS_S3_ENDPOINT_URL": settings.PAPERCLIP_CAS_S3_ENDPOINT_URL,
+            }
+            if target == "s3"
+            else {}
+        ),
+    }
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "cas_migrate", "--to", "postgres", "--batch-size", "100"],
+        [sys.executable, "manage.py", "cas_migrate", "--to", target, "--batch-size", "50"],
         cwd=django_settings.BASE_DIR,
-        env=child_env(PAPERCLIP_CAS_BACKEND="filesystem", PAPERCLIP_CAS_DIR=str(tmp_path / "cas")),
+        env=child_env(**env),  # the AWS_* credentials: in os.environ (monkeypatched)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -332,11 +493,11 @@ def test_a_run_stopped_part_way_resumes_and_copies_only_the_rest(
             "interrupted after copying" in line and "run the command again" in line
             for line in lines
         ), lines
-    copied_before = _verified_in_postgres()
-    assert 500 <= copied_before < total  # killed part way, after five batches
+    copied_before = _verified_in(target)
+    assert 250 <= copied_before < total  # stopped part way, after five batches
 
-    out, _ = migrate("--to", "postgres", "--batch-size", "500")
+    out, _ = migrate("--to", target, "--batch-size", "500")
 
     assert f"done: copied {total - copied_before} blob(s)" in out
     assert f"{copied_before} already there, 0 gone" in out
-    assert _verified_in_postgres() == total
+    assert _verified_in(target) == total
