@@ -94,8 +94,9 @@ class Plane:
             node.stop()
 
 
-# "false": every byte passes through the web nodes (PAPERCLIP_CAS_S3_REDIRECT=false).
-@pytest.fixture(params=["false"])
+# "true", as shipped: blob reads of at least PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES answered with a
+# redirect to the bucket; "false": every byte passes through the web nodes.
+@pytest.fixture(params=["true", "false"])
 def plane(s3_server: S3Server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Plane]:
     running = Plane(s3_server, tmp_path / "plane", request.param)
     try:
