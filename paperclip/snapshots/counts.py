@@ -59,6 +59,21 @@ def tree_counts(*, company_id: UUID, tree: str) -> Counts | None:
     return Counts(files=row[0], bytes=row[1], entries=row[2])
 
 
+def known_valid_trees(*, company_id: UUID, trees: list[str]) -> set[str]:
+    """The trees among `trees` known valid and whole in the company: those a registration
+    validated (a snapshot row) or the publisher built (counts kept), the same knowledge
+    `walk_changes` relies on for a head. Every directory such a tree reaches is valid: a
+    directory's name fixes its bytes, and they were validated (or encoded here) when the tree
+    was recorded. One query of two index lookups."""
+    if not trees:
+        return set()
+    registered = RunSnapshot.objects.filter(company_id=company_id, tree__in=trees)
+    built = TreeCounts.objects.filter(company_id=company_id, tree__in=trees)
+    return set(
+        registered.values_list("tree", flat=True).union(built.values_list("tree", flat=True))
+    )
+
+
 def counts_against_head(
     *,
     company_id: UUID,

@@ -10,14 +10,24 @@ directory reads on each side, as registration against the head does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from uuid import UUID
 
+from paperclip.snapshots.counts import known_valid_trees
 from paperclip.snapshots.merge import changed_paths
 from paperclip.snapshots.store.reads import directory_loader
-from paperclip.snapshots.trees import MAX_DEPTH, Entry, TreeInvalid, stored_dir
+from paperclip.snapshots.trees import (
+    MAX_DEPTH,
+    Entry,
+    TreeInvalid,
+    blob_name,
+    decode_dir,
+    decode_stored_dir,
+    entry_pieces,
+    known_entries,
+)
 
 type ChangeKind = Literal["added", "removed", "modified"]
 
@@ -104,11 +114,29 @@ class TreeUnreadable(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class _Dir:
+    """A directory as the walk compares it: its raw entries (`entry_pieces`) and, when it was
+    validated on the way, its entries in the same order (None: decode only what differs)."""
+
+    pieces: list[bytes]
+    entries: tuple[Entry, ...] | None = None
+
+
+_NO_DIR: Final = _Dir([], ())
+
+
 @dataclass(slots=True)
 class _Walk:
+    """Both trees a level at a time, one `load_many` call per level. A directory is compared
+    entry by entry as raw bytes (`entry_pieces`): only the entries that differ are decoded.
+    The directories of a side whose tree is `trusted` (known valid: `known_valid_trees`) are
+    not validated again; the other side's are, as they are read (`decode_stored_dir`)."""
+
     load_many: Callable[[list[str]], Mapping[str, bytes]]
     before: str | None
     after: str | None
+    trusted: tuple[bool, bool] = (False, False)
     found: list[Change] = field(default_factory=list)
     read: int = 0
 
@@ -124,14 +152,19 @@ class _Walk:
             self.read += len(names)
             following: list[tuple[str, str | None, str | None]] = []
             for path, old, new in level:
-                gone = _dir(stored, old, path, self.before)
-                following.extend(self._compare(path, gone, _dir(stored, new, path, self.after)))
+                gone = _read(stored, old, path, self.before, trusted=self.trusted[0])
+                came = _read(stored, new, path, self.after, trusted=self.trusted[1])
+                following.extend(self._compare(path, gone, came))
             level = following
             depth += 1
 
     def _compare(
-        self, path: str, old: dict[str, Entry], new: dict[str, Entry]
+        self, path: str, gone: _Dir, came: _Dir
     ) -> Iterator[tuple[str, str | None, str | None]]:
+        # An entry the same on both sides (the same bytes) is neither decoded nor shown.
+        same = set(gone.pieces).intersection(came.pieces) if gone.pieces and came.pieces else ()
+        old = _differing(gone, same, path, self.before)
+        new = _differing(came, same, path, self.after)
         for name in old.keys() | new.keys():
             a, b = old.get(name), new.get(name)
             if a is not None and b is not None and a.type == b.type == "dir" and a.same_dir(b):
@@ -145,17 +178,41 @@ class _Walk:
                 yield where, below_a, below_b
 
 
-def _dir(
-    stored: Mapping[str, bytes], digest: str | None, path: str, tree: str | None
-) -> dict[str, Entry]:
-    """The entries by name of the directory `digest` of `tree` at `path` ({} for None)."""
+def _read(
+    stored: Mapping[str, bytes], digest: str | None, path: str, tree: str | None, *, trusted: bool
+) -> _Dir:
+    """The directory `digest` of `tree` at `path` (none for None), its bytes checked against
+    its name, and validated unless its tree is `trusted`. Raises TreeUnreadable."""
+    if digest is None:
+        return _NO_DIR
+    data = stored.get(digest)
+    if data is None:
+        raise TreeUnreadable(tree or "", path)
     try:
-        entries = stored_dir(stored, digest, path)
+        entries = None if trusted else decode_stored_dir(data, digest, path)
+        if trusted and blob_name(data) != digest:
+            raise TreeInvalid(path, "digest_mismatch")
+        pieces = entry_pieces(data)
+        if pieces is None or (entries is not None and len(entries) != len(pieces)):
+            decode_dir(data, path)  # names why (a valid directory always splits)
+            raise TreeInvalid(path, "not_canonical")
     except TreeInvalid as exc:
         raise TreeUnreadable(tree or "", path, exc.reason) from exc
-    if entries is None:
-        raise TreeUnreadable(tree or "", path)
-    return entries
+    return _Dir(pieces, entries)
+
+
+def _differing(
+    directory: _Dir, same: Collection[bytes], path: str, tree: str | None
+) -> dict[str, Entry]:
+    """The entries of `directory` whose pieces are not in `same`, by name."""
+    if directory.entries is not None:
+        pairs = zip(directory.pieces, directory.entries, strict=True)
+        return {entry.name: entry for piece, entry in pairs if piece not in same}
+    try:
+        found = known_entries([p for p in directory.pieces if p not in same], path)
+    except TreeInvalid as exc:
+        raise TreeUnreadable(tree or "", path, exc.reason) from exc
+    return {entry.name: entry for entry in found}
 
 
 def tree_diff(
@@ -172,6 +229,8 @@ def tree_diff(
     company's store (or is not one). `limit` bounds the changes returned, not the counts."""
     walker = _Walk(load_many or directory_loader(company_id), before, after)
     if before != after:
+        known = known_valid_trees(company_id=company_id, trees=[t for t in (before, after) if t])
+        walker.trusted = (before in known, after in known)
         walker.run()
     found = sorted(walker.found, key=lambda change: path_key(change.path))
     counted = {"added": 0, "removed": 0, "modified": 0}

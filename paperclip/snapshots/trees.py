@@ -208,6 +208,61 @@ def decode_stored_dir(data: bytes, digest: str, path: str = "") -> tuple[Entry, 
     return decode_dir(data, path)
 
 
+_DIR_HEAD: Final = b'{"entries":['
+_DIR_TAIL: Final = b'],"schema":"' + SCHEMA.encode() + b'"}'
+_ENTRY_BETWEEN: Final = b'},{"'
+
+
+def entry_pieces(data: bytes) -> list[bytes] | None:
+    """The entries of a valid directory blob as raw pieces, in order, without decoding them:
+    each is one entry's canonical JSON without its opening `{"` and closing `}`. Two entries
+    are equal exactly when their pieces are, so two directories can be compared piece by piece
+    and only the entries that differ decoded (`known_entries`). None when the blob is not framed
+    as a directory. Splitting is exact for a valid (canonical) blob only: an entry holds no
+    object, and a string holds `"` only as `\\"`, so `},{"` occurs only between entries; the
+    caller must know the blob valid (`decode_dir` passed, now or when its tree was recorded)."""
+    if not (data.startswith(_DIR_HEAD) and data.endswith(_DIR_TAIL)):
+        return None
+    body = data[len(_DIR_HEAD) : len(data) - len(_DIR_TAIL)]
+    if not body:
+        return []
+    if not (body.startswith(b'{"') and body.endswith(b"}")):
+        return None
+    return body[2:-1].split(_ENTRY_BETWEEN)
+
+
+def known_entries(pieces: list[bytes], path: str) -> list[Entry]:
+    """The entries of `pieces` of one directory (at `path`) of a tree known valid, decoded in
+    one parse and built without `decode_dir`'s checks (they passed when the tree was
+    recorded) but their shape. TreeInvalid when they do not parse as entries of that shape."""
+    if not pieces:
+        return []
+    try:
+        raws = json.loads(b'[{"' + _ENTRY_BETWEEN.join(pieces) + b"}]")
+        if not isinstance(raws, list) or len(raws) != len(pieces):
+            raise ValueError("not one entry per piece")
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise TreeInvalid(path, "not_json", str(exc)[:200]) from exc
+    return [_known_entry(raw, path) for raw in raws]
+
+
+def _known_entry(raw: Any, path: str) -> Entry:
+    # Only the shape (what building the entry needs): a wrong one is refused, not guessed.
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or frozenset(raw) not in _KEYS.get(kind, ()):
+        raise TreeInvalid(path, "bad_fields")
+    chunks = raw.get("chunks")
+    return Entry(
+        name=raw["name"],
+        type=raw["type"],
+        mode=raw.get("mode", 0),
+        size=raw.get("size", 0),
+        digest=raw.get("digest"),
+        chunks=tuple(chunks) if chunks is not None else None,
+        target=raw.get("target", ""),
+    )
+
+
 def _decode_canonical(data: bytes, path: str) -> tuple[Entry, ...] | None:
     """The entries of a blob that is valid and canonical, checked without the duplicate-key
     hook and without re-encoding the entries: the bytes must equal the canonical encoding of

@@ -10,7 +10,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Final
 from uuid import UUID
@@ -35,8 +34,6 @@ logger = logging.getLogger(__name__)
 # last piece is held back until the whole has hashed to the name: a mismatch then cuts the
 # stream short of its Content-Length, so a reader never receives all of a wrong blob.
 VERIFY_AHEAD_BYTES: Final = 1024 * 1024
-
-READ_THREADS: Final = 8  # directory blobs read at once from a remote store (s3)
 
 
 def cas_find_missing(*, company_id: UUID, digests: Sequence[str]) -> list[str]:
@@ -258,8 +255,9 @@ _directories = _DirectoryCache()
 
 def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -> dict[str, bytes]:
     """The whole bytes of each of the company's blobs among `digests` that it holds (absent
-    ones left out), for tree walks: rows in one query per MAX_FIND_MISSING names, repeats
-    from a per-process cache of small blobs. Raises BlobTooLarge for a blob over `max_bytes`."""
+    ones left out), for tree walks: rows in one query per MAX_FIND_MISSING names, the bytes
+    in one `get_many` of the backend, repeats from a per-process cache of small blobs.
+    Raises BlobTooLarge for a blob over `max_bytes`."""
     found: dict[str, bytes] = {}
     wanted: list[str] = []
     for digest in set(digests):
@@ -275,30 +273,14 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
     for digest, (_, size) in rows.items():
         if size > max_bytes:
             raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
-    backend = blob_backend()
-
-    def read(item: tuple[str, tuple[int, int]]) -> tuple[str, bytes | None]:
-        digest, (blob_id, size) = item
-        try:
-            chunks = backend.get(blob_id=blob_id, company_id=company_id, digest=digest, size=size)
-            return digest, b"".join(verified_chunks(chunks, digest=digest, size=size))
-        except FileNotFoundError:
-            return digest, None  # collected meanwhile, or lost: absent to a tree walk
-        except BlobUnreadable:
-            return digest, None  # logged; absent to a tree walk, never read as another one
-
-    loaded: Iterable[tuple[str, bytes | None]]
-    if backend.cheap_stat or len(rows) < 2:
-        loaded = map(read, rows.items())
-    else:
-        # A remote store (s3): a round trip per blob, so several in flight. Only for it: the
-        # postgres backend reads through this thread's database connection.
-        with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="cas-read") as pool:
-            loaded = list(pool.map(read, rows.items()))
-    for digest, data in loaded:
-        if data is not None:
-            _directories.put((company_id, digest), data)
-            found[digest] = data
+    for digest, data in blob_backend().get_many(company_id=company_id, rows=rows).items():
+        # Small blobs read whole: checked against their names here, for every backend, so a
+        # damaged one is absent to a tree walk, never read as the directory it claims to be.
+        if len(data) != rows[digest][1] or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            logger.error("blob %s read back as bytes that do not hash to its name", digest)
+            continue
+        _directories.put((company_id, digest), data)
+        found[digest] = data
     return found
 
 
