@@ -105,6 +105,13 @@ def test_snapshots_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
     assert "first run vs cp -a: ratio" in done.stdout  # it got to its report
     assert "later run (1% changed) vs rsync -a: ratio" in done.stdout
     assert "checkout at the head:" in done.stdout
+    # the git peer (bench/snapshots_git.py): both variants' runs, and the ratios against them
+    for variant in ("git", "git-tuned"):
+        assert f"round 1 {variant} first run:" in done.stdout
+        assert f"round 1 {variant} later run:" in done.stdout
+        assert f"first run vs {variant}: " in done.stdout
+        assert f"later run vs {variant}: " in done.stdout
+    assert "git-tuned settings: feature.manyFiles=true" in done.stdout
     assert_dropped(name)
     assert list(tmp_path.iterdir()) == []
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\) stopped", done.stdout)]
