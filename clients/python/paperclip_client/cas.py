@@ -9,13 +9,14 @@ import io
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any, NamedTuple, cast
 
-import httpx
-
 from paperclip_client import models
+from paperclip_client._httpx import httpx
 from paperclip_client.errors import BlobCorrupt
 from paperclip_client.transport import Transport, operation
 
 FIND_MISSING_MAX = 10_000
+# Requests to the store at once while uploading or fetching (`--transfers`).
+TRANSFER_THREADS = 4
 PIECE_BYTES = 1024 * 1024
 
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from paperclip_client import history_cli
+from paperclip_client.cas import TRANSFER_THREADS
 from paperclip_client.cli_output import (
     EXIT_LOST,
     EXIT_NOT_COMMITTED,
@@ -45,7 +46,6 @@ from paperclip_client.cli_output import (
 from paperclip_client.client import Client
 from paperclip_client.errors import PaperclipError, ServerUnreachable
 from paperclip_client.runner import Runner
-from paperclip_client.workdir import TRANSFER_THREADS
 
 TTL_MIN, TTL_MAX = 60, 86400
 

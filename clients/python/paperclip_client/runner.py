@@ -40,13 +40,12 @@ from paperclip_client.errors import (
     OutcomeUnknown,
     PaperclipError,
     ServerUnreachable,
+    WorkdirError,
     WorkspaceRuntimeLeaseConflict,
 )
 from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
-from paperclip_client.run_workspace import checkout_head, published, snapshot_register
 from paperclip_client.session import CheckpointError, SessionCheckpointer, restore
 from paperclip_client.trees import TreeError
-from paperclip_client.workdir import WorkdirError
 
 T = TypeVar("T")
 CONTROLLER_TTL_MAX = 3600
@@ -293,6 +292,10 @@ class Runner:
         controller: ControllerLeaseKeeper,
         workdir: Path,
     ) -> int:
+        # The workdir's modules (scan, upload, checkout: pathspec, thread pools) load once the
+        # run holds its lease, not before the CLI's first request (issue #42).
+        from paperclip_client.run_workspace import published, snapshot_register
+
         args = self.args
         self._checkout(workdir)
         checkpointer: SessionCheckpointer | None = None
@@ -395,6 +398,8 @@ class Runner:
     def _checkout(self, workdir: Path) -> None:
         """Make the workdir hold the workspace head read now, with the lease held (that head
         is the snapshot's base: what this run's work starts from)."""
+        from paperclip_client.run_workspace import checkout_head  # as in _work: issue #42
+
         head = self.client.workspace_head(self.args.workspace)
         self.base = head.tree
         checkout_head(

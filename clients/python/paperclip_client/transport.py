@@ -22,12 +22,12 @@ Transport rules (why each call may or may not be repeated):
 from __future__ import annotations
 
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Self, TypeVar
 
-import httpx
-
+from paperclip_client._httpx import httpx
 from paperclip_client.errors import (
     ApiError,
     BlobStoreUnavailable,
@@ -99,6 +99,7 @@ class Transport:
             headers={"Authorization": f"Bearer {key}", "User-Agent": USER_AGENT},
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             transport=transport,
+            verify=_tls_context(self.base_url),
         )
         # Redirected downloads: no Authorization header, ever (the store must never see the
         # agent's key), and no redirect of its own followed.
@@ -236,6 +237,17 @@ class Transport:
                 parts = httpx.URL(following)
                 url = parts.raw_path.decode("ascii")
         return items
+
+
+def _tls_context(base_url: str) -> ssl.SSLContext | bool:
+    """What verifies the server's certificate: httpx's default (certifi's bundle) for an
+    https:// server. A plain http:// server never needs TLS (every request goes to `base_url`;
+    redirects are not followed), so it gets a context that trusts no certificate at all: an
+    https:// connection would fail, never go unverified, and the CLI does not load the bundle
+    (about 20 ms) before its first request (issue #42)."""
+    if httpx.URL(base_url).scheme == "http":
+        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, with no trusted CA
+    return True
 
 
 def _decode(response: httpx.Response) -> Any:

@@ -26,7 +26,7 @@ upload what the store lacks, record it), `checking_out` (a head made the workdir
 
 from __future__ import annotations
 
-from paperclip_client.cas import BatchFrame
+from paperclip_client.cas import TRANSFER_THREADS, BatchFrame
 from paperclip_client.trees import EMPTY_DIR, MAX_NAME_BYTES
 from paperclip_client.workdir.checking_out import CheckoutResult, checkout, iter_names, read_tree
 from paperclip_client.workdir.errors import LocalChanges, WorkdirChanged, WorkdirError
@@ -55,7 +55,6 @@ from paperclip_client.workdir.scanning import (
 from paperclip_client.workdir.transfer import (
     PROGRESS_EVERY,
     SMALL_BLOB,
-    TRANSFER_THREADS,
     ClientStore,
     Limits,
     Progress,

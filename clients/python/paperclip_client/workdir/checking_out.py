@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from paperclip_client.cas import TRANSFER_THREADS
 from paperclip_client.errors import PaperclipError
 from paperclip_client.trees import (
     Entry,
@@ -34,7 +35,6 @@ from paperclip_client.workdir.index import (
 from paperclip_client.workdir.scanning import MAX_DEPTH
 from paperclip_client.workdir.transfer import (
     SMALL_BLOB,
-    TRANSFER_THREADS,
     Progress,
     Say,
     Store,

@@ -16,8 +16,6 @@ from paperclip_client.cas import BatchFrame
 PROGRESS_EVERY = 2.0
 # Blobs up to this size go in batch uploads (when the server's batch limit allows).
 SMALL_BLOB = 1024 * 1024
-# Requests to the store at once while uploading or fetching (`--transfers`).
-TRANSFER_THREADS = 4
 
 type Say = Callable[[str], None]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from paperclip_client.cas import BatchFrame
+from paperclip_client.cas import TRANSFER_THREADS, BatchFrame
 from paperclip_client.errors import BlobDigestMismatch
 from paperclip_client.workdir.errors import WorkdirChanged
 from paperclip_client.workdir.index import (
@@ -26,7 +26,6 @@ from paperclip_client.workdir.scanning import (
 )
 from paperclip_client.workdir.transfer import (
     SMALL_BLOB,
-    TRANSFER_THREADS,
     Progress,
     Say,
     Store,

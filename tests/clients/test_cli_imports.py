@@ -1,0 +1,102 @@
+"""The CLI's start stays light (issue #42: its start to its first request under 0.1 s).
+
+`import paperclip_client.cli` (what the `paperclip-agent` console script does first) must not
+load what no run needs before its first request: httpx's own command-line client (rich, click,
+pygments: about 80 modules where they are installed), the workdir's modules and pathspec
+(loaded by the run once it holds its lease), the checkout and snapshot steps. Each check runs
+in a fresh interpreter, since this test process has imported everything already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import paperclip_client
+from paperclip_client.transport import _tls_context
+
+# Modules `import paperclip_client.cli` must not load (a prefix counts its submodules too).
+HEAVY = (
+    "httpx._main",
+    "rich",
+    "click",
+    "pygments",
+    "pathspec",
+    "concurrent.futures",
+    "paperclip_client.workdir",
+    "paperclip_client.run_workspace",
+)
+# The same code as this test's: the package's own directory first on the path.
+CLIENT_PATH = str(Path(paperclip_client.__file__).resolve().parents[1])
+
+
+def loaded_after(code: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
+        env={**os.environ, "PYTHONPATH": CLIENT_PATH},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    modules: list[str] = json.loads(done.stdout)
+    return modules
+
+
+def heavy_in(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == h or m.startswith(f"{h}.") for h in HEAVY)]
+
+
+def test_importing_the_cli_loads_no_heavy_module() -> None:
+    modules = loaded_after("import paperclip_client.cli")
+    assert "paperclip_client.cli" in modules
+    assert "httpx" in modules  # the first request needs it
+    assert heavy_in(modules) == []
+
+
+def test_the_console_script_path_loads_no_heavy_module_before_main() -> None:
+    """The shim pip writes (`from paperclip_client.cli import entry`), and what `main` reaches
+    before its first request: the parser and the client."""
+    modules = loaded_after(
+        "import re, sys\n"
+        "from paperclip_client.cli import entry, parser\n"
+        "from paperclip_client.client import Client\n"
+        "parser().parse_args(['run', '--workspace', 'w', '--issue', 'i', '--', 'true'])\n"
+        "Client('http://127.0.0.1:9', 'k.s').close()"
+    )
+    assert heavy_in(modules) == []
+
+
+def test_httpx_loaded_without_its_cli_still_works_and_its_cli_still_imports() -> None:
+    """httpx takes its own fallback for the held-back module (its `main` stub), and the entry
+    is gone afterwards: a later `import httpx._main` is not refused by us."""
+    modules = loaded_after(
+        "import paperclip_client, httpx, sys\n"
+        "assert 'httpx._main' not in sys.modules, 'held-back entry left behind'\n"
+        "assert callable(httpx.main) and httpx.Client\n"
+        "import importlib.util\n"
+        "if importlib.util.find_spec('click') and importlib.util.find_spec('rich'):\n"
+        "    import httpx._main"
+    )
+    assert "paperclip_client._httpx" in modules
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "HTTP://example.test/"])
+def test_a_plain_http_server_gets_a_tls_context_that_trusts_nothing(url: str) -> None:
+    """No bundle loaded for http://, and still no unverified TLS: the context requires a
+    certificate and the host name, and trusts no authority (an https:// peer would fail)."""
+    context = _tls_context(url)
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname is True
+    assert context.get_ca_certs() == []
+
+
+def test_an_https_server_gets_httpx_default_verification() -> None:
+    assert _tls_context("https://paperclip.example.test") is True
