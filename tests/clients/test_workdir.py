@@ -721,3 +721,59 @@ def test_the_index_of_another_server_or_workspace_is_not_trusted(tmp_path: Path)
     assert trees.blob_name(b"one") in workdir.stored_by_index(
         root, index, server=SERVER, workspace=WORKSPACE
     )
+
+
+def state_files(root: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of the index and the directory blobs' file: a rewrite changes both."""
+    return {
+        name: (info.st_ino, info.st_mtime_ns)
+        for name in ("index.json", "dirs.json")
+        for info in [os.stat(root / ".paperclip" / name)]
+    }
+
+
+def test_a_snapshot_that_changed_nothing_leaves_the_index_as_it_is(tmp_path: Path) -> None:
+    """Issue #42: a run that changed nothing does no work proportional to the workspace in
+    writing its state; the stat cache still vouches for every file afterwards."""
+    root = tmp_path / "w"
+    make(root, {"a": "one", "c/d": "three"})
+    store = FakeStore()
+    first = take(store, root)
+    before = state_files(root)
+    again = take(store, root)
+    assert again.tree == first.tree
+    assert again.scan.hashed == 0
+    assert state_files(root) == before
+    assert (
+        workdir.scan(root, max_blob_bytes=10**6, index=workdir.load_index(root), warn=print).hashed
+        == 0
+    )
+
+    (root / "c" / "d").write_text("four")  # a change: the index is rewritten
+    old(root / "c" / "d")
+    changed = take(store, root)
+    assert changed.tree != first.tree
+    after = state_files(root)
+    assert after["index.json"] != before["index.json"]
+    assert after["dirs.json"] != before["dirs.json"]
+    index = workdir.load_index(root)
+    assert index is not None
+    assert index.tree == changed.tree
+
+
+def test_a_racily_clean_entry_or_a_lost_dirs_file_still_rewrites_the_state(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    make(root, {"a": "one"})
+    store = FakeStore()
+    take(store, root)
+    index_file = root / ".paperclip" / "index.json"
+    tick = os.lstat(root / "a").st_mtime_ns  # the index written in the same tick as the file
+    os.utime(index_file, ns=(tick, tick))
+    racy = take(store, root)
+    assert racy.scan.hashed == 1
+    assert os.stat(index_file).st_mtime_ns > tick  # rewritten: "a" is vouched for again
+    assert take(store, root).scan.hashed == 0
+
+    (root / ".paperclip" / "dirs.json").unlink()
+    take(store, root)
+    assert (root / ".paperclip" / "dirs.json").is_file()

@@ -50,6 +50,21 @@ class Index:
         content = row[4]
         return tuple(content) if isinstance(content, list) else content
 
+    def records(
+        self, *, tree: str | None, server: str, workspace: str, files: Mapping[str, Stat]
+    ) -> bool:
+        """Whether this index already says exactly that: the same tree for the same server
+        and workspace, the same stat cache, and no entry racily clean (modified in or after
+        the index file's timestamp tick: every scan reads it again until the index is
+        rewritten). Rewriting it then would change nothing but its mtime."""
+        return (
+            self.tree == tree
+            and self.server == server
+            and self.workspace == workspace
+            and self.files == files
+            and all(row[1] < self.written_ns for row in files.values())
+        )
+
 
 def state_path(workdir: Path) -> Path:
     return workdir / STATE_DIR
