@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import paperclip_client
+from paperclip_client import Client
 from paperclip_client.transport import _tls_context
 
 # Modules `import paperclip_client.cli` must not load (a prefix counts its submodules too).
@@ -100,3 +101,18 @@ def test_a_plain_http_server_gets_a_tls_context_that_trusts_nothing(url: str) ->
 
 def test_an_https_server_gets_httpx_default_verification() -> None:
     assert _tls_context("https://paperclip.example.test") is True
+
+
+def test_a_client_of_an_http_server_loads_no_certificate_bundle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Neither the API's client (plain http://) nor the redirected downloads' one (made at the
+    first redirect) reads certifi's bundle while the CLI starts; https:// still does."""
+    loads: list[object] = []
+    monkeypatch.setattr(
+        ssl.SSLContext, "load_verify_locations", lambda _self, *a, **_k: loads.append(a)
+    )
+    Client("http://127.0.0.1:9", "k.s").close()
+    assert loads == []
+    Client("https://paperclip.example.test", "k.s").close()
+    assert loads != []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Self, TypeVar
@@ -101,17 +102,29 @@ class Transport:
             transport=transport,
             verify=_tls_context(self.base_url),
         )
-        # Redirected downloads: no Authorization header, ever (the store must never see the
-        # agent's key), and no redirect of its own followed.
-        self._direct = httpx.Client(
-            headers={"User-Agent": USER_AGENT},
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            follow_redirects=False,
-        )
+        # Redirected downloads' client, made at the first redirect: building it loads
+        # certifi's bundle (about 20 ms), which a run without one never needs (issue #42:
+        # the CLI's start to its first request).
+        self._direct_client: httpx.Client | None = None
+        self._direct_lock = threading.Lock()  # the transfer threads may redirect at once
+
+    def _direct(self) -> httpx.Client:
+        """The client of redirected downloads: no Authorization header, ever (the store must
+        never see the agent's key), and no redirect of its own followed."""
+        with self._direct_lock:
+            if self._direct_client is None:
+                self._direct_client = httpx.Client(
+                    headers={"User-Agent": USER_AGENT},
+                    timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                    follow_redirects=False,
+                )
+            return self._direct_client
 
     def close(self) -> None:
         self._http.close()
-        self._direct.close()
+        with self._direct_lock:
+            if self._direct_client is not None:
+                self._direct_client.close()
 
     def __enter__(self) -> Self:
         return self
@@ -207,14 +220,15 @@ class Transport:
         response.close()
         if not location:
             raise DirectFetchFailed(f"a {response.status_code} without a Location")
-        request = self._direct.build_request(
+        direct_client = self._direct()
+        request = direct_client.build_request(
             "GET",
             response.url.join(location),
             timeout=httpx.USE_CLIENT_DEFAULT
             if timeout is None
             else httpx.Timeout(timeout, connect=self.connect_timeout),
         )
-        direct = self._direct.send(request, stream=True)
+        direct = direct_client.send(request, stream=True)
         if direct.status_code >= 300:
             direct.read()
             direct.close()
