@@ -10,14 +10,14 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
 from paperclip.snapshots import trees as server_trees
 from paperclip_client import trees, workdir
 from paperclip_client.errors import BlobDigestMismatch
-from paperclip_client.workdir import Limits, LocalChanges
+from paperclip_client.workdir import Limits, LocalChanges, uploading
 
 SERVER, WORKSPACE = "http://testserver", "ws-1"
 
@@ -777,3 +777,32 @@ def test_a_racily_clean_entry_or_a_lost_dirs_file_still_rewrites_the_state(tmp_p
     (root / ".paperclip" / "dirs.json").unlink()
     take(store, root)
     assert (root / ".paperclip" / "dirs.json").is_file()
+
+
+def test_a_snapshot_of_the_indexed_tree_asks_nothing_and_reads_no_dirs_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #42: when the scan finds the tree the index records for this server and
+    workspace, every blob is known without `stored_by_index` (dirs.json and every name read
+    again); for another workspace it is still asked about."""
+    store, root = AskingStore(), tmp_path / "w"
+    make(root, {"a.txt": "one", "d/b.txt": "two"})
+    take(store, root)
+    calls: list[str] = []
+    real = uploading.stored_by_index
+
+    def counted(*args: Any, **kwargs: Any) -> set[str]:
+        calls.append(kwargs["workspace"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(uploading, "stored_by_index", counted)
+    store.asked.clear()
+    again = workdir.snapshot(
+        store, root, say=lambda _: None, warn=lambda _: None, trust_index=(SERVER, WORKSPACE)
+    )
+    assert (store.asked, again.uploaded, calls) == ([], 0, [])
+    other = workdir.snapshot(
+        store, root, say=lambda _: None, warn=lambda _: None, trust_index=(SERVER, "ws-2")
+    )
+    assert calls == ["ws-2"]
+    assert set(store.asked) == set(other.scan.sources) | set(other.scan.dirs)

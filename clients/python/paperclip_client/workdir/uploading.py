@@ -15,6 +15,7 @@ from paperclip_client.errors import BlobDigestMismatch
 from paperclip_client.workdir.errors import WorkdirChanged
 from paperclip_client.workdir.index import (
     DIRS,
+    Index,
     load_index,
     save_state,
     state_path,
@@ -182,11 +183,7 @@ def snapshot(
     for attempt in range(attempts):
         index = load_index(workdir)
         found = scan(workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn)
-        known = (
-            stored_by_index(workdir, index, server=trust_index[0], workspace=trust_index[1])
-            if trust_index is not None
-            else set()
-        )
+        known = _known(workdir, index, found, trust_index)
         try:
             uploaded = upload(store, workdir, found, say=say, threads=threads, known=known)
         except WorkdirChanged as exc:
@@ -196,6 +193,26 @@ def snapshot(
             continue
         return SnapshotResult(found.tree, found.files, found.bytes, uploaded, found)
     raise AssertionError("unreachable")
+
+
+def _known(
+    workdir: Path, index: Index | None, found: Scan, trust_index: tuple[str, str] | None
+) -> Collection[str]:
+    """The blobs of `found` taken as stored without asking (`stored_by_index`). When the scan
+    found the very tree the index records for this server and workspace (a run that changed
+    nothing), that is every blob of the scan, without reading `dirs.json` and the index's
+    50,000 names again (issue #42)."""
+    if trust_index is None:
+        return frozenset()
+    server, workspace = trust_index
+    if (
+        index is not None
+        and index.tree is not None
+        and index.tree == found.tree
+        and (index.server, index.workspace) == (server, workspace)
+    ):
+        return found.sources.keys() | found.dirs.keys()
+    return stored_by_index(workdir, index, server=server, workspace=workspace)
 
 
 def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, workspace: str) -> None:
