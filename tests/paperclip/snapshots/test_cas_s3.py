@@ -274,3 +274,31 @@ def test_a_store_without_the_batch_delete_has_its_objects_deleted_one_by_one(
             )
         backend.delete_many(company_id=company, digests=digests)  # type: ignore[arg-type]
         stub.assert_no_pending_responses()
+
+
+def test_a_stopped_store_fails_the_materialization_which_is_retried_and_then_succeeds(
+    s3: S3Server, tmp_path: Path, agent: Agent
+) -> None:
+    company_id = agent.company_id
+    workspace = ExecutionWorkspaceFactory(company=agent.company, cwd=str(tmp_path / "cwd"))
+    tree = store_tree(company_id, {"a.txt": b"first\n", "b/c.txt": b"second\n"})
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(
+        head_tree=tree, head_committed_at=Now()
+    )
+    s3.pause()
+    try:
+        outcome = workspace_materialize(workspace_id=workspace.pk)
+    finally:
+        s3.resume()
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert "blob_store_unavailable" in outcome.error
+    workspace.refresh_from_db()
+    assert workspace.materialize_attempts == 1
+    assert workspace.materialize_next_at is not None  # retried with back-off
+    assert workspace.cwd_tree != tree
+    assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
+    assert (tmp_path / "cwd" / "b" / "c.txt").read_bytes() == b"second\n"
+    workspace.refresh_from_db()
+    assert workspace.cwd_tree == tree
+    assert workspace.materialize_error is None
