@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models.functions import Now
 from rest_framework.test import APIClient
@@ -23,6 +26,7 @@ from rest_framework.test import APIClient
 from paperclip.models import Agent, CasBlob, ExecutionWorkspace
 from paperclip.snapshots.head import workspace_materialize
 from paperclip.snapshots.history import head_move_record_in_tx
+from paperclip.snapshots.store.backends import blob_backend
 from paperclip.snapshots.store.names import BlobUnreadable
 from paperclip.snapshots.store.s3 import S3Backend
 from tests.conftest import s3_settings
@@ -30,6 +34,7 @@ from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 from tests.paperclip.snapshots.helpers import kept, name_of
 from tests.recovery.snapshots import store_tree
+from tests.support.processes import child_env
 from tests.support.s3 import S3Server
 
 pytestmark = pytest.mark.django_db
@@ -302,3 +307,19 @@ def test_a_stopped_store_fails_the_materialization_which_is_retried_and_then_suc
     workspace.refresh_from_db()
     assert workspace.cwd_tree == tree
     assert workspace.materialize_error is None
+
+
+def test_the_s3_backend_without_a_bucket_is_improperly_configured(settings: Any) -> None:
+    settings.PAPERCLIP_CAS_BACKEND = "s3"
+    settings.PAPERCLIP_CAS_S3_BUCKET = ""
+    with pytest.raises(ImproperlyConfigured, match="PAPERCLIP_CAS_S3_BUCKET"):
+        blob_backend()
+    started = subprocess.run(  # startup itself stops
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=child_env(PAPERCLIP_CAS_BACKEND="s3", PAPERCLIP_CAS_S3_BUCKET=""),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert started.returncode != 0
+    assert "PAPERCLIP_CAS_S3_BUCKET" in started.stderr
