@@ -62,7 +62,7 @@ def object_file(server: S3Server, company_id: Any, data: bytes) -> Path:
 
 
 def test_a_server_killed_mid_upload_keeps_nothing_and_the_retry_succeeds(
-    s3: S3Server, agent_client: APIClient, agent: Agent
+    s3: S3Server, agent_client: APIClient, agent: Agent, settings: Any
 ) -> None:
     data = os.urandom(20 * 1024 * 1024 + 5)  # a multipart upload: 3 parts
     backend = S3Backend()
@@ -84,6 +84,7 @@ def test_a_server_killed_mid_upload_keeps_nothing_and_the_retry_succeeds(
     assert not CasBlob.objects.filter(company_id=agent.company_id).exists()
 
     s3.start()
+    settings.PAPERCLIP_CAS_S3_READ_TIMEOUT = 30.0  # the retry: not about a slow answer
     assert kept(agent.company_id, name_of(data)) == {"row": False, "chunks": False, "file": False}
     assert agent_client.post(
         "/api/cas/find-missing", {"digests": [name_of(data)]}, format="json"
@@ -282,7 +283,7 @@ def test_a_store_without_the_batch_delete_has_its_objects_deleted_one_by_one(
 
 
 def test_a_stopped_store_fails_the_materialization_which_is_retried_and_then_succeeds(
-    s3: S3Server, tmp_path: Path, agent: Agent
+    s3: S3Server, tmp_path: Path, agent: Agent, settings: Any
 ) -> None:
     company_id = agent.company_id
     workspace = ExecutionWorkspaceFactory(company=agent.company, cwd=str(tmp_path / "cwd"))
@@ -302,6 +303,10 @@ def test_a_stopped_store_fails_the_materialization_which_is_retried_and_then_suc
     assert workspace.materialize_attempts == 1
     assert workspace.materialize_next_at is not None  # retried with back-off
     assert workspace.cwd_tree != tree
+    # The retry, on the resumed server with the default timeouts (1 s reads flaked on a
+    # loaded machine: a slow answer is not what this test is about).
+    settings.PAPERCLIP_CAS_S3_READ_TIMEOUT = 30.0
+    settings.PAPERCLIP_CAS_S3_MAX_ATTEMPTS = 3
     assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
     assert (tmp_path / "cwd" / "b" / "c.txt").read_bytes() == b"second\n"
     workspace.refresh_from_db()
