@@ -46,9 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.copyback import make_tree  # noqa: E402 - after the path setup
-from bench.snapshots import (  # noqa: E402
+from bench.rss import RssSampler  # noqa: E402
+from bench.snapshot_runs import (  # noqa: E402
     MB,
-    RssSampler,
     make_world,
     run_cli,
     same_files,
@@ -56,7 +56,7 @@ from bench.snapshots import (  # noqa: E402
     subprocess_running,
     wait_materialized,
 )
-from bench.snapshots import log as log  # noqa: E402
+from bench.snapshot_runs import log as log  # noqa: E402
 from tests.support.s3 import S3Server, rclone_s3  # noqa: E402
 from tests.support.servers import free_port, wait_for_server  # noqa: E402
 
