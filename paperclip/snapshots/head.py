@@ -45,6 +45,7 @@ from paperclip.snapshots.counts import counts_against_head, counts_of, tree_coun
 from paperclip.snapshots.history import head_published_record_in_tx
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
+from paperclip.snapshots.store.ahead import ReadAhead
 from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
 from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import (
@@ -513,9 +514,18 @@ def _materialize_round(
     previous = _without_special_bits(before) if before is not None else None
     # One query for the rows of every blob the materializer may write, not one per file
     # (50,000 files: 50,000 round trips to PostgreSQL).
-    known = cas_rows(company_id=company_id, digests=_to_write(target, previous))
+    order = list(_to_write(target, previous))
+    known = cas_rows(company_id=company_id, digests=order)
+    # A store whose reads are round trips (s3): the small blobs fetched a window at a time,
+    # several in flight, instead of one request after the other.
+    ahead = (
+        ReadAhead(company_id=company_id, order=order, rows=known) if ReadAhead.wanted() else None
+    )
 
     def open_blob(digest: str) -> BinaryIO:
+        data = ahead.take(digest) if ahead is not None else None
+        if data is not None:
+            return io.BytesIO(data)  # checked against its name when it was fetched
         file = cas_blob_file(company_id=company_id, digest=digest, known=known)
         if file is not None:
             return file  # the store's own file: materialize copies it in the kernel

@@ -18,6 +18,7 @@ from django.conf import settings
 
 from paperclip.db.prepared import prepared_cursor
 from paperclip.errors import InvalidRequest
+from paperclip.snapshots.store.ahead import verified_many
 from paperclip.snapshots.store.backends import blob_backend, blob_file, blob_presigned_url
 from paperclip.snapshots.store.names import (
     MAX_DIRECTORY_BYTES,
@@ -273,12 +274,9 @@ def cas_load_many(*, company_id: UUID, digests: Iterable[str], max_bytes: int) -
     for digest, (_, size) in rows.items():
         if size > max_bytes:
             raise BlobTooLarge(max_bytes=max_bytes, digest=digest)
-    for digest, data in blob_backend().get_many(company_id=company_id, rows=rows).items():
-        # Small blobs read whole: checked against their names here, for every backend, so a
-        # damaged one is absent to a tree walk, never read as the directory it claims to be.
-        if len(data) != rows[digest][1] or "sha256:" + hashlib.sha256(data).hexdigest() != digest:
-            logger.error("blob %s read back as bytes that do not hash to its name", digest)
-            continue
+    # Small blobs read whole, checked against their names for every backend: a damaged one is
+    # absent to a tree walk, never read as the directory it claims to be.
+    for digest, data in verified_many(company_id=company_id, rows=rows).items():
         _directories.put((company_id, digest), data)
         found[digest] = data
     return found

@@ -163,6 +163,44 @@ def test_the_materialization_refuses_a_corrupted_object(
     assert not (tmp_path / "cwd" / "bad.txt").exists()
 
 
+def test_the_materialization_reads_small_blobs_ahead_a_window_at_a_time(
+    s3: S3Server, tmp_path: Path, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """150 small files: a few `get_many` windows, not a request after the other; a damaged
+    one among them is still refused (the window leaves it out, the ordinary read names it)."""
+    company_id = agent.company_id
+    files = {f"d{i % 3}/f{i:03}.txt": f"file {i}\n".encode() for i in range(150)}
+    tree = store_tree(company_id, files)
+    windows: list[int] = []
+    many = S3Backend.get_many
+
+    def counted(self: S3Backend, *, company_id: Any, rows: Any) -> dict[str, bytes]:
+        windows.append(len(rows))
+        return many(self, company_id=company_id, rows=rows)
+
+    monkeypatch.setattr(S3Backend, "get_many", counted)
+    workspace = ExecutionWorkspaceFactory(company=agent.company, cwd=str(tmp_path / "cwd"))
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(
+        head_tree=tree, head_committed_at=Now()
+    )
+    assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
+    for path, data in files.items():
+        assert (tmp_path / "cwd" / path).read_bytes() == data
+    file_windows = [n for n in windows if n > 4]  # the tree walk's levels are 1 and 3 blobs
+    assert sum(file_windows) == 150
+    assert len(file_windows) == 3  # 64 + 64 + 22
+
+    damaged = b"file 77\n"
+    object_file(s3, company_id, damaged).write_bytes(b"FILE 77\n")
+    again = ExecutionWorkspaceFactory(company=agent.company, cwd=str(tmp_path / "again"))
+    ExecutionWorkspace.objects.filter(pk=again.pk).update(head_tree=tree, head_committed_at=Now())
+    outcome = workspace_materialize(workspace_id=again.pk)
+    assert outcome.status == "failed"
+    assert outcome.error is not None
+    assert name_of(damaged) in outcome.error
+    assert not (tmp_path / "again" / "d2" / "f077.txt").exists()
+
+
 @pytest.fixture
 def paused(s3: S3Server) -> Iterator[S3Server]:
     s3.pause()
