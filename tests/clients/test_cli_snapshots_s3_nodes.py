@@ -40,11 +40,8 @@ from tests.paperclip.worker.test_worker_processes import Worker, wait_for
 from tests.support.processes import child_env
 from tests.support.s3 import S3Server
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.xdist_group("gunicorn"),
-]
+# Not in the "gunicorn" xdist group: it starts servers of its own, not the session's one.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def s3_env(server: S3Server, prefix: str, data_dir: Path, redirect: str) -> dict[str, str]:
