@@ -40,6 +40,13 @@ from paperclip.api.serializers import (
 )
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.snapshots.store.batch import cas_put_batch
+from paperclip.snapshots.store.batch_read import (
+    MAX_BATCH_READ_BLOBS,
+    MAX_BATCH_READ_BYTES,
+    cas_read_batch,
+    checked_names,
+    frame_stream,
+)
 from paperclip.snapshots.store.names import MAX_FIND_MISSING, cas_company, cas_limits
 from paperclip.snapshots.store.reads import cas_blob_redirect, cas_find_missing, cas_open
 from paperclip.snapshots.store.uploads import cas_put
@@ -272,6 +279,67 @@ class CasBatchApi(APIView):
             company_id=company_id, stream=_body(request), length=_content_length(request)
         )
         return Response({"stored": batch.stored, "existing": batch.existing})
+
+
+class CasBatchReadApi(APIView):
+    """Many small blobs in one answer of frames (docs/snapshots.md#batch-read)."""
+
+    permission_classes = (IsAuthenticated, IsAgentOrBoard)
+
+    def perform_content_negotiation(
+        self, request: Request, force: bool = False
+    ) -> tuple[BaseRenderer, str]:
+        # The answer is bytes (as a blob download's); errors are still JSON.
+        result: tuple[BaseRenderer, str] = super().perform_content_negotiation(request, force=True)
+        return result
+
+    @extend_schema_serializer(component_name="CasBatchReadInput")
+    class InputSerializer(StrictInputSerializer):
+        digests = serializers.ListField(
+            child=serializers.CharField(trim_whitespace=False, max_length=71),
+            min_length=1,
+            max_length=MAX_BATCH_READ_BLOBS,
+            help_text=f"Blob names (`sha256:<64 hex>`), at most {MAX_BATCH_READ_BLOBS:,}, "
+            f"their sizes adding up to at most {MAX_BATCH_READ_BYTES:,} bytes.",
+        )
+
+    @extend_schema(
+        operation_id="cas_batch_read",
+        summary="Read many small blobs in one answer of frames (`<name> <size>\\n` then the bytes)",
+        description=(
+            "The answer is a sequence of frames in request order (a name asked twice is "
+            "answered once), each an ASCII header line `<name> <size>\\n` followed by exactly "
+            "`size` bytes, every blob verified against its name before the answer starts. "
+            "All or nothing: a name the company does not hold is 404 with `details.digests`."
+        ),
+        parameters=[COMPANY_PARAMETER],
+        request=InputSerializer,
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The frames, with Content-Length."
+            ),
+            **error_responses(
+                *AUTH_ERRORS,
+                INVALID_REQUEST,
+                NOT_FOUND,
+                (413, "request_too_large"),
+                UNREADABLE,
+                STORE_UNAVAILABLE,
+            ),
+        },
+    )
+    def post(self, request: Request) -> HttpResponseBase:
+        company_id = _company(request)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        batch = cas_read_batch(
+            company_id=company_id, digests=checked_names(data.validated_data["digests"])
+        )
+        response = StreamingHttpResponse(
+            frame_stream(batch), content_type="application/octet-stream"
+        )
+        response["Content-Length"] = str(batch.size)
+        return response
 
 
 class ExecutionWorkspaceHeadApi(APIView):

@@ -76,4 +76,5 @@ urlpatterns: list[URLPattern] = [
     path("cas/find-missing", cas_views.CasFindMissingApi.as_view(), name="cas-find-missing"),
     path("cas/blobs/<str:name>", cas_views.CasBlobApi.as_view(), name="cas-blob"),
     path("cas/batch", cas_views.CasBatchApi.as_view(), name="cas-batch"),
+    path("cas/batch-read", cas_views.CasBatchReadApi.as_view(), name="cas-batch-read"),
 ]

@@ -96,3 +96,37 @@ def test_get_checks_the_digest() -> None:
         assert out.getvalue() == b"hello"
         with pytest.raises(BlobCorrupt):
             c.cas_get(name(b"other"), io.BytesIO())
+
+
+def frames(*pairs: tuple[str, bytes]) -> bytes:
+    return b"".join(f"{n} {len(d)}\n".encode() + d for n, d in pairs)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(lambda a, b: frames((name(a), a), (name(b), b"not b")), id="wrong-bytes"),
+        pytest.param(lambda a, b: frames((name(b), b), (name(a), a)), id="out-of-order"),
+        pytest.param(lambda a, b: frames((name(a), a)), id="one-missing"),
+        pytest.param(lambda a, b: frames((name(a), a), (name(b), b)) + b"x", id="trailing"),
+        pytest.param(lambda a, b: frames((name(a), a), (name(b), b))[:-1], id="cut-short"),
+        pytest.param(lambda a, b: f"{name(a)} 1e0\n".encode() + a, id="bad-size"),
+    ],
+)
+def test_a_batch_read_takes_only_the_frames_asked_for_each_checked(answer: object) -> None:
+    a, b = b"alpha", b"beta"
+    asked: list[object] = []
+
+    def good(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.read()))
+        return httpx.Response(200, content=frames((name(a), a), (name(b), b)))
+
+    with client(httpx.MockTransport(good)) as c:
+        assert c.cas_get_batch([name(a), name(b), name(a)]) == {name(a): a, name(b): b}
+        assert asked == [{"digests": [name(a), name(b)]}]  # each name asked once
+
+    def lying(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=answer(a, b))  # type: ignore[operator]
+
+    with client(httpx.MockTransport(lying)) as c, pytest.raises(BlobCorrupt):
+        c.cas_get_batch([name(a), name(b)])

@@ -16,7 +16,7 @@ import pytest
 
 from paperclip.snapshots import trees as server_trees
 from paperclip_client import trees, workdir
-from paperclip_client.errors import BlobDigestMismatch
+from paperclip_client.errors import BlobDigestMismatch, NotFound
 from paperclip_client.workdir import Limits, LocalChanges, uploading
 
 SERVER, WORKSPACE = "http://testserver", "ws-1"
@@ -29,6 +29,7 @@ class FakeStore:
             max_blob_bytes=max_blob_bytes, max_batch_bytes=16 * 1024 * 1024, max_batch_blobs=10_000
         )
         self.gets = 0
+        self.batch_reads = 0
         self.got: list[str] = []
         self.got_bytes = 0
         self.put_bytes = 0
@@ -62,6 +63,12 @@ class FakeStore:
         self.got_bytes += len(data)
         dest.write(data)
         return len(data)
+
+    def get_batch(self, names: Sequence[str]) -> dict[str, bytes]:
+        self.batch_reads += 1
+        self.got.extend(names)
+        self.got_bytes += sum(len(self.blobs[n]) for n in names)
+        return {n: self.blobs[n] for n in names}
 
 
 def old(path: Path) -> None:
@@ -374,7 +381,7 @@ def test_a_file_changed_during_the_upload_is_scanned_again(tmp_path: Path) -> No
     store = Changing()
     result = workdir.snapshot(store, root, say=said.append, warn=lambda _: None)
     assert said == ["snapshot: a: changed while it was snapshotted; scanning again"]
-    entries = workdir.read_tree(result.tree, store.blobs.__getitem__)
+    entries = workdir.read_tree(result.tree, lambda names: {n: store.blobs[n] for n in names})
     assert store.blobs[entries["a"].digest or ""] == b"ONE"
 
 
@@ -446,6 +453,32 @@ def test_checkout_fetches_each_blob_once_whatever_the_threads(tmp_path: Path, th
     assert sorted(file_blobs) == sorted(set(file_blobs))  # 40 small contents and the big one
     assert len(file_blobs) == 41
     assert done.files == 121
+
+
+def test_checkout_reads_in_batches_and_falls_back_to_single_reads(tmp_path: Path) -> None:
+    store = FakeStore()
+    one = tmp_path / "one"
+    files: dict[str, str | bytes] = {f"d{i % 30}/e{i % 7}/f{i}": f"content {i}" for i in range(600)}
+    make(one, files)
+    head = take(store, one).tree
+    store.gets, store.got = 0, []
+    batched = tmp_path / "batched"
+    check_out(store, batched, head)
+    assert listing(batched) == listing(one)
+    # 600 files in 241 directories: a batch a level for the directories (root, 30, then 210:
+    # under the 256 names of a batch), three for the files (256, 256, 88); nothing alone.
+    assert (store.gets, store.batch_reads) == (0, 1 + 1 + 1 + 3)
+
+    class NoBatches(FakeStore):
+        def get_batch(self, names: Sequence[str]) -> dict[str, bytes]:
+            raise NotFound("no such endpoint", status=404, details={})
+
+    plain = NoBatches()
+    plain.blobs = store.blobs
+    single = tmp_path / "single"
+    check_out(plain, single, head)
+    assert listing(single) == listing(one)
+    assert plain.gets == 600 + 241  # every file and every directory blob, each alone
 
 
 def test_parallel_jobs_stop_at_the_first_failure() -> None:
@@ -624,6 +657,11 @@ def test_an_interrupted_checkout_is_finished_by_the_next(tmp_path: Path) -> None
                 dest.write(b"partial")
                 raise KeyboardInterrupt
             return super().get(name, dest)
+
+        def get_batch(self, names: Sequence[str]) -> dict[str, bytes]:
+            if self.batch_reads >= 1:  # the directories read, the files' batch dies
+                raise KeyboardInterrupt
+            return super().get_batch(names)
 
     dying = Dying()
     dying.blobs = store.blobs

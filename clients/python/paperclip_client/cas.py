@@ -18,6 +18,9 @@ FIND_MISSING_MAX = 10_000
 # Requests to the store at once while uploading or fetching (`--transfers`).
 TRANSFER_THREADS = 4
 PIECE_BYTES = 1024 * 1024
+# What one batch read may ask for (the server's limits: docs/snapshots.md#batch-read).
+BATCH_READ_MAX = 1_000
+BATCH_READ_MAX_BYTES = 8 * 1024 * 1024
 
 
 class StoreCalls(Transport):
@@ -147,6 +150,27 @@ class StoreCalls(Transport):
 
         return int(self.request("GET", f"/api/cas/blobs/{name}", idempotent=True, receive=receive))
 
+    @operation("cas_batch_read")
+    def cas_get_batch(self, names: Sequence[str]) -> dict[str, bytes]:
+        """Many small blobs in one request (at most BATCH_READ_MAX names, their sizes adding
+        up to at most BATCH_READ_MAX_BYTES), each checked against its name: the answer is, for
+        each name once in order, the line `<name> <size>\n` then exactly `size` bytes.
+        `NotFound` (its `details["digests"]`) when the store lacks any of them; `BlobCorrupt`
+        when a frame's bytes are not its name's or the answer is not the frames asked for."""
+        wanted = list(dict.fromkeys(names))
+
+        def receive(response: httpx.Response) -> dict[str, bytes]:
+            return _read_frames(response.read(), wanted)
+
+        result: dict[str, bytes] = self.request(
+            "POST",
+            "/api/cas/batch-read",
+            json={"digests": wanted},
+            idempotent=True,
+            receive=receive,
+        )
+        return result
+
     def cas_get_bytes(self, name: str) -> bytes:
         """A small blob (a directory) in memory, checked."""
         buffer = io.BytesIO()
@@ -214,6 +238,27 @@ class BatchFrame(NamedTuple):
     name: str
     size: int
     read: Callable[[], Iterable[bytes]]
+
+
+def _read_frames(body: bytes, wanted: Sequence[str]) -> dict[str, bytes]:
+    """A batch read's answer taken apart and checked: exactly the frames of `wanted`, in
+    order, each hashing to its name."""
+    found: dict[str, bytes] = {}
+    at = 0
+    for name in wanted:
+        end = body.find(b"\n", at, at + 128)
+        head = body[at:end].decode("ascii", "replace").split(" ") if end >= 0 else []
+        if len(head) != 2 or head[0] != name or not head[1].isdigit():
+            raise BlobCorrupt(name, 0)
+        size = int(head[1])
+        data = body[end + 1 : end + 1 + size]
+        if len(data) != size or "sha256:" + hashlib.sha256(data).hexdigest() != name:
+            raise BlobCorrupt(name, len(data))
+        found[name] = data
+        at = end + 1 + size
+    if at != len(body):
+        raise BlobCorrupt(wanted[-1] if wanted else "", len(body) - at)
+    return found
 
 
 def _constant(data: bytes) -> Callable[[], Iterable[bytes]]:

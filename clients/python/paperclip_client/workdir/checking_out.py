@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paperclip_client.cas import TRANSFER_THREADS
-from paperclip_client.errors import PaperclipError
+from paperclip_client.errors import ApiError, BlobCorrupt, PaperclipError
 from paperclip_client.trees import (
     Entry,
     TreeError,
@@ -44,6 +44,7 @@ from paperclip_client.workdir.writer import (
     CheckoutWriter,
     DirFds,
     Prefetch,
+    batches,
 )
 
 # --- checkout --------------------------------------------------------------------------------
@@ -58,28 +59,36 @@ class CheckoutResult:
 
 
 def read_tree(
-    tree: str | None, load: Callable[[str], bytes], dirs: dict[str, bytes] | None = None
+    tree: str | None,
+    load_many: Callable[[list[str]], dict[str, bytes]],
+    dirs: dict[str, bytes] | None = None,
 ) -> dict[str, Entry]:
-    """Every entry of `tree` by path, each directory blob checked (`dirs` collects them)."""
+    """Every entry of `tree` by path, each directory blob checked (`dirs` collects them). The
+    directories are read a level at a time: `load_many` gets every name of a level at once
+    (a name it leaves out is a tree that cannot be read)."""
     entries: dict[str, Entry] = {}
     if tree is None:
         return entries
-    stack: list[tuple[str, str, tuple[str, ...]]] = [("", tree, ())]
-    while stack:
-        path, digest, chain = stack.pop()
-        if digest in chain or len(chain) > MAX_DEPTH:
-            raise TreeError(path, "cycle" if digest in chain else "too_deep")
-        data = load(digest)
-        if blob_name(data) != digest:
-            raise TreeError(path, "digest_mismatch")
-        if dirs is not None:
-            dirs[digest] = data
-        for entry in decode_dir(data, path):
-            where = f"{path}/{entry.name}" if path else entry.name
-            entries[where] = entry
-            if entry.type == "dir":
-                assert entry.digest is not None  # noqa: S101 - decode_dir checked it
-                stack.append((where, entry.digest, (*chain, digest)))
+    level: list[tuple[str, str, tuple[str, ...]]] = [("", tree, ())]
+    while level:
+        for path, digest, chain in level:
+            if digest in chain or len(chain) > MAX_DEPTH:
+                raise TreeError(path, "cycle" if digest in chain else "too_deep")
+        got = load_many(list(dict.fromkeys(digest for _, digest, _ in level)))
+        below: list[tuple[str, str, tuple[str, ...]]] = []
+        for path, digest, chain in level:
+            data = got.get(digest)
+            if data is None or blob_name(data) != digest:
+                raise TreeError(path, "digest_mismatch")
+            if dirs is not None:
+                dirs[digest] = data
+            for entry in decode_dir(data, path):
+                where = f"{path}/{entry.name}" if path else entry.name
+                entries[where] = entry
+                if entry.type == "dir":
+                    assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+                    below.append((where, entry.digest, (*chain, digest)))
+        level = below
     for where, entry in entries.items():
         if entry.type == "symlink" and symlink_escapes(entries, where):
             raise TreeError(where, "escaping_symlink")
@@ -179,21 +188,36 @@ def _read_trees(
     cached = load_dirs(workdir)
     dir_bytes = 0
 
-    def load(name: str) -> bytes:
+    def load_many(names: list[str]) -> dict[str, bytes]:
         nonlocal dir_bytes
-        data = cached.get(name)
-        if data is None or blob_name(data) != name:
-            buffer = io.BytesIO()
-            dir_bytes += store.get(name, buffer)
-            data = buffer.getvalue()
-        return data
+        found = {n: cached[n] for n in names if n in cached and blob_name(cached[n]) == n}
+        wanted = [n for n in names if n not in found]
+        for batch in batches([(n, 0) for n in wanted]):
+            fetched = _fetch_dirs(store, batch)
+            dir_bytes += sum(len(data) for data in fetched.values())
+            found.update(fetched)
+        return found
 
-    wanted = read_tree(head, load, head_dirs)
+    wanted = read_tree(head, load_many, head_dirs)
     try:
-        base = read_tree(base_tree, load)
+        base = read_tree(base_tree, load_many)
     except (TreeError, PaperclipError):
         base = {}  # unknown: every difference from the head counts as local work
     return wanted, base, dir_bytes
+
+
+def _fetch_dirs(store: Store, names: list[str]) -> dict[str, bytes]:
+    """Directory blobs in one batch read; should it fail (too large together, one missing or
+    damaged, a server without batch reads), each alone, whose read says what is wrong."""
+    try:
+        return store.get_batch(names)
+    except (ApiError, BlobCorrupt):
+        found: dict[str, bytes] = {}
+        for name in names:
+            buffer = io.BytesIO()
+            store.get(name, buffer)
+            found[name] = buffer.getvalue()
+        return found
 
 
 def _local_work(
@@ -290,10 +314,11 @@ def _ahead(
     changed: Sequence[str],
     current: Mapping[str, Entry | None],
     local: Mapping[str | tuple[str, ...], str],
-) -> list[str]:
-    """The small blobs checkout will fetch, in the order it writes their files (each once;
-    none that a workdir file already holds): what `checkout`'s loop sends to `write_file`."""
-    names: list[str] = []
+) -> list[tuple[str, int]]:
+    """The small blobs checkout will fetch (name, size), in the order it writes their files
+    (each once; none that a workdir file already holds): what `checkout`'s loop sends to
+    `write_file`."""
+    names: list[tuple[str, int]] = []
     seen: set[str] = set()
     for p in changed:
         want = wanted.get(p)
@@ -307,7 +332,7 @@ def _ahead(
         if want.size > SMALL_BLOB or want.digest in seen or want.digest in local:
             continue
         seen.add(want.digest)
-        names.append(want.digest)
+        names.append((want.digest, want.size))
     return names
 
 

@@ -36,6 +36,7 @@ class Store(Protocol):
     def put(self, name: str, stream: IO[bytes], size: int) -> None: ...
     def put_batch(self, frames: Sequence[BatchFrame]) -> None: ...
     def get(self, name: str, dest: IO[bytes]) -> int: ...
+    def get_batch(self, names: Sequence[str]) -> dict[str, bytes]: ...
 
 
 class ClientStore:
@@ -70,6 +71,10 @@ class ClientStore:
 
     def get(self, name: str, dest: IO[bytes]) -> int:
         return int(self.client.cas_get(name, dest))
+
+    def get_batch(self, names: Sequence[str]) -> dict[str, bytes]:
+        result: dict[str, bytes] = self.client.cas_get_batch(names)
+        return result
 
 
 class Progress:

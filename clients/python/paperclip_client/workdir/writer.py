@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import io
 import os
 import shutil
 import stat
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
@@ -85,48 +84,78 @@ class DirFds:
 SPECIAL = Entry(name="", type="symlink", target="\0")  # a fifo, socket or device
 
 
-class Prefetch:
-    """Small blobs fetched ahead by up to `threads` requests at once, in the order checkout
-    will write them (`take` them in that order); at most `4 * threads` held at a time."""
+# A batch read of the blobs checkout writes next: small enough that a few are in flight at
+# once and the first file is written early, large enough that a request carries many files.
+BATCH_NAMES = 256
+BATCH_BYTES = 2 * 1024 * 1024
 
-    def __init__(self, store: Store, names: Sequence[str], threads: int) -> None:
+
+def batches(wanted: Sequence[tuple[str, int]]) -> Iterator[list[str]]:
+    """`wanted` (name, size) cut, in order, into batch reads of at most BATCH_NAMES names and
+    BATCH_BYTES bytes (a blob bigger than that alone in its batch)."""
+    batch: list[str] = []
+    held = 0
+    for name, size in wanted:
+        if batch and (len(batch) >= BATCH_NAMES or held + size > BATCH_BYTES):
+            yield batch
+            batch, held = [], 0
+        batch.append(name)
+        held += size
+    if batch:
+        yield batch
+
+
+class Prefetch:
+    """Small blobs fetched ahead in batch reads, in the order checkout will write them (`take`
+    them in that order): up to `threads` batches in flight, at most `2 * threads` held.
+
+    A batch that fails for any reason is dropped, and `take` answers None for its blobs: the
+    writer then fetches each alone, whose single read names precisely what is wrong (a blob
+    gone, damaged, a store unavailable) and which any server answers."""
+
+    def __init__(self, store: Store, wanted: Sequence[tuple[str, int]], threads: int) -> None:
         self.store = store
-        self.names = iter(names)
-        self.ahead = 4 * threads
-        self.futures: dict[str, Future[bytes]] = {}
+        self.batches = batches(wanted)
+        self.ahead = 2 * max(threads, 1)
+        self.where: dict[str, Future[dict[str, bytes]]] = {}
+        self.untaken: dict[Future[dict[str, bytes]], int] = {}
         self.pool = (
-            ThreadPoolExecutor(threads, thread_name_prefix="paperclip-fetch")
-            if threads > 1 and names
+            ThreadPoolExecutor(max(threads, 1), thread_name_prefix="paperclip-fetch")
+            if wanted
             else None
         )
         self._fill()
 
-    def _get(self, name: str) -> bytes:
-        buffer = io.BytesIO()
-        self.store.get(name, buffer)
-        return buffer.getvalue()
-
     def _fill(self) -> None:
         if self.pool is None:
             return
-        while len(self.futures) < self.ahead:
-            name = next(self.names, None)
-            if name is None:
+        while len(self.untaken) < self.ahead:
+            batch = next(self.batches, None)
+            if batch is None:
                 return
-            self.futures[name] = self.pool.submit(self._get, name)
+            future = self.pool.submit(self.store.get_batch, batch)
+            self.untaken[future] = len(batch)
+            self.where.update(dict.fromkeys(batch, future))
 
     def take(self, name: str) -> bytes | None:
-        """The blob's bytes if it was fetched ahead (checked by the store), else None."""
-        future = self.futures.pop(name, None)
+        """The blob's bytes if a batch brought them (checked by the store), else None."""
+        future = self.where.pop(name, None)
         if future is None:
             return None
-        self._fill()
-        return future.result()
+        self.untaken[future] -= 1
+        if not self.untaken[future]:
+            del self.untaken[future]
+            self._fill()
+        try:
+            return future.result().get(name)
+        except Exception:
+            return None
 
     def close(self) -> None:
-        for future in self.futures.values():
+        for future in self.untaken:
             future.cancel()
-        self.futures.clear()
+        self.untaken.clear()
+        self.where.clear()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
