@@ -46,11 +46,20 @@ class Command(BaseCommand):
             help="A batch also ends once it copied this many MiB (default 64).",
         )
         parser.add_argument(
+            "--jobs",
+            type=int,
+            default=8,
+            help="Blobs copied at once, each on its own database connection (default 8).",
+        )
+        parser.add_argument(
             "--dry-run", action="store_true", help="Only count what the target lacks."
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         target, batch_size, max_bytes = _checked(options)
+        self.jobs: int = options["jobs"]
+        if not 1 <= self.jobs <= 64:
+            raise CommandError(f"--jobs must be 1 to 64, not {self.jobs}")
         source = settings.PAPERCLIP_CAS_BACKEND
         dry_run: bool = options["dry_run"]
         try:
@@ -89,6 +98,7 @@ class Command(BaseCommand):
                 max_batch_bytes=max_bytes,
                 progress=progress,
                 dry_run=dry_run,
+                jobs=self.jobs,
             )
         except TargetFailed as exc:
             raise CommandError(

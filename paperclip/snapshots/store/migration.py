@@ -32,7 +32,9 @@ pieces are read and written one at a time.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -62,8 +64,9 @@ from paperclip.snapshots.store.spool import Spooled, spool_upload
 BACKENDS: Final = ("filesystem", "postgres", "s3")
 
 # One pass at a time: two would copy the same blobs side by side (and, into postgres, collide
-# on the same pieces). Session-scoped, on the command's only connection, so it ends with the
-# process however that ends; the service never runs behind a transaction pooler (setup.md).
+# on the same pieces). Session-scoped, on the command's main connection (the copying threads
+# have their own), so it ends with the process however that ends; the service never runs
+# behind a transaction pooler (setup.md).
 MIGRATION_LOCK_KEY: Final = "cas-migrate"
 
 
@@ -225,12 +228,14 @@ def cas_migrate(
     max_batch_bytes: int,
     progress: Callable[[MigrateProgress], None] | None = None,
     dry_run: bool = False,
+    jobs: int = 1,
 ) -> MigrateProgress:
     """Copy every blob up to `totals.last_id` that the backend named `target` lacks from the
     configured backend to it, verified (module docstring); returns the pass's tally, whose
     `problems` lists the blobs not copied. A batch holds at most `batch_size` rows and ends
-    early once it copied `max_batch_bytes`; `progress` is called after each. Locks: each
-    copied row `FOR KEY SHARE`, one row per transaction, waits bounded. Raises ValueError for
+    early once it holds `max_batch_bytes` to copy; its copies run on up to `jobs` threads;
+    `progress` is called after each. Locks: each copied row `FOR KEY SHARE`, one row per
+    transaction, waits bounded. Raises ValueError for
     an unknown or the configured `target`, TargetFailed or StoreUnavailable (the pass stops;
     re-run to go on).
     `dry_run` counts the blobs the target lacks as copied and copies nothing."""
@@ -241,24 +246,64 @@ def cas_migrate(
     after = 0
     while rows := _rows(after=after, last_id=totals.last_id, limit=batch_size):
         present = _present(dest, rows)
-        copied_bytes = 0
+        todo: list[_Row] = []
+        planned = 0
         for row in rows:
             after = row.id
             if row.id in present:
-                outcome, reason = Outcome.PRESENT, ""
-            elif dry_run:
-                outcome, reason = Outcome.COPIED, ""
-            else:
-                outcome, reason = _copy_one(source, dest, row)
-            tally.add(row, outcome, reason)
-            if outcome is Outcome.COPIED:
-                copied_bytes += row.size
-                if copied_bytes >= max_batch_bytes:
-                    break
+                tally.add(row, Outcome.PRESENT, "")
+                continue
+            todo.append(row)
+            planned += row.size
+            if planned >= max_batch_bytes:
+                break
+        if dry_run:
+            for row in todo:
+                tally.add(row, Outcome.COPIED, "")
+        else:
+            for row, (outcome, reason) in _copy_all(source, dest, todo, jobs):
+                tally.add(row, outcome, reason)
         tally.batch += 1
         if progress is not None:
             progress(tally.snapshot())
     return tally.snapshot()
+
+
+def _copy_all(
+    source: BlobBackend, dest: BlobBackend, rows: list[_Row], jobs: int
+) -> list[tuple[_Row, tuple[Outcome, str]]]:
+    """`_copy_one` of each row, on up to `jobs` threads (each with its database connection of
+    its own, closed when its share is done): a copy is a round trip or two to each store, so a
+    remote one (s3) is latency-bound. The first failure stops the others before their next
+    row (a copy in hand finishes or rolls back in its own transaction) and is raised."""
+    if jobs <= 1 or len(rows) <= 1 or connection.in_atomic_block:
+        # Inside a caller's transaction (a test's) the rows may be its own, uncommitted:
+        # invisible to other connections, so copied on this one.
+        return [(row, _copy_one(source, dest, row)) for row in rows]
+    stop = threading.Event()
+
+    def share(part: list[_Row]) -> list[tuple[_Row, tuple[Outcome, str]]]:
+        done = []
+        try:
+            for row in part:
+                if stop.is_set():
+                    break
+                done.append((row, _copy_one(source, dest, row)))
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            connection.close()  # this thread's own
+        return done
+
+    parts = [rows[i::jobs] for i in range(min(jobs, len(rows)))]
+    with ThreadPoolExecutor(len(parts), thread_name_prefix="cas-migrate") as pool:
+        futures = [pool.submit(share, part) for part in parts]
+        try:
+            return [pair for future in futures for pair in future.result()]
+        except BaseException:  # a failed copy, or Ctrl-C in this thread: the others stop
+            stop.set()
+            raise
 
 
 def _rows(*, after: int, last_id: int, limit: int) -> list[_Row]:

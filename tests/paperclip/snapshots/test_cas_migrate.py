@@ -352,7 +352,8 @@ def test_the_collector_skips_a_blob_being_copied_and_uploads_do_not_wait_for_it(
 
     def run() -> None:
         try:
-            outcome["out"], _ = migrate("--to", target)
+            # One copy at a time: `collected` must still be waiting while `held` is paused.
+            outcome["out"], _ = migrate("--to", target, "--jobs", "1")
         except BaseException as exc:  # reported to the test below
             outcome["error"] = exc
         finally:
