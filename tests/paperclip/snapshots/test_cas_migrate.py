@@ -229,6 +229,8 @@ def test_source_bytes_that_are_not_the_blob_are_reported_and_never_copied(
         (["--to", "{source}"], "is the backend in use"),
         (["--to", "{target}", "--batch-size", "0"], "--batch-size must be at least 1"),
         (["--to", "{target}", "--max-batch-mib", "0"], "--max-batch-mib must be at least 1"),
+        (["--to", "{target}", "--jobs", "0"], "--jobs must be 1 to 64, not 0"),
+        (["--to", "{target}", "--jobs", "65"], "--jobs must be 1 to 64, not 65"),
     ],
 )
 def test_bad_input_is_a_command_error_and_copies_nothing(
