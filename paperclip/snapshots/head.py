@@ -391,87 +391,103 @@ def workspace_materialize(
     (the cwd may hold part of the target) and the next attempt compares with the disk,
     whatever the head is by then.
     """
-    last: MaterializeOutcome = MaterializeOutcome("current")
     with dedicated_connection(application_name="paperclip-materialize") as lock:
-        held = lock.execute(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
-            [materialize_lock_key(workspace_id)],
-        ).fetchone()
-        if not held or not held[0]:
-            return MaterializeOutcome("busy")
+        outcome = _materialize_holding(lock, workspace_id=workspace_id, on_round=on_round)
+        # The lock's transaction ends here, not with the connection's close: the server frees
+        # the lock once it has answered the rollback, while a closed connection's backend may
+        # hold it a moment longer, and an attempt made right after this one (a retry of a
+        # failure) would find it `busy`. Not after an exception: the connection may be gone.
+        lock.rollback()
+    return outcome
 
-        def check() -> None:
-            lock.execute("SELECT 1")  # raises when the lock connection is gone
 
-        for rounds in range(1, 101):
-            row = (
-                ExecutionWorkspace.objects.filter(pk=workspace_id)
-                .values("company_id", "cwd", "head_tree", "cwd_tree")
-                .first()
+def _materialize_holding(
+    lock: psycopg.Connection[Any],
+    *,
+    workspace_id: UUID,
+    on_round: Callable[[str], None] | None,
+) -> MaterializeOutcome:
+    """`workspace_materialize`'s work while its connection `lock` is open."""
+    last: MaterializeOutcome = MaterializeOutcome("current")
+    held = lock.execute(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+        [materialize_lock_key(workspace_id)],
+    ).fetchone()
+    if not held or not held[0]:
+        return MaterializeOutcome("busy")
+
+    def check() -> None:
+        lock.execute("SELECT 1")  # raises when the lock connection is gone
+
+    for rounds in range(1, 101):
+        row = (
+            ExecutionWorkspace.objects.filter(pk=workspace_id)
+            .values("company_id", "cwd", "head_tree", "cwd_tree")
+            .first()
+        )
+        if row is None or not row["cwd"]:
+            return MaterializeOutcome("no_cwd")
+        head, previous_tree = row["head_tree"], row["cwd_tree"]
+        if head is None or head == previous_tree:
+            return last if rounds > 1 else MaterializeOutcome("current", tree=head)
+        company_id: UUID = row["company_id"]
+        if previous_tree is not None and not _cwd_unknown_while_writing(
+            company_id=company_id,
+            workspace_id=workspace_id,
+            cwd=row["cwd"],
+            tree=head,
+            previous_tree=previous_tree,
+        ):
+            continue  # the row changed meanwhile: read it again
+        if on_round is not None:
+            on_round(head)
+        try:
+            report = _materialize_round(
+                company_id=company_id,
+                cwd=row["cwd"],
+                head=head,
+                previous_tree=previous_tree,
+                check=check,
             )
-            if row is None or not row["cwd"]:
-                return MaterializeOutcome("no_cwd")
-            head, previous_tree = row["head_tree"], row["cwd_tree"]
-            if head is None or head == previous_tree:
-                return last if rounds > 1 else MaterializeOutcome("current", tree=head)
-            company_id: UUID = row["company_id"]
-            if previous_tree is not None and not _cwd_unknown_while_writing(
+        except (DatabaseError, psycopg.Error):
+            raise  # the database or the lock's connection is gone: the job is retried
+        except Exception as exc:
+            error = _describe(exc)
+            logger.warning("materializing %s into %s failed: %s", head, row["cwd"], error)
+            failure = materialize_failure_record(
                 company_id=company_id,
                 workspace_id=workspace_id,
-                cwd=row["cwd"],
                 tree=head,
                 previous_tree=previous_tree,
-            ):
-                continue  # the row changed meanwhile: read it again
-            if on_round is not None:
-                on_round(head)
-            try:
-                report = _materialize_round(
+                cwd=row["cwd"],
+                error=error,
+            )
+            return MaterializeOutcome(
+                "failed", tree=head, rounds=rounds, error=error, failure=failure
+            )
+        with transaction.atomic(durable=True):
+            # Only while the cwd is still marked unknown by this round (an adoption that
+            # recorded another tree meanwhile wins); a success clears the failure recorded
+            # by an earlier attempt.
+            updated = ExecutionWorkspace.objects.filter(
+                pk=workspace_id, cwd=row["cwd"], cwd_tree__isnull=True
+            ).update(cwd_tree=head, updated_at=Now(), **FAILURE_CLEARED)
+            if updated:
+                activity_record(
                     company_id=company_id,
-                    cwd=row["cwd"],
-                    head=head,
-                    previous_tree=previous_tree,
-                    check=check,
+                    actor_type="system",
+                    actor_id=PUBLISHER,
+                    action="workspace.materialized",
+                    entity_type="execution_workspace",
+                    entity_id=workspace_id,
+                    details={
+                        "tree": head,
+                        "previousTree": previous_tree,
+                        "cwd": row["cwd"],
+                        **asdict(report),
+                    },
                 )
-            except (DatabaseError, psycopg.Error):
-                raise  # the database or the lock's connection is gone: the job is retried
-            except Exception as exc:
-                error = _describe(exc)
-                logger.warning("materializing %s into %s failed: %s", head, row["cwd"], error)
-                failure = materialize_failure_record(
-                    company_id=company_id,
-                    workspace_id=workspace_id,
-                    tree=head,
-                    previous_tree=previous_tree,
-                    cwd=row["cwd"],
-                    error=error,
-                )
-                return MaterializeOutcome(
-                    "failed", tree=head, rounds=rounds, error=error, failure=failure
-                )
-            with transaction.atomic(durable=True):
-                # Only while the cwd is still marked unknown by this round (an adoption that
-                # recorded another tree meanwhile wins); a success clears the failure recorded
-                # by an earlier attempt.
-                updated = ExecutionWorkspace.objects.filter(
-                    pk=workspace_id, cwd=row["cwd"], cwd_tree__isnull=True
-                ).update(cwd_tree=head, updated_at=Now(), **FAILURE_CLEARED)
-                if updated:
-                    activity_record(
-                        company_id=company_id,
-                        actor_type="system",
-                        actor_id=PUBLISHER,
-                        action="workspace.materialized",
-                        entity_type="execution_workspace",
-                        entity_id=workspace_id,
-                        details={
-                            "tree": head,
-                            "previousTree": previous_tree,
-                            "cwd": row["cwd"],
-                            **asdict(report),
-                        },
-                    )
-            last = MaterializeOutcome("materialized", tree=head, report=report, rounds=rounds)
+        last = MaterializeOutcome("materialized", tree=head, report=report, rounds=rounds)
     return last
 
 

@@ -228,9 +228,9 @@ def test_a_stopped_server_is_503_with_retry_after_within_the_timeout(
         began = time.monotonic()
         response = call()
         # Nominally about 6 s: 2 attempts of a 1 s read with back-off, then the failed
-        # upload's cleanup (one delete, the same); far under the defaults' 3 x 30 s. The
-        # margin is for a loaded 2-core machine.
-        assert time.monotonic() - began < 20
+        # upload's cleanup (one delete, the same); far under the defaults' 3 x 30 s (90 s and
+        # more). The margin is for a loaded 2-core machine (20 s was passed once, at load 6).
+        assert time.monotonic() - began < 35
         assert_error(response, 503, "blob_store_unavailable")
         assert response["Retry-After"] == "5"
     assert not CasBlob.objects.filter(company_id=agent.company_id, size__lt=5).exists()

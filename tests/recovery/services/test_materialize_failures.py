@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import psycopg
 import pytest
 from django.db import DatabaseError
 from django.db.models.functions import Now
@@ -102,6 +103,32 @@ def test_a_lost_blob_is_recorded_retried_with_back_off_and_cleared_by_a_success(
     assert (workspace.materialize_attempts, workspace.materialize_next_at) == (0, None)
     assert set(read_tree(str(tmp_path / "cwd"))) == {"README.md", "src", "src/main.py", "lost.bin"}
     assert _failures() == 2
+
+
+def test_a_retry_right_after_a_failure_finds_the_lock_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The materializer's lock is released by a rollback it waits for, not by the connection's
+    close, whose server backend may hold it a moment longer (a retry then found it `busy`,
+    seen once under load). Forced here: the closes are held back until the test ends."""
+    workspace = _workspace(tmp_path)
+    _lose_blob(workspace)
+    held_back: list[Any] = []
+    real_close = psycopg.Connection.close
+
+    def lingering_close(self: psycopg.Connection[Any]) -> None:
+        held_back.append(self)  # the backend lives on, as a slow-to-exit one would
+
+    monkeypatch.setattr(psycopg.Connection, "close", lingering_close)
+    try:
+        assert workspace_materialize(workspace_id=workspace.pk).status == "failed"
+        put_blob(workspace.company_id, b"LOST")
+        assert workspace_materialize(workspace_id=workspace.pk).status == "materialized"
+    finally:
+        monkeypatch.undo()
+        for conn in held_back:
+            real_close(conn)
+    assert held_back  # the closes were held back indeed
 
 
 def test_a_head_moved_back_after_a_failure_part_way_is_written_back(tmp_path: Path) -> None:
