@@ -419,6 +419,11 @@ def _verified_in(target: str) -> int:
     return right
 
 
+DEFAULT_SIGINT_THEN_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
 VERIFIED_IN_POSTGRES = """
     SELECT count(*) FROM cas_blobs b
     WHERE 'sha256:' || encode(sha256(coalesce(
@@ -470,11 +475,15 @@ def test_a_run_stopped_part_way_resumes_and_copies_only_the_rest(
     # loaded the machine.
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    # The command starts with SIGINT's default disposition whatever this process has: an
+    # ignored SIGINT is inherited across exec (a suite started in the background of a
+    # non-interactive shell has it so), and Ctrl-C then did nothing: exit 0, twice.
+    command = ["manage.py", "cas_migrate", "--to", target, "--batch-size", "2"]
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "cas_migrate", "--to", target, "--batch-size", "2"],
+        [sys.executable, "-c", DEFAULT_SIGINT_THEN_EXEC, sys.executable, *command],
         cwd=django_settings.BASE_DIR,
         env=child_env(**env),  # the AWS_* credentials: in os.environ (monkeypatched)
-        stdout=subprocess.DEVNULL,
+        stdout=(tmp_path / "stdout").open("wb"),
         stderr=write_end,
         start_new_session=True,
     )
@@ -496,7 +505,11 @@ def test_a_run_stopped_part_way_resumes_and_copies_only_the_rest(
     if stop == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL
     else:
-        assert proc.returncode == 1
+        assert proc.returncode == 1, (
+            lines,
+            (tmp_path / "stdout").read_text(),
+            signal.getsignal(signal.SIGINT),
+        )
         assert any(
             "interrupted after copying" in line and "run the command again" in line
             for line in lines
