@@ -22,9 +22,7 @@ from paperclip.snapshots.trees import (
     MAX_DEPTH,
     Entry,
     TreeInvalid,
-    blob_name,
     decode_dir,
-    decode_stored_dir,
     entry_pieces,
     known_entries,
 )
@@ -131,7 +129,9 @@ class _Walk:
     """Both trees a level at a time, one `load_many` call per level. A directory is compared
     entry by entry as raw bytes (`entry_pieces`): only the entries that differ are decoded.
     The directories of a side whose tree is `trusted` (known valid: `known_valid_trees`) are
-    not validated again; the other side's are, as they are read (`decode_stored_dir`)."""
+    not validated again; the other side's are, as they are read (`decode_dir`). `load_many`
+    answers only bytes it checked against their names (`directory_loader` does, before it
+    caches them), so they are not hashed again here."""
 
     load_many: Callable[[list[str]], Mapping[str, bytes]]
     before: str | None
@@ -181,17 +181,16 @@ class _Walk:
 def _read(
     stored: Mapping[str, bytes], digest: str | None, path: str, tree: str | None, *, trusted: bool
 ) -> _Dir:
-    """The directory `digest` of `tree` at `path` (none for None), its bytes checked against
-    its name, and validated unless its tree is `trusted`. Raises TreeUnreadable."""
+    """The directory `digest` of `tree` at `path` (none for None), as `stored` holds it (bytes
+    the loader already checked against their names), validated unless its tree is `trusted`.
+    Raises TreeUnreadable."""
     if digest is None:
         return _NO_DIR
     data = stored.get(digest)
     if data is None:
         raise TreeUnreadable(tree or "", path)
     try:
-        entries = None if trusted else decode_stored_dir(data, digest, path)
-        if trusted and blob_name(data) != digest:
-            raise TreeInvalid(path, "digest_mismatch")
+        entries = None if trusted else decode_dir(data, path)
         pieces = entry_pieces(data)
         if pieces is None or (entries is not None and len(entries) != len(pieces)):
             decode_dir(data, path)  # names why (a valid directory always splits)
@@ -221,13 +220,12 @@ def tree_diff(
     before: str | None,
     after: str | None,
     limit: int | None = None,
-    load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
 ) -> TreeDiff:
     """The changes that turn the tree `before` into `after` (None: the empty tree), as
     `changes_between` would give them for the whole trees, reading only the directories that
     differ. Reads only. Raises TreeUnreadable when a directory it needs is not in the
     company's store (or is not one). `limit` bounds the changes returned, not the counts."""
-    walker = _Walk(load_many or directory_loader(company_id), before, after)
+    walker = _Walk(directory_loader(company_id), before, after)
     if before != after:
         known = known_valid_trees(company_id=company_id, trees=[t for t in (before, after) if t])
         walker.trusted = (before in known, after in known)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,9 +23,16 @@ from paperclip.snapshots.counts import Counts, known_valid_trees, tree_counts_re
 from paperclip.snapshots.diff import TreeUnreadable, changes_between, tree_diff
 from paperclip.snapshots.history import Move, workspace_history
 from paperclip.snapshots.models import WorkspaceHeadMove
-from paperclip.snapshots.store.backends import blob_backend
+from paperclip.snapshots.store.backends import blob_backend, blob_path
 from paperclip.snapshots.store.reads import cas_rows
-from paperclip.snapshots.trees import Entry, blob_name, build, encode_dir, entry_pieces
+from paperclip.snapshots.trees import (
+    Entry,
+    blob_name,
+    build,
+    decode_dir,
+    encode_dir,
+    entry_pieces,
+)
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
 from tests.recovery.snapshots import Files, entries_of, put_blob, store_tree
@@ -88,11 +96,9 @@ def test_recorded_trees_compared_raw_give_the_validated_walks_changes(
         tree_counts_record(company_id=company.pk, tree=tree, counts=Counts(0, 0, 0))
     assert known_valid_trees(company_id=company.pk, trees=[old, new]) == {old, new}
     calls: list[str] = []
-    real = diff_module.decode_stored_dir
+    real = diff_module.decode_dir
     monkeypatch.setattr(
-        diff_module,
-        "decode_stored_dir",
-        lambda data, digest, path="": calls.append(path) or real(data, digest, path),
+        diff_module, "decode_dir", lambda data, path="": calls.append(path) or real(data, path)
     )
     raw = tree_diff(company_id=company.pk, before=old, after=new)
     assert [c.as_json() for c in raw.changes] == whole
@@ -114,6 +120,62 @@ def test_pieces_split_a_directory_exactly_whatever_its_names() -> None:
     assert len(pieces) == len(AWKWARD)
     assert entry_pieces(encode_dir([])) == []
     assert entry_pieces(b'{"entries": [], "schema":"paperclip.dir.v1"}') is None
+
+
+def test_same_as_compares_what_an_entry_shows_but_its_name() -> None:
+    """`same_as` compares fields instead of two `as_json` renderings: the same answer."""
+    digest, other = blob_name(b"a"), blob_name(b"b")
+    chunks = (blob_name(b"1"), blob_name(b"2"))
+    variants = [
+        Entry(name="x", type="file", mode=0o644, size=1, digest=digest),
+        Entry(name="y", type="file", mode=0o644, size=1, digest=digest),
+        Entry(name="x", type="file", mode=0o755, size=1, digest=digest),
+        Entry(name="x", type="file", mode=0o644, size=2, digest=digest),
+        Entry(name="x", type="file", mode=0o644, size=1, digest=other),
+        Entry(name="x", type="file", mode=0o644, size=2, chunks=chunks),
+        Entry(name="x", type="file", mode=0o644, size=2, chunks=chunks[::-1]),
+        Entry(name="x", type="symlink", target="a"),
+        Entry(name="x", type="symlink", target="b"),
+        Entry(name="x", type="dir", mode=0o755, digest=digest),
+        Entry(name="x", type="dir", mode=0o755, digest=other),
+        Entry(name="x", type="dir", mode=0o700, digest=digest),
+    ]
+    for a in variants:
+        assert not a.same_as(None)
+        for b in variants:
+            if a.type == b.type == "dir":
+                expected = a.mode == b.mode  # what is inside compares path by path
+            else:
+                expected = a.as_json() | {"name": ""} == b.as_json() | {"name": ""}
+            assert a.same_as(b) == expected, (a, b)
+
+
+def test_a_directory_whose_stored_bytes_are_not_its_own_is_never_compared(
+    company: Company, settings: Any, tmp_path: Path
+) -> None:
+    """The walk does not hash a recorded tree's directories again: the loader's check (every
+    blob against its name, before it is cached) is what keeps damaged bytes out."""
+    settings.PAPERCLIP_CAS_BACKEND = "filesystem"
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    old = store_tree(company.pk, {"a/f": b"1", "b/f": b"2"})
+    new = store_tree(company.pk, {"a/f": b"1!", "b/f": b"2!"})
+    for tree in (old, new):
+        tree_counts_record(company_id=company.pk, tree=tree, counts=Counts(0, 0, 0))
+    below = {e.name: e.digest for e in known_dir(company, new)}
+    assert below["b"] is not None
+    damage(company, below["b"], encode_dir([]))  # valid bytes, but not the blob's
+    with pytest.raises(TreeUnreadable) as caught:
+        tree_diff(company_id=company.pk, before=old, after=new)
+    assert (caught.value.tree, caught.value.path) == (new, "b")
+
+
+def known_dir(company: Company, digest: str) -> list[Entry]:
+    return list(decode_dir(_bytes_of(company, digest)))
+
+
+def damage(company: Company, digest: str, data: bytes) -> None:
+    """Replace the stored bytes of `digest` behind the store's back (the filesystem backend)."""
+    blob_path(company.pk, digest).write_bytes(data)
 
 
 @pytest.mark.parametrize("recorded", [False, True])
