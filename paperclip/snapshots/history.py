@@ -20,6 +20,7 @@ from django.db.models import Max
 from paperclip import selectors
 from paperclip.access import Actor
 from paperclip.db.locking import require_transaction
+from paperclip.db.prepared import prepared_cursor
 from paperclip.errors import ConflictError, InvalidRequest, NotFoundError
 from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun
@@ -190,23 +191,52 @@ def workspace_history(
 ) -> HistoryPage:
     """The moves of the workspace's head, newest first, at most `limit` (1..500), those with a
     `seq` below `before` when given. NotFound for a workspace the actor may not see. Reads
-    only: one query (an index scan of the workspace's newest moves, the workspace's company
-    checked in the same statement) whatever the history's length; a second only when it finds
-    no move, to tell an empty page from a workspace the actor may not see."""
+    only: one prepared statement (an index scan of the workspace's newest moves, the
+    workspace's company checked in the same statement) whatever the history's length; a second
+    query only when it finds no move, to tell an empty page from a workspace the actor may not
+    see."""
     if not 1 <= limit <= HISTORY_LIMIT_MAX:
         raise InvalidRequest(fields={"limit": [f"Must be 1..{HISTORY_LIMIT_MAX}."]})
-    rows = WorkspaceHeadMove.objects.filter(workspace_id=parse_uuid(workspace_id))
-    if actor.company_ids is not None:
-        rows = rows.filter(workspace__company_id__in=actor.company_ids)
-    if before is not None:
-        rows = rows.filter(seq__lt=before)
-    page = rows.order_by("-seq").values_list(*MOVE_COLUMNS)[: limit + 1]
-    found = [Move.of_values(row) for row in page]
+    found = [Move.of_values(row) for row in _history_rows(actor, workspace_id, limit + 1, before)]
     if not found:  # NotFound unless the actor may see the workspace
         selectors.execution_workspace_get(actor=actor, workspace_id=workspace_id)
     more = len(found) > limit
     moves = found[:limit]
     return HistoryPage(moves=moves, next=moves[-1].seq if more else None)
+
+
+# The page's statement, prepared once per connection for each of its four shapes (an actor
+# scoped to companies or not, a `before` or not): the ORM would build and the server plan it
+# afresh for every page, about half of the page's time in process.
+_HISTORY_SELECT: Final = (  # MOVE_COLUMNS, in order
+    "SELECT m.seq, m.tree, m.previous_tree, m.kind, m.run_id, m.action_id, m.actor_type,"
+    " m.actor_id, m.at, m.note, m.added, m.removed, m.modified FROM workspace_head_moves m"
+)
+_HISTORY_SCOPED: Final = (
+    " JOIN execution_workspaces w ON w.id = m.workspace_id AND w.company_id = ANY(%s::uuid[])"
+)
+
+
+def _history_rows(
+    actor: Actor, workspace_id: UUID, count: int, before: int | None
+) -> list[tuple[Any, ...]]:
+    """Up to `count` moves of the workspace, newest first, below `before` when given, as rows
+    of MOVE_COLUMNS; none when the actor's companies do not hold the workspace."""
+    sql, params = _HISTORY_SELECT, list[Any]()
+    if actor.company_ids is not None:
+        sql += _HISTORY_SCOPED
+        params.append(list(actor.company_ids))
+    sql += " WHERE m.workspace_id = %s"
+    params.append(parse_uuid(workspace_id))
+    if before is not None:
+        sql += " AND m.seq < %s"
+        params.append(before)
+    sql += " ORDER BY m.seq DESC LIMIT %s"
+    params.append(count)
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+    return rows
 
 
 def workspace_move(*, actor: Actor, workspace_id: UUID, seq: int) -> Move:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from paperclip.access import agent_actor
+from paperclip.access import Actor, agent_actor
 from paperclip.api.history_views import MoveSerializer
 from paperclip.errors import NotFoundError
 from paperclip.models import Agent, Company
@@ -241,6 +241,45 @@ def test_the_backends_read_many_small_blobs_at_once(company: Company, backend: s
     found = blob_backend().get_many(company_id=company.pk, rows=rows)
     assert found == dict(zip(names, blobs, strict=True))
     assert blob_backend().get_many(company_id=company.pk, rows={}) == {}
+
+
+@pytest.mark.parametrize("before", [None, 1, 7, 12])
+def test_every_shape_of_the_history_statement_reads_the_same_page(
+    company: Company, other_company: Company, before: int | None
+) -> None:
+    """The page is one prepared statement in four shapes (scoped to the actor's companies or
+    not, with `before` or not): each gives what the ORM gives, and a scope without the
+    workspace's company finds nothing."""
+    workspace = ExecutionWorkspaceFactory(company=company)
+    WorkspaceHeadMove.objects.bulk_create(
+        WorkspaceHeadMove(
+            company=company,
+            workspace=workspace,
+            seq=seq,
+            tree=blob_name(b"%d" % seq),
+            previous_tree=blob_name(b"%d" % (seq - 1)) if seq > 1 else None,
+            kind="publish",
+            actor_type="system",
+            actor_id="test",
+        )
+        for seq in range(1, 12)
+    )
+    rows = WorkspaceHeadMove.objects.filter(workspace=workspace).order_by("-seq")
+    if before is not None:
+        rows = rows.filter(seq__lt=before)
+    expected = [Move.of(row).as_json() for row in rows[:4]]
+    actors = [
+        Actor(type="board", company_ids=None),
+        Actor(type="board", company_ids=frozenset({other_company.pk, company.pk})),
+        agent_actor(AgentFactory(company=company)),
+    ]
+    for actor in actors:
+        page = workspace_history(actor=actor, workspace_id=workspace.pk, limit=4, before=before)
+        assert [move.as_json() for move in page.moves] == expected
+        assert page.next == (expected[-1]["seq"] if len(rows) > 4 else None)
+    outsider = Actor(type="board", company_ids=frozenset({other_company.pk}))
+    with pytest.raises(NotFoundError):
+        workspace_history(actor=outsider, workspace_id=workspace.pk, limit=4, before=before)
 
 
 def test_a_history_page_keeps_every_field_of_the_contract(
