@@ -97,7 +97,50 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     history_cli.add_parsers(sub)
+    watch = sub.add_parser(
+        "watch",
+        help="watch a workdir so that later runs scan only what changed (Linux)",
+        description="Watch every directory of the workdir (inotify) until SIGTERM or SIGINT,"
+        " and tell `run` which directories changed since its last snapshot: `run` then reads"
+        " only those. Whenever the watcher cannot vouch for every change (it was not running,"
+        " restarted, its queue overflowed, a directory could not be watched) `run` scans the"
+        " whole workdir, as it does without a watcher. One watcher per workdir.",
+    )
+    watch.add_argument("--workdir", help="the directory to watch (default: the current one)")
+    watch.add_argument(
+        "--max-pending",
+        type=_positive,
+        default=50_000,
+        metavar="N",
+        help="changed directories remembered before the watcher gives up on earlier tokens"
+        " (the next run then scans in full; default 50000)",
+    )
     return top
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
+    return value
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """`watch`: its modules (ctypes, inotify) load only here."""
+    from pathlib import Path
+
+    from paperclip_client.workdir import watching
+
+    workdir = Path(args.workdir or os.getcwd()).absolute()
+    try:
+        watching.run(workdir, max_pending=args.max_pending, say=say)
+    except (watching.Refused, OSError) as exc:
+        fail(f"watch: {exc}")
+        return EXIT_REFUSED
+    return 0
 
 
 def _transfers(text: str) -> int:
@@ -134,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
         verb = args.verb
+        if verb == "watch":
+            return _watch(args)
         if verb != "run":
             problem = history_cli.usage_problem(args)
             if problem is not None:

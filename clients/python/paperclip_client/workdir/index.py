@@ -34,6 +34,7 @@ class Index:
     workspace: str
     files: dict[str, Stat] = field(default_factory=dict)
     written_ns: int = 0  # the index file's mtime: entries not older are re-hashed
+    id: str = ""  # new at each write: what the watcher's state (`watch.json`) goes with
 
     def cached(self, path: str, st: os.stat_result) -> str | tuple[str, ...] | None:
         """The content `path` had when it was last read, if its stat says it is unchanged."""
@@ -113,6 +114,7 @@ def load_index(workdir: Path) -> Index | None:
         workspace=str(data.get("workspace")),
         files=files,
         written_ns=written,
+        id=str(data.get("id") or ""),
     )
     with _last_index_lock:
         _last_index = (identity, index)
@@ -152,9 +154,10 @@ def save_state(
     workspace: str,
     files: Mapping[str, Stat],
     dirs: Mapping[str, bytes],
-) -> None:
+) -> str:
     """Record that the workdir holds `tree` (its directory blobs `dirs`), with the stat cache
-    `files`: the directory blobs first, the index last (the index names the tree)."""
+    `files`: the directory blobs first, the index last (the index names the tree). Returns
+    the new index's id."""
     write_atomic(
         state_path(workdir) / DIRS,
         json.dumps(
@@ -162,14 +165,17 @@ def save_state(
             ensure_ascii=False,
         ).encode(),
     )
+    index_id = uuid.uuid4().hex
     body = {
         "version": INDEX_VERSION,
+        "id": index_id,
         "tree": tree,
         "server": server,
         "workspace": workspace,
         "files": dict(files),
     }
     write_atomic(state_path(workdir) / INDEX, json.dumps(body, separators=(",", ":")).encode())
+    return index_id
 
 
 def load_dirs(workdir: Path) -> dict[str, bytes]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Container, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pathspec
@@ -50,6 +50,14 @@ class Scan:
     files: int = 0
     bytes: int = 0
     hashed: int = 0  # files read (not answered by the stat cache)
+    # What a partial scan needs next time (`rescan`): each directory's blob by path, the
+    # symlinks kept and left out (path -> target), the files with other hard links.
+    paths: dict[str, str] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+    linked: list[str] = field(default_factory=list)
+    token: str | None = None  # the watcher's token taken before this scan, if any
+    ignore: str | None = None  # with a token: the digest of the ignore rules it read
 
 
 def load_ignore(workdir: Path) -> pathspec.GitIgnoreSpec | None:
@@ -115,33 +123,55 @@ def _scan(workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say)
     spec = load_ignore(workdir)
     found: dict[str, tuple[str, os.stat_result | str]] = {}  # path -> (kind, stat or target)
     _collect(workdir, "", spec, found, warn, depth=0)
-    links = {p: Entry(name=p.rpartition("/")[2], type="symlink", target=str(v[1]))
-             for p, v in found.items() if v[0] == "symlink"}  # fmt: skip
+    kept, left_out = keep_links({p: str(v[1]) for p, v in found.items() if v[0] == "symlink"})
+    for p, target in left_out.items():
+        warn(f"{p}: symlink to {target!r} leaves the workdir; left out")
+        del found[p]
+    result = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
+    read_found(workdir, found, result, index, max_blob_bytes)
+    result.tree, result.dirs, result.paths = build_paths(result.entries)
+    result.links, result.left_out = kept, left_out
+    return result
+
+
+def keep_links(targets: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The symlinks (path -> target) split into those kept and those left out: a link that
+    resolves outside the tree, lexically or through the other kept links."""
+    links = {p: Entry(name=p.rpartition("/")[2], type="symlink", target=t)
+             for p, t in targets.items()}  # fmt: skip
+    left_out: dict[str, str] = {}
     while True:  # dropping one link can make another escape (it resolved through it)
-        shape = {p: Entry(name="", type="dir") for p, v in found.items() if v[0] == "dir"}
-        shape.update(links)
-        bad = [p for p in links if symlink_escapes(shape, p)]
+        bad = [p for p in links if symlink_escapes(links, p)]
         if not bad:
             break
         for p in bad:
-            warn(f"{p}: symlink to {links[p].target!r} leaves the workdir; left out")
-            del links[p]
-            del found[p]
-    entries: dict[str, Entry] = {}
-    stats: dict[str, Stat] = {}
-    sources: dict[str, tuple[str, int, int]] = {}
-    result = Scan(tree="", entries=entries, dirs={}, sources=sources, stats=stats)
+            left_out[p] = links.pop(p).target
+    return {p: e.target for p, e in links.items()}, left_out
+
+
+def read_found(
+    workdir: Path,
+    found: Mapping[str, tuple[str, os.stat_result | str]],
+    into: Scan,
+    index: Index | None,
+    max_blob_bytes: int,
+) -> None:
+    """The entries of `found` (symlinks already checked) into `into`: files answered by the
+    stat cache or read, with their stat rows and where their blobs can be read."""
+    entries, stats, sources = into.entries, into.stats, into.sources
     cached = index.cached if index is not None else None
     imode = stat.S_IMODE
     for path, (kind, info) in found.items():
         name = path.rpartition("/")[2]
         if kind == "symlink":
-            entries[path] = links[path]
+            entries[path] = Entry(name=name, type="symlink", target=str(info))
             continue
         assert isinstance(info, os.stat_result)  # noqa: S101 - files and dirs carry their stat
         if kind == "dir":
             entries[path] = Entry(name, "dir", imode(info.st_mode))
             continue
+        if info.st_nlink > 1:
+            into.linked.append(path)
         content = cached(path, info) if cached is not None else None
         size = info.st_size
         # A cached single digest is right for a file of at most one blob (`content_ok`).
@@ -150,11 +180,11 @@ def _scan(workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say)
         ):
             info, content = _hash_path(workdir, path, max_blob_bytes)
             size = info.st_size
-            result.hashed += 1
+            into.hashed += 1
         assert content is not None  # noqa: S101 - _hash_path returns one
         mode = imode(info.st_mode)
-        result.files += 1
-        result.bytes += size
+        into.files += 1
+        into.bytes += size
         if content.__class__ is str:
             entries[path] = Entry(name, "file", mode, size, content)
             stats[path] = [size, info.st_mtime_ns, mode, info.st_ino, content]
@@ -166,8 +196,6 @@ def _scan(workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say)
         stats[path] = [size, info.st_mtime_ns, mode, info.st_ino, list(content)]
         for blob, (offset, length) in zip(content, chunking(size, max_blob_bytes), strict=True):
             sources.setdefault(blob, (path, offset, length))
-    result.tree, result.dirs = build(entries)
-    return result
 
 
 def under(workdir: Path, path: str) -> str:
@@ -209,7 +237,10 @@ def _collect(
     found: dict[str, tuple[str, os.stat_result | str]],
     warn: Say,
     depth: int,
+    keep: Container[str] = (),
 ) -> None:
+    """Every entry under `rel` into `found`, but the directories in `keep`: recorded, not
+    entered (a partial scan keeps what it knows of them)."""
     if depth >= MAX_DEPTH:
         raise WorkdirError(f"{rel}: directories nested more than {MAX_DEPTH} deep")
     for item in _listing(root, rel):
@@ -229,18 +260,29 @@ def _collect(
             if spec is not None and spec.match_file(path + "/"):
                 continue
             found[path] = ("dir", info)
-            _collect(root, path, spec, found, warn, depth + 1)
+            if path not in keep:
+                _collect(root, path, spec, found, warn, depth + 1)
             continue
-        if spec is not None and spec.match_file(path):
-            continue
-        if stat.S_ISREG(info.st_mode):
-            found[path] = ("file", info)
-        elif stat.S_ISLNK(info.st_mode):
-            target = _link_target(root, path, warn)
-            if target is not None:
-                found[path] = ("symlink", target)
-        else:
-            warn(f"{path}: not a regular file, directory or symlink; left out")
+        if spec is None or not spec.match_file(path):
+            _collect_one(root, path, info, found, warn)
+
+
+def _collect_one(
+    root: Path,
+    path: str,
+    info: os.stat_result,
+    found: dict[str, tuple[str, os.stat_result | str]],
+    warn: Say,
+) -> None:
+    """A file or a symlink into `found` (anything else left out, with a warning)."""
+    if stat.S_ISREG(info.st_mode):
+        found[path] = ("file", info)
+    elif stat.S_ISLNK(info.st_mode):
+        target = _link_target(root, path, warn)
+        if target is not None:
+            found[path] = ("symlink", target)
+    else:
+        warn(f"{path}: not a regular file, directory or symlink; left out")
 
 
 def _listing(root: Path, rel: str) -> list[os.DirEntry[str]]:
@@ -269,6 +311,12 @@ def _link_target(root: Path, path: str, warn: Say) -> str | None:
 def build(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes]]:
     """The tree of `entries` (by path; directories included): its root name and every
     directory blob by name (directory digests are computed here)."""
+    tree, blobs, _paths = build_paths(entries)
+    return tree, blobs
+
+
+def build_paths(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes], dict[str, str]]:
+    """`build`, with each directory's blob name by path."""
     children: dict[str, list[str]] = {"": []}
     for path, entry in entries.items():
         children.setdefault(path.rpartition("/")[0], []).append(path)
@@ -287,4 +335,4 @@ def build(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes]]:
         name = blob_name(data)
         blobs[name] = data
         digests[directory] = name
-    return digests[""], blobs
+    return digests[""], blobs, digests

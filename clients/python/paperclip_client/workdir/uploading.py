@@ -12,6 +12,7 @@ from pathlib import Path
 
 from paperclip_client.cas import TRANSFER_THREADS, BatchFrame
 from paperclip_client.errors import BlobDigestMismatch
+from paperclip_client.workdir import watch_state
 from paperclip_client.workdir.errors import WorkdirChanged
 from paperclip_client.workdir.index import (
     DIRS,
@@ -21,10 +22,10 @@ from paperclip_client.workdir.index import (
     state_path,
     stored_by_index,
 )
+from paperclip_client.workdir.rescan import scan_watched
 from paperclip_client.workdir.scanning import (
     PIECE,
     Scan,
-    scan,
     under,
 )
 from paperclip_client.workdir.transfer import (
@@ -182,7 +183,9 @@ def snapshot(
     limits = store.limits()
     for attempt in range(attempts):
         index = load_index(workdir)
-        found = scan(workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn)
+        found = scan_watched(
+            workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn, say=say
+        )
         known = _known(workdir, index, found, trust_index)
         try:
             uploaded = upload(store, workdir, found, say=say, threads=threads, known=known)
@@ -216,24 +219,44 @@ def _known(
 
 
 def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, workspace: str) -> None:
-    """Record the registered snapshot in the index (and its directory blobs). A run that
-    changed nothing leaves both files as they are: the index (the scan's own, from
-    `load_index`'s cache) already records the same tree and stat cache, and rewriting them was
-    work proportional to the workspace (about 75 ms and two fsyncs for 50,000 files)."""
+    """Record the registered snapshot in the index (and its directory blobs), then the
+    watcher's token taken before its scan (`watch.json`, naming that index). A run that
+    changed nothing leaves the index and the blobs as they are: the index (the scan's own,
+    from `load_index`'s cache) already records the same tree and stat cache, and rewriting
+    them was work proportional to the workspace (about 75 ms and two fsyncs for 50,000
+    files)."""
     index = load_index(workdir)
+    found = result.scan
     if (
         index is not None
-        and index.records(
-            tree=result.tree, server=server, workspace=workspace, files=result.scan.stats
-        )
+        and index.records(tree=result.tree, server=server, workspace=workspace, files=found.stats)
         and (state_path(workdir) / DIRS).is_file()
+        and index.id
     ):
+        index_id = index.id
+    else:
+        watch_state.drop_state(workdir)  # before the index it names is replaced
+        index_id = save_state(
+            workdir,
+            tree=result.tree,
+            server=server,
+            workspace=workspace,
+            files=found.stats,
+            dirs=found.dirs,
+        )
+    if found.token is None:
+        watch_state.drop_state(workdir)
         return
-    save_state(
+    watch_state.save_state(
         workdir,
-        tree=result.tree,
-        server=server,
-        workspace=workspace,
-        files=result.scan.stats,
-        dirs=result.scan.dirs,
+        watch_state.WatchState(
+            token=found.token,
+            index=index_id,
+            tree=result.tree,
+            ignore=found.ignore,
+            paths=found.paths,
+            links=found.links,
+            left_out=found.left_out,
+            linked=found.linked,
+        ),
     )
