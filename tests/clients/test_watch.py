@@ -83,6 +83,10 @@ def take(store: FakeStore, root: Path) -> tuple[workdir.SnapshotResult, str]:
     workdir.commit_snapshot(root, result, server=SERVER, workspace=WORKSPACE)
     scans = [s for s in said if s.startswith(("watcher:", "full scan:"))]
     assert len(scans) == 1, said
+    # The store holds the whole tree: a partial scan uploads what it read and the directories
+    # it built, and every other blob was stored before.
+    entries = workdir.read_tree(result.tree, lambda names: {n: store.blobs[n] for n in names})
+    assert all(b in store.blobs for e in entries.values() for b in e.blobs())
     return result, scans[0]
 
 
@@ -391,3 +395,24 @@ def test_a_stale_socket_file_means_a_full_scan(tmp_path: Path) -> None:
     assert line.startswith("full scan: the watcher did not answer"), line
     assert time.monotonic() - started < 5
     assert result.tree == full_tree(root)
+
+
+def test_a_snapshot_that_asks_about_every_blob_scans_in_full(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """After `snapshot_blobs_missing` the CLI asks the store about every blob: a partial scan
+    knows where only the blobs it read are, so the scan is full and the new store gets all."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, tree_of(root))
+    watch(watchers, root)
+    settled(store, root)
+    (root / "d0/f0").write_text("changed")
+    said: list[str] = []
+    emptied = FakeStore()
+    result = workdir.snapshot(emptied, root, say=said.append, warn=lambda _: None)
+    entries = workdir.read_tree(result.tree, lambda names: {n: emptied.blobs[n] for n in names})
+    assert all(b in emptied.blobs for e in entries.values() for b in e.blobs())
+    assert result.tree == full_tree(root)
+    assert said == [
+        "full scan: every blob is asked about (the index is not trusted for this workspace)"
+    ]

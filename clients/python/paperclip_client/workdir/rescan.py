@@ -16,18 +16,18 @@ means the full scan, never an error; one line says which path was taken and why.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from paperclip_client.trees import Entry, TreeError, blob_name, decode_dir, encode_dir
+from paperclip_client.trees import SCHEMA, blob_name, canonical_json
 from paperclip_client.workdir.errors import WorkdirError
-from paperclip_client.workdir.index import Index, Stat, load_dirs
+from paperclip_client.workdir.index import DIRS, Index, Stat, load_dirs, state_path
 from paperclip_client.workdir.scanning import (
     Scan,
     _collect,
-    chunking,
-    content_ok,
     keep_links,
     load_ignore,
     read_found,
@@ -41,6 +41,8 @@ from paperclip_client.workdir.watch_state import (
     ignore_digest,
     load_state,
 )
+
+type Raw = dict[str, Any]  # a directory entry as encoded (`Entry.as_json`)
 
 
 class Fallback(Exception):
@@ -60,12 +62,23 @@ def _depth(path: str) -> int:
 
 
 def scan_watched(
-    workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say, say: Say
+    workdir: Path,
+    *,
+    max_blob_bytes: int,
+    index: Index | None,
+    warn: Say,
+    say: Say,
+    trust: tuple[str, str] | None,
 ) -> Scan:
-    """The workdir read into a tree, in part when the watcher vouches for the rest."""
+    """The workdir read into a tree, in part when the watcher vouches for the rest. A partial
+    scan knows where only the blobs it read can be read (`sources`): it is taken only when
+    the index is trusted for this server and workspace (`trust`), so that the upload asks
+    about nothing else."""
     state = load_state(workdir)
     rules = ignore_digest(workdir)  # before the scan reads them: a change after is seen next
-    reason = _unusable(rules, index, state)
+    reason = _unusable(rules, index, state, max_blob_bytes)
+    if reason is None and (index is None or trust != (index.server, index.workspace)):
+        reason = "every blob is asked about (the index is not trusted for this workspace)"
     answer = ask(workdir, state.token if reason is None and state is not None else None)
     if isinstance(answer, str):
         say(f"full scan: {answer}")
@@ -76,7 +89,7 @@ def scan_watched(
         assert state is not None  # noqa: S101 - checked by _unusable
         try:
             found = Partial(workdir, index, state, answer, max_blob_bytes, warn).run()
-        except (Fallback, TreeError) as exc:
+        except Fallback as exc:
             reason = str(exc)
         else:
             changed = len(answer.dirs | answer.trees)
@@ -84,11 +97,13 @@ def scan_watched(
     if reason is not None:
         say(f"full scan: {reason}")
         found = scan(workdir, max_blob_bytes=max_blob_bytes, index=index, warn=warn)
-    found.token, found.ignore = answer.token, rules
+    found.token, found.ignore, found.max_blob_bytes = answer.token, rules, max_blob_bytes
     return found
 
 
-def _unusable(rules: str | None, index: Index | None, state: WatchState | None) -> str | None:
+def _unusable(
+    rules: str | None, index: Index | None, state: WatchState | None, max_blob_bytes: int
+) -> str | None:
     if index is None or index.tree is None:
         return "no index yet"
     if state is None:
@@ -97,6 +112,8 @@ def _unusable(rules: str | None, index: Index | None, state: WatchState | None) 
         return "the index was written since the watcher's last snapshot (a checkout)"
     if state.ignore != rules:
         return "the ignore rules changed"
+    if state.max_blob_bytes != max_blob_bytes:
+        return "the store's blob limit changed"
     return None
 
 
@@ -119,21 +136,27 @@ class Partial:
         self.answer = answer
         self.max_blob_bytes = max_blob_bytes
         self.warn = warn
-        self.blobs = load_dirs(workdir)
         self.paths = dict(state.paths)
-        names = self.paths.values()
-        if self.paths.get("") != index.tree or not all(n in self.blobs for n in names):
-            raise Fallback("the last tree's directories are not all in the state")
+        if self.paths.get("") != index.tree or not (state_path(workdir) / DIRS).is_file():
+            raise Fallback("the last tree's directories are not in the state")
+        self.old = TreeDirs(workdir, self.paths.values(), {})
+        self.built: dict[str, bytes] = {}
         self.spec = load_ignore(workdir)
-        self.stats: dict[str, Stat] = dict(index.files)
+        self.stats: dict[str, Stat] = index.files  # copied before its first change
         self.links = dict(state.links)
         self.left_out = dict(state.left_out)
-        self.kids: dict[str, dict[str, Entry]] = {}  # directories to build again
+        # The directories to build again: their entries by name, as they are encoded (the
+        # blobs of the last tree are the client's own, read back without the checks a tree
+        # from the server gets, as the index is).
+        self.kids: dict[str, dict[str, Raw]] = {}
         self.fresh: set[str] = set()  # directories read whole in this scan
         self.read = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
 
     def run(self) -> Scan:
-        for directory in sorted(self._to_read(), key=_depth):
+        to_read = self._to_read()
+        if to_read:
+            self.stats = dict(self.stats)
+        for directory in sorted(to_read, key=_depth):
             if directory in self.paths and not self._under_fresh(directory):
                 self._relist(directory)
         self.stats.update(self.read.stats)
@@ -160,24 +183,34 @@ class Partial:
                 return False
             path = _parent(path)
 
-    def _old(self, directory: str) -> dict[str, Entry]:
-        return {e.name: e for e in decode_dir(self.blobs[self.paths[directory]], directory)}
+    def _blob(self, directory: str) -> bytes:
+        try:
+            return self.old[self.paths[directory]]
+        except WorkdirError as exc:
+            raise Fallback(str(exc)) from None
+
+    def _old(self, directory: str) -> dict[str, Raw]:
+        try:
+            entries = json.loads(self._blob(directory))["entries"]
+            return {str(e["name"]): e for e in entries}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Fallback(f"{DIRS} could not be read") from exc
 
     def _relist(self, directory: str) -> None:
         """List `directory` and `lstat` its entries again; a directory that is new there, or
         that the watcher says was made or moved in, is read whole."""
         old = self._old(directory)
         for name, entry in old.items():
-            if entry.type == "file":
+            if entry["type"] == "file":
                 self.stats.pop(_join(directory, name), None)
-            elif entry.type == "symlink":
+            elif entry["type"] == "symlink":
                 self.links.pop(_join(directory, name), None)
         for path in [p for p in self.left_out if _parent(p) == directory]:
             del self.left_out[path]
         keep = {
             _join(directory, n)
             for n, e in old.items()
-            if e.type == "dir" and _join(directory, n) not in self.answer.trees
+            if e["type"] == "dir" and _join(directory, n) not in self.answer.trees
         }
         found: dict[str, tuple[str, os.stat_result | str]] = {}
         try:
@@ -186,7 +219,7 @@ class Partial:
             raise Fallback(str(exc)) from exc
         for name, entry in old.items():
             path = _join(directory, name)
-            if entry.type == "dir" and (path not in keep or found.get(path, ("",))[0] != "dir"):
+            if entry["type"] == "dir" and (path not in keep or found.get(path, ("",))[0] != "dir"):
                 self._drop(path)
         self.kids[directory] = {}
         for path, (kind, _info) in found.items():
@@ -198,15 +231,15 @@ class Partial:
         rest = {p: v for p, v in found.items() if v[0] != "symlink"}
         read_found(self.workdir, rest, self.read, self.index, self.max_blob_bytes)
         for path in rest:
-            self.kids[_parent(path)][path.rpartition("/")[2]] = self.read.entries[path]
+            self.kids[_parent(path)][path.rpartition("/")[2]] = self.read.entries[path].as_json()
 
     def _drop(self, top: str) -> None:
         """Forget what the last tree had under `top` (gone, or read whole again)."""
         prefix = f"{top}/"
         for path in [p for p in self.paths if p == top or p.startswith(prefix)]:
-            for entry in decode_dir(self.blobs[self.paths[path]], path):
-                if entry.type == "file":
-                    self.stats.pop(_join(path, entry.name), None)
+            for name, entry in self._old(path).items():
+                if entry["type"] == "file":
+                    self.stats.pop(_join(path, name), None)
             del self.paths[path]
             self.kids.pop(path, None)
         for links in (self.links, self.left_out):
@@ -227,7 +260,7 @@ class Partial:
                     continue  # as the last tree has it
                 self.kids[directory] = self._old(directory)
             if path in kept:
-                self.kids[directory][name] = Entry(name=name, type="symlink", target=kept[path])
+                self.kids[directory][name] = {"name": name, "type": "symlink", "target": kept[path]}
             else:
                 self.kids[directory].pop(name, None)
         return kept, left_out
@@ -242,53 +275,72 @@ class Partial:
                     self.kids[above] = self._old(above)
         for directory in sorted(self.kids, key=_depth, reverse=True):
             own = [self._with_digest(directory, e) for e in self.kids[directory].values()]
-            data = encode_dir(own)
+            own.sort(key=lambda e: str(e["name"]).encode("utf-8"))
+            data = canonical_json({"schema": SCHEMA, "entries": own})
             name = blob_name(data)
-            self.blobs[name] = data
+            self.built[name] = data
             self.paths[directory] = name
 
-    def _with_digest(self, directory: str, entry: Entry) -> Entry:
-        if entry.type != "dir":
+    def _with_digest(self, directory: str, entry: Raw) -> Raw:
+        if entry["type"] != "dir":
             return entry
-        digest = self.paths[_join(directory, entry.name)]
-        return Entry(name=entry.name, type="dir", mode=entry.mode, digest=digest)
+        return {**entry, "digest": self.paths[_join(directory, str(entry["name"]))]}
 
     def _result(self, kept: dict[str, str], left_out: dict[str, str]) -> Scan:
-        sources, files, size = _sources(self.stats.items(), self.max_blob_bytes)
-        sources.update(self.read.sources)
+        stats = self.stats
         return Scan(
             tree=self.paths[""],
             entries=self.read.entries,
-            dirs={name: self.blobs[name] for name in self.paths.values()},
-            sources=sources,
-            stats=self.stats,
-            files=files,
-            bytes=size,
+            dirs=TreeDirs(self.workdir, self.paths.values(), self.built, self.old),
+            sources=self.read.sources,
+            stats=stats,
+            files=len(stats),
+            bytes=sum(row[0] for row in stats.values()),
             hashed=self.read.hashed,
             paths=self.paths,
             links=kept,
             left_out=left_out,
             linked=self.read.linked,
+            vouched=frozenset(self.state.paths.values()),
         )
 
 
-def _sources(
-    rows: Iterable[tuple[str, Stat]], max_blob_bytes: int
-) -> tuple[dict[str, tuple[str, int, int]], int, int]:
-    """Where each blob of the stat cache can be read, the files and their bytes."""
-    sources: dict[str, tuple[str, int, int]] = {}
-    files = total = 0
-    for path, row in rows:
-        size, content = row[0], row[4]
-        files += 1
-        total += size
-        if content.__class__ is str and size <= max_blob_bytes:
-            if content not in sources:
-                sources[content] = (path, 0, size)
-            continue
-        chunks = tuple(content) if isinstance(content, list) else content
-        if not content_ok(chunks, size, max_blob_bytes):
-            raise Fallback("the store's blob limit changed since the last snapshot")
-        for blob, (offset, length) in zip(chunks, chunking(size, max_blob_bytes), strict=True):
-            sources.setdefault(blob, (path, offset, length))
-    return sources, files, total
+class TreeDirs(Mapping[str, bytes]):
+    """A tree's directory blobs by name: those built now, the others read from `dirs.json`
+    the first time one is wanted (a run that changed nothing never reads it)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        names: Iterable[str],
+        built: dict[str, bytes],
+        old: TreeDirs | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.names = frozenset(names)
+        self.built = built
+        self.old = old
+        self.loaded: dict[str, bytes] | None = None
+
+    def _load(self) -> dict[str, bytes]:
+        if self.loaded is None:
+            loaded = self.old._load() if self.old is not None else load_dirs(self.workdir)
+            if not all(n in loaded or n in self.built for n in self.names):
+                raise WorkdirError(f"{DIRS} does not hold every directory of the last tree")
+            self.loaded = loaded
+        return self.loaded
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self.names:
+            raise KeyError(name)
+        data = self.built.get(name)
+        return data if data is not None else self._load()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)

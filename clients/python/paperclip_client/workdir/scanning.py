@@ -40,11 +40,14 @@ MAX_DEPTH = 256
 @dataclass(slots=True)
 class Scan:
     """A workdir read as a tree: `entries` by path, the directory blobs, where each content
-    blob can be read (`sources`: path, offset, length) and the new stat cache."""
+    blob can be read (`sources`: path, offset, length) and the new stat cache. A partial scan
+    (`rescan`) has the sources of the files it read alone, and names the blobs the rest of
+    the tree is made of (`vouched`: the last tree's directories, which the index vouches for;
+    the files' contents are in `stats`)."""
 
     tree: str
-    entries: dict[str, Entry]
-    dirs: dict[str, bytes]
+    entries: dict[str, Entry]  # a partial scan's: those it read
+    dirs: Mapping[str, bytes]
     sources: dict[str, tuple[str, int, int]]
     stats: dict[str, Stat]
     files: int = 0
@@ -58,6 +61,8 @@ class Scan:
     linked: list[str] = field(default_factory=list)
     token: str | None = None  # the watcher's token taken before this scan, if any
     ignore: str | None = None  # with a token: the digest of the ignore rules it read
+    vouched: frozenset[str] | None = None  # a partial scan's (see above)
+    max_blob_bytes: int = 0  # with a token: the limit the files were read with
 
 
 def load_ignore(workdir: Path) -> pathspec.GitIgnoreSpec | None:

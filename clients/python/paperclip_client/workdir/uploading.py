@@ -184,7 +184,12 @@ def snapshot(
     for attempt in range(attempts):
         index = load_index(workdir)
         found = scan_watched(
-            workdir, max_blob_bytes=limits.max_blob_bytes, index=index, warn=warn, say=say
+            workdir,
+            max_blob_bytes=limits.max_blob_bytes,
+            index=index,
+            warn=warn,
+            say=say,
+            trust=trust_index,
         )
         known = _known(workdir, index, found, trust_index)
         try:
@@ -215,6 +220,8 @@ def _known(
         and (index.server, index.workspace) == (server, workspace)
     ):
         return found.sources.keys() | found.dirs.keys()
+    if found.vouched is not None:  # a partial scan: taken only with the index trusted
+        return found.vouched
     return stored_by_index(workdir, index, server=server, workspace=workspace)
 
 
@@ -254,6 +261,7 @@ def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, works
             index=index_id,
             tree=result.tree,
             ignore=found.ignore,
+            max_blob_bytes=found.max_blob_bytes,
             paths=found.paths,
             links=found.links,
             left_out=found.left_out,

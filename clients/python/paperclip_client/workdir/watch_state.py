@@ -14,9 +14,9 @@ The protocol, one exchange per connection, each side one line of JSON:
 
 `watch.json` holds the token with what a partial scan needs besides the index: the index it
 goes with (its `id`: any other index, after a checkout say, means a full scan), the tree, the
-digest of `.paperclipignore`, the directory blobs' names by path, the symlinks (kept and left
-out) and the files with other hard links (always looked at again: a write through another
-link is an event on another directory).
+digest of `.paperclipignore`, the store's blob limit, the directory blobs' names by path, the
+symlinks (kept and left out) and the files with other hard links (always looked at again: a
+write through another link is an event on another directory).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class WatchState:
     index: str
     tree: str
     ignore: str | None
+    max_blob_bytes: int
     paths: dict[str, str] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
@@ -136,6 +137,7 @@ def load_state(workdir: Path) -> WatchState | None:
             index=str(data["index"]),
             tree=str(data["tree"]),
             ignore=data["ignore"] if isinstance(data["ignore"], str) else None,
+            max_blob_bytes=int(data["max_blob_bytes"]),
             paths={str(k): str(v) for k, v in data["paths"].items()},
             links={str(k): str(v) for k, v in data["links"].items()},
             left_out={str(k): str(v) for k, v in data["left_out"].items()},
@@ -153,6 +155,7 @@ def save_state(workdir: Path, state: WatchState) -> None:
         "index": state.index,
         "tree": state.tree,
         "ignore": state.ignore,
+        "max_blob_bytes": state.max_blob_bytes,
         "paths": state.paths,
         "links": state.links,
         "left_out": state.left_out,
