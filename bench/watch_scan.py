@@ -4,7 +4,8 @@ after it (the snapshot's scan, the upload's questions, the index and watcher sta
 each in a fresh interpreter as the CLI runs it, against an in-process store (no server: the
 requests are not timed here; bench/snapshots.py times whole runs).
 
-    .venv/bin/python bench/watch_scan.py [--files 50000] [--changed 500] [--runs 5] [--dir D]
+    .venv/bin/python bench/watch_scan.py [--files 50000] [--changed 500] [--runs 5]
+        [--max-size 16000] [--dir D]
 
 The tree is bench/copyback.py's shape (sizes 100 B to 16 KiB in 200 x 7 directories) on
 /dev/shm when it has room. For each mode (a full scan with no watcher; the watcher running)
@@ -93,14 +94,14 @@ def child(tree: Path, names_file: Path) -> None:
     print(json.dumps({"before": before, "after": after, "line": line, "tree": taken.tree}))
 
 
-def make_tree(root: Path, files: int) -> list[Path]:
+def make_tree(root: Path, files: int, max_size: int = 16_000) -> list[Path]:
     rnd = random.Random(1)
     paths = []
     for i in range(files):
         directory = root / f"d{i % 200:03d}" / f"e{i % 7}"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"f{i:06d}.txt"
-        path.write_bytes(rnd.randbytes(rnd.randint(100, 16_000)))
+        path.write_bytes(rnd.randbytes(rnd.randint(100, max_size)))
         paths.append(path)
     return paths
 
@@ -148,6 +149,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=50_000)
     parser.add_argument("--changed", type=int, default=500)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-size", type=int, default=16_000, help="bytes (default 16000)")
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--child", nargs=2, type=Path)
     args = parser.parse_args()
@@ -164,7 +166,7 @@ def main() -> int:
 
 def run(scratch: Path, args: argparse.Namespace) -> int:
     tree, names = scratch / "tree", scratch / "names.json"
-    paths = make_tree(tree, args.files)
+    paths = make_tree(tree, args.files, args.max_size)
     print(f"tree: {args.files} files in {scratch}; first snapshot:", one(tree, names)["after"])
     times: dict[tuple[str, str], list[dict[str, object]]] = {}
     watcher, start_s = start_watcher(tree)
