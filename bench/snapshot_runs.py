@@ -91,6 +91,27 @@ class CliRun:
         raise RuntimeError("no snapshot line:\n" + "\n".join(line for _t, line in self.lines))
 
 
+def start_watcher(workdir: Path) -> subprocess.Popen[str]:
+    """`paperclip-agent watch` on the workdir, once it watches every directory."""
+    proc = subprocess.Popen(
+        [AGENT, "watch", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "directories watched" not in line:
+        proc.kill()
+        raise RuntimeError(f"paperclip-agent watch did not start: {line}")
+    return proc
+
+
+def scan_line(run: CliRun) -> str:
+    """How the CLI read the workdir: its `watcher:` or `full scan:` line."""
+    return next((t for _at, t in run.lines if t.startswith(("watcher:", "full scan:"))), "?")
+
+
 def run_cli(
     url: str, world: World, workdir: Path, sampler: RssSampler, profile: Path | None
 ) -> CliRun:

@@ -39,6 +39,12 @@ git's defaults and tuned; ours first in even rounds, last in odd ones):
 4. Peak RSS (psutil, sampled every 20 ms) of the CLI process and of each web worker process
    (the server's children) during the runs. Target < 200 MB each.
 
+--watcher starts `paperclip-agent watch` on each round's workdir before its first run (untimed):
+the first run then scans in full and keeps the watcher's token, the later run reads only the
+directories the watcher names (its log line ends with the CLI's `watcher:` or `full scan:`
+line). --files 200000 is the issue's large tree (about 1.6 GB: give --dir a disk with room
+when /dev/shm has not).
+
 Options: --files N, --changed F, --rounds N, --server production|gunicorn, --dir DIR,
 --keep-db, --quick (1,000 files, 1 round: a smoke run), --cas s3 (the s3 backend against this
 one in the same run: bench/snapshots_cas.py).
@@ -93,7 +99,9 @@ from bench.snapshot_runs import (  # noqa: E402 - the processes and worlds both 
     make_world,
     run_cli,
     same_files,
+    scan_line,
     server_argv,
+    start_watcher,
     subprocess_running,
     wait_materialized,
 )
@@ -124,6 +132,7 @@ class Config:
     changed: float
     rounds: int
     profile: Path | None
+    watcher: bool = False  # `paperclip-agent watch` on the workdir from before the first run
 
 
 def one_round(
@@ -138,6 +147,9 @@ def one_round(
         log(f"  round {n + 1} {line}")
     later_run(r, source, paths, gits)
     checkout_at_head(r, paths)
+    for proc in r.watchers:
+        proc.terminate()
+        proc.wait(timeout=30)
     for path in (r.work, world.cwd):
         shutil.rmtree(path)
     for peer in gits:
@@ -157,6 +169,7 @@ class Round:
     worker_log: Path
     world: World
     work: Path
+    watchers: list[subprocess.Popen[str]] = field(default_factory=list)
 
 
 def first_run(r: Round, source: Path) -> None:
@@ -175,6 +188,8 @@ def first_run(r: Round, source: Path) -> None:
     figures.cp.append(statistics.median(cp_times))
     figures.cp_runs.extend(cp_times)
     subprocess.run(["sync"], check=False)
+    if r.config.watcher:  # started untimed: it runs beside the agent, not in its runs
+        r.watchers.append(start_watcher(work))
     profile = r.config.profile.with_suffix(f".first-{n}.prof") if r.config.profile else None
     started = time.perf_counter()
     first = run_cli(r.url, world, work, r.sampler, profile)
@@ -261,7 +276,7 @@ def our_later_run(
         f" {later.at('finalization: committed'):.2f} s; {job_seconds(r.worker_log, head)});"
         f" uploaded {figures.uploaded[-1]:,} B"
         f" for {changed_bytes:,} B changed + {len(new_dirs)} new directory blobs"
-        f" ({figures.changed_dirs[-1]:,} B)"
+        f" ({figures.changed_dirs[-1]:,} B); {scan_line(later)}"
     )
     if not same_files(work, world.cwd):
         raise RuntimeError(f"the cwd {world.cwd} differs from the workdir {work}")
@@ -433,6 +448,11 @@ def main() -> int:
     parser.add_argument(
         "--profile", type=Path, default=None, help="cProfile the CLI into PATH.<run>.prof"
     )
+    parser.add_argument(
+        "--watcher",
+        action="store_true",
+        help="run `paperclip-agent watch` on each round's workdir from before its first run",
+    )
     parser.add_argument("--keep-db", action="store_true")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
@@ -448,6 +468,7 @@ def main() -> int:
         changed=args.changed,
         rounds=args.rounds or (1 if args.quick else 2),
         profile=args.profile,
+        watcher=args.watcher,
     )
     if args.profile is not None:
         args.profile.parent.mkdir(parents=True, exist_ok=True)
