@@ -416,3 +416,10 @@ def test_a_snapshot_that_asks_about_every_blob_scans_in_full(
     assert said == [
         "full scan: every blob is asked about (the index is not trusted for this workspace)"
     ]
+
+
+def test_the_watchers_socket_is_its_users_alone(tmp_path: Path, watchers: list[Watcher]) -> None:
+    root = tmp_path / "w"
+    make(root, {"f": "f"})
+    watch(watchers, root)
+    assert (root / ".paperclip" / watch_state.SOCKET).stat().st_mode & 0o777 == 0o600

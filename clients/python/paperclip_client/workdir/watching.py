@@ -412,6 +412,7 @@ def run(workdir: Path, *, max_pending: int = MAX_PENDING, say: Callable[[str], N
         watcher = Watcher(workdir, max_pending=max_pending, say=say)
         count = watcher.start()
         listener.bind(socket_address(state_fd))
+        os.chmod(socket_address(state_fd), 0o600)  # its answers name the workdir's paths
         listener.listen(16)
         say(f"watch: {count} directories watched in {workdir}; answering on {STATE_DIR}/{SOCKET}")
         _loop(watcher, listener)
