@@ -245,7 +245,7 @@ def test_a_change_in_the_stat_caches_timestamp_tick_is_read_whatever_the_watcher
     assert state is not None
     answer = watch_state.ask(root, state.token)
     assert isinstance(answer, watch_state.Answer)
-    assert answer.dirs == {"d"}
+    assert (answer.dirs, dict(answer.names)) == (frozenset(), {"d": {"f"}})
     state.token = answer.token
     watch_state.save_state(root, state)
     result, line = take(store, root)
@@ -315,7 +315,7 @@ def _random_edit(rng: random.Random, root: Path, n: int) -> None:
     dirs.append(root)
     kind = rng.choice(
         ["write", "write", "append", "new", "delete", "chmod", "mkdir", "rmtree", "mvdir",
-         "rename_over", "symlink", "mvfile"]
+         "rename_over", "symlink", "mvfile", "many"]
     )  # fmt: skip
     if kind in ("write", "append", "delete", "chmod", "rename_over", "mvfile") and not files:
         kind = "new"
@@ -353,6 +353,10 @@ def _random_edit(rng: random.Random, root: Path, n: int) -> None:
         os.symlink(f"{up}d{rng.randint(0, 9)}", where / f"l{n}")
     elif kind == "mvfile":
         os.rename(rng.choice(files), rng.choice(dirs) / f"r{n}")
+    elif kind == "many":  # more than the watcher names one by one: the directory is listed
+        where = rng.choice(dirs)
+        for k in range(70):
+            (where / f"many{n}-{k}").write_text(f"{n} {k}")
 
 
 def test_a_partial_scan_builds_the_full_scans_tree_on_random_edits(

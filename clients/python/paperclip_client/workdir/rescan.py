@@ -28,6 +28,7 @@ from paperclip_client.workdir.index import DIRS, Index, Stat, load_dirs, state_p
 from paperclip_client.workdir.scanning import (
     Scan,
     _collect,
+    collect_named,
     keep_links,
     load_ignore,
     read_found,
@@ -92,7 +93,7 @@ def scan_watched(
         except Fallback as exc:
             reason = str(exc)
         else:
-            changed = len(answer.dirs | answer.trees)
+            changed = len(answer.dirs | answer.trees | answer.names.keys())
             say(f"watcher: {changed} directories changed ({found.hashed} files read)")
     if reason is not None:
         say(f"full scan: {reason}")
@@ -153,27 +154,43 @@ class Partial:
         self.read = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
 
     def run(self) -> Scan:
-        to_read = self._to_read()
-        if to_read:
+        whole, named = self._to_read()
+        if whole or named:
             self.stats = dict(self.stats)
-        for directory in sorted(to_read, key=_depth):
-            if directory in self.paths and not self._under_fresh(directory):
+        for directory in sorted(whole | named.keys(), key=_depth):
+            if directory not in self.paths or self._under_fresh(directory):
+                continue
+            if directory in whole:
                 self._relist(directory)
+            else:
+                self._update(directory, named[directory])
         self.stats.update(self.read.stats)
         kept, left_out = self._settle_links()
         self._rebuild()
         return self._result(kept, left_out)
 
-    def _to_read(self) -> set[str]:
-        """The directories read again: the watcher's, the parents of the ones it says were
-        made or moved in, and those of racily clean entries and of hard-linked files."""
+    def _to_read(self) -> tuple[set[str], dict[str, set[str]]]:
+        """The directories listed again (the watcher's `dirs`), and the entries looked at
+        again by directory: the watcher's `names`, the directories it says were made or moved
+        in (read whole), racily clean entries and files with other hard links."""
         answer = self.answer
-        wanted = set(answer.dirs) | set(answer.trees)
-        wanted.update(_parent(t) for t in answer.trees if t)
+        whole = set(answer.dirs)
+        named: dict[str, set[str]] = {d: set(ns) for d, ns in answer.names.items()}
+
+        def add(path: str) -> None:
+            directory, _, name = path.rpartition("/")
+            named.setdefault(directory, set()).add(name)
+
+        for tree in answer.trees:
+            if tree:
+                add(tree)
         written = self.index.written_ns
-        wanted.update(_parent(p) for p, row in self.index.files.items() if row[1] >= written)
-        wanted.update(_parent(p) for p in self.state.linked)
-        return wanted
+        for path, row in self.index.files.items():
+            if row[1] >= written:
+                add(path)
+        for path in self.state.linked:
+            add(path)
+        return whole, named
 
     def _under_fresh(self, path: str) -> bool:
         while True:
@@ -222,6 +239,39 @@ class Partial:
             if entry["type"] == "dir" and (path not in keep or found.get(path, ("",))[0] != "dir"):
                 self._drop(path)
         self.kids[directory] = {}
+        self._take(found, keep)
+
+    def _update(self, directory: str, names: set[str]) -> None:
+        """Look at the entries `names` of `directory` again, as `_relist` would (a directory
+        among them that is new there, or made or moved in, is read whole)."""
+        kids = self._old(directory)
+        found: dict[str, tuple[str, os.stat_result | str]] = {}
+        keep: set[str] = set()
+        for name in sorted(names):
+            path = _join(directory, name)
+            prev = kids.pop(name, None)
+            was_dir = prev is not None and prev["type"] == "dir"
+            if prev is not None and prev["type"] == "file":
+                self.stats.pop(path, None)
+            self.links.pop(path, None)
+            self.left_out.pop(path, None)
+            if was_dir and path not in self.answer.trees:
+                keep.add(path)
+            here: dict[str, tuple[str, os.stat_result | str]] = {}
+            try:
+                collect_named(self.workdir, directory, name, self.spec, here, self.warn, keep)
+            except WorkdirError as exc:
+                raise Fallback(str(exc)) from exc
+            if was_dir and (path not in keep or here.get(path, ("",))[0] != "dir"):
+                self._drop(path)
+            found.update(here)
+        self.kids[directory] = kids
+        self._take(found, keep)
+
+    def _take(self, found: dict[str, tuple[str, os.stat_result | str]], keep: set[str]) -> None:
+        """What a listing or a look at named entries found: its files read (or answered by
+        the stat cache), its symlinks kept for the check, everything placed in the directory
+        that holds it; directories not in `keep` were read whole."""
         for path, (kind, _info) in found.items():
             if kind == "dir" and path not in keep:
                 self.fresh.add(path)

@@ -250,26 +250,69 @@ def _collect(
         raise WorkdirError(f"{rel}: directories nested more than {MAX_DEPTH} deep")
     for item in _listing(root, rel):
         name = item.name
-        path = f"{rel}/{name}" if rel else name
-        if not rel and name == STATE_DIR:
-            continue
-        if not name_ok(name):
-            shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            warn(f"{rel + '/' if rel else ''}{shown}: name is not UTF-8 (or too long); left out")
+        if not _name_wanted(rel, name, warn):
             continue
         try:
             info = item.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue  # removed while listed
-        if stat.S_ISDIR(info.st_mode):
-            if spec is not None and spec.match_file(path + "/"):
-                continue
-            found[path] = ("dir", info)
-            if path not in keep:
-                _collect(root, path, spec, found, warn, depth + 1)
-            continue
-        if spec is None or not spec.match_file(path):
-            _collect_one(root, path, info, found, warn)
+        _collect_entry(root, rel, name, info, spec, found, warn, depth, keep)
+
+
+def collect_named(
+    root: Path,
+    rel: str,
+    name: str,
+    spec: pathspec.GitIgnoreSpec | None,
+    found: dict[str, tuple[str, os.stat_result | str]],
+    warn: Say,
+    keep: Container[str] = (),
+) -> None:
+    """The entry `name` of the directory `rel` into `found` as `_collect` would put it there
+    (nothing when it is gone or left out; a directory not in `keep` with all it holds)."""
+    if not _name_wanted(rel, name, warn):
+        return
+    try:
+        info = os.lstat(under(root, f"{rel}/{name}" if rel else name))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise WorkdirError(f"{rel or '.'}/{name}: cannot be read ({exc.strerror})") from exc
+    depth = rel.count("/") + 1 if rel else 0
+    _collect_entry(root, rel, name, info, spec, found, warn, depth, keep)
+
+
+def _name_wanted(rel: str, name: str, warn: Say) -> bool:
+    if not rel and name == STATE_DIR:
+        return False
+    if not name_ok(name):
+        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        warn(f"{rel + '/' if rel else ''}{shown}: name is not UTF-8 (or too long); left out")
+        return False
+    return True
+
+
+def _collect_entry(
+    root: Path,
+    rel: str,
+    name: str,
+    info: os.stat_result,
+    spec: pathspec.GitIgnoreSpec | None,
+    found: dict[str, tuple[str, os.stat_result | str]],
+    warn: Say,
+    depth: int,
+    keep: Container[str],
+) -> None:
+    path = f"{rel}/{name}" if rel else name
+    if stat.S_ISDIR(info.st_mode):
+        if spec is not None and spec.match_file(path + "/"):
+            return
+        found[path] = ("dir", info)
+        if path not in keep:
+            _collect(root, path, spec, found, warn, depth + 1)
+        return
+    if spec is None or not spec.match_file(path):
+        _collect_one(root, path, info, found, warn)
 
 
 def _collect_one(

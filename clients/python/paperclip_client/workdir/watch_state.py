@@ -6,10 +6,12 @@ The protocol, one exchange per connection, each side one line of JSON:
 
 - asked: `{"since": <token or null>}`;
 - answered: `{"token": <new token>, "full": <reason>}` when the watcher cannot vouch for every
-  event since `since`, else `{"token", "full": null, "dirs": [...], "trees": [...]}`: the
-  directories (paths relative to the workdir, `""` for its root) whose listing or any direct
-  entry changed, and the directories created or moved in since, to be read whole (their
-  subtree too). A token is `<instance>:<sequence>`; the new one covers every event the
+  event since `since`, else `{"token", "full": null, "dirs": [...], "trees": [...], "names":
+  {dir: [name, ...]}}`: the directories (paths relative to the workdir, `""` for its root) to
+  list again (more of their entries changed than the watcher names one by one), the
+  directories created or moved in since, to be read whole (their subtree too), and for other
+  directories the names of the entries that changed (made, removed, written, moved, their
+  mode). A token is `<instance>:<sequence>`; the new one covers every event the
   watcher read after answering, so the caller asks for it *before* it scans.
 
 `watch.json` holds the token with what a partial scan needs besides the index: the index it
@@ -26,6 +28,7 @@ import hashlib
 import json
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +48,7 @@ class Answer:
     full: str | None  # why the caller must scan everything, or None
     dirs: frozenset[str] = frozenset()
     trees: frozenset[str] = frozenset()
+    names: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -112,12 +116,13 @@ def _parse(data: bytes) -> Answer | str:
             raise TypeError(token)
         if full is not None:
             return Answer(token=token, full=full)
-        dirs, trees = value["dirs"], value["trees"]
-        if not all(isinstance(p, str) for p in [*dirs, *trees]):
+        dirs, trees, names = value["dirs"], value["trees"], value["names"]
+        if not all(isinstance(p, str) for p in [*dirs, *trees, *names]):
             raise TypeError(dirs)
-    except (ValueError, KeyError, TypeError):
+        named = {str(d): frozenset(str(n) for n in ns) for d, ns in names.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return "the watcher's answer could not be read"
-    return Answer(token=token, full=None, dirs=frozenset(dirs), trees=frozenset(trees))
+    return Answer(token=token, full=None, dirs=frozenset(dirs), trees=frozenset(trees), names=named)
 
 
 def ignore_digest(workdir: Path) -> str | None:

@@ -67,6 +67,7 @@ EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, NUL-padde
 COOKIES = "cookies"
 LOCK = "watch.lock"
 MAX_PENDING = 50_000
+MAX_NAMES = 64  # changed entries of one directory named before the directory is, whole
 COOKIE_WAIT = 5.0
 MAX_REQUEST = 4096
 
@@ -139,6 +140,7 @@ class Watcher:
         self.lost = "no token issued by this watcher yet"
         self.changed: dict[str, int] = {}  # directory -> sequence when it last changed
         self.trees: dict[str, int] = {}  # directory created or moved in -> sequence
+        self.names: dict[str, dict[str, int]] = {}  # directory -> its changed entries
         self.paths: dict[int, str] = {}  # watch descriptor -> directory
         self.blind: str | None = None  # a directory could not be watched: why
         self.inotify = Inotify()
@@ -213,6 +215,7 @@ class Watcher:
         self.lost = reason
         self.changed.clear()
         self.trees.clear()
+        self.names.clear()
 
     # --- events ----------------------------------------------------------------------------
 
@@ -246,18 +249,17 @@ class Watcher:
             self.gone = "the workdir itself was moved, deleted or unmounted"
             self.lose(self.gone)
         else:
-            self.mark(_parent(rel))
+            self.mark_name(_parent(rel), rel.rpartition("/")[2])
 
     def _entry(self, rel: str, mask: int, name: str) -> None:
         """An event about `name` in the directory `rel` (no name: the directory itself)."""
         if not name:  # the directory itself (its mode): an entry of its parent
-            self.mark(rel)
             if rel:
-                self.mark(_parent(rel))
+                self.mark_name(_parent(rel), rel.rpartition("/")[2])
             return
         if not rel and name == STATE_DIR:
             return
-        self.mark(rel)
+        self.mark_name(rel, name)
         if mask & IN_ISDIR:
             child = _join(rel, name)
             if mask & IN_MOVED_FROM:
@@ -267,8 +269,14 @@ class Watcher:
                 self.mark_tree(child)
                 self.walk(child)
 
-    def mark(self, rel: str) -> None:
-        self.changed[rel] = self.seq
+    def mark_name(self, rel: str, name: str) -> None:
+        """The entry `name` of the directory `rel` changed (made, removed, written, moved, its
+        mode): past MAX_NAMES of them, the whole directory is named instead."""
+        names = self.names.setdefault(rel, {})
+        names[name] = self.seq
+        if len(names) > MAX_NAMES:
+            del self.names[rel]
+            self.changed[rel] = self.seq
         self._bound()
 
     def mark_tree(self, rel: str) -> None:
@@ -276,7 +284,7 @@ class Watcher:
         self._bound()
 
     def _bound(self) -> None:
-        if len(self.changed) + len(self.trees) > self.max_pending:
+        if len(self.changed) + len(self.trees) + len(self.names) > self.max_pending:
             self.lose(f"more than {self.max_pending} directories changed (--max-pending)")
 
     # --- answers ---------------------------------------------------------------------------
@@ -319,14 +327,28 @@ class Watcher:
                 "full": None,
                 "dirs": sorted(p for p, s in self.changed.items() if s >= start),
                 "trees": sorted(p for p, s in self.trees.items() if s >= start),
+                "names": self._names_since(start),
             }
             # Older tokens are no longer needed (the CLI keeps its latest): forget them.
             self.changed = {p: s for p, s in self.changed.items() if s >= start}
             self.trees = {p: s for p, s in self.trees.items() if s >= start}
+            self.names = {
+                p: {n: s for n, s in names.items() if s >= start}
+                for p, names in self.names.items()
+                if max(names.values()) >= start
+            }
             self.vouch_from = max(self.vouch_from, start)
         self.seq += 1
         body["token"] = f"{self.instance}:{self.seq}"
         return body
+
+    def _names_since(self, start: int) -> dict[str, list[str]]:
+        found = {}
+        for rel, names in self.names.items():
+            changed = sorted(n for n, s in names.items() if s >= start)
+            if changed and self.changed.get(rel, -1) < start:
+                found[rel] = changed
+        return found
 
     def _refusal(self, since: object) -> str | None:
         if self.gone is not None:
