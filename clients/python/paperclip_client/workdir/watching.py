@@ -142,6 +142,7 @@ class Watcher:
         self.trees: dict[str, int] = {}  # directory created or moved in -> sequence
         self.names: dict[str, dict[str, int]] = {}  # directory -> its changed entries
         self.paths: dict[int, str] = {}  # watch descriptor -> directory
+        self.wds: dict[str, int] = {}  # directory -> watch descriptor
         self.blind: str | None = None  # a directory could not be watched: why
         self.inotify = Inotify()
         self.cookies = os.path.join(self.root, STATE_DIR, COOKIES)
@@ -193,6 +194,7 @@ class Watcher:
             self._go_blind(f"{rel or '.'}: cannot be watched ({exc.strerror}){hint}")
             return False
         self.paths[wd] = rel
+        self.wds[rel] = wd
         return True
 
     def _go_blind(self, reason: str) -> None:
@@ -201,11 +203,18 @@ class Watcher:
         self.lose(reason)
 
     def unwatch(self, top: str) -> None:
+        if top not in self.wds:
+            return  # the common case, a new directory: no walk over every watch
         prefix = f"{top}/"
         for wd, rel in list(self.paths.items()):
             if rel == top or rel.startswith(prefix):
-                del self.paths[wd]
+                self._forget(wd)
                 self.inotify.remove(wd)
+
+    def _forget(self, wd: int) -> None:
+        rel = self.paths.pop(wd)
+        if self.wds.get(rel) == wd:
+            del self.wds[rel]
 
     def lose(self, reason: str) -> None:
         """Every token issued so far is answered `full` from now on."""
@@ -237,7 +246,7 @@ class Watcher:
         if rel is None:
             return  # a watch removed since (moved away, deleted)
         if mask & IN_IGNORED:
-            del self.paths[wd]
+            self._forget(wd)
             return
         if mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT):
             self._self_gone(rel)
