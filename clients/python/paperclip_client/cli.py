@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
         "watch",
         help="watch a workdir so that later runs scan only what changed (Linux)",
         description="Watch every directory of the workdir (inotify) until SIGTERM or SIGINT,"
-        " and tell `run` which directories changed since its last snapshot: `run` then reads"
-        " only those. Whenever the watcher cannot vouch for every change (it was not running,"
+        " and tell `run` which entries changed since its last snapshot: `run` then looks at"
+        " those alone. Whenever the watcher cannot vouch for every change (it was not running,"
         " restarted, its queue overflowed, a directory could not be watched) `run` scans the"
         " whole workdir, as it does without a watcher. One watcher per workdir.",
     )
