@@ -133,7 +133,7 @@ def test_edits_while_the_watcher_was_down_are_in_the_next_snapshot(
     (root / "d0/f0").write_text("edited with the watcher")
     fifth, line = take(store, root)
     assert fifth.tree == full_tree(root) != fourth.tree
-    assert line.startswith("watcher: 1 directories changed"), line
+    assert line.startswith("watcher: 1 directory changed"), line
 
 
 def test_edits_between_runs_are_in_the_next_snapshot(
@@ -204,7 +204,7 @@ def test_a_rename_over_an_existing_file_is_in_the_next_snapshot(
     result, line = take(store, root)
     assert result.tree == full_tree(root)
     assert b"bbbb" in store.blobs.values()
-    assert line.startswith("watcher: 1 directories changed"), line
+    assert line.startswith("watcher: 1 directory changed"), line
 
 
 def test_a_directory_tree_made_before_its_watch_is_read_whole(
@@ -251,7 +251,7 @@ def test_a_change_in_the_stat_caches_timestamp_tick_is_read_whatever_the_watcher
     result, line = take(store, root)
     assert result.tree == full_tree(root)
     assert b"BBBB" in store.blobs.values()
-    assert line.startswith("watcher: 0 directories changed (1 files read)"), line
+    assert line.startswith("watcher: 0 directories changed (1 file read)"), line
 
 
 def test_a_restarted_watcher_means_a_full_scan(tmp_path: Path, watchers: list[Watcher]) -> None:
@@ -281,7 +281,7 @@ def test_a_file_written_through_another_hard_link_is_read_again(
     outside.write_text("two, longer")  # no event in the workdir: the inode is shared
     result, line = take(store, root)
     assert result.tree == full_tree(root)
-    assert line.startswith("watcher: 0 directories changed (1 files read)"), line
+    assert line.startswith("watcher: 0 directories changed (1 file read)"), line
 
 
 def test_one_watcher_per_workdir(tmp_path: Path, watchers: list[Watcher]) -> None:

@@ -94,7 +94,9 @@ def scan_watched(
             reason = str(exc)
         else:
             changed = len(answer.dirs | answer.trees | answer.names.keys())
-            say(f"watcher: {changed} directories changed ({found.hashed} files read)")
+            dirs = "directory" if changed == 1 else "directories"
+            files = "file" if found.hashed == 1 else "files"
+            say(f"watcher: {changed} {dirs} changed ({found.hashed} {files} read)")
     if reason is not None:
         say(f"full scan: {reason}")
         found = scan(workdir, max_blob_bytes=max_blob_bytes, index=index, warn=warn)
