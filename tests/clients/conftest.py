@@ -25,6 +25,7 @@ from tests.paperclip.factories import (
     ExecutionWorkspaceFactory,
     IssueFactory,
 )
+from tests.paperclip.worker.test_worker_processes import Worker
 from tests.support.processes import child_env
 
 
@@ -78,6 +79,22 @@ def live_cas_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     temporary directory, never the checkout's data directory): pass it to every `Worker`
     as `PAPERCLIP_CAS_DIR`."""
     return tmp_path_factory.mktemp("live-cas")
+
+
+def worker_env(cas_dir: Path) -> dict[str, str]:
+    """A live worker's environment beside the live gunicorn: the same store of blobs."""
+    return {"PAPERCLIP_CAS_DIR": str(cas_dir)}
+
+
+@pytest.fixture
+def worker(live_cas_dir: Path) -> Iterator[Worker]:
+    """A real worker (finalizations, materializations; the periodic lease sweep every
+    second) sharing the live gunicorn's store of blobs."""
+    w = Worker(**worker_env(live_cas_dir))
+    try:
+        yield w
+    finally:
+        w.stop()
 
 
 @pytest.fixture(scope="session")

@@ -141,22 +141,6 @@ class Cli:
         self.proc.wait()
 
 
-def worker_env(cas_dir: Path) -> dict[str, str]:
-    """A live worker's environment beside the live gunicorn: the same store of blobs."""
-    return {"PAPERCLIP_CAS_DIR": str(cas_dir)}
-
-
-@pytest.fixture
-def worker(live_cas_dir: Path) -> Iterator[Worker]:
-    """A real worker (finalizations, materializations; the periodic lease sweep every
-    second)."""
-    w = Worker(**worker_env(live_cas_dir))
-    try:
-        yield w
-    finally:
-        w.stop()
-
-
 @pytest.fixture
 def clis() -> Iterator[list[Cli]]:
     started: list[Cli] = []

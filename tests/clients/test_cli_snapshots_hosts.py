@@ -35,8 +35,8 @@ from paperclip.snapshots.materialize import TEMP_MARK, read_tree
 from paperclip.snapshots.trees import blob_name, build
 from paperclip_client import Client
 from paperclip_client.errors import NotFound
-from tests.clients.conftest import World, make_world
-from tests.clients.test_cli_live import Cli, kill_group, materialized, worker_env
+from tests.clients.conftest import World, make_world, worker_env
+from tests.clients.test_cli_live import Cli, kill_group, materialized
 from tests.leases.factories import expire
 from tests.paperclip.worker.test_worker_processes import Worker, wait_for
 
@@ -89,15 +89,6 @@ def clis() -> Iterator[list[Cli]]:
     for cli in started:
         if cli.proc.poll() is None:
             cli.kill()
-
-
-@pytest.fixture
-def worker(live_cas_dir: Path) -> Iterator[Worker]:
-    w = Worker(**worker_env(live_cas_dir))
-    try:
-        yield w
-    finally:
-        w.stop()
 
 
 def private_cli(url: str, world: World, workdir: Path, *command: str) -> Cli:

@@ -5,7 +5,6 @@ only what changed, and what they publish is the workdir (materialized in the wor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.trees import build
 from tests.clients.conftest import World
-from tests.clients.test_cli_live import Cli, materialized, worker_env
+from tests.clients.test_cli_live import Cli, materialized
 from tests.clients.test_watch import Watcher
 from tests.paperclip.worker.test_worker_processes import Worker
 
@@ -26,15 +25,6 @@ pytestmark = [
 
 SCAN = r"^paperclip-agent: (watcher: .*|full scan: .*)$"
 SNAPSHOT = r"^paperclip-agent: snapshot: (sha256:[0-9a-f]{64}) "
-
-
-@pytest.fixture
-def worker(live_cas_dir: Path) -> Iterator[Worker]:
-    w = Worker(**worker_env(live_cas_dir))
-    try:
-        yield w
-    finally:
-        w.stop()
 
 
 def run(url: str, world: World, workdir: Path, script: str) -> tuple[str, str]:
