@@ -335,10 +335,9 @@ class CasBatchReadApi(APIView):
         batch = cas_read_batch(
             company_id=company_id, digests=checked_names(data.validated_data["digests"])
         )
-        response = StreamingHttpResponse(
-            frame_stream(batch), content_type="application/octet-stream"
-        )
-        response["Content-Length"] = str(batch.size)
+        pieces = frame_stream(batch)
+        response = StreamingHttpResponse(pieces, content_type="application/octet-stream")
+        response["Content-Length"] = str(sum(len(piece) for piece in pieces))
         return response
 
 

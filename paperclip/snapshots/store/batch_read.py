@@ -41,7 +41,6 @@ class BlobsNotFound(NotFoundError):  # 404, details.digests
 @dataclass(frozen=True, slots=True)
 class CasBatchRead:
     frames: list[tuple[str, bytes]]  # (name, bytes) in request order, each name once
-    size: int  # the answer's length in bytes: frame headers and blobs
 
 
 def checked_names(digests: Sequence[object]) -> list[str]:
@@ -71,7 +70,6 @@ def cas_read_batch(*, company_id: UUID, digests: Sequence[str]) -> CasBatchRead:
         raise BatchReadTooLarge(max_bytes=MAX_BATCH_READ_BYTES)
     found = verified_many(company_id=company_id, rows=rows)
     frames: list[tuple[str, bytes]] = []
-    size = 0
     for digest in digests:
         data = found.get(digest)
         if data is None:
@@ -81,8 +79,7 @@ def cas_read_batch(*, company_id: UUID, digests: Sequence[str]) -> CasBatchRead:
             if data is None:
                 raise BlobsNotFound(digests=[digest])
         frames.append((digest, data))
-        size += len(digest) + len(str(len(data))) + 2 + len(data)
-    return CasBatchRead(frames=frames, size=size)
+    return CasBatchRead(frames=frames)
 
 
 def frame_stream(batch: CasBatchRead) -> list[bytes]:
