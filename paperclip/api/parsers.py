@@ -110,8 +110,28 @@ def parse_json_body(raw: bytes) -> Any:
         raise _bad("", f"Nested deeper than {MAX_DEPTH} levels.") from exc
     except ValueError as exc:
         raise _bad("", f"The body is not valid JSON ({_short(exc)}).") from exc
-    check_json_value(data)
+    # Without an escape sequence the text cannot spell a NUL or a lone surrogate: strict UTF-8
+    # decoding refuses encoded surrogates and the JSON decoder a raw control character in a
+    # string, and the hooks above every non-finite number. Only the depth is left to check,
+    # over the containers alone. The full walk, which also names the place, runs otherwise.
+    if "\\u" in text or _too_deep(data):
+        check_json_value(data)
     return data
+
+
+def _too_deep(value: Any) -> bool:
+    """True when a container in `value` (parsed JSON) is nested deeper than MAX_DEPTH."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        for child in item.values() if type(item) is dict else item:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
 
 
 def _charset(media_type: str | None) -> str | None:

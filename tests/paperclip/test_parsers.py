@@ -128,3 +128,59 @@ def test_the_parser_returns_what_it_accepts() -> None:
     assert parse(b'{"a": [1, 2.5, "x", null]}', "application/json; charset=UTF-8") == {
         "a": [1, 2.5, "x", None]
     }
+
+
+@pytest.mark.parametrize(
+    ("raw", "where", "message"),
+    [
+        # Nested one level too deep, in plain text: only the depth check can refuse it.
+        (
+            b'{"a": ' + b"[" * MAX_DEPTH + b"1" + b"]" * MAX_DEPTH + b"}",
+            "a" + "[0]" * (MAX_DEPTH - 1),
+            f"Nested deeper than {MAX_DEPTH} levels.",
+        ),
+        # A raw NUL byte or an encoded surrogate never reaches the checks: the decoders refuse.
+        (b'{"a": "x\x00y"}', "body", "The body is not valid JSON"),
+        (b'{"a": "\xed\xa0\x80"}', "body", "The body is not valid UTF-8."),
+        (b'{"k\\u0000": 1}', "body", "A key: NUL characters are not allowed."),
+        (b'["ok", {"b": "\\ud800"}]', "[1].b", "Lone surrogates (invalid Unicode)"),
+    ],
+)
+def test_the_parser_names_where_a_plain_or_escaped_body_breaks_a_rule(
+    raw: bytes, where: str, message: str
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        parse(raw)
+    fields = refused.value.details["fields"]
+    assert list(fields) == [where]
+    assert message in fields[where][0]
+
+
+@UNTIMED
+@given(
+    SAFE_JSON,
+    st.sampled_from([None, *BAD_LEAVES[:2]]),
+    st.integers(0, MAX_DEPTH + 2),
+    st.booleans(),
+)
+def test_the_parser_judges_a_body_as_the_full_walk_does(
+    value: Any, bad: tuple[Any, str] | None, depth: int, ascii_only: bool
+) -> None:
+    """Whatever the text's spelling (escapes or raw UTF-8), the parser accepts exactly what
+    `check_json_value` accepts and refuses the rest with the same error: the shortcut for text
+    without escapes changes nothing but the time."""
+    planted: Any = [value, bad[0]] if bad else value
+    for _ in range(depth):
+        planted = {"n": planted}
+    try:
+        raw = json.dumps(planted, ensure_ascii=ascii_only).encode()
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 spelling: only escaped
+        raw = json.dumps(planted, ensure_ascii=True).encode()
+    try:
+        check_json_value(json.loads(raw))
+    except InvalidRequest as expected:
+        with pytest.raises(InvalidRequest) as refused:
+            parse(raw)
+        assert refused.value.details == expected.details
+    else:
+        assert parse(raw) == json.loads(raw)
