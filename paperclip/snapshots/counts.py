@@ -87,7 +87,7 @@ def counts_against_head(
     known = tree_counts(company_id=company_id, tree=head)
     if known is None:
         return None
-    changes = walk_changes(tree, head, load_many=load_many)
+    changes = walk_changes(tree, head, load_many=load_many, head_known_valid=True)
     if changes is None:
         return None
     counts = Counts(

@@ -56,7 +56,9 @@ def _store(layout: Mapping[str, Leaf], store: dict[str, bytes]) -> str:
     return root
 
 
-def _check(head_layout: Mapping[str, Leaf], layout: Mapping[str, Leaf]) -> None:
+def _check(
+    head_layout: Mapping[str, Leaf], layout: Mapping[str, Leaf], *, known: bool = False
+) -> None:
     store: dict[str, bytes] = {}
     head, tree = _store(head_layout, store), _store(layout, store)
     try:
@@ -68,7 +70,7 @@ def _check(head_layout: Mapping[str, Leaf], layout: Mapping[str, Leaf]) -> None:
     def load_many(names: list[str]) -> dict[str, bytes]:
         return {n: store[n] for n in names if n in store}
 
-    changes = trees.walk_changes(tree, head, load_many=load_many)
+    changes = trees.walk_changes(tree, head, load_many=load_many, head_known_valid=known)
     links = {p: e.target for p, e in _entries(layout).items() if e.type == "symlink"}
     head_links = {p: e.target for p, e in _entries(head_layout).items() if e.type == "symlink"}
     if links == head_links:
@@ -87,20 +89,21 @@ def _check(head_layout: Mapping[str, Leaf], layout: Mapping[str, Leaf]) -> None:
     assert changes.read <= directories  # never more than both whole walks would read
 
 
-@given(head=LAYOUTS, tree=LAYOUTS)
-def test_any_two_trees(head: dict[str, Leaf], tree: dict[str, Leaf]) -> None:
-    _check(head, tree)
+@given(head=LAYOUTS, tree=LAYOUTS, known=st.booleans())
+def test_any_two_trees(head: dict[str, Leaf], tree: dict[str, Leaf], known: bool) -> None:
+    _check(head, tree, known=known)
 
 
-@given(head=LAYOUTS, edits=LAYOUTS, removed=st.sets(PATHS, max_size=3))
+@given(head=LAYOUTS, edits=LAYOUTS, removed=st.sets(PATHS, max_size=3), known=st.booleans())
 def test_a_tree_edited_from_the_head(
-    head: dict[str, Leaf], edits: dict[str, Leaf], removed: set[str]
+    head: dict[str, Leaf], edits: dict[str, Leaf], removed: set[str], known: bool
 ) -> None:
     tree = {p: leaf for p, leaf in head.items() if not any(p.startswith(r) for r in removed)}
-    _check(head, tree | edits)
+    _check(head, tree | edits, known=known)
 
 
-def test_a_change_reads_only_its_own_directories() -> None:
+@pytest.mark.parametrize("known", [False, True], ids=["head-decoded", "head-known-valid"])
+def test_a_change_reads_only_its_own_directories(known: bool) -> None:
     store: dict[str, bytes] = {}
     layout: dict[str, Leaf] = {
         f"d{i}/s{j}/f{k}": ("file", b"%d" % k)
@@ -110,7 +113,9 @@ def test_a_change_reads_only_its_own_directories() -> None:
     }
     head = _store(layout, store)
     tree = _store(layout | {"d7/s2/f1": ("file", b"changed")}, store)
-    changes = trees.walk_changes(tree, head, load_many=lambda ns: {n: store[n] for n in ns})
+    changes = trees.walk_changes(
+        tree, head, load_many=lambda ns: {n: store[n] for n in ns}, head_known_valid=known
+    )
     assert changes is not None
     # The root, d7 and d7/s2 on each side, of 121 directories per tree.
     assert changes.read == 6
