@@ -41,7 +41,12 @@ from paperclip.snapshots.behind import (
     materialize_defer_in_tx,
     materialize_failure_record,
 )
-from paperclip.snapshots.counts import counts_against_head, counts_of, tree_counts_record
+from paperclip.snapshots.counts import (
+    counts_against_head,
+    counts_of,
+    known_valid_trees,
+    tree_counts_record,
+)
 from paperclip.snapshots.history import head_published_record_in_tx
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
@@ -54,6 +59,7 @@ from paperclip.snapshots.trees import (
     build,
     check_symlinks,
     decode_dir,
+    decode_known_dir,
     walk,
 )
 
@@ -136,6 +142,11 @@ def tree_diff_entries(
     if previous is None:
         return tree_entries(company_id, target), None
     load_many = directory_loader(company_id)
+    # Both trees are normally known valid (a head is registered or built by the publisher):
+    # their directories are then decoded without the checks they passed when recorded.
+    known = known_valid_trees(company_id=company_id, trees=[target, previous])
+    decode_target = decode_known_dir if target in known else decode_dir
+    decode_previous = decode_known_dir if previous in known else decode_dir
     ours: dict[str, Entry] = {}
     theirs: dict[str, Entry] = {}
     level: list[tuple[str, str, str | None]] = [("", target, previous)]
@@ -150,8 +161,8 @@ def tree_diff_entries(
                     "snapshot_blobs_missing", f"tree {target}: directory {path or '/'} gone"
                 )
             try:
-                now = decode_dir(stored[digest], path)
-                then = decode_dir(stored[before], path) if before is not None else ()
+                now = decode_target(stored[digest], path)
+                then = decode_previous(stored[before], path) if before is not None else ()
             except TreeInvalid as exc:
                 raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
             earlier = {entry.name: entry for entry in then}

@@ -178,3 +178,9 @@ def test_an_unchanged_directory_decodes_nothing() -> None:
         }
     )
     assert trees.differing_entries(known, known, "") == ({}, {})
+
+
+@given(found=entries())
+def test_a_known_valid_directory_decodes_to_the_same_entries(found: list[Entry]) -> None:
+    data = trees.encode_dir(found)
+    assert trees.decode_known_dir(data, "p") == trees.decode_dir(data, "p")
