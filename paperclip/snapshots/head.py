@@ -228,7 +228,15 @@ def publish_plan(
     if head == base:
         return plan("fast_forward", tree)
     if head is not None and (
-        by_directory := merge_trees(base, tree, head, load_many=directory_loader(company_id))
+        by_directory := merge_trees(
+            base,
+            tree,
+            head,
+            load_many=directory_loader(company_id),
+            known_valid=base is not None
+            and {base, tree, head}
+            <= known_valid_trees(company_id=company_id, trees=[base, tree, head]),
+        )
     ):
         _store(company_id, by_directory.blobs)
         _count_merged(company_id, by_directory.root, head)

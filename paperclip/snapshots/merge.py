@@ -175,6 +175,7 @@ def merge_trees(
     theirs: str,
     *,
     load_many: Callable[[list[str]], Mapping[str, bytes]],
+    known_valid: bool = False,
 ) -> TreeMerge | None:
     """`merge3` of three stored trees without reading them whole: a directory whose blob and
     mode one side kept from `base` is the other side's whole, unread, and only directories
@@ -184,7 +185,11 @@ def merge_trees(
     None when this cannot decide alone and the whole-tree merge must: a conflict (which
     `merge3` lists), a symlink added, removed or changed on either side (whether one stays
     inside the merged tree depends on all the others; with the symlinks all as in `base`,
-    `base`'s check holds), no base, or a directory missing or invalid on any side."""
+    `base`'s check holds), no base, or a directory missing or invalid on any side.
+
+    `known_valid`: the caller knows the three trees valid (`counts.known_valid_trees`), so
+    their directories are compared piece by piece and decoded without the checks they passed
+    when recorded."""
     if base is None:
         return None
     if ours in (base, theirs):
@@ -193,21 +198,40 @@ def merge_trees(
         return TreeMerge(root=ours, blobs={}, read=0)
     read = 0
     for side in (ours, theirs):
-        changes = walk_changes(side, base, load_many=load_many)
+        changes = walk_changes(side, base, load_many=load_many, head_known_valid=known_valid)
         if changes is None:
             return None
         read += changes.read
     try:
-        return _merge_directories(base, ours, theirs, load_many, read)
+        return _merge_directories(base, ours, theirs, _Reader(load_many, known_valid), read)
     except _Unclean:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    """How the merge reads directories: `load_many`, and whether the trees are known valid."""
+
+    load_many: Callable[[list[str]], Mapping[str, bytes]]
+    known_valid: bool
+
+    def children(
+        self, stored: Mapping[str, bytes], digest: str | None, path: str
+    ) -> dict[str, Entry]:
+        try:
+            entries = stored_dir(stored, digest, path, known_valid=self.known_valid)
+        except TreeInvalid as exc:
+            raise _Unclean from exc
+        if entries is None:
+            raise _Unclean  # a directory gone (a collected base): merge3 says what it means
+        return entries
 
 
 def _merge_directories(
     base: str,
     ours: str,
     theirs: str,
-    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    reader: _Reader,
     read: int,
 ) -> TreeMerge:
     # Top down, a level per load: the directories both sides changed, with their mode.
@@ -216,17 +240,17 @@ def _merge_directories(
     level: list[tuple[str, str | None, str, str, int]] = [("", base, ours, theirs, 0)]
     while level:
         wanted = sorted({d for _, b, o, t, _ in level for d in (b, o, t) if d is not None})
-        stored = load_many(wanted)
+        stored = reader.load_many(wanted)
         read += len(wanted)
         following: list[tuple[str, str | None, str, str, int]] = []
         for path, b, o, t, mode in level:
-            sides = [_children(stored, digest, path) for digest in (b, o, t)]
+            sides = [reader.children(stored, digest, path) for digest in (b, o, t)]
             names_here = sorted(set().union(*sides), key=lambda n: n.encode("utf-8"))
             expanded.append((path, mode, tuple(names_here)))
             for name in names_here:
                 where = f"{path}/{name}" if path else name
                 be, oe, te = (side.get(name) for side in sides)
-                descend = _merge_name(where, be, oe, te, load_many, decided)
+                descend = _merge_name(where, be, oe, te, reader, decided)
                 if descend is not None:
                     following.append(descend)
         level = following
@@ -256,7 +280,7 @@ def _merge_name(
     be: Entry | None,
     oe: Entry | None,
     te: Entry | None,
-    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    reader: _Reader,
     decided: dict[str, Entry | None],
 ) -> tuple[str, str | None, str, str, int] | None:
     """One name of a directory both sides changed (base, ours, theirs): decided (an entry
@@ -276,7 +300,7 @@ def _merge_name(
         here = oe.mode if ours_moved else te.mode
         below = be.digest if be is not None and be.type == "dir" else None
         return (where, below, oe.digest, te.digest, here)
-    elif _removed_over_removals(be, oe, te, load_many, path=where):
+    elif _removed_over_removals(be, oe, te, reader, path=where):
         decided[where] = None  # one side removed it, the other only removed inside
     else:
         raise _Unclean  # both changed it, differently: a conflict
@@ -287,7 +311,7 @@ def _removed_over_removals(
     base: Entry | None,
     ours: Entry | None,
     theirs: Entry | None,
-    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    reader: _Reader,
     *,
     path: str,
 ) -> bool:
@@ -299,13 +323,13 @@ def _removed_over_removals(
     kept = theirs if ours is None else ours if theirs is None else None
     if kept is None or kept.type != "dir" or kept.mode != base.mode:
         return False
-    return _only_removals(base.digest, kept.digest, load_many, path=path)
+    return _only_removals(base.digest, kept.digest, reader, path=path)
 
 
 def _only_removals(
     base: str | None,
     side: str | None,
-    load_many: Callable[[list[str]], Mapping[str, bytes]],
+    reader: _Reader,
     *,
     path: str,
 ) -> bool:
@@ -313,9 +337,9 @@ def _only_removals(
     changed, at any depth (a directory by blob and mode, as `_same_subtree` compares)."""
     if base == side:
         return True
-    stored = load_many([d for d in (base, side) if d is not None])
-    base_children = _children(stored, base, path)
-    for name, entry in _children(stored, side, path).items():
+    stored = reader.load_many([d for d in (base, side) if d is not None])
+    base_children = reader.children(stored, base, path)
+    for name, entry in reader.children(stored, side, path).items():
         before = base_children.get(name)
         if _same_subtree(entry, before):
             continue
@@ -323,16 +347,6 @@ def _only_removals(
             return False
         if entry.mode != before.mode:
             return False
-        if not _only_removals(before.digest, entry.digest, load_many, path=f"{path}/{name}"):
+        if not _only_removals(before.digest, entry.digest, reader, path=f"{path}/{name}"):
             return False
     return True
-
-
-def _children(stored: Mapping[str, bytes], digest: str | None, path: str) -> dict[str, Entry]:
-    try:
-        entries = stored_dir(stored, digest, path)
-    except TreeInvalid as exc:
-        raise _Unclean from exc
-    if entries is None:
-        raise _Unclean  # a directory gone (a collected base): merge3 says what it means
-    return entries

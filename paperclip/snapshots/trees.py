@@ -687,14 +687,19 @@ def _stored_pair(
 
 
 def stored_dir(
-    stored: Mapping[str, bytes], digest: str | None, path: str
+    stored: Mapping[str, bytes], digest: str | None, path: str, *, known_valid: bool = False
 ) -> dict[str, Entry] | None:
-    """The entries by name of the directory blob `digest` ({} for None; None: not stored)."""
+    """The entries by name of the directory blob `digest` ({} for None; None: not stored);
+    `known_valid`: of a tree known valid (`decode_known_dir`)."""
     if digest is None:
         return {}
     data = stored.get(digest)
     if data is None:
         return None
+    if known_valid:
+        if blob_name(data) != digest:
+            raise TreeInvalid(path, "digest_mismatch")
+        return {entry.name: entry for entry in decode_known_dir(data, path)}
     return {entry.name: entry for entry in decode_stored_dir(data, digest, path)}
 
 

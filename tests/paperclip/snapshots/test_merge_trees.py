@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -72,19 +73,24 @@ def _links(entries: Mapping[str, Entry]) -> dict[str, str]:
 
 
 @settings(max_examples=400)
-@given(LAYOUTS, EDITS, EDITS)
+@given(LAYOUTS, EDITS, EDITS, st.booleans())
 @example(  # each side's link stays inside; together they climb out
-    {}, {"c/l": ("symlink", "../a/..", 0)}, {"a": ("symlink", ".", 0)}
+    {},
+    {"c/l": ("symlink", "../a/..", 0)},
+    {"a": ("symlink", ".", 0)},
+    True,
 )
 @example(  # one side removed a directory, the other only removed inside it: clean
     {"a/a/a/x": ("file", b"x", 0o644), "a/b": ("file", b"y", 0o644)},
     {"a": None},
     {"a/a/a/x": None},
+    True,
 )
 def test_merging_by_directory_gives_the_whole_tree_merge_or_leaves_it_to_it(
     base_layout: dict[str, Leaf],
     ours_edits: dict[str, Leaf | None],
     theirs_edits: dict[str, Leaf | None],
+    known: bool,
 ) -> None:
     store: dict[str, bytes] = {}
     sides = []
@@ -106,7 +112,7 @@ def test_merging_by_directory_gives_the_whole_tree_merge_or_leaves_it_to_it(
     def load_many(names: list[str]) -> dict[str, bytes]:
         return {n: store[n] for n in names if n in store}
 
-    merged = merge_trees(base, ours, theirs, load_many=load_many)
+    merged = merge_trees(base, ours, theirs, load_many=load_many, known_valid=known)
     whole = merge3(base_entries, ours_entries, theirs_entries)
     clean = whole.entries is not None
     if clean:
@@ -129,7 +135,8 @@ def test_merging_by_directory_gives_the_whole_tree_merge_or_leaves_it_to_it(
         assert blob_name(data) == name
 
 
-def test_disjoint_changes_deep_in_a_large_tree_read_only_their_directories() -> None:
+@pytest.mark.parametrize("known", [False, True], ids=["decoded", "known-valid"])
+def test_disjoint_changes_deep_in_a_large_tree_read_only_their_directories(known: bool) -> None:
     layout: dict[str, Leaf] = {
         f"d{i}/e{j}/f{k}.txt": ("file", b"%d %d %d" % (i, j, k), 0o644)
         for i in range(20)
@@ -151,7 +158,7 @@ def test_disjoint_changes_deep_in_a_large_tree_read_only_their_directories() -> 
     def load_many(names: list[str]) -> dict[str, bytes]:
         return {n: store[n] for n in names if n in store}
 
-    merged = merge_trees(base, ours, theirs, load_many=load_many)
+    merged = merge_trees(base, ours, theirs, load_many=load_many, known_valid=known)
     assert merged is not None
     expected = _edited(
         layout, {"d3/e4/f1.txt": ("file", b"ours", 0o644), "d17/e2/new": ("file", b"t", 0o644)}
