@@ -391,6 +391,17 @@ PAPERCLIP_CAS_GRACE_SECONDS = env.int("PAPERCLIP_CAS_GRACE_SECONDS", default=864
 PAPERCLIP_WORKSPACE_HISTORY_DAYS = env.int("PAPERCLIP_WORKSPACE_HISTORY_DAYS", default=90)
 if PAPERCLIP_WORKSPACE_HISTORY_DAYS < 0:
     raise ImproperlyConfigured("PAPERCLIP_WORKSPACE_HISTORY_DAYS must be 0 or more")
+# Materializing a change of at least MIN_FILES files (the filesystem backend) writes its
+# top-level directories in this many processes (1: always in the worker's own;
+# docs/snapshots.md#materialization).
+PAPERCLIP_MATERIALIZE_PROCESSES = env.int(
+    "PAPERCLIP_MATERIALIZE_PROCESSES", default=min(os.cpu_count() or 1, 4)
+)
+PAPERCLIP_MATERIALIZE_PROCESSES_MIN_FILES = env.int(
+    "PAPERCLIP_MATERIALIZE_PROCESSES_MIN_FILES", default=4000
+)
+if PAPERCLIP_MATERIALIZE_PROCESSES < 1:
+    raise ImproperlyConfigured("PAPERCLIP_MATERIALIZE_PROCESSES must be 1 or more")
 
 # --- The worker (Procrastinate; docs/worker.md) ----------------------------------------------
 # Tasks live in each app's `tasks.py` (Procrastinate's autodiscovery). Intervals are in seconds

@@ -20,12 +20,13 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, BinaryIO, Final, Literal
 from uuid import UUID
 
 import psycopg
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
@@ -50,7 +51,9 @@ from paperclip.snapshots.counts import (
 from paperclip.snapshots.history import head_published_record_in_tx
 from paperclip.snapshots.materialize import MaterializeReport, materialize
 from paperclip.snapshots.merge import merge3, merge_trees
+from paperclip.snapshots.processes import Processes
 from paperclip.snapshots.store.ahead import ReadAhead
+from paperclip.snapshots.store.backends import blob_file
 from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
 from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import (
@@ -570,7 +573,26 @@ def _materialize_round(
         return io.BufferedReader(_ChunkStream(reader.chunks), 1 << 20)
 
     return materialize(
-        destination=cwd, target=target, previous=previous, open_blob=open_blob, check=check
+        destination=cwd,
+        target=target,
+        previous=previous,
+        open_blob=open_blob,
+        check=check,
+        split=_processes(company_id, known) if ahead is None else None,
+    )
+
+
+def _processes(company_id: UUID, known: Mapping[str, tuple[int, int]]) -> Processes | None:
+    """Child processes for a large change, where the blobs are plain files they can open."""
+    count = settings.PAPERCLIP_MATERIALIZE_PROCESSES
+    if count < 2 or settings.PAPERCLIP_CAS_BACKEND != "filesystem":
+        return None
+
+    def path(digest: str) -> str | None:
+        return blob_file(company_id, digest) if digest in known else None
+
+    return Processes(
+        count=count, blob_file=path, min_files=settings.PAPERCLIP_MATERIALIZE_PROCESSES_MIN_FILES
     )
 
 

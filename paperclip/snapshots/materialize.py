@@ -30,7 +30,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -40,7 +40,6 @@ from paperclip.snapshots.trees import (
     TreeInvalid,
     blob_name,
     check_symlinks,
-    encode_dir,
     name_problem,
 )
 
@@ -50,8 +49,8 @@ _TEMP_NAME = re.compile(r"\..*\.pcl-tmp-[0-9a-f]{16}", re.DOTALL)
 _TEMP_OVERHEAD: Final = len(".") + len(TEMP_MARK) + 16
 _NAME_MAX: Final = 255
 _EMPTY_BLOB: Final = blob_name(b"")
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -80,9 +79,14 @@ def materialize(
     check: Callable[[], None] = _nothing,
     check_every: float = 0.2,
     durable: bool = False,
+    split: Callable[[Materializer, str], set[str]] | None = None,
 ) -> MaterializeReport:
     """Make `destination` (created if missing; its own mode is left alone) hold exactly
     `target`, touching only entries whose type, mode or content differ.
+
+    `split(work, destination)`, when given, may write some top-level directories first (in
+    other processes: `paperclip.snapshots.processes`) and returns their names; the rest is
+    written here after, and what remains to remove is removed here last.
 
     `previous` is the tree the destination last held (None: unknown, compare with the disk).
     `open_blob(name)` returns a readable binary stream of a blob (closed here). `check()` is
@@ -98,11 +102,12 @@ def materialize(
     # below it is followed.
     root = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        # One file at a time: threads were measured slower (2 cores; creates and renames in
-        # one directory serialize on its lock in the kernel anyway).
-        work = _Materializer(children, previous, open_blob, check, check_every, durable)
+        # One file at a time per process: threads were measured slower (2 cores; the GIL, and
+        # creates and renames in one directory serialize on its lock in the kernel anyway).
+        work = Materializer(children, previous, open_blob, check, check_every, durable)
         work.check()
-        work.directory(root, "")
+        done = split(work, destination) if split is not None else set()
+        work.directory(root, "", skip=done)
         # Only once every new and changed entry is in place: a failure before this point
         # leaves every old entry where it was (never a cwd partly emptied).
         work.remove_extras(root, "")
@@ -153,7 +158,7 @@ def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
 def _open_dir(name: str, dir_fd: int) -> int:
     """A descriptor of the directory `name` (never through a symlink)."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except PermissionError:
         # Not running as root and the directory is not readable (an earlier tree gave it
         # mode 0o000, say): give its owner rwx through a handle that cannot follow a link.
@@ -165,7 +170,7 @@ def _open_dir(name: str, dir_fd: int) -> int:
             os.chmod(f"/proc/self/fd/{handle}", mode | 0o700)
         finally:
             os.close(handle)
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
 def temp_name(name: str) -> str:
@@ -213,7 +218,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class _Materializer:
+class Materializer:
     def __init__(
         self,
         children: dict[str, dict[str, Entry]],
@@ -248,6 +253,20 @@ class _Materializer:
             temporaries=self.temporaries,
         )
 
+    def add(self, done: tuple[MaterializeReport, set[str], set[str]]) -> None:
+        """Count what a child process wrote, and note what it found to remove."""
+        report, extras, on_the_way = done
+        self.written += report.written
+        self.bytes_written += report.bytes_written
+        self.symlinks += report.symlinks
+        self.directories += report.directories
+        self.modes += report.modes
+        self.removed += report.removed
+        self.unchanged += report.unchanged
+        self.temporaries += report.temporaries
+        self.extras |= extras
+        self.on_the_way |= on_the_way
+
     def check(self) -> None:
         self.last_check = time.monotonic()
         self._check()
@@ -256,9 +275,10 @@ class _Materializer:
         if time.monotonic() - self.last_check >= self.check_every:
             self.check()
 
-    def directory(self, fd: int, path: str) -> None:
-        """Write the target entries of the open directory `fd` (at `path`) that differ; note
-        it for `remove_extras` when it also holds entries the target has not."""
+    def directory(self, fd: int, path: str, skip: Collection[str] = ()) -> None:
+        """Write the target entries of the open directory `fd` (at `path`) that differ (but
+        the names in `skip`, written already); note it for `remove_extras` when it also holds
+        entries the target has not."""
         wanted = self.children.get(path, {})
         changed = False
         if any(name not in wanted for name in os.listdir(fd)):
@@ -268,6 +288,8 @@ class _Materializer:
                 up = up.rpartition("/")[0]
                 self.on_the_way.add(up)
         for name in sorted(wanted):
+            if name in skip:
+                continue
             entry, where = wanted[name], _join(path, name)
             found = _lstat(name, fd)
             if entry.type == "dir":
@@ -428,7 +450,7 @@ class _Materializer:
 
     def hash_file(self, fd: int, name: str, found: os.stat_result) -> str | None:
         try:
-            source = os.open(name, _READ_FLAGS, dir_fd=fd)
+            source = os.open(name, READ_FLAGS, dir_fd=fd)
         except OSError:
             return None  # not readable (or gone): it is rewritten
         try:
@@ -445,7 +467,7 @@ class _Materializer:
 
     def chmod_file(self, fd: int, name: str, found: os.stat_result, mode: int) -> bool:
         try:
-            handle = os.open(name, _READ_FLAGS, dir_fd=fd)
+            handle = os.open(name, READ_FLAGS, dir_fd=fd)
         except OSError:
             return False  # not readable: it is rewritten instead
         try:
@@ -499,76 +521,3 @@ class _Materializer:
         os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
         self.symlinks += 1
         return True
-
-
-def read_tree(root: str, *, max_blob_bytes: int | None = None) -> dict[str, Entry]:
-    """The entries of the directory `root` by path, as `Walk.entries` has them for the same
-    tree (directory digests included; a file larger than `max_blob_bytes`, when given, in
-    chunks of that size). Symlinks are read, never followed. Raises TreeInvalid for anything
-    a tree cannot hold (a FIFO, a socket, a device, a name that is not UTF-8)."""
-    entries: dict[str, Entry] = {}
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _read_dir(fd, "", entries, max_blob_bytes)
-    finally:
-        os.close(fd)
-    return entries
-
-
-def _read_dir(
-    fd: int, path: str, entries: dict[str, Entry], max_blob_bytes: int | None
-) -> list[Entry]:
-    own: list[Entry] = []
-    for name in sorted(os.listdir(fd)):
-        where = _join(path, name)
-        if name_problem(name):
-            raise TreeInvalid(where, "bad_name")
-        found = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        mode = stat.S_IMODE(found.st_mode)
-        if stat.S_ISDIR(found.st_mode):
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            try:
-                inner = _read_dir(child, where, entries, max_blob_bytes)
-            finally:
-                os.close(child)
-            entry = Entry(name=name, type="dir", mode=mode, digest=blob_name(encode_dir(inner)))
-        elif stat.S_ISREG(found.st_mode):
-            pieces = _hash_pieces(name, fd, max_blob_bytes)
-            entry = Entry(
-                name=name,
-                type="file",
-                mode=mode,
-                size=found.st_size,
-                digest=pieces[0] if len(pieces) == 1 else None,
-                chunks=tuple(pieces) if len(pieces) > 1 else None,
-            )
-        elif stat.S_ISLNK(found.st_mode):
-            entry = Entry(name=name, type="symlink", target=os.readlink(name, dir_fd=fd))
-        else:
-            raise TreeInvalid(where, "unsupported_type")
-        entries[where] = entry
-        own.append(entry)
-    return own
-
-
-def _hash_pieces(name: str, dir_fd: int, piece: int | None) -> list[str]:
-    """The blob names of a file's content: one, or pieces of `piece` bytes when larger."""
-    source = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    pieces: list[str] = []
-    try:
-        digest, filled = hashlib.sha256(), 0
-        while data := os.read(source, CHUNK_BYTES if piece is None else min(CHUNK_BYTES, piece)):
-            view = memoryview(data)
-            while view:
-                take = len(view) if piece is None else min(len(view), piece - filled)
-                digest.update(view[:take])
-                filled += take
-                view = view[take:]
-                if piece is not None and filled == piece:
-                    pieces.append("sha256:" + digest.hexdigest())
-                    digest, filled = hashlib.sha256(), 0
-    finally:
-        os.close(source)
-    if filled or not pieces:
-        pieces.append("sha256:" + digest.hexdigest())
-    return pieces

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paperclip.snapshots.materialize import read_tree
+from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.trees import build
 from tests.clients.conftest import World
 from tests.clients.test_cli_live import Cli, materialized

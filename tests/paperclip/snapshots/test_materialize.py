@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.materialize import (
     MaterializeReport,
     is_temp_name,
     materialize,
-    read_tree,
     temp_name,
 )
 from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name, build, walk

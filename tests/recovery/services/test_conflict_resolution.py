@@ -12,8 +12,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, NativeRunFinalization
+from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.head import workspace_materialize
-from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.resolutions import resolution_plan
 from paperclip.snapshots.trees import build
 from recovery.models import IssueRecoveryAction

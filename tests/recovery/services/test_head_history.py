@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from paperclip.models import ExecutionWorkspace
-from paperclip.snapshots.materialize import read_tree
+from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.models import WorkspaceHeadMove
 from paperclip.snapshots.trees import build
 from tests.helpers import run_jobs

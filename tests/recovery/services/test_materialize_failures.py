@@ -20,8 +20,8 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 from paperclip.db.clock import db_now
 from paperclip.models import ActivityEvent, ExecutionWorkspace
 from paperclip.snapshots.behind import MATERIALIZE_TASK
+from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.head import materializations_reconcile, workspace_materialize
-from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.store.backends import blob_path
 from paperclip.snapshots.trees import blob_name
 from tests.paperclip.factories import AgentFactory, CompanyFactory, ExecutionWorkspaceFactory

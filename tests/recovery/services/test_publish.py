@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 
 from paperclip.models import ActivityEvent, ExecutionWorkspace, NativeRunFinalization
 from paperclip.snapshots.adopt import CwdUnadoptable, workspace_cwd_adopt
+from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.head import workspace_materialize
-from paperclip.snapshots.materialize import read_tree
 from paperclip.snapshots.store.reads import cas_load
 from paperclip.snapshots.trees import build, walk
 from recovery.models import IssueRecoveryAction

@@ -1,0 +1,194 @@
+"""Materializing a large change in child processes (paperclip/snapshots/processes.py): the same
+tree as one process writes, the children's work counted, a child that fails or is killed
+leaves the caller to finish exactly the tree, and a caller whose check fails (its lock lost)
+leaves no child writing behind it. Real spawned processes, real files."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from paperclip.snapshots.disk_tree import read_tree
+from paperclip.snapshots.materialize import Materializer, MaterializeReport, materialize
+from paperclip.snapshots.processes import Processes
+from paperclip.snapshots.trees import Entry
+from tests.paperclip.snapshots.test_materialize import Store, make_tree
+
+
+class FileStore(Store):
+    """`Store` whose blobs are also plain files, as the filesystem backend's are."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+        root.mkdir()
+
+    def file(self, name: str) -> str | None:
+        path = self.root / name.removeprefix("sha256:")
+        if not path.exists():
+            path.write_bytes(self.blobs[name])
+        return str(path)
+
+
+def layout(tops: int = 6, per: int = 5, tag: bytes = b"") -> dict[str, bytes]:
+    return {
+        f"top{t}/sub{s}/f{f}": b"%d %d %d %s" % (t, s, f, tag)
+        for t in range(tops)
+        for s in range(2)
+        for f in range(per)
+    }
+
+
+def materialized(
+    destination: Path,
+    target: dict[str, Entry],
+    previous: dict[str, Entry] | None,
+    store: FileStore,
+    *,
+    blob_file: Callable[[str], str | None] | None = None,
+    check: Callable[[], None] = lambda: None,
+) -> tuple[MaterializeReport, list[set[str]]]:
+    split = Processes(count=2, blob_file=blob_file or store.file, min_files=1)
+    delegated: list[set[str]] = []
+
+    def spy(work: Materializer, where: str) -> set[str]:
+        delegated.append(split(work, where))
+        return delegated[-1]
+
+    report = materialize(
+        destination=str(destination),
+        target=target,
+        previous=previous,
+        open_blob=store.open,
+        check=check,
+        check_every=0.01,
+        split=spy,
+    )
+    return report, delegated
+
+
+def test_children_write_the_tree_one_process_would(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    spec = layout() | {"top-file": b"at the root", "link": ("link", "top0/sub0/f0")}
+    target = make_tree(spec, store)
+    report, delegated = materialized(tmp_path / "dest", target, None, store)
+    assert delegated == [{f"top{t}" for t in range(6)}]  # every top-level directory, in children
+    assert read_tree(str(tmp_path / "dest")) == target
+    assert report.written == 61  # the children's 60 files counted with the caller's one
+    assert report.directories == 18
+    assert not store.opened or store.opened == [target["top-file"].digest]
+
+
+def test_a_later_change_with_removals_in_children(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    before = make_tree(layout() | {"top0/gone": b"x", "top9/only/here": b"y"}, store)
+    materialized(tmp_path / "dest", before, None, store)
+    (tmp_path / "dest" / "top1" / "stray").write_bytes(b"not in any tree")
+    after = make_tree(layout(tag=b"v2") | {"top2/new/deep": b"z"}, store)
+    report, delegated = materialized(tmp_path / "dest", after, before, store)
+    assert delegated == [{f"top{t}" for t in range(6)}]
+    assert read_tree(str(tmp_path / "dest")) == after
+    assert report.written == 61
+    assert report.removed >= 4  # top0/gone, top1/stray, top9 and what it held
+
+
+def test_a_child_that_fails_leaves_the_caller_to_write_everything(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStore(tmp_path / "store")
+    target = make_tree(layout(), store)
+    lost = target["top3/sub1/f2"].digest
+
+    def blob_file(name: str) -> str | None:
+        path = store.file(name)
+        return str(tmp_path / "nowhere") if name == lost else path
+
+    with caplog.at_level(logging.WARNING, logger="paperclip.snapshots.processes"):
+        report, delegated = materialized(
+            tmp_path / "dest", target, None, store, blob_file=blob_file
+        )
+    assert delegated == [set()]
+    assert "FileNotFoundError" in caplog.text
+    assert read_tree(str(tmp_path / "dest")) == target
+    assert report.written >= 1
+
+
+def test_a_child_killed_part_way_leaves_the_caller_to_finish(tmp_path: Path) -> None:
+    """One blob is a FIFO no one writes: the child that opens it blocks until killed."""
+    store = FileStore(tmp_path / "store")
+    target = make_tree(layout(), store)
+    stuck = target["top0/sub0/f0"].digest
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    killed: list[int] = []
+
+    def kill_the_stuck_child() -> None:
+        """The other child writes its 30 small files in well under 2 s; the stuck one blocks
+        until it is killed."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            time.sleep(2)
+            for child in multiprocessing.active_children():
+                if child.pid:
+                    os.kill(child.pid, signal.SIGKILL)
+                    killed.append(child.pid)
+
+    killer = threading.Thread(target=kill_the_stuck_child)
+    killer.start()
+    try:
+        _, delegated = materialized(
+            tmp_path / "dest",
+            target,
+            None,
+            store,
+            blob_file=lambda name: str(fifo) if name == stuck else store.file(name),
+        )
+    finally:
+        killer.join()
+    assert killed
+    assert delegated == [set()]
+    assert read_tree(str(tmp_path / "dest")) == target
+
+
+def test_a_failed_check_kills_the_children_before_it_propagates(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    target = make_tree(layout(tops=8, per=200), store)
+    calls: list[float] = []
+
+    class LockLost(Exception):
+        pass
+
+    def check() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:  # before the first change, then between the children's work
+            raise LockLost
+
+    with pytest.raises(LockLost):
+        materialized(tmp_path / "dest", target, None, store, check=check)
+    assert multiprocessing.active_children() == []
+    written = sorted(p for p in (tmp_path / "dest").rglob("*"))
+    time.sleep(0.3)
+    assert sorted(p for p in (tmp_path / "dest").rglob("*")) == written  # nothing writes on
+
+
+def test_a_small_change_stays_in_one_process(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    target = make_tree(layout(), store)
+    split = Processes(count=2, blob_file=store.file, min_files=1000)
+    materialize(
+        destination=str(tmp_path / "dest"),
+        target=target,
+        previous=None,
+        open_blob=store.open,
+        split=split,
+    )
+    assert len(store.opened) == 60  # every blob read here, none by a child
+    assert read_tree(str(tmp_path / "dest")) == target
