@@ -68,12 +68,21 @@ def _write_in_processes(work: Materializer, destination: str, processes: Process
     running: list[tuple[Any, Connection]] = []
     answers: dict[int, tuple[str, Any]] = {}
     try:
-        for share in shares:
+        inboxes = []
+        for _ in shares:
+            # The share goes through a pipe of its own once every child is started: passed as
+            # an argument it would be written while `start()` waits, one child after the other.
+            inbox, post = context.Pipe(duplex=False)
             receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_child_main, args=(share, send), daemon=True)
+            child = context.Process(target=_child_main, args=(inbox, send), daemon=True)
             child.start()
             send.close()
+            inbox.close()
             running.append((child, receive))
+            inboxes.append(post)
+        for post, share in zip(inboxes, shares, strict=True):
+            with post:
+                post.send(_packed(share))
         waiting = {receive: index for index, (_, receive) in enumerate(running)}
         while waiting:
             for ready in multiprocessing.connection.wait(list(waiting), work.check_every):
@@ -181,10 +190,57 @@ def _join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
-def _child_main(share: _Share, send: Any) -> None:
-    """A child: write its share and answer ("ok", counts and notes) or ("error", why)."""
+type _Row = tuple[str, str, int, int, str | None, tuple[str, ...] | None, str]
+
+
+def _row(entry: Entry) -> _Row:
+    """An entry as the plain tuple sent to a child (a fifth of pickling the dataclass)."""
+    return (
+        entry.name,
+        entry.type,
+        entry.mode,
+        entry.size,
+        entry.digest,
+        entry.chunks,
+        entry.target,
+    )
+
+
+def _packed(share: _Share) -> tuple[Any, ...]:
+    children = {path: [_row(e) for e in found.values()] for path, found in share.children.items()}
+    previous = None
+    if share.previous is not None:
+        previous = {path: _row(e) for path, e in share.previous.items()}
+    return (
+        share.destination,
+        share.names,
+        children,
+        previous,
+        share.files,
+        share.durable,
+        share.parent,
+    )
+
+
+def _unpacked(packed: tuple[Any, ...]) -> _Share:
+    destination, names, children, previous, files, durable, parent = packed
+    return _Share(
+        destination=destination,
+        names=names,
+        children={path: {r[0]: Entry(*r) for r in rows} for path, rows in children.items()},
+        previous=None if previous is None else {p: Entry(*r) for p, r in previous.items()},
+        files=files,
+        durable=durable,
+        parent=parent,
+    )
+
+
+def _child_main(inbox: Connection, send: Connection) -> None:
+    """A child: read its share, write it, answer ("ok", counts and notes) or ("error", why)."""
     _die_with_parent()
     try:
+        with inbox:
+            share = _unpacked(inbox.recv())
         answer: tuple[str, Any] = ("ok", _write_share(share))
     except BaseException as exc:  # every failure is answered, never raised
         answer = ("error", f"{type(exc).__name__}: {exc}")
