@@ -122,9 +122,9 @@ def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
     a directory blob is gone or the tree breaks a rule."""
     if tree is None:
         return {}
-
+    known = tree in known_valid_trees(company_id=company_id, trees=[tree])
     try:
-        walked = walk(tree, load_many=directory_loader(company_id))
+        walked = walk(tree, load_many=directory_loader(company_id), known_valid=known)
     except TreeInvalid as exc:
         raise PublishError("snapshot_tree_invalid", f"tree {tree}: {exc}") from exc
     if walked.missing:

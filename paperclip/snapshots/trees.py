@@ -208,12 +208,15 @@ def decode_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
     return entries if entries is not None else _decode_strict(data, path)
 
 
-def decode_stored_dir(data: bytes, digest: str, path: str = "") -> tuple[Entry, ...]:
+def decode_stored_dir(
+    data: bytes, digest: str, path: str = "", *, known_valid: bool = False
+) -> tuple[Entry, ...]:
     """The entries of the directory blob `digest`, read as `data`: TreeInvalid(path,
-    "digest_mismatch") when those are not its bytes, else as `decode_dir`."""
+    "digest_mismatch") when those are not its bytes, else as `decode_dir` (`decode_known_dir`
+    for a blob of a tree known valid)."""
     if blob_name(data) != digest:
         raise TreeInvalid(path, "digest_mismatch")
-    return decode_dir(data, path)
+    return decode_known_dir(data, path) if known_valid else decode_dir(data, path)
 
 
 _DIR_HEAD: Final = b'{"entries":['
@@ -453,6 +456,7 @@ def walk(
     contents: Callable[[Iterable[str]], Iterable[str]] | None = None,
     load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
     keep_files: bool = True,
+    known_valid: bool = False,
 ) -> Walk:
     """Read the tree `root`, validating every directory, the depth (at most 256 directories),
     cycles and symlinks (a target must stay inside the tree, also through the tree's other
@@ -461,7 +465,10 @@ def walk(
     stored) one by one. `contents(names)`, when given, answers which file blobs are missing;
     else none are looked up. `keep_files=False` leaves files out of `entries` (directories
     and symlinks stay: the symlink check needs them), for callers that need only the counts
-    and the blobs of a large tree. Raises TreeInvalid."""
+    and the blobs of a large tree. `known_valid` (the caller knows the tree valid:
+    `counts.known_valid_trees`) decodes each directory without the checks it passed when the
+    tree was recorded (`decode_known_dir`; the depth, cycle and symlink checks still run).
+    Raises TreeInvalid."""
     if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
         raise TreeInvalid("", "bad_digest")
     result = Walk(root=root)
@@ -481,7 +488,7 @@ def walk(
             if data is None:
                 result.missing.append(digest)
                 continue
-            entries = decode_stored_dir(data, digest, path)
+            entries = decode_stored_dir(data, digest, path, known_valid=known_valid)
             result.directories.setdefault(digest, path)
             for entry in entries:
                 where = _join(path, entry.name)
@@ -696,11 +703,10 @@ def stored_dir(
     data = stored.get(digest)
     if data is None:
         return None
-    if known_valid:
-        if blob_name(data) != digest:
-            raise TreeInvalid(path, "digest_mismatch")
-        return {entry.name: entry for entry in decode_known_dir(data, path)}
-    return {entry.name: entry for entry in decode_stored_dir(data, digest, path)}
+    return {
+        entry.name: entry
+        for entry in decode_stored_dir(data, digest, path, known_valid=known_valid)
+    }
 
 
 def check_symlinks(entries: Mapping[str, Entry]) -> None:

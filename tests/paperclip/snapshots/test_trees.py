@@ -253,6 +253,13 @@ def test_build_then_walk_gives_the_same_entries(entries: dict[str, Entry]) -> No
     for data in blobs.values():
         assert trees.encode_dir(trees.decode_dir(data)) == data
     assert json.loads(blobs[root])["schema"] == "paperclip.dir.v1"
+    # A tree known valid walks to the same entries without re-checking each directory.
+    known = trees.walk(root, blobs.get, known_valid=True)
+    assert (known.entries, known.files, known.directories) == (
+        walked.entries,
+        walked.files,
+        walked.directories,
+    )
 
 
 @settings(max_examples=40)
