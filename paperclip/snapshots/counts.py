@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from paperclip.models import RunSnapshot, TreeCounts
-from paperclip.snapshots.trees import Changes, Entry, walk_changes
+from paperclip.snapshots.changes import Changes, walk_changes
+from paperclip.snapshots.trees import Entry
 
 
 @dataclass(frozen=True, slots=True)

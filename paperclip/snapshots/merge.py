@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from paperclip.snapshots.changes import walk_changes
 from paperclip.snapshots.trees import (
     Entry,
     TreeInvalid,
     blob_name,
     encode_dir,
     stored_dir,
-    walk_changes,
 )
 
 MAX_CONFLICTS = 100

@@ -5,7 +5,7 @@ steps here.
 
 The tree is read and validated outside the transaction (it may be large). When the workspace's
 head is a tree registered with its counts, only the directories where the two differ are read
-(`trees.walk_changes`) and only the blobs the head does not reach are pinned: the head's are
+(`changes.walk_changes`) and only the blobs the head does not reach are pinned: the head's are
 whole and stay so (docs/snapshots.md#registering-against-the-head), which the transaction
 re-checks under the company's roots lock, held shared until the commit, so no collection reads
 its roots between this check and the snapshot's existence. Otherwise the whole tree is walked

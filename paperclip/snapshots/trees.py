@@ -147,7 +147,8 @@ _KEYS: Final[Mapping[str, tuple[frozenset[str], ...]]] = {
 }
 
 
-def _entry(raw: object, path: str) -> Entry:
+def checked_entry(raw: object, path: str) -> Entry:
+    """One entry of a directory blob, parsed, checked strictly (TreeInvalid naming why)."""
     if not isinstance(raw, dict):
         raise TreeInvalid(path, "bad_entry")
     problem = name_problem(raw.get("name"))
@@ -268,82 +269,6 @@ def decode_known_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
     return tuple(known_entries(pieces, path))
 
 
-def differing_entries(
-    data: bytes, known: bytes, path: str
-) -> tuple[dict[str, Entry], dict[str, Entry]]:
-    """The entries that differ between the directory blob `data` and `known`, a directory
-    blob of a tree known valid, each side's by name: an entry both hold byte for byte is in
-    neither and is not decoded. `data` is validated as `decode_dir` validates it, at the cost
-    of what differs: its pieces that `known` holds are valid entries already (the same bytes),
-    the others are decoded and checked one by one, each must be its own canonical encoding,
-    and the names must increase (for two pieces that `known` holds, their order in `known`
-    proves it). Raises TreeInvalid with `decode_dir`'s reason when `data` is not a valid
-    directory, and when `known` does not split as one."""
-    theirs = entry_pieces(known)
-    if theirs is None:
-        raise TreeInvalid(path, "not_canonical")
-    mine = entry_pieces(data)
-    own = None if mine is None else _checked_pieces(mine, theirs, path)
-    if mine is None or own is None:
-        decode_dir(data, path)  # names the reason (a valid directory always passes above)
-        raise TreeInvalid(path, "not_canonical")
-    shared = set(mine).intersection(theirs)
-    old = known_entries([piece for piece in theirs if piece not in shared], path)
-    return own, {entry.name: entry for entry in old}
-
-
-def _checked_pieces(pieces: list[bytes], known: list[bytes], path: str) -> dict[str, Entry] | None:
-    """The entries of `pieces` that `known` (the pieces of a valid directory) has not, by
-    name, each validated; None when the pieces are not those of a valid directory."""
-    order = {piece: index for index, piece in enumerate(known)}
-    found: dict[str, Entry] = {}
-    # The previous piece: its index in `known` (None: checked here), the piece, its name's
-    # bytes when known
-    previous: tuple[int | None, bytes, bytes | None] | None = None
-    for piece in pieces:
-        index = order.get(piece)
-        key = None
-        if index is None:
-            text = b'{"' + piece + b"}"
-            try:
-                raw = json.loads(text)
-                entry = _entry(raw, path)
-                if canonical_json(raw) != text:
-                    return None
-            except (ValueError, TypeError, TreeInvalid):
-                return None
-            found[entry.name] = entry
-            key = entry.name.encode("utf-8")
-        if previous is not None:
-            before, earlier, earlier_key = previous
-            if index is not None and before is not None:
-                if before >= index:
-                    return None  # `known` is strictly sorted, so these two are when in order
-            elif (earlier_key or _piece_key(earlier, path)) >= (key or _piece_key(piece, path)):
-                return None
-        previous = (index, piece, key)
-    return found
-
-
-_NAME_FIRST: Final = b'name":"'
-_NAME_AFTER: Final = b',"name":"'
-
-
-def _piece_key(piece: bytes, path: str) -> bytes:
-    """The UTF-8 bytes of the name of a piece that is a valid entry (checked or known)."""
-    if piece.startswith(_NAME_FIRST):
-        start = len(_NAME_FIRST)
-    else:
-        found = piece.find(_NAME_AFTER)
-        start = found + len(_NAME_AFTER) if found >= 0 else -1
-    raw = piece[start : piece.find(b'"', start)] if start >= 0 else b"\\"
-    if b"\\" in raw:
-        # An escaped character (a quote, a backslash, a control character) in the name, or
-        # no name where one was expected: decode the piece.
-        return known_entries([piece], path)[0].name.encode("utf-8")
-    return raw  # canonical JSON writes a name without escapes as its UTF-8 bytes
-
-
 def _known_entry(raw: Any, path: str) -> Entry:
     # Only the shape (what building the entry needs): a wrong one is refused, not guessed.
     kind = raw.get("type") if isinstance(raw, dict) else None
@@ -378,7 +303,7 @@ def _decode_canonical(data: bytes, path: str) -> tuple[Entry, ...] | None:
             or canonical_json(value) != data
         ):
             return None
-        entries = tuple(_entry(raw, path) for raw in value["entries"])
+        entries = tuple(checked_entry(raw, path) for raw in value["entries"])
     except (UnicodeDecodeError, ValueError, TypeError, TreeInvalid):
         return None
     previous = b""
@@ -401,7 +326,7 @@ def _decode_strict(data: bytes, path: str) -> tuple[Entry, ...]:
         raise TreeInvalid(path, "unknown_schema")
     if not isinstance(value["entries"], list):
         raise TreeInvalid(path, "not_a_directory")
-    entries = tuple(_entry(raw, path) for raw in value["entries"])
+    entries = tuple(checked_entry(raw, path) for raw in value["entries"])
     seen: set[str] = set()
     for entry in entries:
         if entry.name in seen:
@@ -534,163 +459,6 @@ def _walk_record(result: Walk, where: str, entry: Entry, *, keep_files: bool) ->
     result.contents.update(entry.blobs())
     if not claim_size(result.sizes, result.chunked, where, entry):
         raise TreeInvalid(where, "size_mismatch", "its blob is named with two sizes")
-
-
-@dataclass(slots=True)
-class Changes:
-    """How `root` differs from `head`, read only where the two differ: `new` holds the blobs
-    `root` reaches in the parts that differ and `head` does not reach there (directory blobs,
-    file contents and chunks); `files`, `bytes` and `entries` are what `root` has more than
-    `head` (negative: fewer); `read` counts the directory blobs read, both sides. When the
-    two directories at a path were compared piece by piece, an entry both hold alike is not
-    read: a blob only it reaches there may then be in `new` though `head` has it (pinned once
-    more, which is harmless)."""
-
-    root: str
-    head: str
-    new: set[str] = field(default_factory=set)
-    # The sizes the files `root` has in the parts that differ give their blobs (as `Walk`'s).
-    sizes: dict[str, int] = field(default_factory=dict)
-    chunked: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
-    files: int = 0
-    bytes: int = 0
-    entries: int = 0
-    read: int = 0
-
-
-def walk_changes(
-    root: str,
-    head: str,
-    *,
-    load_many: Callable[[list[str]], Mapping[str, bytes]],
-    head_known_valid: bool = False,
-) -> Changes | None:
-    """Compare the tree `root` with `head`, a tree known to be valid and whole, path by path,
-    a level per `load_many` call: a subdirectory with the same blob at the same path in both
-    is not entered (it is the same subtree at the same depth, already valid), so a change of
-    a few files reads a few directories on each side whatever the tree's size. The
-    directories read on `root`'s side are validated as `walk` validates them. With
-    `head_known_valid` (the caller knows `head` valid and whole: `counts.known_valid_trees`),
-    the two directories at one path are compared piece by piece (`differing_entries`) and only
-    the entries that differ are decoded; else both are decoded whole.
-
-    None when this cannot vouch for `root`: a directory either side lacks or one that is
-    invalid, a cycle, the depth limit, or a symlink added, removed or changed (whether a
-    symlink stays inside the tree depends on every other symlink, and only when the two
-    trees' symlinks are the same is `head`'s check `root`'s). The caller then walks the
-    whole tree, which finds the exact reason or a tree that is fine after all."""
-    if not (BLOB_NAME.fullmatch(root) and BLOB_NAME.fullmatch(head)):
-        return None
-    changes = Changes(root=root, head=head)
-    if root == head:
-        return changes
-    ours, theirs = {root}, {head}
-    links: tuple[dict[str, str], dict[str, str]] = ({}, {})
-    # (path, our directory blob, theirs at the same path, our chain of directory blobs)
-    level: list[tuple[str, str | None, str | None, tuple[str, ...]]] = [("", root, head, ())]
-    depth = 0
-    while level:
-        if depth > MAX_DEPTH:
-            return None
-        names = sorted({d for _, mine, other, _ in level for d in (mine, other) if d})
-        stored = load_many(names)
-        changes.read += len(names)
-        following: list[tuple[str, str | None, str | None, tuple[str, ...]]] = []
-        for path, mine, other, chain in level:
-            try:
-                if head_known_valid and mine is not None and other is not None:
-                    own, old = _stored_pair(stored, mine, other, path)
-                else:
-                    own = stored_dir(stored, mine, path)
-                    old = stored_dir(stored, other, path)
-            except TreeInvalid:
-                return None
-            if own is None or old is None or (mine is not None and mine in chain):
-                return None
-            chain = (*chain, mine) if mine is not None else chain
-            for sign, entries, against, reached, found in (
-                (1, own, old, ours, links[0]),
-                (-1, old, own, theirs, links[1]),
-            ):
-                side = _Side(sign, reached, found)
-                if not _compare_level(changes, side, path, chain, entries, against, following):
-                    return None  # the whole walk names the file
-        level = following
-        depth += 1
-    if links[0] != links[1]:
-        return None
-    changes.new = ours - theirs
-    return changes
-
-
-@dataclass(frozen=True, slots=True)
-class _Side:
-    """One side of `walk_changes`: +1 for `root`'s entries, -1 for `head`'s; the blobs it
-    reaches in the parts that differ; its symlinks there (path -> target)."""
-
-    sign: int
-    reached: set[str]
-    links: dict[str, str]
-
-
-def _compare_level(
-    changes: Changes,
-    side: _Side,
-    path: str,
-    chain: tuple[str, ...],
-    entries: dict[str, Entry],
-    against: dict[str, Entry],
-    following: list[tuple[str, str | None, str | None, tuple[str, ...]]],
-) -> bool:
-    """Count one side's entries of the directory at `path` that differ from the other side's
-    (`against`) into `changes`, and queue the subdirectories to compare next. False when a
-    file's blob is named with two sizes (the caller cannot vouch for the tree)."""
-    sign = side.sign
-    for entry in entries.values():
-        twin = against.get(entry.name)
-        if _same_dir(entry, twin):
-            continue  # the same subtree at the same path: not entered
-        where = _join(path, entry.name)
-        changes.entries += sign
-        if entry.type == "dir":
-            assert entry.digest is not None  # noqa: S101 - decode_dir checked it
-            side.reached.add(entry.digest)
-            beside = twin.digest if twin is not None and twin.type == "dir" else None
-            if sign > 0:
-                following.append((where, entry.digest, beside, chain))
-            elif beside is None:  # a directory we no longer have: count it out
-                following.append((where, None, entry.digest, chain))
-        elif entry.type == "file":
-            changes.files += sign
-            changes.bytes += sign * entry.size
-            side.reached.update(entry.blobs())
-            if sign > 0 and not claim_size(changes.sizes, changes.chunked, where, entry):
-                return False
-        else:
-            side.links[where] = entry.target
-    return True
-
-
-def _same_dir(entry: Entry, twin: Entry | None) -> bool:
-    return (
-        entry.type == "dir"
-        and twin is not None
-        and twin.type == "dir"
-        and twin.digest == entry.digest
-    )
-
-
-def _stored_pair(
-    stored: Mapping[str, bytes], mine: str, known: str, path: str
-) -> tuple[dict[str, Entry] | None, dict[str, Entry] | None]:
-    """`differing_entries` of the directory blobs `mine` and `known` (valid) as `stored`
-    holds them (None for one that is not stored). Raises TreeInvalid as `decode_stored_dir`."""
-    data, theirs = stored.get(mine), stored.get(known)
-    if data is None or theirs is None:
-        return (None if data is None else {}), (None if theirs is None else {})
-    if blob_name(data) != mine or blob_name(theirs) != known:
-        raise TreeInvalid(path, "digest_mismatch")
-    return differing_entries(data, theirs, path)
 
 
 def stored_dir(

@@ -1,4 +1,4 @@
-"""`trees.differing_entries`: a directory blob compared piece by piece with one known valid
+"""`changes.differing_entries`: a directory blob compared piece by piece with one known valid
 decides exactly what `decode_dir` decides, for any bytes: the same reason when it refuses, and
 when it accepts, the entries that differ on each side (the ones the two hold byte for byte left
 out). Registration against the head relies on it to validate an agent's directories
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paperclip.snapshots import trees
+from paperclip.snapshots import changes, trees
 from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name, canonical_json
 
 # Names that sort differently escaped and raw, that look like the framing, or like a key.
@@ -112,10 +112,10 @@ def test_the_piece_by_piece_check_decides_as_decode_dir(pair: tuple[bytes, bytes
         refused = exc
     if refused is not None:
         with pytest.raises(TreeInvalid) as caught:
-            trees.differing_entries(data, known, "p")
+            changes.differing_entries(data, known, "p")
         assert (caught.value.path, caught.value.reason) == (refused.path, refused.reason)
         return
-    own, old = trees.differing_entries(data, known, "p")
+    own, old = changes.differing_entries(data, known, "p")
     ours, theirs = trees.entry_pieces(data), trees.entry_pieces(known)
     assert ours is not None
     assert theirs is not None
@@ -161,10 +161,10 @@ def test_entries_out_of_order_are_refused(known_names: list[str], names: list[st
         with pytest.raises(TreeInvalid) as refused:
             trees.decode_dir(data)
         with pytest.raises(TreeInvalid) as caught:
-            trees.differing_entries(data, known, "")
+            changes.differing_entries(data, known, "")
         assert caught.value.reason == refused.value.reason
     else:  # in order: accepted, the new entries only
-        own, _ = trees.differing_entries(data, known, "")
+        own, _ = changes.differing_entries(data, known, "")
         assert set(own) == set(names) - set(known_names)
 
 
@@ -177,7 +177,7 @@ def test_an_unchanged_directory_decodes_nothing() -> None:
             "schema": trees.SCHEMA,
         }
     )
-    assert trees.differing_entries(known, known, "") == ({}, {})
+    assert changes.differing_entries(known, known, "") == ({}, {})
 
 
 @given(found=entries())

@@ -1,4 +1,4 @@
-"""`trees.walk_changes`: a tree compared with a valid head, read only where the two differ.
+"""`changes.walk_changes`: a tree compared with a valid head, read only where the two differ.
 Whenever it vouches for a tree, the whole walk agrees: the tree is valid, the counts are the
 same, and every blob the tree reaches is either among the ones it names new or reached by the
 head (docs/snapshots.md#registering-against-the-head)."""
@@ -12,6 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from paperclip.snapshots import trees
+from paperclip.snapshots.changes import walk_changes
 from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name
 
 type Leaf = tuple[str, bytes | str]  # ("file", content) or ("symlink", target)
@@ -70,7 +71,7 @@ def _check(
     def load_many(names: list[str]) -> dict[str, bytes]:
         return {n: store[n] for n in names if n in store}
 
-    changes = trees.walk_changes(tree, head, load_many=load_many, head_known_valid=known)
+    changes = walk_changes(tree, head, load_many=load_many, head_known_valid=known)
     links = {p: e.target for p, e in _entries(layout).items() if e.type == "symlink"}
     head_links = {p: e.target for p, e in _entries(head_layout).items() if e.type == "symlink"}
     if links == head_links:
@@ -113,7 +114,7 @@ def test_a_change_reads_only_its_own_directories(known: bool) -> None:
     }
     head = _store(layout, store)
     tree = _store(layout | {"d7/s2/f1": ("file", b"changed")}, store)
-    changes = trees.walk_changes(
+    changes = walk_changes(
         tree, head, load_many=lambda ns: {n: store[n] for n in ns}, head_known_valid=known
     )
     assert changes is not None
@@ -141,7 +142,7 @@ def test_a_changed_symlink_sends_the_tree_to_the_whole_walk(edit: dict[str, Leaf
     layout: dict[str, Leaf] = {"d/f": ("file", b"1"), "e/old": ("symlink", "../d/f")}
     head = _store(layout, store)
     tree = _store(layout | edit, store)
-    assert trees.walk_changes(tree, head, load_many=lambda ns: {n: store[n] for n in ns}) is None
+    assert walk_changes(tree, head, load_many=lambda ns: {n: store[n] for n in ns}) is None
 
 
 def test_a_directory_missing_on_either_side_sends_it_to_the_whole_walk() -> None:
@@ -151,7 +152,7 @@ def test_a_directory_missing_on_either_side_sends_it_to_the_whole_walk() -> None
     for lost in (head, tree):
         partial = {n: d for n, d in store.items() if n != lost}
         assert (
-            trees.walk_changes(
+            walk_changes(
                 tree, head, load_many=lambda ns, s=partial: {n: s[n] for n in ns if n in s}
             )
             is None
