@@ -106,8 +106,9 @@ def materialize(
         # creates and renames in one directory serialize on its lock in the kernel anyway).
         work = Materializer(children, previous, open_blob, check, check_every, durable)
         work.check()
-        done = split(work, destination) if split is not None else set()
-        work.directory(root, "", skip=done)
+        if split is not None:
+            work.skip = split(work, destination)
+        work.directory(root, "")
         # Only once every new and changed entry is in place: a failure before this point
         # leaves every old entry where it was (never a cwd partly emptied).
         work.remove_extras(root, "")
@@ -240,6 +241,10 @@ class Materializer:
         # Directories holding entries the target has not (removed last), and their ancestors.
         self.extras: set[str] = set()
         self.on_the_way: set[str] = set()
+        # Paths written by child processes (not entered here), and the directories made for
+        # them beforehand (`make_directory`).
+        self.skip: Collection[str] = ()
+        self.made: set[str] = set()
 
     def report(self) -> MaterializeReport:
         return MaterializeReport(
@@ -275,9 +280,9 @@ class Materializer:
         if time.monotonic() - self.last_check >= self.check_every:
             self.check()
 
-    def directory(self, fd: int, path: str, skip: Collection[str] = ()) -> None:
+    def directory(self, fd: int, path: str) -> None:
         """Write the target entries of the open directory `fd` (at `path`) that differ (but
-        the names in `skip`, written already); note it for `remove_extras` when it also holds
+        the paths in `skip`, written already); note it for `remove_extras` when it also holds
         entries the target has not."""
         wanted = self.children.get(path, {})
         changed = False
@@ -288,9 +293,9 @@ class Materializer:
                 up = up.rpartition("/")[0]
                 self.on_the_way.add(up)
         for name in sorted(wanted):
-            if name in skip:
-                continue
             entry, where = wanted[name], _join(path, name)
+            if where in self.skip:
+                continue
             found = _lstat(name, fd)
             if entry.type == "dir":
                 changed |= self.dir_entry(fd, name, where, entry, found)
@@ -397,7 +402,9 @@ class Materializer:
             self.directory(child, path)
             if mode != entry.mode or mode & 0o700 != 0o700:
                 os.fchmod(child, entry.mode)
-            if found is not None:
+            if path in self.made:
+                changed = True  # made here before the children wrote below it
+            elif found is not None:
                 if mode != entry.mode:
                     self.modes += 1
                     changed = True
@@ -406,6 +413,26 @@ class Materializer:
         finally:
             os.close(child)
         return changed
+
+    def make_directory(self, fd: int, name: str, path: str) -> None:
+        """Make `name` in the open directory `fd` a directory its owner can write in (whatever
+        is there otherwise removed, as `dir_entry` does), for child processes to write below
+        it before this process enters it; `dir_entry` gives it its mode after."""
+        found = _lstat(name, fd)
+        if found is not None and not stat.S_ISDIR(found.st_mode):
+            self.removed += self.remove(fd, name, found)
+            found = None
+        if found is None:
+            os.mkdir(name, 0o700, dir_fd=fd)
+            self.directories += 1
+            self.made.add(path)
+        child = _open_dir(name, fd)
+        try:
+            mode = stat.S_IMODE(os.fstat(child).st_mode)
+            if mode & 0o700 != 0o700:
+                os.fchmod(child, mode | 0o700)
+        finally:
+            os.close(child)
 
     def file_entry(
         self, fd: int, name: str, path: str, entry: Entry, found: os.stat_result | None
@@ -521,3 +548,16 @@ class Materializer:
         os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
         self.symlinks += 1
         return True
+
+
+def open_below(fd: int, path: str) -> int:
+    """A descriptor of the directory `path` below the open directory `fd`, each component
+    opened without following a link (a new descriptor of `fd` itself for "")."""
+    current = os.dup(fd)
+    for name in path.split("/") if path else ():
+        try:
+            inner = _open_dir(name, current)
+        finally:
+            os.close(current)
+        current = inner
+    return current

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO
 
-from paperclip.snapshots.materialize import Materializer, MaterializeReport
+from paperclip.snapshots.materialize import Materializer, MaterializeReport, open_below
 from paperclip.snapshots.trees import Entry
 
 logger = logging.getLogger(__name__)
@@ -43,8 +43,9 @@ class Processes:
 
 @dataclass(slots=True)
 class _Share:
-    """One child's part: top-level directories `names` of `destination`, the target's and the
-    previous tree's entries below them, and the file of each blob they write."""
+    """One child's part: directories `names` (paths below `destination`), the target's
+    entries at and below them and the previous tree's below them, and the file of each blob
+    they write."""
 
     destination: str
     names: list[str]
@@ -61,9 +62,10 @@ def _write_in_processes(work: Materializer, destination: str, processes: Process
     while this process calls `work.check()` as it would between files; a check that raises
     kills the children first. The names the children wrote; none when a child failed (this
     process then writes everything, finishing whatever the children left part way)."""
-    shares = _shares(work, destination, processes)
+    shares, expanded = _shares(work, destination, processes)
     if len(shares) < 2:
         return set()
+    _make_directories(work, destination, expanded)
     context = multiprocessing.get_context("spawn")
     running: list[tuple[Any, Connection]] = []
     answers: dict[int, tuple[str, Any]] = {}
@@ -108,58 +110,128 @@ def _write_in_processes(work: Materializer, destination: str, processes: Process
     return {name for share in shares for name in share.names}
 
 
-def _shares(work: Materializer, destination: str, processes: Processes) -> list[_Share]:
-    """The top-level directories with files to write, dealt to the children by size, largest
-    first; none when the change is smaller than `processes.min_files` files."""
-    units = [
-        unit
-        for name, entry in work.children.get("", {}).items()
-        if entry.type == "dir" and not _same(work.previous, name, entry)
-        if (unit := _unit(work, name, processes.blob_file)) is not None
+def _shares(
+    work: Materializer, destination: str, processes: Processes
+) -> tuple[list[_Share], list[str]]:
+    """The directories with files to write, dealt to the children by size, largest first,
+    and the directories above them that this process makes first (`_make_directories`);
+    none when the change is smaller than `processes.min_files` files."""
+    files = _file_counts(work)
+    units, expanded = _split(work, files, processes.count)
+    if sum(files[path] for path in units) < processes.min_files:
+        return [], []
+    found = [
+        (files[path], path, blobs)
+        for path in units
+        if (blobs := _blob_files(work, path, processes.blob_file)) is not None
     ]
-    if sum(count for count, _, _ in units) < processes.min_files:
-        return []
     shares = [
-        _Share(destination, [], {"": {}}, None if work.previous is None else {}, {}, work.durable)
-        for _ in range(min(processes.count, len(units)))
+        _Share(destination, [], {}, None if work.previous is None else {}, {}, work.durable)
+        for _ in range(min(processes.count, len(found)))
     ]
     loads = [0] * len(shares)
-    for count, name, files in sorted(units, reverse=True):
+    for count, path, blobs in sorted(found, reverse=True):
         least = loads.index(min(loads))
         loads[least] += count
         share = shares[least]
-        share.names.append(name)
-        share.children[""][name] = work.children[""][name]
-        share.files.update(files)
-        for path in _subtree(work.children, name):
-            share.children[path] = work.children.get(path, {})
+        share.names.append(path)
+        parent, _, name = path.rpartition("/")
+        share.children.setdefault(parent, {})[name] = work.children[parent][name]
+        share.files.update(blobs)
+        for below in _subtree(work.children, path):
+            share.children[below] = work.children.get(below, {})
     if work.previous is not None:
-        owner = {name: share for share in shares for name in share.names}
-        for path, entry in work.previous.items():
-            found = owner.get(path.partition("/")[0])
-            if found is not None and found.previous is not None:
-                found.previous[path] = entry
-    return shares
+        _deal_previous(work.previous, shares)
+    return shares, expanded
 
 
-def _unit(
-    work: Materializer, name: str, blob_file: Callable[[str], str | None]
-) -> tuple[int, str, dict[str, str]] | None:
-    """The top-level directory `name` as a child's work: its count of files and the file of
-    each blob they hold; None when it has no file or a blob that is not a plain file."""
-    files: dict[str, str] = {}
-    count = 0
-    for path in _subtree(work.children, name):
+def _file_counts(work: Materializer) -> dict[str, int]:
+    """The files to write at and below each directory of the target that needs work (one
+    the previous tree held alike is not counted: it is not entered)."""
+    counts: dict[str, int] = {}
+    for path in sorted(work.children, key=lambda p: p.count("/") + bool(p), reverse=True):
+        total = 0
+        for name, entry in work.children[path].items():
+            where = _join(path, name)
+            if entry.type == "file":
+                total += 1
+            elif entry.type == "dir" and not _same(work.previous, where, entry):
+                total += counts.get(where, 0)
+        counts[path] = total
+    return counts
+
+
+def _split(work: Materializer, files: Mapping[str, int], count: int) -> tuple[list[str], list[str]]:
+    """Directories to deal out, at least four per child where the tree allows: from the
+    top-level ones, the largest replaced by its subdirectories while it is larger than its
+    share (its own files then stay with this process), and the directories so replaced."""
+
+    def below(path: str) -> list[str]:
+        return [
+            where
+            for name, entry in work.children.get(path, {}).items()
+            if entry.type == "dir"
+            and not _same(work.previous, where := _join(path, name), entry)
+            and files.get(where, 0)
+        ]
+
+    units = below("")
+    expanded: list[str] = []
+    limit = max(files.get("", 0) // (count * 4), 1)
+    while units:
+        largest = max(units, key=lambda path: files.get(path, 0))
+        inner = below(largest)
+        if files.get(largest, 0) <= limit or not inner:
+            break
+        units.remove(largest)
+        units.extend(inner)
+        expanded.append(largest)
+    return units, expanded
+
+
+def _blob_files(
+    work: Materializer, top: str, blob_file: Callable[[str], str | None]
+) -> dict[str, str] | None:
+    """The file of each blob the files at and below `top` hold; None when one is not a plain
+    file (that directory is then written by the calling process, which can read any blob)."""
+    found: dict[str, str] = {}
+    for path in _subtree(work.children, top):
         for entry in work.children.get(path, {}).values():
             if entry.type != "file":
                 continue
-            count += 1
             for blob in entry.blobs():
-                found = blob_file(blob)
-                if found is None:
-                    return None  # written by the caller, which can read any blob
-                files[blob] = found
-    return (count, name, files) if count else None
+                where = blob_file(blob)
+                if where is None:
+                    return None
+                found[blob] = where
+    return found
+
+
+def _deal_previous(previous: Mapping[str, Entry], shares: list[_Share]) -> None:
+    """Give each child the previous tree's entries below its directories."""
+    owner = {path: share for share in shares for path in share.names}
+    for path, entry in previous.items():
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            share = owner.get("/".join(parts[:depth]))
+            if share is not None and share.previous is not None:
+                share.previous[path] = entry
+                break
+
+
+def _make_directories(work: Materializer, destination: str, paths: list[str]) -> None:
+    """Make the directories above the children's (top down), for them to write inside."""
+    root = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for path in sorted(paths, key=lambda p: p.count("/")):
+            parent, _, name = path.rpartition("/")
+            fd = open_below(root, parent)
+            try:
+                work.make_directory(fd, name, path)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
 
 
 def _same(previous: Mapping[str, Entry] | None, path: str, entry: Entry) -> bool:
@@ -267,8 +339,13 @@ def _write_share(share: _Share) -> tuple[MaterializeReport, set[str], set[str]]:
     root = os.open(share.destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         work = Materializer(share.children, share.previous, open_blob, check, 0.2, share.durable)
-        for name in share.names:
-            work.dir_entry(root, name, name, share.children[""][name], _lstat(name, root))
+        for path in share.names:
+            parent, _, name = path.rpartition("/")
+            fd = open_below(root, parent)
+            try:
+                work.dir_entry(fd, name, path, share.children[parent][name], _lstat(name, fd))
+            finally:
+                os.close(fd)
     finally:
         os.close(root)
     return work.report(), work.extras, work.on_the_way

@@ -80,7 +80,9 @@ def test_children_write_the_tree_one_process_would(tmp_path: Path) -> None:
     spec = layout() | {"top-file": b"at the root", "link": ("link", "top0/sub0/f0")}
     target = make_tree(spec, store)
     report, delegated = materialized(tmp_path / "dest", target, None, store)
-    assert delegated == [{f"top{t}" for t in range(6)}]  # every top-level directory, in children
+    # Each top-level directory (10 files) is more than a quarter of a child's share (61 / 8):
+    # split into its two subdirectories, which the children write.
+    assert delegated == [{f"top{t}/sub{s}" for t in range(6) for s in range(2)}]
     assert read_tree(str(tmp_path / "dest")) == target
     assert report.written == 61  # the children's 60 files counted with the caller's one
     assert report.directories == 18
@@ -94,10 +96,35 @@ def test_a_later_change_with_removals_in_children(tmp_path: Path) -> None:
     (tmp_path / "dest" / "top1" / "stray").write_bytes(b"not in any tree")
     after = make_tree(layout(tag=b"v2") | {"top2/new/deep": b"z"}, store)
     report, delegated = materialized(tmp_path / "dest", after, before, store)
-    assert delegated == [{f"top{t}" for t in range(6)}]
+    assert {path.partition("/")[0] for path in delegated[0]} == {f"top{t}" for t in range(6)}
     assert read_tree(str(tmp_path / "dest")) == after
     assert report.written == 61
     assert report.removed >= 4  # top0/gone, top1/stray, top9 and what it held
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o500], ids=["plain", "read-only-dir"])
+def test_one_large_directory_is_split_below_it(tmp_path: Path, mode: int) -> None:
+    """A workspace with one top-level directory (a repository's `src/`, say): the children
+    write its subdirectories; the directories above them are made first and get their mode,
+    and their own files are written, by the caller."""
+    store = FileStore(tmp_path / "store")
+    spec: dict[str, object] = {
+        f"src/pkg{p}/mod{m}/f{f}.py": b"%d %d %d" % (p, m, f)
+        for p in range(3)
+        for m in range(4)
+        for f in range(10)
+    }
+    spec |= {"src/README": b"top", "src/pkg1/__init__.py": b"", "src/pkg1": ("dir", mode)}
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "src").write_bytes(b"a file where the tree has a directory")
+    target = make_tree(spec, store)
+    report, delegated = materialized(tmp_path / "dest", target, None, store)
+    assert delegated[0]
+    assert all(path.count("/") >= 1 for path in delegated[0])  # below src/
+    assert read_tree(str(tmp_path / "dest")) == target
+    assert report.written == 122
+    assert report.removed == 1  # the file that stood where src/ goes
+    assert report.directories == 1 + 3 + 12
 
 
 def test_a_child_that_fails_leaves_the_caller_to_write_everything(
