@@ -76,7 +76,9 @@ def _write_in_processes(work: Materializer, destination: str, processes: Process
             # an argument it would be written while `start()` waits, one child after the other.
             inbox, post = context.Pipe(duplex=False)
             receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_child_main, args=(inbox, send), daemon=True)
+            child = context.Process(
+                target=_child_main, args=(inbox, send, os.getpid()), daemon=True
+            )
             child.start()
             send.close()
             inbox.close()
@@ -307,9 +309,12 @@ def _unpacked(packed: tuple[Any, ...]) -> _Share:
     )
 
 
-def _child_main(inbox: Connection, send: Connection) -> None:
-    """A child: read its share, write it, answer ("ok", counts and notes) or ("error", why)."""
+def _child_main(inbox: Connection, send: Connection, parent: int) -> None:
+    """A child: read its share, write it, answer ("ok", counts and notes) or ("error", why).
+    Ends at once when `parent` died before the child could ask to die with it."""
     _die_with_parent()
+    if os.getppid() != parent:
+        return
     try:
         with inbox:
             share = _unpacked(inbox.recv())
