@@ -21,13 +21,10 @@ from paperclip.snapshots.trees import (
     claim_size,
     decode_dir,
     entry_pieces,
+    join_path,
     known_entries,
     stored_dir,
 )
-
-
-def _join(parent: str, name: str) -> str:
-    return f"{parent}/{name}" if parent else name
 
 
 def differing_entries(
@@ -220,7 +217,7 @@ def _compare_level(
         twin = against.get(entry.name)
         if _same_dir(entry, twin):
             continue  # the same subtree at the same path: not entered
-        where = _join(path, entry.name)
+        where = join_path(path, entry.name)
         changes.entries += sign
         if entry.type == "dir":
             assert entry.digest is not None  # noqa: S101 - decode_dir checked it

@@ -40,6 +40,7 @@ from paperclip.snapshots.trees import (
     TreeInvalid,
     blob_name,
     check_symlinks,
+    join_path,
     name_problem,
 )
 
@@ -145,11 +146,8 @@ def _check_entry(path: str, entry: Entry) -> None:
         raise TreeInvalid(path, "bad_digest")
 
 
-def _join(parent: str, name: str) -> str:
-    return f"{parent}/{name}" if parent else name
-
-
-def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
+def lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
+    """`name`'s own status in the open directory `dir_fd` (a link not followed), or None."""
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -293,10 +291,10 @@ class Materializer:
                 up = up.rpartition("/")[0]
                 self.on_the_way.add(up)
         for name in sorted(wanted):
-            entry, where = wanted[name], _join(path, name)
+            entry, where = wanted[name], join_path(path, name)
             if where in self.skip:
                 continue
-            found = _lstat(name, fd)
+            found = lstat_at(name, fd)
             if entry.type == "dir":
                 changed |= self.dir_entry(fd, name, where, entry, found)
             elif entry.type == "file":
@@ -317,7 +315,7 @@ class Materializer:
             for name in sorted(os.listdir(fd)):
                 if name in wanted:
                     continue
-                found = _lstat(name, fd)
+                found = lstat_at(name, fd)
                 if found is None:
                     continue
                 self.tick()
@@ -330,10 +328,10 @@ class Materializer:
             if changed and self.durable:
                 os.fsync(fd)
         for name, entry in sorted(self.children.get(path, {}).items()):
-            where = _join(path, name)
+            where = join_path(path, name)
             if entry.type != "dir" or (where not in self.extras and where not in self.on_the_way):
                 continue
-            found = _lstat(name, fd)
+            found = lstat_at(name, fd)
             if found is None or not stat.S_ISDIR(found.st_mode):
                 continue
             mode = stat.S_IMODE(found.st_mode)
@@ -358,7 +356,7 @@ class Materializer:
             if stat.S_IMODE(found.st_mode) & 0o700 != 0o700:
                 os.fchmod(child, 0o700)  # to list it and remove what it holds
             for sub in os.listdir(child):
-                inner = _lstat(sub, child)
+                inner = lstat_at(sub, child)
                 if inner is not None:
                     self.tick()
                     count += self.remove(child, sub, inner)
@@ -418,7 +416,7 @@ class Materializer:
         """Make `name` in the open directory `fd` a directory its owner can write in (whatever
         is there otherwise removed, as `dir_entry` does), for child processes to write below
         it before this process enters it; `dir_entry` gives it its mode after."""
-        found = _lstat(name, fd)
+        found = lstat_at(name, fd)
         if found is not None and not stat.S_ISDIR(found.st_mode):
             self.removed += self.remove(fd, name, found)
             found = None

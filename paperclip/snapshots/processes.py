@@ -21,8 +21,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO
 
-from paperclip.snapshots.materialize import Materializer, MaterializeReport, open_below
-from paperclip.snapshots.trees import Entry
+from paperclip.snapshots.materialize import (
+    Materializer,
+    MaterializeReport,
+    lstat_at,
+    open_below,
+)
+from paperclip.snapshots.trees import Entry, join_path
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +159,7 @@ def _file_counts(work: Materializer) -> dict[str, int]:
     for path in sorted(work.children, key=lambda p: p.count("/") + bool(p), reverse=True):
         total = 0
         for name, entry in work.children[path].items():
-            where = _join(path, name)
+            where = join_path(path, name)
             if entry.type == "file":
                 total += 1
             elif entry.type == "dir" and not _same(work.previous, where, entry):
@@ -173,7 +178,7 @@ def _split(work: Materializer, files: Mapping[str, int], count: int) -> tuple[li
             where
             for name, entry in work.children.get(path, {}).items()
             if entry.type == "dir"
-            and not _same(work.previous, where := _join(path, name), entry)
+            and not _same(work.previous, where := join_path(path, name), entry)
             and files.get(where, 0)
         ]
 
@@ -248,20 +253,9 @@ def _subtree(children: Mapping[str, Mapping[str, Entry]], top: str) -> list[str]
         path = stack.pop()
         found.append(path)
         stack.extend(
-            _join(path, name) for name, e in children.get(path, {}).items() if e.type == "dir"
+            join_path(path, name) for name, e in children.get(path, {}).items() if e.type == "dir"
         )
     return found
-
-
-def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-def _join(parent: str, name: str) -> str:
-    return f"{parent}/{name}" if parent else name
 
 
 type _Row = tuple[str, str, int, int, str | None, tuple[str, ...] | None, str]
@@ -348,7 +342,7 @@ def _write_share(share: _Share) -> tuple[MaterializeReport, set[str], set[str]]:
             parent, _, name = path.rpartition("/")
             fd = open_below(root, parent)
             try:
-                work.dir_entry(fd, name, path, share.children[parent][name], _lstat(name, fd))
+                work.dir_entry(fd, name, path, share.children[parent][name], lstat_at(name, fd))
             finally:
                 os.close(fd)
     finally:

@@ -120,7 +120,8 @@ def name_problem(name: object) -> str | None:
     return None
 
 
-def _join(parent: str, name: str) -> str:
+def join_path(parent: str, name: str) -> str:
+    """The path of `name` inside the directory at `parent` ("" for the root)."""
     return f"{parent}/{name}" if parent else name
 
 
@@ -155,7 +156,7 @@ def checked_entry(raw: object, path: str) -> Entry:
     if problem:
         raise TreeInvalid(path, problem)
     name: str = raw["name"]
-    where = _join(path, name)
+    where = join_path(path, name)
     kind = raw.get("type")
     if not isinstance(kind, str) or kind not in _KEYS:
         raise TreeInvalid(where, "bad_type")
@@ -330,7 +331,7 @@ def _decode_strict(data: bytes, path: str) -> tuple[Entry, ...]:
     seen: set[str] = set()
     for entry in entries:
         if entry.name in seen:
-            raise TreeInvalid(_join(path, entry.name), "duplicate_name")
+            raise TreeInvalid(join_path(path, entry.name), "duplicate_name")
         seen.add(entry.name)
     if encode_dir(entries) != data:
         raise TreeInvalid(path, "not_canonical")
@@ -416,7 +417,7 @@ def walk(
             entries = decode_stored_dir(data, digest, path, known_valid=known_valid)
             result.directories.setdefault(digest, path)
             for entry in entries:
-                where = _join(path, entry.name)
+                where = join_path(path, entry.name)
                 count += 1
                 if count > max_entries:
                     raise TreeInvalid(where, "too_many_entries")
