@@ -62,11 +62,11 @@ class _Share:
 
 
 def _write_in_processes(work: Materializer, destination: str, processes: Processes) -> set[str]:
-    """Write the top-level directories that hold changes in `processes.count` children,
-    spawned fresh (never forked from a process holding database connections and threads),
-    while this process calls `work.check()` as it would between files; a check that raises
-    kills the children first. The names the children wrote; none when a child failed (this
-    process then writes everything, finishing whatever the children left part way)."""
+    """Write the directories that hold most of the change (`_shares`) in `processes.count`
+    children, spawned fresh (never forked from a process holding database connections and
+    threads), while this process calls `work.check()` as it would between files; a check that
+    raises kills the children first. The paths the children wrote; none when a child failed
+    (this process then writes everything, finishing whatever the children left part way)."""
     shares, expanded = _shares(work, destination, processes)
     if len(shares) < 2:
         return set()
