@@ -392,7 +392,7 @@ PAPERCLIP_WORKSPACE_HISTORY_DAYS = env.int("PAPERCLIP_WORKSPACE_HISTORY_DAYS", d
 if PAPERCLIP_WORKSPACE_HISTORY_DAYS < 0:
     raise ImproperlyConfigured("PAPERCLIP_WORKSPACE_HISTORY_DAYS must be 0 or more")
 # Materializing a change of at least MIN_FILES files (the filesystem backend) writes its
-# top-level directories in this many processes (1: always in the worker's own;
+# largest directories in this many processes (1: always in the worker's own;
 # docs/snapshots.md#materialization).
 PAPERCLIP_MATERIALIZE_PROCESSES = env.int(
     "PAPERCLIP_MATERIALIZE_PROCESSES", default=min(os.cpu_count() or 1, 4)

@@ -85,9 +85,9 @@ def materialize(
     """Make `destination` (created if missing; its own mode is left alone) hold exactly
     `target`, touching only entries whose type, mode or content differ.
 
-    `split(work, destination)`, when given, may write some top-level directories first (in
-    other processes: `paperclip.snapshots.processes`) and returns their names; the rest is
-    written here after, and what remains to remove is removed here last.
+    `split(work, destination)`, when given, may write some directories first (in other
+    processes: `paperclip.snapshots.processes`) and returns their paths; the rest is written
+    here after, and what remains to remove is removed here last.
 
     `previous` is the tree the destination last held (None: unknown, compare with the disk).
     `open_blob(name)` returns a readable binary stream of a blob (closed here). `check()` is

@@ -17,7 +17,7 @@ import multiprocessing.connection
 import os
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO
 
@@ -58,7 +58,6 @@ class _Share:
     previous: dict[str, Entry] | None
     files: dict[str, str]
     durable: bool
-    parent: int = field(default_factory=os.getpid)
 
 
 def _write_in_processes(work: Materializer, destination: str, processes: Processes) -> set[str]:
@@ -286,12 +285,11 @@ def _packed(share: _Share) -> tuple[Any, ...]:
         previous,
         share.files,
         share.durable,
-        share.parent,
     )
 
 
 def _unpacked(packed: tuple[Any, ...]) -> _Share:
-    destination, names, children, previous, files, durable, parent = packed
+    destination, names, children, previous, files, durable = packed
     return _Share(
         destination=destination,
         names=names,
@@ -299,7 +297,6 @@ def _unpacked(packed: tuple[Any, ...]) -> _Share:
         previous=None if previous is None else {p: Entry(*r) for p, r in previous.items()},
         files=files,
         durable=durable,
-        parent=parent,
     )
 
 
@@ -312,7 +309,7 @@ def _child_main(inbox: Connection, send: Connection, parent: int) -> None:
     try:
         with inbox:
             share = _unpacked(inbox.recv())
-        answer: tuple[str, Any] = ("ok", _write_share(share))
+        answer: tuple[str, Any] = ("ok", _write_share(share, parent))
     except BaseException as exc:  # every failure is answered, never raised
         answer = ("error", f"{type(exc).__name__}: {exc}")
     send.send(answer)
@@ -327,9 +324,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def _write_share(share: _Share) -> tuple[MaterializeReport, set[str], set[str]]:
+def _write_share(share: _Share, parent: int) -> tuple[MaterializeReport, set[str], set[str]]:
     def check() -> None:
-        if os.getppid() != share.parent:
+        if os.getppid() != parent:
             raise SystemExit("the materializing process is gone")
 
     def open_blob(name: str) -> BinaryIO:
@@ -339,10 +336,10 @@ def _write_share(share: _Share) -> tuple[MaterializeReport, set[str], set[str]]:
     try:
         work = Materializer(share.children, share.previous, open_blob, check, 0.2, share.durable)
         for path in share.names:
-            parent, _, name = path.rpartition("/")
-            fd = open_below(root, parent)
+            above, _, name = path.rpartition("/")
+            fd = open_below(root, above)
             try:
-                work.dir_entry(fd, name, path, share.children[parent][name], lstat_at(name, fd))
+                work.dir_entry(fd, name, path, share.children[above][name], lstat_at(name, fd))
             finally:
                 os.close(fd)
     finally:
