@@ -224,6 +224,8 @@ def decode_stored_dir(
 _DIR_HEAD: Final = b'{"entries":['
 _DIR_TAIL: Final = b'],"schema":"' + SCHEMA.encode() + b'"}'
 _ENTRY_BETWEEN: Final = b'},{"'
+# How every entry's canonical JSON ends: "type" is the last of its sorted keys, whatever the kind.
+_ENTRY_ENDS: Final = (b',"type":"file"', b',"type":"dir"', b',"type":"symlink"')
 
 
 def entry_pieces(data: bytes) -> list[bytes] | None:
@@ -231,9 +233,15 @@ def entry_pieces(data: bytes) -> list[bytes] | None:
     each is one entry's canonical JSON without its opening `{"` and closing `}`. Two entries
     are equal exactly when their pieces are, so two directories can be compared piece by piece
     and only the entries that differ decoded (`known_entries`). None when the blob is not framed
-    as a directory. Splitting is exact for a valid (canonical) blob only: an entry holds no
-    object, and a string holds `"` only as `\\"`, so `},{"` occurs only between entries; the
-    caller must know the blob valid (`decode_dir` passed, now or when its tree was recorded)."""
+    as a directory.
+
+    Splitting is exact for a valid (canonical) blob only, so the caller must know the blob
+    valid (`decode_dir` passed, now or when its tree was recorded) or validate every piece
+    (`changes.differing_entries`). `},{"` also occurs inside an entry, where a name or a
+    symlink's target ends with `},{` (its closing quote follows), so the blob is split there
+    and a part is joined to the next until it ends as every entry ends, with its `"type"`
+    (last of the sorted keys): a string cannot hold that ending, because it holds `"` only
+    as `\\"`."""
     if not (data.startswith(_DIR_HEAD) and data.endswith(_DIR_TAIL)):
         return None
     body = data[len(_DIR_HEAD) : len(data) - len(_DIR_TAIL)]
@@ -241,7 +249,19 @@ def entry_pieces(data: bytes) -> list[bytes] | None:
         return []
     if not (body.startswith(b'{"') and body.endswith(b"}")):
         return None
-    return body[2:-1].split(_ENTRY_BETWEEN)
+    parts = body[2:-1].split(_ENTRY_BETWEEN)
+    if all(part.endswith(_ENTRY_ENDS) for part in parts):
+        return parts
+    pieces: list[bytes] = []
+    pending: list[bytes] = []
+    for part in parts:
+        pending.append(part)
+        if part.endswith(_ENTRY_ENDS):
+            pieces.append(_ENTRY_BETWEEN.join(pending))
+            pending = []
+    if pending:  # not a valid directory: the caller's validation refuses it
+        pieces.append(_ENTRY_BETWEEN.join(pending))
+    return pieces
 
 
 def known_entries(pieces: list[bytes], path: str) -> list[Entry]:

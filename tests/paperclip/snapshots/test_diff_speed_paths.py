@@ -40,7 +40,20 @@ from tests.recovery.snapshots import Files, entries_of, put_blob, store_tree
 pytestmark = pytest.mark.django_db
 
 # Names a split on raw bytes could trip over: JSON punctuation, quotes, escapes, non-ASCII.
-AWKWARD = ['a"},{"b', "}", "{", "back\\slash", 'q"', "é", "日本", "tab\there", ",", "]"]
+AWKWARD = [
+    'a"},{"b',
+    "a},{",
+    "},{",
+    "}",
+    "{",
+    "back\\slash",
+    'q"',
+    "é",
+    "日本",
+    "tab\there",
+    ",",
+    "]",
+]
 
 
 def _trees(company: Company) -> tuple[str, str, dict[str, Entry], dict[str, Entry]]:
@@ -60,6 +73,8 @@ def _trees(company: Company) -> tuple[str, str, dict[str, Entry], dict[str, Entr
     old_entries, new_entries = entries_of(company.pk, before), entries_of(company.pk, after)
     new_entries["d0/{"] = Entry(name="{", type="dir", mode=0o700)  # a mode change only
     new_entries["d1/link"] = Entry(name="link", type="symlink", target='../"},{"')
+    new_entries["d1/link2"] = Entry(name="link2", type="symlink", target="../},{")
+    old_entries["d1/link3"] = Entry(name="link3", type="symlink", target="../},{")
     old_entries["d2/big"] = Entry(
         name="big",
         type="file",

@@ -15,10 +15,14 @@ from hypothesis import strategies as st
 from paperclip.snapshots import changes, trees
 from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name, canonical_json
 
-# Names that sort differently escaped and raw, that look like the framing, or like a key.
+# Names that sort differently escaped and raw, that look like the framing (`a},{` and `},{`
+# put the separator `},{"` inside an entry, with their closing quote), or like a key.
 NAMES = st.one_of(
     st.sampled_from(
-        ["a", "b", "é", 'a"b', "a\\b", "a\nb", "\x01", "z", '},{"', 'x","name":"a', "name"]
+        [
+            *["a", "b", "é", 'a"b', "a\\b", "a\nb", "\x01", "z", '},{"', 'x","name":"a', "name"],
+            *["a},{", "},{", 'b","type":"dir"},{'],
+        ]
     ),
     st.text(
         alphabet=st.characters(blacklist_characters="/\0", blacklist_categories=("Cs",)),
@@ -41,7 +45,9 @@ def entries(draw: st.DrawFn) -> list[Entry]:
         elif kind == "dir":
             found[name] = Entry(name=name, type="dir", mode=0o755, digest=blob_name(data))
         else:
-            found[name] = Entry(name=name, type="symlink", target=draw(st.sampled_from("ab")))
+            found[name] = Entry(
+                name=name, type="symlink", target=draw(st.sampled_from(["a", "b", "c},{"]))
+            )
     return list(found.values())
 
 

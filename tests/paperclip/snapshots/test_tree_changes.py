@@ -17,10 +17,11 @@ from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name
 
 type Leaf = tuple[str, bytes | str]  # ("file", content) or ("symlink", target)
 
-PATHS = st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=4).map("/".join)
+# `a},{` puts the separator of a directory's entries, `},{"`, inside its entry.
+PATHS = st.lists(st.sampled_from(["a", "b", "c", "a},{"]), min_size=1, max_size=4).map("/".join)
 LEAVES: st.SearchStrategy[Leaf] = st.one_of(
     st.sampled_from([b"x", b"y", b"zz", b""]).map(lambda d: ("file", d)),
-    st.sampled_from(["a", "../a", "b/..", "../..", "../../..", "/etc", "c/a"]).map(
+    st.sampled_from(["a", "../a", "b/..", "../..", "../../..", "/etc", "c/a", "a},{"]).map(
         lambda t: ("symlink", t)
     ),
 )
