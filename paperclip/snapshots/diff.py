@@ -25,6 +25,7 @@ from paperclip.snapshots.trees import (
     decode_dir,
     entry_pieces,
     known_entries,
+    valid_pieces,
 )
 
 type ChangeKind = Literal["added", "removed", "modified"]
@@ -112,16 +113,7 @@ class TreeUnreadable(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class _Dir:
-    """A directory as the walk compares it: its raw entries (`entry_pieces`) and, when it was
-    validated on the way, its entries in the same order (None: decode only what differs)."""
-
-    pieces: list[bytes]
-    entries: tuple[Entry, ...] | None = None
-
-
-_NO_DIR: Final = _Dir([], ())
+_NO_DIR: Final[list[bytes]] = []
 
 
 @dataclass(slots=True)
@@ -129,7 +121,7 @@ class _Walk:
     """Both trees a level at a time, one `load_many` call per level. A directory is compared
     entry by entry as raw bytes (`entry_pieces`): only the entries that differ are decoded.
     The directories of a side whose tree is `trusted` (known valid: `known_valid_trees`) are
-    not validated again; the other side's are, as they are read (`decode_dir`). `load_many`
+    not validated again; the other side's are, as they are read (`valid_pieces`). `load_many`
     answers only bytes it checked against their names (`directory_loader` does, before it
     caches them), so they are not hashed again here."""
 
@@ -159,10 +151,10 @@ class _Walk:
             depth += 1
 
     def _compare(
-        self, path: str, gone: _Dir, came: _Dir
+        self, path: str, gone: list[bytes], came: list[bytes]
     ) -> Iterator[tuple[str, str | None, str | None]]:
         # An entry the same on both sides (the same bytes) is neither decoded nor shown.
-        same = set(gone.pieces).intersection(came.pieces) if gone.pieces and came.pieces else ()
+        same = set(gone).intersection(came) if gone and came else ()
         old = _differing(gone, same, path, self.before)
         new = _differing(came, same, path, self.after)
         for name in old.keys() | new.keys():
@@ -180,35 +172,33 @@ class _Walk:
 
 def _read(
     stored: Mapping[str, bytes], digest: str | None, path: str, tree: str | None, *, trusted: bool
-) -> _Dir:
-    """The directory `digest` of `tree` at `path` (none for None), as `stored` holds it (bytes
-    the loader already checked against their names), validated unless its tree is `trusted`.
-    Raises TreeUnreadable."""
+) -> list[bytes]:
+    """The pieces (`entry_pieces`) of the directory `digest` of `tree` at `path` (none for
+    None), as `stored` holds it (bytes the loader already checked against their names),
+    validated unless its tree is `trusted`. Raises TreeUnreadable."""
     if digest is None:
         return _NO_DIR
     data = stored.get(digest)
     if data is None:
         raise TreeUnreadable(tree or "", path)
     try:
-        entries = None if trusted else decode_dir(data, path)
+        if not trusted:
+            return valid_pieces(data, path)
         pieces = entry_pieces(data)
-        if pieces is None or (entries is not None and len(entries) != len(pieces)):
+        if pieces is None:
             decode_dir(data, path)  # names why (a valid directory always splits)
             raise TreeInvalid(path, "not_canonical")
     except TreeInvalid as exc:
         raise TreeUnreadable(tree or "", path, exc.reason) from exc
-    return _Dir(pieces, entries)
+    return pieces
 
 
 def _differing(
-    directory: _Dir, same: Collection[bytes], path: str, tree: str | None
+    pieces: list[bytes], same: Collection[bytes], path: str, tree: str | None
 ) -> dict[str, Entry]:
-    """The entries of `directory` whose pieces are not in `same`, by name."""
-    if directory.entries is not None:
-        pairs = zip(directory.pieces, directory.entries, strict=True)
-        return {entry.name: entry for piece, entry in pairs if piece not in same}
+    """The entries of a directory's valid `pieces` that are not in `same`, by name."""
     try:
-        found = known_entries([p for p in directory.pieces if p not in same], path)
+        found = known_entries([p for p in pieces if p not in same], path)
     except TreeInvalid as exc:
         raise TreeUnreadable(tree or "", path, exc.reason) from exc
     return {entry.name: entry for entry in found}
