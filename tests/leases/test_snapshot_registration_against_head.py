@@ -322,3 +322,26 @@ def test_a_collection_cannot_read_its_roots_between_the_check_of_the_head_and_th
     reached = _whole(company_id, tree).reached()
     stored = CasBlob.objects.filter(company_id=company_id, digest__in=reached).count()
     assert stored == len(reached)
+
+
+@pytest.mark.django_db
+def test_names_that_hold_the_entries_separator_register_against_the_head() -> None:
+    """A name or a symlink's target ending with `},{` puts `},{"` (its closing quote after)
+    inside its directory's entry: the comparison piece by piece still splits that directory
+    into its entries, so a tree adding a file beside it registers (it was refused)."""
+    run, claim = running_run()
+    assert claim is not None
+    assert claim.lease is not None
+    company_id, generation = run.company_id, claim.lease.generation
+    odd: Files = {"a},{/x.py": b"x\n", "b},{": b"b\n", "c": "a},{/x.py},{", "d": b"d\n"}
+    head = store_tree(company_id, LAYOUT | odd)
+    _register(run, generation, head, None)
+    _publish(run.execution_workspace_id, head)
+    tree = store_tree(company_id, LAYOUT | odd | {"b},{z": b"new\n", "a},{/y},{": b"y\n"})
+    snapshot = _register(run, generation, tree, head)
+    whole = _whole(company_id, tree)
+    assert (snapshot.files, snapshot.bytes, snapshot.entries) == (
+        whole.files,
+        whole.bytes,
+        whole.count,
+    )
