@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 from typing import Any, Final, Literal
 
 SCHEMA: Final = "paperclip.dir.v1"
@@ -298,7 +299,7 @@ def entry_pieces(data: bytes) -> list[bytes] | None:
     if not (body.startswith(b'{"') and body.endswith(b"}")):
         return None
     parts = body[2:-1].split(_ENTRY_BETWEEN)
-    if all(part.endswith(_ENTRY_ENDS) for part in parts):
+    if all(map(bytes.endswith, parts, repeat(_ENTRY_ENDS))):
         return parts
     pieces: list[bytes] = []
     pending: list[bytes] = []
