@@ -93,6 +93,7 @@ DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
 from bench.snapshot_runs import (  # noqa: E402 - the processes and worlds both benches use
     MB,
     World,
+    compile_client,
     dir_blobs,
     job_seconds,
     log,
@@ -323,6 +324,7 @@ def checkout_at_head(r: Round, paths: list[Path]) -> None:
 
 
 def run(bench_url: str, scratch: Path, config: Config, server_kind: str) -> int:
+    compile_client()
     os.environ["DATABASE_URL"] = bench_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
     os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")

@@ -49,6 +49,7 @@ from bench.copyback import make_tree  # noqa: E402 - after the path setup
 from bench.rss import RssSampler  # noqa: E402
 from bench.snapshot_runs import (  # noqa: E402
     MB,
+    compile_client,
     make_world,
     run_cli,
     same_files,
@@ -160,6 +161,7 @@ def one_variant(
 
 
 def run_cas(bench_url: str, scratch: Path, files: int, rounds: int, server_kind: str) -> int:
+    compile_client()
     os.environ["DATABASE_URL"] = bench_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
     os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")

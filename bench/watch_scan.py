@@ -16,6 +16,7 @@ medians are printed with the load average.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import random
@@ -165,6 +166,9 @@ def main() -> int:
 
 
 def run(scratch: Path, args: argparse.Namespace) -> int:
+    # Each pass is a fresh interpreter, as the CLI: timed with the client's bytecode written,
+    # as an installed CLI has it (bench/snapshot_runs.py's compile_client says why).
+    compileall.compile_dir(CLIENT / "paperclip_client", quiet=1)
     tree, names = scratch / "tree", scratch / "names.json"
     paths = make_tree(tree, args.files, args.max_size)
     print(f"tree: {args.files} files in {scratch}; first snapshot:", one(tree, names)["after"])
