@@ -62,6 +62,17 @@ def _whole(company_id: UUID, tree: str) -> trees.Walk:
     )
 
 
+def _counts_match_whole_walk(snapshot: RunSnapshot, company_id: UUID, tree: str) -> trees.Walk:
+    """The snapshot's counts are the whole walk's of `tree` (which it returns)."""
+    whole = _whole(company_id, tree)
+    assert (snapshot.files, snapshot.bytes, snapshot.entries) == (
+        whole.files,
+        whole.bytes,
+        whole.count,
+    )
+    return whole
+
+
 def _register(run: Any, generation: int, tree: str, base: str | None) -> RunSnapshot:
     return run_snapshot_register(
         company_id=run.company_id,
@@ -86,12 +97,7 @@ def _registered_against(run: Any, generation: int, head: str, files: Files) -> N
     tree = store_tree(company_id, files | CHANGE)
     _age_all(company_id)
     snapshot = _register(run, generation, tree, head)
-    whole = _whole(company_id, tree)
-    assert (snapshot.files, snapshot.bytes, snapshot.entries) == (
-        whole.files,
-        whole.bytes,
-        whole.count,
-    )
+    whole = _counts_match_whole_walk(snapshot, company_id, tree)
     # Pinned: the two files' contents, the root, pkg3 and pkg3/mod1, and the base's own blob;
     # nothing else the head has.
     changed_dirs = {d for d, path in whole.directories.items() if path in ("", "pkg3", "pkg3/mod1")}
@@ -110,12 +116,7 @@ def test_a_tree_changed_from_the_head_pins_only_what_the_head_lacks() -> None:
     company_id, generation = run.company_id, claim.lease.generation
     head = store_tree(company_id, LAYOUT)
     first = _register(run, generation, head, None)  # no head yet: the whole walk
-    whole_head = _whole(company_id, head)
-    assert (first.files, first.bytes, first.entries) == (
-        whole_head.files,
-        whole_head.bytes,
-        whole_head.count,
-    )
+    _counts_match_whole_walk(first, company_id, head)
     _registered_against(run, generation, head, LAYOUT)
 
 
@@ -339,9 +340,4 @@ def test_names_that_hold_the_entries_separator_register_against_the_head() -> No
     _publish(run.execution_workspace_id, head)
     tree = store_tree(company_id, LAYOUT | odd | {"b},{z": b"new\n", "a},{/y},{": b"y\n"})
     snapshot = _register(run, generation, tree, head)
-    whole = _whole(company_id, tree)
-    assert (snapshot.files, snapshot.bytes, snapshot.entries) == (
-        whole.files,
-        whole.bytes,
-        whole.count,
-    )
+    _counts_match_whole_walk(snapshot, company_id, tree)
