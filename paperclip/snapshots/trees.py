@@ -209,6 +209,10 @@ def decode_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:
     known fields of the right types, good and unique names (TreeInvalid otherwise)."""
     if _plain_dir(data):
         return tuple(known_entries(entry_pieces(data) or [], path))
+    return _decode_full(data, path)
+
+
+def _decode_full(data: bytes, path: str) -> tuple[Entry, ...]:
     entries = _decode_canonical(data, path)
     return entries if entries is not None else _decode_strict(data, path)
 
@@ -218,7 +222,7 @@ def valid_pieces(data: bytes, path: str = "") -> list[bytes]:
     it, without building its entries when it is in the usual form (`_plain_dir`): TreeInvalid
     with `decode_dir`'s reason."""
     if not _plain_dir(data):
-        decode_dir(data, path)  # refuses with the reason, or it is valid in an unusual form
+        _decode_full(data, path)  # refuses with the reason, or it is valid in an unusual form
     pieces = entry_pieces(data)
     if pieces is None:  # a valid directory always splits
         raise TreeInvalid(path, "not_canonical")

@@ -2,7 +2,7 @@
 decides exactly as the full decode: for any bytes, the same entries when it accepts, the same
 reason when it refuses. It only ever says yes; everything it does not match goes to the full
 decode, so the danger is a yes where the full decode says no. The full decode is the oracle
-here (`_decode_canonical`, then `_decode_strict`, as `decode_dir` was before the fast path)."""
+here (`_decode_full`: what `decode_dir` was before the fast path)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,7 @@ NAMES = st.one_of(
 def _oracle(data: bytes) -> tuple[Entry, ...] | str:
     """The full decode's answer: the entries, or the reason it refuses."""
     try:
-        found = trees._decode_canonical(data, "p")
-        return found if found is not None else trees._decode_strict(data, "p")
+        return trees._decode_full(data, "p")
     except TreeInvalid as exc:
         return exc.reason
 
