@@ -58,8 +58,9 @@ def _entries(layout: Mapping[str, tuple[object, ...]]) -> dict[str, Entry]:
 
 
 def _whole(root: str, store: Mapping[str, bytes]) -> dict[str, Entry]:
-    """Every entry of the tree `root` by path, read whole (its directories' digests left out,
-    as the diff compares a directory by type and mode)."""
+    """Every entry of the tree `root` by path, read whole. Not `trees.walk`: that one also
+    refuses symlinks that climb out of the tree, which the diff does not judge (and these
+    layouts make)."""
     found: dict[str, Entry] = {}
     pending = [("", root)]
     while pending:
