@@ -358,7 +358,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int(
 # `filesystem` keeps blobs under PAPERCLIP_CAS_DIR (one node, or a shared volume); `postgres`
 # keeps them in the database (`cas_blob_chunks`), so every node sees them with no shared disk.
 # `s3` keeps them in an S3-compatible bucket (docs/snapshots.md#object-storage); credentials
-# and region come from the standard AWS_* environment (or an instance role), read by boto3.
+# and region come from the standard AWS_* environment (or an instance role), read by obstore.
 PAPERCLIP_CAS_BACKEND = env.str("PAPERCLIP_CAS_BACKEND", default="filesystem")
 if PAPERCLIP_CAS_BACKEND not in ("filesystem", "postgres", "s3"):
     raise ImproperlyConfigured("PAPERCLIP_CAS_BACKEND must be `filesystem`, `postgres` or `s3`")
@@ -367,8 +367,8 @@ if PAPERCLIP_CAS_BACKEND == "s3" and not PAPERCLIP_CAS_S3_BUCKET:
     raise ImproperlyConfigured("PAPERCLIP_CAS_BACKEND=s3 needs PAPERCLIP_CAS_S3_BUCKET")
 PAPERCLIP_CAS_S3_PREFIX = env.str("PAPERCLIP_CAS_S3_PREFIX", default="cas/")
 PAPERCLIP_CAS_S3_ENDPOINT_URL = env.str("PAPERCLIP_CAS_S3_ENDPOINT_URL", default="") or None
-# Seconds to connect and to wait for each read of an answer (each attempt; botocore's
-# "standard" retry mode makes at most PAPERCLIP_CAS_S3_MAX_ATTEMPTS with back-off).
+# Seconds to connect, and for the whole of each request's answer (each attempt); at most
+# PAPERCLIP_CAS_S3_MAX_ATTEMPTS attempts, with exponential back-off between them.
 PAPERCLIP_CAS_S3_CONNECT_TIMEOUT = env.float("PAPERCLIP_CAS_S3_CONNECT_TIMEOUT", default=5.0)
 PAPERCLIP_CAS_S3_READ_TIMEOUT = env.float("PAPERCLIP_CAS_S3_READ_TIMEOUT", default=30.0)
 PAPERCLIP_CAS_S3_MAX_ATTEMPTS = env.int("PAPERCLIP_CAS_S3_MAX_ATTEMPTS", default=3)

@@ -246,7 +246,7 @@ def _remote_backends() -> list[BlobBackend]:
     if isinstance(backend, FilesystemBackend | PostgresBackend):
         if not settings.PAPERCLIP_CAS_S3_BUCKET:
             return []
-        from paperclip.snapshots.store.s3 import S3Backend  # boto3: imported when needed
+        from paperclip.snapshots.store.s3 import S3Backend  # obstore: imported when needed
 
         return [S3Backend()]
     return [backend]

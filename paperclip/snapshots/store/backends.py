@@ -234,8 +234,7 @@ def blob_backend() -> BlobBackend:
     if settings.PAPERCLIP_CAS_BACKEND == "postgres":
         return PostgresBackend()
     if settings.PAPERCLIP_CAS_BACKEND == "s3":
-        # Imported here: boto3 costs a third of a second to import, which the other
-        # backends' processes (and every test) need not pay.
+        # Imported here: the other backends' processes need not load the S3 client.
         from paperclip.snapshots.store.s3 import S3Backend
 
         return S3Backend()

@@ -78,7 +78,7 @@ def backend_named(name: str) -> BlobBackend:
     if name == "postgres":
         return PostgresBackend()
     if name == "s3":
-        from paperclip.snapshots.store.s3 import S3Backend  # boto3: imported when needed
+        from paperclip.snapshots.store.s3 import S3Backend  # obstore: imported when needed
 
         return S3Backend()
     raise ValueError(f"unknown blob backend {name!r}")

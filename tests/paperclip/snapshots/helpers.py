@@ -6,7 +6,7 @@ import hashlib
 from typing import Any
 from uuid import UUID
 
-import botocore.exceptions
+import obstore
 from django.conf import settings
 
 from paperclip.models import CasBlob, CasBlobChunk
@@ -44,11 +44,9 @@ def kept(company_id: UUID | str, name: str) -> dict[str, Any]:
 def s3_object_exists(company_id: UUID | str, name: str) -> bool:
     backend = S3Backend()
     try:
-        backend.client.head_object(Bucket=backend.bucket, Key=backend.key(company_id, name))
-    except botocore.exceptions.ClientError as exc:
-        if exc.response["ResponseMetadata"]["HTTPStatusCode"] == 404:
-            return False
-        raise
+        obstore.head(backend.store, backend.key(company_id, name))
+    except FileNotFoundError:
+        return False
     return True
 
 

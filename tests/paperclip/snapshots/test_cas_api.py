@@ -212,7 +212,8 @@ def test_a_large_upload_streams_through_without_being_held_in_memory(
     agent: Agent, tmp_path: Any
 ) -> None:
     """20 MiB through the service with tracemalloc watching: the peak stays a small fraction
-    of the blob (the spool moves to a temporary file; pieces are 64 KiB / 1 MiB)."""
+    of the blob (the spool moves to a temporary file; pieces are 64 KiB / 1 MiB; the s3
+    backend's multipart upload reads a part of 5 MiB at a time)."""
     size = 20 * 1024 * 1024
     source = tmp_path / "big"
     with source.open("wb") as out:
@@ -221,8 +222,8 @@ def test_a_large_upload_streams_through_without_being_held_in_memory(
     import hashlib
 
     digest = "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest()
-    # A small upload first: a backend's one-time set-up (boto3 loads S3's service model,
-    # some 20 MB the first time in a process) is not what this measures.
+    # A small upload first: a backend's one-time set-up (the s3 backend's client and its
+    # connection pool) is not what this measures.
     warm = b"warm-up\n"
     cas_put(
         company_id=agent.company_id,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import botocore.exceptions
+import obstore
 import pytest
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
@@ -33,7 +33,7 @@ from paperclip.snapshots.store.s3 import MULTIPART_BYTES, S3Backend
 from paperclip.snapshots.store.uploads import cas_put
 from tests.conftest import s3_settings
 from tests.paperclip.factories import CompanyFactory
-from tests.paperclip.snapshots.helpers import NOTHING, kept, name_of
+from tests.paperclip.snapshots.helpers import NOTHING, kept, name_of, s3_object_exists
 from tests.support.processes import child_env
 
 PAIRS = [
@@ -103,12 +103,7 @@ def in_target(target: str, company_id: UUID, name: str) -> bool:
     if target == "postgres":
         return CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name).exists()
     if target == "s3":
-        backend = S3Backend()
-        try:
-            backend.client.head_object(Bucket=backend.bucket, Key=backend.key(company_id, name))
-        except botocore.exceptions.ClientError:
-            return False
-        return True
+        return s3_object_exists(company_id, name)
     return blob_path(company_id, name).exists()
 
 
@@ -176,12 +171,12 @@ def _spoil(backend: str, company_id: UUID, name: str, data: bytes | None) -> Non
             path.write_bytes(data)
         return
     if backend == "s3":
-        store = S3Backend()
-        key = store.key(company_id, name)
+        backend = S3Backend()
+        key = backend.key(company_id, name)
         if data is None:
-            store.client.delete_object(Bucket=store.bucket, Key=key)
+            obstore.delete(backend.store, key)
         else:
-            store.client.put_object(Bucket=store.bucket, Key=key, Body=data)
+            obstore.put(backend.store, key, data)
         return
     chunks = CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name)
     if data is None:
