@@ -29,7 +29,7 @@ from paperclip.snapshots.history import head_move_record_in_tx
 from paperclip.snapshots.store import s3 as s3_module
 from paperclip.snapshots.store.backends import blob_backend
 from paperclip.snapshots.store.names import BlobUnreadable
-from paperclip.snapshots.store.s3 import PART_BYTES, S3Backend
+from paperclip.snapshots.store.s3 import PART_BYTES, WHOLE_READ_BYTES, S3Backend
 from tests.conftest import s3_settings
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory
@@ -125,10 +125,12 @@ def test_a_corrupted_small_object_is_422_before_any_byte(
     assert response.json()["error"]["details"]["reason"] == "digest_mismatch"
 
 
+@pytest.mark.parametrize("size", [3 * 1024 * 1024, WHOLE_READ_BYTES + 1024 * 1024])
 def test_a_corrupted_large_object_is_cut_short_never_served_whole(
-    s3: S3Server, agent_client: APIClient, agent: Agent
+    s3: S3Server, agent_client: APIClient, agent: Agent, size: int
 ) -> None:
-    data = os.urandom(3 * 1024 * 1024)
+    """Read whole (3 MiB) or through a temporary file (9 MiB): the same verified stream."""
+    data = os.urandom(size)
     assert put(agent_client, data).status_code == 201
     damaged = bytearray(data)
     damaged[-1] ^= 0xFF  # only the very end differs
@@ -146,6 +148,26 @@ def test_a_corrupted_large_object_is_cut_short_never_served_whole(
         read_all()
     assert len(received) < len(data)
     assert bytes(received) == data[: len(received)]
+
+
+def test_a_slow_reader_of_a_large_object_outlasts_the_store_timeout(
+    s3: S3Server, agent_client: APIClient, agent: Agent, settings: Any
+) -> None:
+    """The store's timeout covers a request's whole answer (1 s here): a large object is read
+    into a temporary file at the store's pace, so a reader slower than that still gets all
+    of it. Streamed straight from the store's answer instead, the stream was cut (more than
+    the sockets' buffers hold was still unsent when the timeout struck)."""
+    data = os.urandom(16 * 1024 * 1024)
+    assert put(agent_client, data).status_code == 201
+    response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert response.status_code == 200
+    received = bytearray()
+    began = time.monotonic()
+    for piece in response.streaming_content:
+        received.extend(piece)
+        time.sleep(len(piece) / (64 * 1024) * 0.01)  # 10 ms per 64 KiB: about 2.6 s in all
+    assert time.monotonic() - began > 2 * settings.PAPERCLIP_CAS_S3_READ_TIMEOUT
+    assert bytes(received) == data
 
 
 def test_the_materialization_refuses_a_corrupted_object(
