@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 READ_CONCURRENCY: Final = 16  # small blobs read at once (a tree walk's level, a read-ahead)
 PUT_CONCURRENCY: Final = 16  # a batch's PUTs in flight at once
-MULTIPART_BYTES: Final = 16 * 1024 * 1024  # a larger blob goes up in parts
+MULTIPART_BYTES: Final = 8 * 1024 * 1024  # a larger blob goes up in parts (never held whole)
 PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (but the last): the least held
 PART_CONCURRENCY: Final = 2  # parts of one blob in flight (each held in memory meanwhile)
 WHOLE_READ_BYTES: Final = 8 * 1024 * 1024  # a larger object is read through a temporary file
