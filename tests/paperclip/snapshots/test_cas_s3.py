@@ -5,6 +5,7 @@ plane's back, a server that stops answering; and the redirect to a pre-signed UR
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import subprocess
@@ -168,6 +169,21 @@ def test_a_slow_reader_of_a_large_object_outlasts_the_store_timeout(
         time.sleep(len(piece) / (64 * 1024) * 0.01)  # 10 ms per 64 KiB: about 2.6 s in all
     assert time.monotonic() - began > 2 * settings.PAPERCLIP_CAS_S3_READ_TIMEOUT
     assert bytes(received) == data
+
+
+def test_the_backends_batch_calls_work_from_inside_an_event_loop(
+    s3: S3Server, agent: Agent
+) -> None:
+    """A synchronous caller on a thread that runs an event loop (an async worker calling a
+    sync service): the batch runs its own loop on a helper thread instead of failing."""
+    files = {"a.txt": b"first\n", "b.txt": b"second\n"}
+    store_tree(agent.company_id, files)
+    rows = {name_of(data): (0, len(data)) for data in files.values()}
+
+    async def inside() -> dict[str, bytes]:
+        return S3Backend().get_many(company_id=agent.company_id, rows=rows)
+
+    assert asyncio.run(inside()) == {name_of(data): data for data in files.values()}
 
 
 def test_the_materialization_refuses_a_corrupted_object(
