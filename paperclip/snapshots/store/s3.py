@@ -246,6 +246,7 @@ class S3Backend:
         the store's round trips, not by bandwidth); the first failure is raised once every
         request has ended. A blob above MULTIPART_BYTES goes up on its own, after."""
         small = [item for item in blobs if item[2].left <= MULTIPART_BYTES]
+        large = [item for item in blobs if item[2].left > MULTIPART_BYTES]
         store = self.store
 
         async def put(key: str, source: Region) -> None:
@@ -264,9 +265,8 @@ class S3Backend:
                     raise outcome
             source.offset += source.left
             source.left = 0
-        for blob_id, digest, source in blobs:
-            if source.left > MULTIPART_BYTES:
-                self.put(blob_id=blob_id, company_id=company_id, digest=digest, source=source)
+        for blob_id, digest, source in large:
+            self.put(blob_id=blob_id, company_id=company_id, digest=digest, source=source)
 
     def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
         key = self.key(company_id, digest)
