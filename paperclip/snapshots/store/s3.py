@@ -311,6 +311,8 @@ class S3Backend:
         key = self.key(company_id, digest)
         with _store_errors("read", key):
             answer = obstore.get(self.store, key)  # FileNotFoundError: no such object
+        if not _sized(answer, size, key):
+            return iter(())  # never the blob: the caller's verification names it
         if size <= WHOLE_READ_BYTES:
             with _store_errors("read", key):
                 data = answer.bytes().to_bytes()
@@ -329,17 +331,22 @@ class S3Backend:
             return {}
         store = self.store
 
-        async def read(key: str) -> bytes:
+        async def read(key: str, size: int) -> bytes | None:
             answer = await obstore.get_async(store, key)
+            if not _sized(answer, size, key):
+                return None  # left out: the ordinary read names it
             return (await answer.bytes_async()).to_bytes()
 
         keys = [self.key(company_id, digest) for digest in digests]
-        calls = [functools.partial(read, key) for key in keys]
+        calls = [
+            functools.partial(read, key, rows[digest][1])
+            for digest, key in zip(digests, keys, strict=True)
+        ]
         found: dict[str, bytes] = {}
         for digest, key, outcome in zip(
             digests, keys, _run_all(calls, READ_CONCURRENCY), strict=True
         ):
-            if isinstance(outcome, FileNotFoundError):
+            if outcome is None or isinstance(outcome, FileNotFoundError):
                 continue
             if isinstance(outcome, BaseException):
                 with _store_errors("read", key):
@@ -354,6 +361,16 @@ class S3Backend:
         seconds = int(settings.PAPERCLIP_CAS_S3_REDIRECT_SECONDS)
         with _store_errors("sign", key):
             return obstore.sign(self.store, "GET", key, timedelta(seconds=seconds))
+
+
+def _sized(answer: Any, size: int, key: str) -> bool:
+    """Whether the object's answer announces the blob's size. An object of another size is
+    not the blob: its body is not read at all (one grown behind the plane's back must not
+    fill a web process's memory or disk)."""
+    found = int(answer.meta["size"])
+    if found != size:
+        logger.error("s3 object %s holds %d bytes where its blob has %d", key, found, size)
+    return found == size
 
 
 def _slices(data: bytes) -> Iterator[bytes]:

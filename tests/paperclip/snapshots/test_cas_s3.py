@@ -115,15 +115,61 @@ def test_an_object_deleted_behind_the_plane_is_422_never_bytes(
     assert b"".join(agent_client.get(f"/api/cas/blobs/{name_of(data)}").streaming_content) == data
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [b"the WRONG bytes\n", b"the right bytes\n" * 600_000],  # the same size; 9.6 MB
+    ids=["same-size", "grown"],
+)
 def test_a_corrupted_small_object_is_422_before_any_byte(
-    s3: S3Server, agent_client: APIClient, agent: Agent
+    s3: S3Server, agent_client: APIClient, agent: Agent, damage: bytes
 ) -> None:
     data = b"the right bytes\n"
     assert put(agent_client, data).status_code == 201
-    object_file(s3, agent.company_id, data).write_bytes(b"the WRONG bytes\n")  # same size
+    object_file(s3, agent.company_id, data).write_bytes(damage)
     response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
     assert_error(response, 422, "blob_unreadable")
     assert response.json()["error"]["details"]["reason"] == "digest_mismatch"
+
+
+def test_an_object_of_another_size_is_not_read(
+    s3: S3Server, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object grown behind the plane's back is refused from its announced size, its body
+    never read (nor held): one read and one batch read of it, both without the bytes."""
+    data = b"small and right\n"
+    store_tree(agent.company_id, {"a.txt": data})
+    object_file(s3, agent.company_id, data).write_bytes(os.urandom(9 * 1024 * 1024))
+    bodies: list[str] = []
+
+    class Watched:
+        """The store's answer, its body's reads recorded."""
+
+        def __init__(self, answer: Any) -> None:
+            self.answer, self.meta = answer, answer.meta
+
+        def __getattr__(self, name: str) -> Any:
+            bodies.append(name)  # bytes, bytes_async, stream: the body read
+            return getattr(self.answer, name)
+
+    get, get_async = obstore.get, obstore.get_async
+
+    async def watched_async(*args: Any, **kwargs: Any) -> Watched:
+        return Watched(await get_async(*args, **kwargs))
+
+    monkeypatch.setattr(obstore, "get", lambda *args, **kwargs: Watched(get(*args, **kwargs)))
+    monkeypatch.setattr(obstore, "get_async", watched_async)
+    backend = S3Backend()
+    rows = {name_of(data): (0, len(data))}
+    chunks = backend.get(blob_id=0, company_id=agent.company_id, digest=name_of(data), size=16)
+    assert list(chunks) == []
+    assert backend.get_many(company_id=agent.company_id, rows=rows) == {}
+    assert bodies == []
+    intact = b"intact\n"  # the watch sees a body that is read
+    store_tree(agent.company_id, {"b.txt": intact})
+    assert backend.get_many(company_id=agent.company_id, rows={name_of(intact): (0, 7)}) == {
+        name_of(intact): intact
+    }
+    assert bodies == ["bytes_async"]
 
 
 @pytest.mark.parametrize("size", [3 * 1024 * 1024, WHOLE_READ_BYTES + 1024 * 1024])
