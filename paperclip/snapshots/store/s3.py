@@ -311,8 +311,10 @@ class S3Backend:
         key = self.key(company_id, digest)
         with _store_errors("read", key):
             answer = obstore.get(self.store, key)  # FileNotFoundError: no such object
-        if not _sized(answer, size, key):
-            return iter(())  # never the blob: the caller's verification names it
+        if _announced(answer, size, key) > size:
+            # Enough to show it is longer than the blob (the caller's verification names
+            # it), never the whole of an object grown behind the plane's back.
+            return _head_of(answer, size + 1, key)
         if size <= WHOLE_READ_BYTES:
             with _store_errors("read", key):
                 data = answer.bytes().to_bytes()
@@ -333,8 +335,8 @@ class S3Backend:
 
         async def read(key: str, size: int) -> bytes | None:
             answer = await obstore.get_async(store, key)
-            if not _sized(answer, size, key):
-                return None  # left out: the ordinary read names it
+            if _announced(answer, size, key) != size:
+                return None  # left out, unread: the ordinary read names it
             return (await answer.bytes_async()).to_bytes()
 
         keys = [self.key(company_id, digest) for digest in digests]
@@ -363,14 +365,25 @@ class S3Backend:
             return obstore.sign(self.store, "GET", key, timedelta(seconds=seconds))
 
 
-def _sized(answer: Any, size: int, key: str) -> bool:
-    """Whether the object's answer announces the blob's size. An object of another size is
-    not the blob: its body is not read at all (one grown behind the plane's back must not
-    fill a web process's memory or disk)."""
+def _announced(answer: Any, size: int, key: str) -> int:
+    """The object's size as its answer announces it (logged when it is not the blob's `size`:
+    such an object is not the blob, and one grown behind the plane's back must not be read
+    whole into a web process's memory or disk)."""
     found = int(answer.meta["size"])
     if found != size:
         logger.error("s3 object %s holds %d bytes where its blob has %d", key, found, size)
-    return found == size
+    return found
+
+
+def _head_of(answer: Any, limit: int, key: str) -> Iterator[bytes]:
+    """The first `limit` bytes of the object's answer; the rest is never read."""
+    with _store_errors("read", key):
+        for piece in answer.stream(min_chunk_size=READ_BYTES):
+            data = bytes(memoryview(piece)[:limit])
+            limit -= len(data)
+            yield data
+            if limit <= 0:
+                return
 
 
 def _slices(data: bytes) -> Iterator[bytes]:
