@@ -15,12 +15,12 @@ from django.db import transaction
 from paperclip.db.locking import busy_on_lock_timeout
 from paperclip.errors import InvalidRequest
 from paperclip.snapshots.store.names import (
-    MAX_BATCH_BLOBS,
     MAX_FRAME_HEADER,
     READ_BYTES,
     BatchTooLarge,
     BlobTooLarge,
     blob_name_problem,
+    max_batch_blobs,
 )
 from paperclip.snapshots.store.spool import Readable, Spooled, spool_upload
 from paperclip.snapshots.store.uploads import store_spooled
@@ -118,7 +118,7 @@ def cas_put_batch(*, company_id: UUID, stream: Readable | None, length: int) -> 
     line `<name> <size>\\n` followed by exactly `size` bytes, frame after frame to the end of
     the body (`length` bytes: the request's Content-Length). At most
     PAPERCLIP_CAS_MAX_BATCH_BYTES of body (413 `request_too_large`, before anything is read)
-    and MAX_BATCH_BLOBS frames; each blob is verified as `cas_put` does (one over
+    and `max_batch_blobs()` frames; each blob is verified as `cas_put` does (one over
     PAPERCLIP_CAS_MAX_BLOB_BYTES: 413 `blob_too_large`; a mismatch: 400
     `blob_digest_mismatch` with `details.digest`; malformed framing: 400 `invalid_request`
     with `details.fields.body`). All or nothing: every frame is read and verified before one
@@ -127,6 +127,7 @@ def cas_put_batch(*, company_id: UUID, stream: Readable | None, length: int) -> 
     if length > max_batch:
         raise BatchTooLarge(max_bytes=max_batch)
     max_blob = settings.PAPERCLIP_CAS_MAX_BLOB_BYTES
+    most = max_batch_blobs()
     body = _Body(stream, length)
     spooled: list[Spooled] = []
     order: list[str] = []
@@ -136,8 +137,8 @@ def cas_put_batch(*, company_id: UUID, stream: Readable | None, length: int) -> 
     with _batch_file() as into:
         while (header := _frame_header(body)) is not None:
             name, size = header
-            if len(order) >= MAX_BATCH_BLOBS:
-                raise _bad_frame(f"More than {MAX_BATCH_BLOBS} frames.")
+            if len(order) >= most:
+                raise _bad_frame(f"More than {most} frames.")
             if size > max_blob:
                 raise BlobTooLarge(max_bytes=max_blob, digest=name)
             if size > body.remaining:

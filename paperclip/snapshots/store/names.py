@@ -36,6 +36,16 @@ MAX_FIND_MISSING: Final = 10_000
 
 
 MAX_BATCH_BLOBS: Final = 10_000
+# With the s3 backend each blob of a batch is a round trip to the store, so a batch of 10,000
+# small blobs could outlast a client's 30 s timeout on a slow store; the client's retry would
+# then find the first attempt's rows still locked (409 resource_busy). 500 keeps a batch to
+# seconds even at 100 PUTs a second.
+S3_MAX_BATCH_BLOBS: Final = 500
+
+
+def max_batch_blobs() -> int:
+    """The most frames a batch upload may hold with the configured backend."""
+    return S3_MAX_BATCH_BLOBS if settings.PAPERCLIP_CAS_BACKEND == "s3" else MAX_BATCH_BLOBS
 
 
 MAX_FRAME_HEADER: Final = 128  # `sha256:<64 hex> <size>\n` is at most 88 bytes
@@ -117,6 +127,6 @@ def cas_limits() -> dict[str, int]:
     return {
         "max_blob_bytes": settings.PAPERCLIP_CAS_MAX_BLOB_BYTES,
         "max_batch_bytes": settings.PAPERCLIP_CAS_MAX_BATCH_BYTES,
-        "max_batch_blobs": MAX_BATCH_BLOBS,
+        "max_batch_blobs": max_batch_blobs(),
         "max_find_missing": MAX_FIND_MISSING,
     }

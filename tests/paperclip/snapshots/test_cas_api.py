@@ -32,14 +32,29 @@ def get_bytes(client: APIClient, name: str, query: str = "") -> tuple[int, bytes
     return 200, b"".join(response.streaming_content), response
 
 
-def test_limits(agent_client: APIClient) -> None:
+def test_limits(agent_client: APIClient, settings: Any) -> None:
     body = agent_client.get("/api/cas").json()
     assert body == {
         "max_blob_bytes": 64 * 1024 * 1024,
         "max_batch_bytes": 16 * 1024 * 1024,
-        "max_batch_blobs": 10_000,
+        "max_batch_blobs": 500 if settings.PAPERCLIP_CAS_BACKEND == "s3" else 10_000,
         "max_find_missing": 10_000,
     }
+
+
+def test_the_s3_backend_takes_smaller_batches(
+    agent_client: APIClient, agent: Agent, settings: Any
+) -> None:
+    """Each blob of a batch is a round trip to the bucket: 500 frames at most, advertised
+    and enforced (the 501st frame is refused before anything is stored)."""
+    settings.PAPERCLIP_CAS_BACKEND = "s3"
+    settings.PAPERCLIP_CAS_S3_BUCKET = "never-reached"
+    assert agent_client.get("/api/cas").json()["max_batch_blobs"] == 500
+    blobs = [f"blob {i}\n".encode() for i in range(501)]
+    response = agent_client.post("/api/cas/batch", frames(*blobs), content_type=OCTETS)
+    error = assert_error(response, 400, "invalid_request")
+    assert error["details"]["fields"]["body"] == ["More than 500 frames."]
+    assert not CasBlob.objects.exists()
 
 
 def test_put_is_201_then_200_and_get_streams_the_exact_bytes(
