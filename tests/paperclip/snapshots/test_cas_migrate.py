@@ -171,12 +171,12 @@ def _spoil(backend: str, company_id: UUID, name: str, data: bytes | None) -> Non
             path.write_bytes(data)
         return
     if backend == "s3":
-        backend = S3Backend()
-        key = backend.key(company_id, name)
+        s3 = S3Backend()
+        key = s3.key(company_id, name)
         if data is None:
-            obstore.delete(backend.store, key)
+            obstore.delete(s3.store, key)
         else:
-            obstore.put(backend.store, key, data)
+            obstore.put(s3.store, key, data)
         return
     chunks = CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name)
     if data is None:
