@@ -35,11 +35,19 @@ _UPSERT: Final = """
 """
 
 
-def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, bool]:
-    """Upsert the rows (locking them), then place the bytes of new rows and of existing rows
-    whose bytes are gone; returns digest → created. Runs in the caller's transaction; on any
-    error removes what it placed before the transaction rolls back (still holding the rows,
-    so no concurrent upload of the same blob can have written there meanwhile)."""
+def store_spooled(
+    company_id: UUID, spooled: Sequence[Spooled], *, rewrite: bool = True
+) -> dict[str, bool]:
+    """Upsert the rows (locking them), then place the bytes of new rows and of existing rows:
+    with `rewrite` (an agent's upload) every existing row's bytes are written anew from the
+    verified upload, as the 422 `blob_unreadable` tells an agent to do to repair an object
+    damaged in place (a size check alone kept a same-size corruption); without it (the
+    plane's own blobs: merges, adoptions) only those whose bytes are gone or of the wrong
+    size. Returns digest → created. Runs in the caller's transaction; on any error removes
+    what it placed for new rows before the transaction rolls back (still holding the rows,
+    so no concurrent upload of the same blob can have written there meanwhile); an existing
+    row's bytes are replaced atomically by every backend, so a failed rewrite leaves them
+    as they were."""
     require_transaction()
     by_digest = {s.digest: s for s in spooled}
     digests = sorted(by_digest)
@@ -53,7 +61,11 @@ def store_spooled(company_id: UUID, spooled: Sequence[Spooled]) -> dict[str, boo
         to_place: list[tuple[int, str, Region]] = []
         for blob_id, digest, inserted in sorted(rows, key=lambda r: r[1]):
             blob = by_digest[digest]
-            if inserted or not backend.stat(company_id=company_id, digest=digest, size=blob.size):
+            if (
+                inserted
+                or rewrite
+                or not backend.stat(company_id=company_id, digest=digest, size=blob.size)
+            ):
                 to_place.append((blob_id, digest, blob.reader()))
                 if inserted:
                     placed.append(digest)
@@ -134,4 +146,4 @@ def cas_store_blobs(*, company_id: UUID, blobs: Mapping[str, bytes]) -> None:
             for name in names[start : start + STORE_CHUNK]
         ]
         with busy_on_lock_timeout(), transaction.atomic(durable=True):
-            store_spooled(company_id, spooled)
+            store_spooled(company_id, spooled, rewrite=False)

@@ -8,10 +8,14 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+import obstore
 import pytest
+from django.conf import settings
 from rest_framework.test import APIClient
 
-from paperclip.models import ActivityEvent, Agent, CasBlob, Company
+from paperclip.models import ActivityEvent, Agent, CasBlob, CasBlobChunk, Company
+from paperclip.snapshots.store.backends import blob_path
+from paperclip.snapshots.store.s3 import S3Backend
 from paperclip.snapshots.store.uploads import cas_put
 from tests.helpers import assert_error
 from tests.paperclip.factories import AgentFactory, ExecutionWorkspaceFactory, NativeRunFactory
@@ -176,6 +180,39 @@ def test_a_batch_stores_all_and_reports_new_and_existing(
         "existing": [name_of(b"old")],
     }
     assert get_bytes(agent_client, name_of(b"one"))[1] == b"one"
+
+
+def damage_in_place(company_id: Any, data: bytes) -> None:
+    """The stored bytes of `data` changed behind the plane's back, keeping their size."""
+    name, damaged = name_of(data), bytes([data[0] ^ 0xFF]) + data[1:]
+    if settings.PAPERCLIP_CAS_BACKEND == "filesystem":
+        blob_path(company_id, name).write_bytes(damaged)
+    elif settings.PAPERCLIP_CAS_BACKEND == "postgres":
+        CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name).update(
+            data=damaged
+        )
+    else:
+        backend = S3Backend()
+        obstore.put(backend.store, backend.key(company_id, name), damaged)
+
+
+@pytest.mark.parametrize("upload", ["put", "batch"])
+def test_uploading_a_blob_again_repairs_its_bytes_damaged_in_place(
+    agent_client: APIClient, agent: Agent, upload: str
+) -> None:
+    """What the 422 tells an agent to do works: the upload's verified bytes are written
+    anew. A size check alone kept a damaged object of the right size, 422 for ever."""
+    data = b"the right bytes, damaged in place later\n"
+    assert put(agent_client, data).status_code == 201
+    damage_in_place(agent.company_id, data)
+    assert_error(agent_client.get(f"/api/cas/blobs/{name_of(data)}"), 422, "blob_unreadable")
+    if upload == "put":
+        again = put(agent_client, data)
+        assert (again.status_code, again.json()["created"]) == (200, False)
+    else:
+        again = agent_client.post("/api/cas/batch", frames(data), content_type=OCTETS)
+        assert (again.status_code, again.json()["existing"]) == (200, [name_of(data)])
+    assert get_bytes(agent_client, name_of(data))[:2] == (200, data)
 
 
 def test_a_batch_with_one_bad_frame_keeps_nothing(agent_client: APIClient, agent: Agent) -> None:
