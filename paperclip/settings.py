@@ -366,6 +366,18 @@ PAPERCLIP_CAS_S3_BUCKET = env.str("PAPERCLIP_CAS_S3_BUCKET", default="")
 if PAPERCLIP_CAS_BACKEND == "s3" and not PAPERCLIP_CAS_S3_BUCKET:
     raise ImproperlyConfigured("PAPERCLIP_CAS_BACKEND=s3 needs PAPERCLIP_CAS_S3_BUCKET")
 PAPERCLIP_CAS_S3_PREFIX = env.str("PAPERCLIP_CAS_S3_PREFIX", default="cas/")
+# Keys are `<prefix><company>/<2 hex>/<64 hex>`: a prefix with an empty, `.` or `..` segment,
+# or a leading `/`, names keys the store would refuse or rewrite (object_store drops a
+# leading `/`), so it is refused at startup rather than at the first upload.
+if PAPERCLIP_CAS_S3_PREFIX and (
+    PAPERCLIP_CAS_S3_PREFIX.startswith("/")
+    or not PAPERCLIP_CAS_S3_PREFIX.endswith("/")
+    or any(part in ("", ".", "..") for part in PAPERCLIP_CAS_S3_PREFIX[:-1].split("/"))
+):
+    raise ImproperlyConfigured(
+        "PAPERCLIP_CAS_S3_PREFIX must be empty or segments ending with `/` (as `cas/`), with"
+        " no leading `/` and no empty, `.` or `..` segment"
+    )
 PAPERCLIP_CAS_S3_ENDPOINT_URL = env.str("PAPERCLIP_CAS_S3_ENDPOINT_URL", default="") or None
 # Seconds to connect, and for the whole of each request's answer (each attempt); at most
 # PAPERCLIP_CAS_S3_MAX_ATTEMPTS attempts, with exponential back-off between them.
@@ -376,6 +388,8 @@ PAPERCLIP_CAS_S3_MAX_ATTEMPTS = env.int("PAPERCLIP_CAS_S3_MAX_ATTEMPTS", default
 # bytes flow from the bucket, not through a web node (docs/snapshots.md#direct-transfers).
 PAPERCLIP_CAS_S3_REDIRECT = env.bool("PAPERCLIP_CAS_S3_REDIRECT", default=True)
 PAPERCLIP_CAS_S3_REDIRECT_SECONDS = env.int("PAPERCLIP_CAS_S3_REDIRECT_SECONDS", default=300)
+if not 1 <= PAPERCLIP_CAS_S3_REDIRECT_SECONDS <= 7 * 24 * 3600:  # S3's longest signature
+    raise ImproperlyConfigured("PAPERCLIP_CAS_S3_REDIRECT_SECONDS must be 1 to 604800")
 # Smaller blobs are answered by the web node: a redirect costs a second round trip, which
 # for a small blob takes longer than relaying it.
 PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES = env.int(

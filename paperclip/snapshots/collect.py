@@ -212,14 +212,15 @@ def _delete_batch(
                 [company_id, [r[1] for r in rows]],
             )
         digests = [r[1] for r in rows]
-        FilesystemBackend().delete_many(company_id=company_id, digests=digests)
         for backend in _remote_backends():
             # The s3 backend's objects: requests to the store while the rows are locked, on
             # purpose (docs/snapshots.md#collection-and-object-storage): deleted after the
             # commit, an upload re-creating a row and its object in between would lose its
-            # bytes. BlobStoreUnavailable
-            # rolls the batch back (its rows stay; the next collection tries again).
+            # bytes. BlobStoreUnavailable rolls the batch back (its rows stay; the next
+            # collection tries again), so these go first: the local files, which cannot be
+            # put back, are removed only once the store has let go of its objects.
             backend.delete_many(company_id=company_id, digests=digests)
+        FilesystemBackend().delete_many(company_id=company_id, digests=digests)
         total = sum(r[2] for r in rows)
         activity_record(
             company_id=company_id,

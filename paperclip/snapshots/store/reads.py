@@ -141,14 +141,19 @@ def cas_blob_redirect(*, company_id: UUID, digest: str) -> str | None:
     """A short-lived URL that fetches the company's blob `digest` straight from the store,
     when the backend can sign one, PAPERCLIP_CAS_S3_REDIRECT is on and the blob has at least
     PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES; None otherwise (also when the company has no such
-    blob: the caller then answers from `cas_open`). The reader
-    of the URL verifies the bytes against the name (the agents' client does). Reads only."""
+    blob, or its object is missing or not the blob's size: the caller then answers from
+    `cas_open`, which says so, 422, where the store would answer the client's redirected GET
+    404 again and again). The reader of the URL verifies the bytes against the name (the
+    agents' client does). Reads only: one HEAD request to the store."""
     if settings.PAPERCLIP_CAS_BACKEND != "s3" or not settings.PAPERCLIP_CAS_S3_REDIRECT:
         return None
     row = blob_row(company_id, checked_name(digest))
     if row is None or row[1] < settings.PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES:
         return None
-    return blob_presigned_url(blob_backend(), company_id=company_id, digest=digest, size=row[1])
+    backend = blob_backend()
+    if not backend.stat(company_id=company_id, digest=digest, size=row[1]):
+        return None
+    return blob_presigned_url(backend, company_id=company_id, digest=digest, size=row[1])
 
 
 def verified_chunks(chunks: Iterator[bytes], *, digest: str, size: int) -> Iterator[bytes]:

@@ -10,12 +10,12 @@ Object key `<PAPERCLIP_CAS_S3_PREFIX><company_id>/<hex[:2]>/<hex>`. Uploads read
 spool: a blob up to MULTIPART_BYTES in one PUT, a larger one as a multipart upload in parts of
 PART_BYTES read from the spool file as they go (at most PART_CONCURRENCY parts in memory). A
 read holds a small blob whole; a larger one is copied into a temporary file at the store's
-pace before the caller takes any of it, so a slow reader never holds a request to the store
-open past its timeout. Transient errors are retried with exponential back-off
-(PAPERCLIP_CAS_S3_MAX_ATTEMPTS attempts); what still fails, and every other answer than "no
-such object", is `BlobStoreUnavailable` (503 with Retry-After). Verifying what a read returns
-against the blob's name is not this module's: the store's reads do it for every backend
-(`paperclip.snapshots.store.reads`).
+pace before the caller answers anything, so a slow reader never holds a request to the store
+open past its timeout and a failed copy is still a 503. Transient errors are retried with
+exponential back-off (PAPERCLIP_CAS_S3_MAX_ATTEMPTS attempts); what still fails, and every
+other answer than "no such object", is `BlobStoreUnavailable` (503 with Retry-After).
+Verifying what a read returns against the blob's name is not this module's: the store's
+reads do it for every backend (`paperclip.snapshots.store.reads`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, S
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 from uuid import UUID
 
 import obstore
@@ -295,9 +295,14 @@ class S3Backend:
         except FileNotFoundError:
             pass
         except _UNAVAILABLE as exc:
-            # A store without the batch delete (GCS's XML API answers it 501), or a batch
-            # that failed part way: each key on its own, whose failures are the store's.
-            logger.info("s3 batch delete failed (%s); deleting one by one", type(exc).__name__)
+            if not _batch_delete_refused(exc):
+                # A store that cannot be reached: one request per key would only repeat the
+                # timeouts, each, while the collection holds its rows locked.
+                with _store_errors("batch delete", f"{keys[0]} and {len(keys) - 1} more"):
+                    raise
+            # A store without the batch delete (GCS's XML API answers it 501): each key on
+            # its own, whose failures are the store's.
+            logger.info("s3 batch delete refused (%s); deleting one by one", type(exc).__name__)
             self._delete_each(keys)
 
     def _delete_each(self, keys: list[str]) -> None:
@@ -319,7 +324,7 @@ class S3Backend:
             with _store_errors("read", key):
                 data = answer.bytes().to_bytes()
             return _slices(data)
-        return _through_file(answer, key)
+        return _pieces_of(_copied(answer, key))
 
     def get_many(
         self, *, company_id: UUID, rows: Mapping[str, tuple[int, int]]
@@ -365,6 +370,18 @@ class S3Backend:
             return obstore.sign(self.store, "GET", key, timedelta(seconds=seconds))
 
 
+def _batch_delete_refused(exc: BaseException) -> bool:
+    """Whether the store answered that it has no batch delete (S3's DeleteObjects), as
+    GCS's XML API does (501 Not Implemented; 405 from some gateways), rather than failing."""
+    if isinstance(exc, obstore.exceptions.NotSupportedError):
+        return True
+    text = str(exc)
+    return any(
+        mark in text
+        for mark in ("NotImplemented", "501 Not Implemented", "MethodNotAllowed", "405 Method")
+    )
+
+
 def _announced(answer: Any, size: int, key: str) -> int:
     """The object's size as its answer announces it (logged when it is not the blob's `size`:
     such an object is not the blob, and one grown behind the plane's back must not be read
@@ -392,15 +409,25 @@ def _slices(data: bytes) -> Iterator[bytes]:
         yield bytes(view[start : start + READ_BYTES])
 
 
-def _through_file(answer: Any, key: str) -> Iterator[bytes]:
-    """A large object's bytes, copied whole into a temporary file first (at the store's pace:
-    a request's timeout covers its whole answer, so a slow consumer must not hold it open),
-    then given out in pieces of READ_BYTES. A copy that fails part way is
-    BlobStoreUnavailable before any piece is given."""
-    with tempfile.TemporaryFile(prefix="paperclip-s3-") as spool:
+def _copied(answer: Any, key: str) -> IO[bytes]:
+    """A large object's bytes copied whole into a temporary file, at the store's pace (a
+    request's timeout covers its whole answer, so a slow consumer must not hold it open), before
+    the caller answers anything: a copy that fails part way is BlobStoreUnavailable while a
+    503 can still be answered, not a stream cut after a 200."""
+    spool = tempfile.TemporaryFile(prefix="paperclip-s3-")  # noqa: SIM115 - handed on
+    try:
         with _store_errors("read", key):
             for piece in answer.stream(min_chunk_size=READ_BYTES):
                 spool.write(memoryview(piece))
         spool.seek(0)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
+
+
+def _pieces_of(spool: IO[bytes]) -> Iterator[bytes]:
+    """The file's bytes in pieces of READ_BYTES; closed (and so removed) at the end."""
+    with spool:
         while data := spool.read(READ_BYTES):
             yield data

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,12 @@ from django.db.models.functions import Now
 from rest_framework.test import APIClient
 
 from paperclip.models import Agent, CasBlob, ExecutionWorkspace
+from paperclip.snapshots.collect import cas_collect
 from paperclip.snapshots.head import workspace_materialize
 from paperclip.snapshots.history import head_move_record_in_tx
 from paperclip.snapshots.store import s3 as s3_module
 from paperclip.snapshots.store.backends import blob_backend
-from paperclip.snapshots.store.names import BlobUnreadable
+from paperclip.snapshots.store.names import BlobStoreUnavailable, BlobUnreadable
 from paperclip.snapshots.store.s3 import PART_BYTES, WHOLE_READ_BYTES, S3Backend
 from tests.conftest import s3_settings
 from tests.helpers import assert_error
@@ -354,6 +356,26 @@ def test_the_blob_get_redirects_to_a_presigned_url_only_for_the_own_company(
     assert_error(other_agent_client.get(f"/api/cas/blobs/{name_of(data)}"), 404, "not_found")
 
 
+def test_a_lost_or_resized_object_is_422_not_a_redirect_to_nothing(
+    s3: S3Server, settings: Any, agent_client: APIClient, agent: Agent
+) -> None:
+    """The redirect is answered only for an object the store holds at the blob's size: a
+    redirect to a lost object was answered 404 by the store, which the client took for an
+    expired URL and asked again, never learning the blob was unreadable."""
+    settings.PAPERCLIP_CAS_S3_REDIRECT = True
+    settings.PAPERCLIP_CAS_S3_REDIRECT_MIN_BYTES = 0
+    lost, resized = b"lost behind the plane's back\n", b"resized behind the plane's back\n"
+    for data in (lost, resized):
+        assert put(agent_client, data).status_code == 201
+        assert agent_client.get(f"/api/cas/blobs/{name_of(data)}").status_code == 307
+    object_file(s3, agent.company_id, lost).unlink()
+    object_file(s3, agent.company_id, resized).write_bytes(resized + b"more")
+    for data in (lost, resized):
+        response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+        assert_error(response, 422, "blob_unreadable")
+        assert response.json()["error"]["details"]["digest"] == name_of(data)
+
+
 def test_the_files_endpoint_refuses_a_corrupted_file_and_a_stopped_store(
     s3: S3Server, company: Any, board_client: APIClient
 ) -> None:
@@ -459,3 +481,95 @@ def test_the_s3_backend_without_a_bucket_is_improperly_configured(settings: Any)
     )
     assert started.returncode != 0
     assert "PAPERCLIP_CAS_S3_BUCKET" in started.stderr
+
+
+def test_a_stopped_store_fails_a_batch_delete_at_once_not_key_by_key(
+    s3: S3Server, agent: Agent, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a store that refuses the batch delete is asked key by key: one that does not
+    answer fails the collection's batch within its timeouts. Falling back on any failure, 64
+    keys cost 8 more rounds of timeouts (each 2 attempts of 1 s here; 3 of 30 s by default)
+    while the collector held the rows locked."""
+    stored = [f"blob {i}\n".encode() for i in range(64)]
+    store_tree(agent.company_id, {f"{i}.txt": data for i, data in enumerate(stored)})
+    one_by_one: list[str] = []
+    delete_async = obstore.delete_async
+
+    async def counted(store: Any, path: Any) -> None:
+        one_by_one.append(path)
+        await delete_async(store, path)
+
+    monkeypatch.setattr(obstore, "delete_async", counted)
+    request.getfixturevalue("paused")
+    with pytest.raises(BlobStoreUnavailable):
+        S3Backend().delete_many(
+            company_id=agent.company_id, digests=[name_of(data) for data in stored]
+        )
+    assert one_by_one == []
+
+
+def test_a_store_failing_while_a_large_object_is_copied_is_503_not_a_cut_200(
+    s3: S3Server, agent_client: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large object is copied into the temporary file before the answer starts: a store
+    that fails part way through is a 503 the client retries. Copied as the answer streamed,
+    this was a 200 with its Content-Length, cut after the first piece."""
+    data = os.urandom(WHOLE_READ_BYTES + 1024 * 1024)
+    assert put(agent_client, data).status_code == 201
+    get = obstore.get
+
+    class FailingAnswer:
+        def __init__(self, answer: Any) -> None:
+            self.answer, self.meta = answer, answer.meta
+
+        def stream(self, **options: Any) -> Iterator[Any]:
+            for number, piece in enumerate(self.answer.stream(**options)):
+                if number:
+                    raise obstore.exceptions.GenericError("connection reset mid-answer")
+                yield piece
+
+    monkeypatch.setattr(obstore, "get", lambda store, key: FailingAnswer(get(store, key)))
+    response = agent_client.get(f"/api/cas/blobs/{name_of(data)}")
+    assert_error(response, 503, "blob_store_unavailable")
+    assert response["Retry-After"] == "5"
+
+
+def test_collection_keeps_local_bytes_when_the_bucket_cannot_delete(
+    s3: S3Server, settings: Any, company: Any, request: pytest.FixtureRequest
+) -> None:
+    """Mid-move (the filesystem backend in use, the bucket still configured), a bucket that
+    cannot be reached rolls the collection's batch back: its rows stay, and so do the local
+    files they name (removed first, they were gone for good behind rows that stayed)."""
+    settings.PAPERCLIP_CAS_BACKEND = "filesystem"
+    data = b"old and unreachable\n"
+    store_tree(company.pk, {"a.txt": data})
+    CasBlob.objects.filter(company_id=company.pk).update(
+        created_at=Now() - timedelta(days=2), referenced_at=Now() - timedelta(days=2)
+    )
+    request.getfixturevalue("paused")
+    with pytest.raises(BlobStoreUnavailable):
+        cas_collect(batch_size=100)
+    assert kept(company.pk, name_of(data)) == {"row": True, "chunks": False, "file": True}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PAPERCLIP_CAS_S3_PREFIX", "/cas/"),
+        ("PAPERCLIP_CAS_S3_PREFIX", "cas"),
+        ("PAPERCLIP_CAS_S3_PREFIX", "a//b/"),
+        ("PAPERCLIP_CAS_S3_PREFIX", "a/../"),
+        ("PAPERCLIP_CAS_S3_REDIRECT_SECONDS", "0"),
+    ],
+)
+def test_settings_the_store_would_refuse_stop_startup(name: str, value: str) -> None:
+    """Each was an exception of obstore's at the first request (a 500), not at startup."""
+    started = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=child_env(**{name: value}),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert started.returncode != 0
+    assert name in started.stderr
