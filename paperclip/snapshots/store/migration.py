@@ -404,6 +404,12 @@ def _place(dest: BlobBackend, row: _Row, spooled: Spooled) -> None:
             blob_id=row.id, company_id=row.company_id, digest=row.digest, source=spooled.reader()
         )
         problem = _readback_problem(dest, row)
+    except BlobStoreUnavailable as exc:
+        # The target cannot be reached: said as such (resume when it is back), not as a
+        # blob the target wrote wrong.
+        with suppress(Exception):
+            dest.delete(company_id=row.company_id, digest=row.digest)
+        raise StoreUnavailable(side="target", reason=str(exc.details.get("reason"))) from exc
     except Exception as exc:
         problem = f"cannot be written: {type(exc).__name__}: {exc}"
     if problem:

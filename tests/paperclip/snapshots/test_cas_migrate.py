@@ -27,7 +27,7 @@ from django.db import connection
 from paperclip.models import CasBlob, CasBlobChunk
 from paperclip.snapshots.collect import cas_collect
 from paperclip.snapshots.store.backends import FilesystemBackend, PostgresBackend, blob_path
-from paperclip.snapshots.store.names import CHUNK_BYTES
+from paperclip.snapshots.store.names import CHUNK_BYTES, BlobStoreUnavailable
 from paperclip.snapshots.store.reads import cas_open
 from paperclip.snapshots.store.s3 import MULTIPART_BYTES, S3Backend
 from paperclip.snapshots.store.uploads import cas_put
@@ -279,6 +279,28 @@ def test_an_s3_target_that_cannot_be_reached_stops_the_pass_with_nothing_copied(
 
     with pytest.raises(CommandError, match=r"the target store cannot be reached \(stat: "):
         call_command("cas_migrate", "--to", "s3", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.django_db
+def test_an_s3_target_lost_during_a_copy_is_said_unreachable_not_a_bad_blob(
+    request: pytest.FixtureRequest, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store answered the pass's first questions, then stopped answering during a copy:
+    the message says the target cannot be reached (resume when it is back), where it said a
+    blob "cannot be written", as if the target had stored it wrong."""
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "cas"
+    configure(request, settings, monkeypatch, "filesystem", "s3")
+    name = store(CompanyFactory().pk, b"copied while the store goes away")
+
+    def gone(self: S3Backend, **_: Any) -> None:
+        raise BlobStoreUnavailable(reason="upload: GenericError")
+
+    monkeypatch.setattr(S3Backend, "put", gone)
+    with pytest.raises(
+        CommandError, match=r"the target store cannot be reached \(upload: GenericError\)"
+    ):
+        call_command("cas_migrate", "--to", "s3", stdout=StringIO(), stderr=StringIO())
+    assert CasBlob.objects.get(digest=name).size == len(b"copied while the store goes away")
 
 
 @pytest.mark.django_db
