@@ -42,6 +42,13 @@ def test_bench_script_runs_to_the_end(script: str, db_env: str, args: list[str])
 
 
 @pytest.mark.slow
+def test_the_store_sync_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
+    done = run_bench("bench/cas_sync.py", ["--quick", "--dir", str(tmp_path)], {})
+    assert "ratio" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_finalize_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
     """bench/finalize.py also starts gunicorn and two workers and writes workspace trees:

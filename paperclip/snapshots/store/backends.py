@@ -11,6 +11,7 @@ import errno
 import os
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 from typing import IO, Final, Protocol
@@ -71,25 +72,18 @@ class FilesystemBackend:
     cheap_stat = True
 
     def put(self, *, blob_id: int, company_id: UUID, digest: str, source: Region) -> None:
-        path = blob_file(company_id, digest)
-        directory, _, name = path.rpartition("/")
-        temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
-        try:
-            out = os.open(temporary, _CREATE_FLAGS, 0o666)
-        except FileNotFoundError:
-            os.makedirs(directory, exist_ok=True)
-            out = os.open(temporary, _CREATE_FLAGS, 0o666)
-        try:
-            try:
-                copy_region(source, out)
-                os.fsync(out)
-            finally:
-                os.close(out)
-            os.replace(temporary, path)
-        except BaseException:
-            with suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
+        self.put_many(company_id=company_id, blobs=[(blob_id, digest, source)])
+
+    def put_many(self, *, company_id: UUID, blobs: list[tuple[int, str, Region]]) -> None:
+        """Each blob written to a temporary file beside its place, synced, then renamed into
+        place, so a blob's file is never seen short. A batch is written SYNC_GROUP files at
+        a time and each group synced together, SYNC_THREADS `fsync` calls in flight: the
+        filesystem's journal then commits them together, where a sync after each file cost
+        a journal commit per blob (about 2 ms on a disk: two seconds for a batch of 1,000).
+        On failure no temporary file is left; files already renamed into place are the
+        caller's to remove, as with `put`."""
+        for start in range(0, len(blobs), SYNC_GROUP):
+            _put_group(company_id, blobs[start : start + SYNC_GROUP])
 
     def stat(self, *, company_id: UUID, digest: str, size: int) -> bool:
         try:
@@ -127,6 +121,50 @@ class FilesystemBackend:
 
 
 _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+SYNC_GROUP: Final = 256  # files open at once while a batch is written and synced
+SYNC_THREADS: Final = 16  # fsync calls in flight (each waits on the disk, not the GIL)
+
+
+def _put_group(company_id: UUID, blobs: list[tuple[int, str, Region]]) -> None:
+    """`put_many` of at most SYNC_GROUP blobs: all written, all synced, then all renamed."""
+    opened: list[int] = []  # descriptors still open
+    pending: list[tuple[str, str]] = []  # temporary, place: not renamed yet
+    try:
+        for _, digest, source in blobs:
+            path = blob_file(company_id, digest)
+            directory, _, name = path.rpartition("/")
+            temporary = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+            try:
+                out = os.open(temporary, _CREATE_FLAGS, 0o666)
+            except FileNotFoundError:
+                os.makedirs(directory, exist_ok=True)
+                out = os.open(temporary, _CREATE_FLAGS, 0o666)
+            opened.append(out)
+            pending.append((temporary, path))
+            copy_region(source, out)
+        _sync_all(opened)
+        while opened:
+            os.close(opened.pop())  # taken off first: never closed twice
+        while pending:
+            os.replace(*pending[-1])
+            pending.pop()
+    except BaseException:
+        for out in opened:
+            with suppress(OSError):
+                os.close(out)
+        for temporary, _ in pending:
+            with suppress(FileNotFoundError):
+                os.unlink(temporary)
+        raise
+
+
+def _sync_all(descriptors: list[int]) -> None:
+    if len(descriptors) == 1:
+        os.fsync(descriptors[0])
+        return
+    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="cas-fsync") as pool:
+        for _ in pool.map(os.fsync, descriptors):
+            pass
 
 
 def copy_region(source: Region, out: int) -> None:
