@@ -31,3 +31,16 @@ def parse_uuid(value: object) -> UUID | None:
 def is_uuid(value: object) -> bool:
     """True for a string in canonical UUID form (see `parse_uuid`)."""
     return isinstance(value, str) and parse_uuid(value) is not None
+
+
+def parse_count(text: object, *, high: int) -> int | None:
+    """A caller's whole number written in ASCII digits, 0..`high`; None for anything else.
+    The digits are counted before they are converted: Python refuses to convert more than
+    4,300 of them (a ValueError that became a 500), and a query string or header can carry
+    any number."""
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit():
+        return None
+    if len(text.lstrip("0")) > len(str(high)):
+        return None
+    value = int(text)
+    return value if value <= high else None

@@ -43,7 +43,7 @@ from paperclip.api.auth import authenticate_agent_key
 from paperclip.api.errors import exception_handler
 from paperclip.api.parsers import parse_json_body
 from paperclip.api.serializers import shared_serializer
-from paperclip.ids import parse_uuid
+from paperclip.ids import parse_count, parse_uuid
 
 # Larger bodies go through DRF (and Django's upload limit); a renew's is under 200 bytes.
 MAX_LEAN_BODY: Final = 4096
@@ -171,9 +171,7 @@ def _lean_request(request: HttpRequest) -> bool:
         and not meta.get("QUERY_STRING")
         and meta.get("HTTP_ACCEPT") in _PLAIN_ACCEPTS
         and meta.get("CONTENT_TYPE") == "application/json"
-        and isinstance(length, str)
-        and length.isdigit()
-        and 0 < int(length) <= MAX_LEAN_BODY
+        and (parse_count(length, high=MAX_LEAN_BODY) or 0) > 0
         and settings.PAPERCLIP_LEAN_CLAIM_VIEW
         and _lean_rendering_complete()  # else a field would be dropped: the DRF view answers
     )

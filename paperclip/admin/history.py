@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString, mark_safe
 from paperclip.access import Actor, board_actor
 from paperclip.admin.names import run_link
 from paperclip.errors import DomainError, InvalidRequest, NotFoundError
+from paperclip.ids import parse_count
 from paperclip.models import ExecutionWorkspace, HeartbeatRun
 from paperclip.snapshots.files import FileTooLarge, file_reader, workspace_tree_node
 from paperclip.snapshots.history import (
@@ -115,7 +116,7 @@ def history_panel(request: HttpRequest, workspace: ExecutionWorkspace) -> SafeSt
             actor=board_actor(request.user),
             workspace_id=workspace.pk,
             limit=PAGE_MOVES,
-            before=int(before) if before and before.isdigit() else None,
+            before=parse_count(before, high=2**62) or None,
         )
     except DomainError as exc:
         return mark_safe(f"<p class='errornote'>{exc.text}</p>")  # noqa: S308 - a fixed text

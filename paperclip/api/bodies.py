@@ -31,6 +31,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from paperclip.api.errors import error_body
 from paperclip.errors import DomainError, InvalidRequest, PayloadTooLargeError
+from paperclip.ids import parse_count
 
 # The environ key a step before Django sets when the body already proved unreadable.
 BODY_PROBLEM: Final = "paperclip.request_body_problem"
@@ -125,10 +126,10 @@ def request_body_prepare(environ: dict[str, Any]) -> None:
     """Before Django reads `environ`: a body of announced length is read exactly (ExactBody);
     a chunked body the server de-chunked is spooled and given its length. A chunked body the
     server did not de-chunk is left for RequestBodyMiddleware to refuse (411)."""
-    length = environ.get("CONTENT_LENGTH")
-    if isinstance(length, str) and length.isascii() and length.isdigit():
-        if int(length) > 0:
-            environ["wsgi.input"] = ExactBody(environ["wsgi.input"], int(length), environ)
+    length = parse_count(environ.get("CONTENT_LENGTH"), high=2**63 - 1)
+    if length is not None:
+        if length > 0:
+            environ["wsgi.input"] = ExactBody(environ["wsgi.input"], length, environ)
         return
     if not _chunked_without_length(environ) or environ.get("wsgi.input_terminated") is not True:
         return

@@ -39,6 +39,7 @@ from paperclip.api.serializers import (
     error_responses,
 )
 from paperclip.errors import InvalidRequest, NotFoundError
+from paperclip.ids import parse_count
 from paperclip.snapshots.store.batch import cas_put_batch
 from paperclip.snapshots.store.batch_read import (
     MAX_BATCH_READ_BLOBS,
@@ -79,10 +80,10 @@ def _company(request: Request) -> UUID:
 
 
 def _content_length(request: Request) -> int:
-    raw = request.META.get("CONTENT_LENGTH") or "0"
-    if not raw.isascii() or not raw.isdigit():
+    value = parse_count(request.META.get("CONTENT_LENGTH") or "0", high=2**63 - 1)
+    if value is None:
         raise InvalidRequest(fields={"body": ["Content-Length is not a number."]})
-    return int(raw)
+    return value
 
 
 def _body(request: Request) -> Any:

@@ -31,6 +31,7 @@ from paperclip.api.serializers import (
     error_responses,
 )
 from paperclip.errors import InvalidRequest
+from paperclip.ids import parse_count
 from paperclip.snapshots.diff import TreeDiff
 from paperclip.snapshots.files import file_reader, workspace_tree_node
 from paperclip.snapshots.history import (
@@ -43,7 +44,7 @@ from paperclip.snapshots.history import (
     workspace_diff,
     workspace_history,
 )
-from paperclip.snapshots.restore import MIN_NOTE_CHARS, workspace_restore
+from paperclip.snapshots.restore import MAX_NOTE_CHARS, MIN_NOTE_CHARS, workspace_restore
 
 HEAD_MOVED = (409, "workspace_head_moved")
 FILE_TOO_LARGE = (422, "file_too_large")
@@ -82,9 +83,10 @@ def _integer(request: Request, name: str, default: int | None, high: int) -> int
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= high:
+    value = parse_count(raw, high=high)
+    if value is None or value < 1:
         raise InvalidRequest(fields={name: [f"Must be a whole number 1..{high}."]})
-    return int(raw)
+    return value
 
 
 class WorkspaceHistoryApi(APIView):
@@ -270,7 +272,9 @@ class WorkspaceRestoreApi(APIView):
             allow_null=True, help_text="The head the board saw (null: empty)."
         )
         note = serializers.CharField(
-            min_length=MIN_NOTE_CHARS, help_text="Why, for the history and the audit log."
+            min_length=MIN_NOTE_CHARS,
+            max_length=MAX_NOTE_CHARS,
+            help_text="Why, for the history and the audit log.",
         )
 
     @extend_schema(

@@ -13,7 +13,7 @@ from django.conf import settings
 from paperclip import selectors
 from paperclip.access import Actor
 from paperclip.errors import InvalidRequest, NotFoundError, PermissionDenied, RuleViolationError
-from paperclip.snapshots.history import TreeNotFound, is_recorded_tree, tree_name
+from paperclip.snapshots.history import TreeNotFound, is_recorded_tree, tree_name, trees_stored
 from paperclip.snapshots.store.reads import CasBlobReader, cas_open, directory_loader
 from paperclip.snapshots.trees import Entry, TreeInvalid, stored_dir
 
@@ -54,7 +54,7 @@ def _parts(path: str) -> list[str]:
     if len(path) > MAX_PATH_CHARS or "\0" in path:
         raise InvalidRequest(fields={"path": ["Not a path of a tree."]})
     parts = [part for part in path.strip("/").split("/") if part] if path.strip("/") else []
-    if any(part in (".", "..") for part in parts) or "//" in path.strip("/"):
+    if any(part in (".", "..") for part in parts) or "//" in path:
         raise InvalidRequest(fields={"path": ["Not a path of a tree (no `.`, `..` or `//`)."]})
     return parts
 
@@ -84,6 +84,7 @@ def workspace_tree_node(*, actor: Actor, workspace_id: UUID, tree: str, path: st
     if tree != workspace.head_tree and not is_recorded_tree(workspace_id=workspace.pk, tree=tree):
         raise NotFoundError("The workspace's history does not name this tree.")
     company_id = workspace.company_id
+    trees_stored(company_id, tree)
     entry: Entry | None = None
     entries = _directory(company_id, tree, tree, "")
     for depth, name in enumerate(parts):
@@ -97,6 +98,8 @@ def workspace_tree_node(*, actor: Actor, workspace_id: UUID, tree: str, path: st
         elif depth < len(parts) - 1:
             raise NotFoundError("The tree has no such path.", path=here)
     normalised = "/".join(parts)
+    if path.endswith("/") and entry is not None and entry.type != "dir":
+        raise NotFoundError("The tree has no such directory.", path=normalised)
     if entry is None or entry.type == "dir":
         ordered = tuple(sorted(entries.values(), key=lambda e: e.name.encode("utf-8", "replace")))
         return TreeNode(company_id, tree, normalised, entry, ordered)

@@ -26,6 +26,7 @@ from paperclip.ids import parse_uuid
 from paperclip.models import HeartbeatRun
 from paperclip.snapshots.diff import ChangeCounts, TreeDiff, TreeUnreadable, tree_diff
 from paperclip.snapshots.models import WorkspaceHeadMove
+from paperclip.snapshots.store.reads import cas_rows
 from paperclip.snapshots.trees import BLOB_NAME
 
 type MoveKind = Literal["publish", "merge", "resolution", "adoption", "restore"]
@@ -270,12 +271,25 @@ def workspace_diff(
     workspace = selectors.execution_workspace_get(actor=actor, workspace_id=workspace_id)
     if not 1 <= limit <= DIFF_LIMIT_MAX:
         raise InvalidRequest(fields={"limit": [f"Must be 1..{DIFF_LIMIT_MAX}."]})
+    trees_stored(workspace.company_id, from_tree, to_tree)
     try:
         return tree_diff(
             company_id=workspace.company_id, before=from_tree, after=to_tree, limit=limit
         )
     except TreeUnreadable as exc:
         raise TreeNotFound(tree=exc.tree, path=exc.path) from exc
+
+
+def trees_stored(company_id: UUID, *trees: str | None) -> None:
+    """TreeNotFound for the first of `trees` (None: the empty tree) whose root blob the
+    company's store no longer holds (never stored, or collected): asked of the rows, not of
+    the process's cache of directory blobs, which may still hold a collected tree's
+    directories; and asked even of a tree compared with itself, which needs no walk."""
+    names = [tree for tree in trees if tree is not None]
+    found = cas_rows(company_id=company_id, digests=names)
+    for tree in names:
+        if tree not in found:
+            raise TreeNotFound(tree=tree, path="")
 
 
 def recorded_trees(*, workspace_id: UUID) -> set[str]:

@@ -18,6 +18,7 @@ from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.behind import materialize_defer_in_tx
 from paperclip.snapshots.history import (
+    MOVE_COLUMNS,
     Move,
     WorkspaceHeadMoved,
     head_move_record_in_tx,
@@ -25,11 +26,13 @@ from paperclip.snapshots.history import (
     move_counts,
     tree_name,
 )
+from paperclip.snapshots.models import WorkspaceHeadMove
 from paperclip.snapshots.store.pins import cas_pin
 from paperclip.snapshots.store.reads import directory_loader
 from paperclip.snapshots.trees import TreeInvalid, walk
 
 MIN_NOTE_CHARS: Final = 20
+MAX_NOTE_CHARS: Final = 4000  # kept twice: in the move and in the audit row
 AUDIT_ACTION: Final = "workspace.head_restored"
 
 
@@ -55,6 +58,32 @@ def _reached(company_id: UUID, tree: str) -> set[str]:
     return walked.reached()
 
 
+def _same_restore(
+    workspace_id: UUID, tree: str, expected_head: str | None, note: str
+) -> Move | None:
+    """The workspace's latest move when it is this very restore (to `tree`, from
+    `expected_head`, with `note`) and the head is still `tree`: what a repeat of a restore
+    whose answer was lost gets, instead of a 409 naming the tree it asked for."""
+    if _head_of(workspace_id) != tree:
+        return None
+    row = (
+        WorkspaceHeadMove.objects.filter(workspace_id=workspace_id)
+        .order_by("-seq")
+        .values_list(*MOVE_COLUMNS)
+        .first()
+    )
+    if row is None:
+        return None
+    move = Move.of_values(row)
+    same = (move.kind, move.tree, move.previous_tree, move.note) == (
+        "restore",
+        tree,
+        expected_head,
+        note,
+    )
+    return move if same else None
+
+
 def workspace_restore(
     *,
     actor: Actor,
@@ -67,11 +96,13 @@ def workspace_restore(
     still `expected_head` (None: empty). The board's only (PermissionDenied for an agent);
     NotFound for a workspace the actor may not see; InvalidRequest for a tree the history
     does not name, one already the head, one whose blobs were collected, or a note under 20
-    characters; WorkspaceHeadMoved (details `head`) when the head is no longer the one
-    expected. In one transaction: every blob the tree reaches is pinned (so a collection
-    running meanwhile keeps them), the head moves by compare-and-set (row lock on the
-    workspace), the move is recorded, one audit row, and the materialization of the cwd is
-    deferred. Returns the new move."""
+    characters (or over 4,000, or holding NUL); WorkspaceHeadMoved (details `head`) when the
+    head is no longer the one expected. The same restore again, after it took effect and
+    before anything else moved the head, answers its move and writes nothing. In one
+    transaction: every blob the tree reaches is pinned (so a collection running meanwhile
+    keeps them), the head moves by compare-and-set (row lock on the workspace), the move is
+    recorded, one audit row, and the materialization of the cwd is deferred. Returns the new
+    move."""
     if not actor.is_board:
         raise PermissionDenied()
     workspace = selectors.execution_workspace_get(actor=actor, workspace_id=workspace_id)
@@ -80,8 +111,13 @@ def workspace_restore(
         expected_head = tree_name(expected_head, "expected_head")
     if len(note.strip()) < MIN_NOTE_CHARS:
         raise InvalidRequest(fields={"note": [f"At least {MIN_NOTE_CHARS} characters."]})
+    if len(note) > MAX_NOTE_CHARS or "\0" in note:
+        raise InvalidRequest(fields={"note": [f"At most {MAX_NOTE_CHARS} characters, no NUL."]})
     if not is_recorded_tree(workspace_id=workspace.pk, tree=tree):
         raise InvalidRequest(fields={"tree": ["Not a tree of this workspace's history."]})
+    repeated = _same_restore(workspace.pk, tree, expected_head, note)
+    if repeated is not None:
+        return repeated  # the same request again (its answer was lost): nothing written
     company_id = workspace.company_id
     reached = _reached(company_id, tree)
     counts = move_counts(company_id=company_id, previous_tree=expected_head, tree=tree)

@@ -66,8 +66,9 @@ def test_history_prints_one_line_per_move_newest_first(
     assert lines[1].startswith("1 ")
     assert f" publish {first} +3 -0 ~0 " in lines[1] + " "
     assert main(["history", "--workspace", str(world.workspace.pk), "--limit", "1", *via]) == 0
-    out = capsys.readouterr().out
-    assert "more: --before 2" in out
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1
+    assert "more: --before 2" in captured.err  # apart from the data
 
 
 def test_diff_prints_name_status_lines_and_a_summary(
@@ -92,3 +93,15 @@ def test_errors_are_one_clear_line_with_their_status(
     assert "error: invalid_request:" in capsys.readouterr().err
     assert main(["diff", "--workspace", "x", "--url", "ftp://x", "--key", "k", "a", "b"]) == 2
     assert "see paperclip-agent diff --help" in capsys.readouterr().err
+
+
+def test_paths_that_could_forge_lines_or_drive_a_terminal_are_quoted(
+    world: World, via: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tree is an agent's: its names may hold tabs, newlines and escape sequences."""
+    company_id = world.workspace.company_id
+    tree = store_tree(company_id, {"ok.txt": b"x", "a\nM\tforged": b"y", "red\x1b[31m": b"z"})
+    assert main(["diff", "--workspace", str(world.workspace.pk), "empty", tree, *via]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == ['A\t"a\\nM\\tforged"', "A\tok.txt", 'A\t"red\\x1b[31m"']
+    assert "\x1b" not in out

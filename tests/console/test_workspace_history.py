@@ -174,6 +174,19 @@ def test_restore_when_the_head_moved_meanwhile_changes_nothing(company: Company)
     assert not WorkspaceHeadMove.objects.filter(workspace_id=workspace.pk, seq=3).exists()
 
 
+def test_bad_input_on_the_pages_is_an_answer_not_a_500(company: Company) -> None:
+    workspace, trees = _history(company)
+    client = staff(company)
+    for before in ("²", "9" * 5000):
+        assert client.get(_url("change", workspace), {"before": before}).status_code == 200
+    nul = client.post(
+        _url("move_restore", workspace, 1), {"note": NOTE + "\0", "expected_head": trees[1]}
+    )
+    assert nul.status_code == 200
+    assert "no NUL" in nul.content.decode()
+    assert ExecutionWorkspace.objects.get(pk=workspace.pk).head_tree == trees[1]
+
+
 def test_the_pages_need_the_workspaces_permissions(company: Company) -> None:
     workspace, trees = _history(company)
     nobody = staff(company, perms=False)

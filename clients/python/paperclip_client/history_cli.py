@@ -5,7 +5,10 @@ changes between two of its trees, for agents and people at a terminal (the serve
 `history` prints one line per move, newest first:
 `<seq> <at> <kind> <tree> +<added> -<removed> ~<modified> run=<id|-> by=<type>:<id> [note]`.
 `diff` prints one line per changed path, `A`, `D` or `M` and the path (as
-`git diff --name-status`), then a summary line on stderr.
+`git diff --name-status`), then a summary line on stderr. A path or note holding a control
+character, a double quote or a backslash is printed quoted and escaped, as git quotes paths
+(`"a\\tb"`): a tree is an agent's, and its names must not forge lines or send escape
+sequences to a terminal. `history`'s "more" line goes to stderr, apart from the data.
 Exit status: 0; 1 when the server refuses (its code and message printed); 2 for bad usage;
 69 when the server cannot be reached.
 """
@@ -17,11 +20,24 @@ import os
 import sys
 from typing import Any
 
-from paperclip_client.cli_output import EXIT_REFUSED, EXIT_UNREACHABLE, emit, fail, say
+from paperclip_client.cli_output import EXIT_REFUSED, EXIT_UNREACHABLE, PROG, emit, fail
 from paperclip_client.client import Client
 from paperclip_client.errors import ApiError, ServerUnreachable
 
 LETTERS = {"added": "A", "removed": "D", "modified": "M"}
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def shown(text: str) -> str:
+    """`text` as is, or quoted with C escapes when it holds a control character (C0, DEL,
+    C1), a double quote or a backslash."""
+    if all(" " <= c != "\x7f" and not "\x80" <= c <= "\x9f" and c not in '"\\' for c in text):
+        return text
+    quoted = "".join(
+        _ESCAPES.get(c) or (f"\\x{ord(c):02x}" if c < " " or "\x7f" <= c <= "\x9f" else c)
+        for c in text
+    )
+    return f'"{quoted}"'
 
 
 def _common(command: argparse.ArgumentParser) -> None:
@@ -66,7 +82,7 @@ def move_line(move: dict[str, Any]) -> str:
         f" +{counts['added']} -{counts['removed']} ~{counts['modified']}"
         f" run={move['run_id'] or '-'} by={actor['type']}:{actor['id']}"
     )
-    return f"{line} {move['note']}" if move.get("note") else line
+    return f"{line} {shown(move['note'])}" if move.get("note") else line
 
 
 def run_verb(args: argparse.Namespace) -> int:
@@ -80,14 +96,14 @@ def run_verb(args: argparse.Namespace) -> int:
                 for move in page["results"]:
                     emit(sys.stdout, move_line(move))
                 if page["next"] is not None:
-                    say(f"more: --before {page['next']}")
+                    emit(sys.stderr, f"{PROG}: more: --before {page['next']}")
                 return 0
             start = None if args.from_tree == "empty" else args.from_tree
             diff = client.workspace_diff(args.workspace, start, args.to_tree, limit=args.limit)
             counted = dict.fromkeys(LETTERS, 0)
             for change in diff["changes"]:
                 counted[change["change"]] += 1
-                emit(sys.stdout, f"{LETTERS[change['change']]}\t{change['path']}")
+                emit(sys.stdout, f"{LETTERS[change['change']]}\t{shown(change['path'])}")
             summary = ", ".join(f"{n} {kind}" for kind, n in counted.items())
             emit(
                 sys.stderr,

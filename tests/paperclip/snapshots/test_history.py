@@ -13,10 +13,13 @@ from django.db import connection, transaction
 from django.db.utils import DatabaseError
 from rest_framework.test import APIClient
 
-from paperclip.models import ActivityEvent, Company, ExecutionWorkspace
+from paperclip.access import board_actor
+from paperclip.errors import InvalidRequest
+from paperclip.models import ActivityEvent, CasBlob, Company, ExecutionWorkspace
 from paperclip.snapshots.diff import changes_between, tree_diff
 from paperclip.snapshots.history import head_move_record_in_tx
 from paperclip.snapshots.models import WorkspaceHeadMove
+from paperclip.snapshots.restore import workspace_restore
 from tests.helpers import assert_error
 from tests.paperclip.factories import ExecutionWorkspaceFactory
 from tests.recovery.snapshots import Files, entries_of, store_tree
@@ -83,7 +86,17 @@ def test_every_move_is_listed_newest_first_page_by_page(
 
 
 @pytest.mark.parametrize(
-    "query", [{"limit": "0"}, {"limit": "501"}, {"limit": "x"}, {"before": "-1"}, {"limit": "1.5"}]
+    "query",
+    [
+        {"limit": "0"},
+        {"limit": "501"},
+        {"limit": "x"},
+        {"before": "-1"},
+        {"limit": "1.5"},
+        {"before": "9" * 5000},  # more digits than Python converts: was a 500
+        {"limit": "9" * 5000},
+        {"before": "²"},  # a digit to str.isdigit, not to int()
+    ],
 )
 def test_a_bad_page_is_400(company: Company, agent_client: APIClient, query: Any) -> None:
     workspace, _ = _history_of(company, BASE)
@@ -154,6 +167,7 @@ def test_a_tree_the_store_lacks_or_a_bad_name_is_refused(
         {"from": "HEAD", "to": trees[0]},
         {"from": "empty", "to": "sha256:xyz"},
         {"from": "empty", "to": trees[0], "limit": "10001"},
+        {"from": "empty", "to": trees[0], "limit": "9" * 5000},
     ):
         assert_error(agent_client.get(url, query), 400, "invalid_request")
 
@@ -176,6 +190,9 @@ def test_the_board_browses_a_recorded_tree(
     assert link == {"tree": trees[0], "path": "link", "type": "symlink", "target": "src/main.py"}
     assert_error(board_client.get(url, {"tree": trees[0], "path": "nope"}), 404, "not_found")
     assert_error(board_client.get(url, {"tree": trees[0], "path": "README.md/x"}), 404, "not_found")
+    assert_error(board_client.get(url, {"tree": trees[0], "path": "README.md/"}), 404, "not_found")
+    for bad in ("//", "//src", "src//lib"):
+        assert_error(board_client.get(url, {"tree": trees[0], "path": bad}), 400, "invalid_request")
     assert_error(
         board_client.get(url, {"tree": trees[0], "path": "../etc"}), 400, "invalid_request"
     )
@@ -228,10 +245,55 @@ def test_the_board_restores_a_recorded_tree_by_compare_and_set(
     assert workspace.head_run_id is None
     audit = ActivityEvent.objects.get(action="workspace.head_restored")
     assert audit.details["seq"] == 3
-    # The same request again: the head is no longer the one expected.
-    assert_error(board_client.post(url, body, format="json"), 409, "workspace_head_moved")
+    # The same request again (its answer lost): its move, and nothing written.
+    again = board_client.post(url, body, format="json")
+    assert (again.status_code, again.json()) == (200, move)
+    assert ActivityEvent.objects.filter(action="workspace.head_restored").count() == 1
+    assert WorkspaceHeadMove.objects.filter(workspace_id=workspace.pk).count() == 3
+    # Another note is another request: the head is no longer the one it expected.
+    other = {**body, "note": NOTE + " (again)"}
+    assert_error(board_client.post(url, other, format="json"), 409, "workspace_head_moved")
     same = {"tree": trees[0], "expected_head": trees[0], "note": NOTE}
     assert_error(board_client.post(url, same, format="json"), 400, "invalid_request")
+
+
+@pytest.mark.parametrize("note", [NOTE + "\0", NOTE + "x" * 4000])
+def test_a_restore_note_with_nul_or_too_long_is_400(
+    company: Company, board_client: APIClient, note: str
+) -> None:
+    """Checked by the service, for the console's form too (NUL was a 500 from PostgreSQL)."""
+    workspace, trees = _history_of(company, BASE, {**BASE, "broken.txt": b"oops"})
+    url = f"/api/execution-workspaces/{workspace.pk}/restore"
+    body = {"tree": trees[0], "expected_head": trees[1], "note": note}
+    assert_error(board_client.post(url, body, format="json"), 400, "invalid_request")
+    with pytest.raises(InvalidRequest):
+        workspace_restore(
+            actor=board_actor(board_client.user),  # type: ignore[attr-defined]
+            workspace_id=workspace.pk,
+            tree=trees[0],
+            expected_head=trees[1],
+            note=note,
+        )
+    assert ExecutionWorkspace.objects.get(pk=workspace.pk).head_tree == trees[1]
+
+
+def test_a_collected_tree_is_404_even_when_its_directories_are_cached(
+    company: Company, board_client: APIClient
+) -> None:
+    """The diff and the files ask the rows whether the company still holds the tree: the
+    process's cache of directory blobs answered 200 for a collected tree, and a tree
+    compared with itself was never looked up at all."""
+    workspace, trees = _history_of(company, BASE)
+    base = f"/api/execution-workspaces/{workspace.pk}"
+    diff = {"from": "empty", "to": trees[0]}
+    assert board_client.get(f"{base}/diff", diff).status_code == 200  # fills the cache
+    assert board_client.get(f"{base}/files", {"tree": trees[0]}).status_code == 200
+    CasBlob.objects.filter(company_id=company.pk).delete()  # as collection does
+    assert_error(board_client.get(f"{base}/diff", diff), 404, "not_found")
+    assert_error(board_client.get(f"{base}/files", {"tree": trees[0]}), 404, "not_found")
+    absent = "sha256:" + "0" * 64
+    same = {"from": absent, "to": absent}
+    assert_error(board_client.get(f"{base}/diff", same), 404, "not_found")
 
 
 def test_moves_are_never_rewritten(company: Company) -> None:
