@@ -2,12 +2,17 @@
 
 State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touched by checkout):
 
-- `index.json`: `{"version": 1, "tree": <the tree the workdir last held, or null>, "server",
-  "workspace", "files": {path: [size, mtime_ns, mode, ino, digest or [chunks]]}}`, written
-  atomically (temporary file + rename) once a checkout or a snapshot is complete. It is a stat
-  cache, as git's index: a file whose size, mtime, mode and inode match its entry is not read
-  again, unless its mtime is not older than the index file's own (a "racily clean" entry,
-  re-hashed). A missing or unreadable index means: hash everything, the last-held tree is empty.
+- `index.json`: a header line `{"version": 2, "id", "tree": <the tree the workdir last held, or
+  null>, "server", "workspace", "count", "bytes", "newest_ns"}`, then the stat cache `{path:
+  [size, mtime_ns, mode, ino, digest or [chunks]]}` (`count` rows, `bytes` the sum of their
+  sizes, `newest_ns` their largest mtime), written atomically (temporary file + rename) once a
+  checkout or a snapshot is complete. Only the header is parsed when the file is read; the rows
+  when first wanted (a run that changed nothing never parses them). Version 1 (one object with
+  the rows as "files") is still read. It is a stat cache, as git's index: a file whose size,
+  mtime, mode and inode match its entry is not read again, unless its mtime is not older than
+  the index file's own (a "racily clean" entry, re-hashed; `newest_ns` says whether there is
+  one). A missing or unreadable index means: hash everything, the last-held tree is empty;
+  rows that cannot be parsed, only that every file is hashed again.
 - `dirs.json`: the directory blobs of the last-held tree (`{"tree", "dirs": {name: text}}`),
   so that a checkout knows what the workdir last held without asking the server.
 - `checkout.json`: present while a checkout writes (the head and the directories it writes
@@ -37,6 +42,7 @@ from paperclip_client.workdir.index import (
     JOURNAL,
     STATE_DIR,
     Index,
+    Rows,
     Stat,
     load_index,
     save_state,
@@ -87,6 +93,7 @@ __all__ = [
     "Limits",
     "LocalChanges",
     "Progress",
+    "Rows",
     "Say",
     "Scan",
     "SnapshotResult",

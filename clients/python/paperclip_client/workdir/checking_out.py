@@ -148,7 +148,7 @@ def checkout(
     same_place = index is not None and index.server == server and index.workspace == workspace
     base_tree = index.tree if index is not None and same_place else None
     if base_tree == head and index is not None and not journal.exists():
-        return CheckoutResult(head, len(index.files), 0, 0)
+        return CheckoutResult(head, index.count, 0, 0)  # the header's: the rows not parsed
     _clean_leftovers(workdir)
     limits = store.limits()
     head_dirs: dict[str, bytes] = {}

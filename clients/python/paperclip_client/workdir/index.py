@@ -14,27 +14,122 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 STATE_DIR = ".paperclip"
 INDEX = "index.json"
 DIRS = "dirs.json"
 JOURNAL = "checkout.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # version 1 (one JSON object with "files") is still read
 type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks]]
 
 
 # --- the index -------------------------------------------------------------------------------
 
 
+class Rows:
+    """The stat cache's rows (path -> Stat), parsed from the index file's bytes the first
+    time they are wanted (`get`): a run that changed nothing answers from the header alone.
+    Shared, never changed, by the copies of an index (`dataclasses.replace`, `load_index`'s
+    cache). Rows that cannot be parsed, or that do not agree with the header's count, bytes
+    and newest mtime, are `{}` and `unreadable`: an empty stat cache only means files are
+    read again."""
+
+    __slots__ = ("_expect", "_lock", "_raw", "_rows", "_start", "unreadable")
+
+    def __init__(
+        self, raw: bytes = b"{}", start: int = 0, expect: tuple[int, int, int] | None = None
+    ) -> None:
+        self._raw = raw  # the rows are `raw[start:]` (the file's bytes are not copied)
+        self._start = start
+        self._expect = expect  # (count, bytes, newest_ns) as the header says
+        self._rows: dict[str, Stat] | None = None
+        self._lock = threading.Lock()
+        self.unreadable = False
+
+    @classmethod
+    def of(cls, rows: dict[str, Stat]) -> Rows:
+        """Rows already parsed (a version 1 index); malformed ones are unreadable."""
+        held = cls()
+        held._take(rows)
+        return held
+
+    @property
+    def parsed(self) -> bool:
+        return self._rows is not None
+
+    def get(self) -> dict[str, Stat]:
+        rows = self._rows
+        if rows is None:
+            with self._lock:
+                if self._rows is None:
+                    with gc_paused():
+                        self._take(_json(self._raw[self._start :]))
+                rows = self._rows
+                assert rows is not None  # noqa: S101 - set by _take
+        return rows
+
+    def _take(self, data: object) -> None:
+        summary = summarize(data) if isinstance(data, dict) else None
+        if summary is None or (self._expect is not None and summary != self._expect):
+            self.unreadable = True
+            self._rows = {}
+        else:
+            assert isinstance(data, dict)  # noqa: S101 - summarized
+            self._rows = data
+        self._raw, self._start = b"", 0
+
+
+def summarize(rows: Mapping[str, Stat]) -> tuple[int, int, int] | None:
+    """(count, bytes, newest_ns) of stat cache rows: how many, the sum of their sizes, the
+    largest mtime (0 when there is none); None when a row is not [size, mtime_ns, mode, ino,
+    content] with integer size and mtime."""
+    if not rows:
+        return 0, 0, 0
+    total = 0
+    newest: object = None
+    try:
+        for size, mtime, _mode, _ino, _content in rows.values():
+            total += size
+            if newest is None or mtime > newest:
+                newest = mtime
+    except (TypeError, ValueError):
+        return None
+    if not (_is_int(total) and _is_int(newest)):
+        return None
+    return len(rows), total, newest
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return type(value) is int
+
+
 @dataclass(slots=True)
 class Index:
+    """The tree the workdir last held and its stat cache (`files`, parsed on demand), with
+    the header's summary of it: `count` rows, `bytes` (the sum of their sizes) and
+    `newest_ns` (their largest mtime)."""
+
     tree: str | None
     server: str
     workspace: str
-    files: dict[str, Stat] = field(default_factory=dict)
+    rows: Rows = field(default_factory=Rows)
     written_ns: int = 0  # the index file's mtime: entries not older are re-hashed
     id: str = ""  # new at each write: what the watcher's state (`watch.json`) goes with
+    count: int = 0
+    bytes: int = 0
+    newest_ns: int = 0
+
+    @property
+    def files(self) -> dict[str, Stat]:
+        """The stat cache: path -> [size, mtime_ns, mode, ino, digest or [chunks]]."""
+        return self.rows.get()
+
+    def racy(self) -> bool:
+        """Whether some entry is racily clean: modified in or after the index file's
+        timestamp tick (its mtime not older than `written_ns`), so that every scan reads it
+        again until the index is rewritten."""
+        return self.count > 0 and self.newest_ns >= self.written_ns
 
     def cached(self, path: str, st: os.stat_result) -> str | tuple[str, ...] | None:
         """The content `path` had when it was last read, if its stat says it is unchanged."""
@@ -52,19 +147,29 @@ class Index:
         return tuple(content) if isinstance(content, list) else content
 
     def records(
-        self, *, tree: str | None, server: str, workspace: str, files: Mapping[str, Stat]
+        self,
+        *,
+        tree: str | None,
+        server: str,
+        workspace: str,
+        files: Rows | Mapping[str, Stat],
     ) -> bool:
         """Whether this index already says exactly that: the same tree for the same server
-        and workspace, the same stat cache, and no entry racily clean (modified in or after
-        the index file's timestamp tick: every scan reads it again until the index is
-        rewritten). Rewriting it then would change nothing but its mtime."""
-        return (
-            self.tree == tree
-            and self.server == server
-            and self.workspace == workspace
-            and self.files == files
-            and all(row[1] < self.written_ns for row in files.values())
-        )
+        and workspace, the same stat cache, and no entry racily clean. Rewriting it then
+        would change nothing but its mtime. Given its own `Rows` (a partial scan that read
+        nothing), that is answered from the header, without parsing them."""
+        if (
+            self.tree != tree
+            or self.server != server
+            or self.workspace != workspace
+            or self.racy()
+            or self.rows.unreadable
+        ):
+            return False
+        if files is self.rows:
+            return True
+        rows = files.get() if isinstance(files, Rows) else files
+        return self.files == rows and not self.rows.unreadable
 
 
 def state_path(workdir: Path) -> Path:
@@ -79,8 +184,9 @@ _last_index_lock = threading.Lock()
 
 
 def load_index(workdir: Path) -> Index | None:
-    """The workdir's index, or None when it is missing or unreadable. A file read again
-    unchanged is not parsed again: its `files` are shared, never to be changed by callers."""
+    """The workdir's index, or None when it is missing or unreadable. Only its header is
+    parsed (its rows when first wanted); a file read again unchanged is not read again: its
+    `rows` are shared, never to be changed by callers."""
     global _last_index  # a one-entry cache
     path = state_path(workdir) / INDEX
     try:
@@ -97,28 +203,80 @@ def load_index(workdir: Path) -> Index | None:
             last = _last_index
             if last is not None and last[0] == identity:
                 return replace(last[1])  # its own copy: a caller may move `written_ns`
-            written = info.st_mtime_ns
-            with gc_paused():
-                data = json.load(handle)
-    except (OSError, ValueError):
+            data = handle.read()
+    except OSError:
         return None
-    if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
+    index = parse_index(data)
+    if index is None:
         return None
-    files = data.get("files")
-    tree = data.get("tree")
-    if not isinstance(files, dict) or not (tree is None or isinstance(tree, str)):
-        return None
-    index = Index(
-        tree=tree,
-        server=str(data.get("server")),
-        workspace=str(data.get("workspace")),
-        files=files,
-        written_ns=written,
-        id=str(data.get("id") or ""),
-    )
+    index.written_ns = info.st_mtime_ns
     with _last_index_lock:
         _last_index = (identity, index)
     return replace(index)
+
+
+def parse_index(data: bytes) -> Index | None:
+    """An index file's bytes: version 2 (a header line, then the rows, kept unparsed) or
+    version 1 (one JSON object holding the rows as "files", parsed whole)."""
+    newline = data.find(b"\n")
+    with gc_paused():  # a version 1 file has no newline: the "header" is all of it
+        header = _json(data[:newline] if newline >= 0 else data)
+    if isinstance(header, dict) and header.get("version") == INDEX_VERSION and newline >= 0:
+        return _version_2(header, data, newline + 1)
+    if newline >= 0:  # not a version 2 header: the file is one JSON object
+        with gc_paused():
+            header = _json(data)
+    if isinstance(header, dict) and header.get("version") == 1:
+        return _version_1(header)
+    return None
+
+
+def _json(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _version_2(header: dict[str, Any], data: bytes, start: int) -> Index | None:
+    tree, server, workspace, index_id = (
+        header.get(k) for k in ("tree", "server", "workspace", "id")
+    )
+    count, size, newest = (header.get(k) for k in ("count", "bytes", "newest_ns"))
+    if not (tree is None or isinstance(tree, str)):
+        return None
+    if not (isinstance(server, str) and isinstance(workspace, str) and isinstance(index_id, str)):
+        return None
+    if not (_is_int(count) and _is_int(size) and _is_int(newest)) or count < 0 or size < 0:
+        return None
+    return Index(
+        tree=tree,
+        server=server,
+        workspace=workspace,
+        rows=Rows(data, start, (count, size, newest)),
+        id=index_id,
+        count=count,
+        bytes=size,
+        newest_ns=newest,
+    )
+
+
+def _version_1(data: dict[str, Any]) -> Index | None:
+    files, tree = data.get("files"), data.get("tree")
+    if not isinstance(files, dict) or not (tree is None or isinstance(tree, str)):
+        return None
+    rows = Rows.of(files)
+    count, size, newest = summarize(rows.get()) or (0, 0, 0)
+    return Index(
+        tree=tree,
+        server=str(data.get("server")),
+        workspace=str(data.get("workspace")),
+        rows=rows,
+        id=str(data.get("id") or ""),
+        count=count,
+        bytes=size,
+        newest_ns=newest,
+    )
 
 
 @contextlib.contextmanager
@@ -152,7 +310,7 @@ def save_state(
     tree: str | None,
     server: str,
     workspace: str,
-    files: Mapping[str, Stat],
+    files: Rows | Mapping[str, Stat],
     dirs: Mapping[str, bytes],
 ) -> str:
     """Record that the workdir holds `tree` (its directory blobs `dirs`), with the stat cache
@@ -165,16 +323,28 @@ def save_state(
             ensure_ascii=False,
         ).encode(),
     )
+    rows = files.get() if isinstance(files, Rows) else dict(files)
+    summary = summarize(rows)
+    if summary is None:  # never from a scan or a checkout: a missing row is read again
+        rows = {p: r for p, r in rows.items() if summarize({p: r}) is not None}
+        summary = summarize(rows)
+    count, size, newest = summary or (0, 0, 0)
     index_id = uuid.uuid4().hex
-    body = {
+    header = {
         "version": INDEX_VERSION,
         "id": index_id,
         "tree": tree,
         "server": server,
         "workspace": workspace,
-        "files": dict(files),
+        "count": count,
+        "bytes": size,
+        "newest_ns": newest,
     }
-    write_atomic(state_path(workdir) / INDEX, json.dumps(body, separators=(",", ":")).encode())
+    body = b"%s\n%s" % (
+        json.dumps(header, separators=(",", ":")).encode(),
+        json.dumps(rows, separators=(",", ":")).encode(),
+    )
+    write_atomic(state_path(workdir) / INDEX, body)
     return index_id
 
 
