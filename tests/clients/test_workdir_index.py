@@ -1,7 +1,8 @@
 """The index's second version (issue #42): a header line that says what the stat cache holds
 (`count`, `bytes`, `newest_ns`), then the rows, parsed only when they are needed. A run at the
-head answers from the header; rows that cannot be parsed are an empty stat cache; an index
-written by the first version is still read.
+head and a watched run that changed nothing answer from the header; a racily clean row is
+still read again; rows that cannot be parsed only mean a full scan; and an index written by
+the first version is still read.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from pathlib import Path
 import pytest
 
 from paperclip_client import workdir
-from paperclip_client.workdir import Rows
+from paperclip_client.workdir import Rows, watch_state
 from paperclip_client.workdir import index as index_module
-from tests.clients.test_workdir import SERVER, WORKSPACE, FakeStore, check_out, make
+from tests.clients.test_watch import Watcher, full_tree, settled, take, tree_of, watch, watchers
+from tests.clients.test_workdir import SERVER, WORKSPACE, FakeStore, check_out, make, old
 from tests.clients.test_workdir import take as take_plain
+
+__all__ = ["watchers"]  # the fixture, used by name
 
 
 def index_file(root: Path) -> Path:
@@ -183,3 +187,97 @@ def test_an_index_of_the_first_version_is_still_read(tmp_path: Path) -> None:
     assert (agent / "a").read_bytes() == b"a2"
     assert (agent / "d" / "b").read_bytes() == b"local work"
     assert header(agent)["version"] == 2
+
+
+# --- with the watcher ------------------------------------------------------------------------
+
+
+def test_a_watched_run_that_changed_nothing_never_parses_the_rows(
+    tmp_path: Path, watchers: list[Watcher], parses: list[int]
+) -> None:
+    store, root = FakeStore(), tmp_path / "w"
+    files = tree_of(root)
+    make(root, files)
+    watch(watchers, root)
+    settled(store, root)
+    info = os.stat(index_file(root))
+    data = index_file(root).read_bytes()
+    index_module._last_index = None  # as a new process
+    parses.clear()
+    at_head = check_out(store, root, workdir.load_index(root).tree)  # type: ignore[union-attr]
+    assert (at_head.files, at_head.written) == (20, 0)
+    result, line = take(store, root)
+    assert line == "watcher: 0 directories changed (0 files read)"
+    assert parses == []
+    assert isinstance(result.scan.stats, Rows)
+    assert not result.scan.stats.parsed
+    assert (result.files, result.bytes) == (20, sum(len(str(v)) for v in files.values()))
+    after = os.stat(index_file(root))
+    assert (after.st_ino, after.st_mtime_ns) == (info.st_ino, info.st_mtime_ns)
+    assert index_file(root).read_bytes() == data
+
+    (root / "d1/f1").write_text("changed")  # a change parses them once, and writes them
+    result, line = take(store, root)
+    assert line == "watcher: 1 directory changed (1 file read)"
+    assert parses == [1]
+    assert result.tree == full_tree(root)
+    assert header(root)["count"] == 20
+
+
+def test_a_racily_clean_row_is_read_again_with_the_header(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """A file changed in the index file's timestamp tick, its size and mtime kept, and no
+    event about it: the header's `newest_ns` says a row is racy, so the rows are looked at
+    and the file read again; the index is then rewritten, and the next run reads nothing."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"d/f": "AAAA", "e/g": "g"})
+    old(root / "d/f")
+    watch(watchers, root)
+    settled(store, root)
+    mtime = (root / "d/f").stat().st_mtime_ns
+    (root / "d/f").write_text("BBBB")
+    os.utime(root / "d/f", ns=(mtime, mtime))
+    state = watch_state.load_state(root)
+    assert state is not None
+    answer = watch_state.ask(root, state.token)
+    assert isinstance(answer, watch_state.Answer)
+    state.token = answer.token  # the watcher vouches for the write: only the racy rule is left
+    watch_state.save_state(root, state)
+    os.utime(index_file(root), ns=(mtime, mtime))  # the index written in the file's tick
+    index_module._last_index = None
+    index = workdir.load_index(root)
+    assert index is not None
+    assert not index.rows.parsed
+    result, line = take(store, root)
+    assert line == "watcher: 0 directories changed (1 file read)"
+    assert result.tree == full_tree(root)
+    assert b"BBBB" in store.blobs.values()
+    assert os.stat(index_file(root)).st_mtime_ns > mtime  # rewritten
+    _result, line = take(store, root)
+    assert line == "watcher: 0 directories changed (0 files read)"
+
+
+@pytest.mark.parametrize("rows", [b'{"d0/f0": [1', b"{}"])
+def test_rows_that_cannot_be_read_mean_a_full_scan_that_loses_nothing(
+    tmp_path: Path, watchers: list[Watcher], rows: bytes
+) -> None:
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, tree_of(root))
+    watch(watchers, root)
+    settled(store, root)
+    head = index_file(root).read_bytes().split(b"\n", 1)[0]
+    rewrite(root, head + b"\n" + rows)
+    (root / "d2/f3").write_text("edited after the index was spoiled")
+    result, line = take(store, root)
+    assert line == "full scan: the stat cache in index.json could not be read"
+    assert result.tree == full_tree(root)
+    assert result.scan.hashed == 20  # nothing vouched for by the spoiled rows
+    assert b"edited after the index was spoiled" in store.blobs.values()
+    assert header(root)["count"] == 20  # written again whole
+    _result, line = take(store, root)
+    assert line == "watcher: 0 directories changed (0 files read)"
+    (root / "d0/f0").write_text("and again")
+    result, line = take(store, root)
+    assert line == "watcher: 1 directory changed (1 file read)"
+    assert result.tree == full_tree(root)

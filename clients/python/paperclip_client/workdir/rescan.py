@@ -24,7 +24,15 @@ from typing import Any
 
 from paperclip_client.trees import SCHEMA, blob_name, canonical_json
 from paperclip_client.workdir.errors import WorkdirError
-from paperclip_client.workdir.index import DIRS, Index, Stat, load_dirs, state_path
+from paperclip_client.workdir.index import (
+    DIRS,
+    INDEX,
+    Index,
+    Rows,
+    Stat,
+    load_dirs,
+    state_path,
+)
 from paperclip_client.workdir.scanning import (
     Scan,
     _collect,
@@ -142,10 +150,14 @@ class Partial:
         self.paths = dict(state.paths)
         if self.paths.get("") != index.tree or not (state_path(workdir) / DIRS).is_file():
             raise Fallback("the last tree's directories are not in the state")
+        if index.rows.unreadable:
+            raise Fallback(f"the stat cache in {INDEX} could not be read")
         self.old = TreeDirs(workdir, self.paths.values(), {})
         self.built: dict[str, bytes] = {}
         self.spec = load_ignore(workdir)
-        self.stats: dict[str, Stat] = index.files  # copied before its first change
+        # The index's rows, parsed and copied only when something is read (`run`): a scan
+        # that read nothing has the index's `Rows` as they are.
+        self.stats: dict[str, Stat] = {}
         self.links = dict(state.links)
         self.left_out = dict(state.left_out)
         # The directories to build again: their entries by name, as they are encoded (the
@@ -158,18 +170,26 @@ class Partial:
     def run(self) -> Scan:
         whole, named = self._to_read()
         if whole or named:
-            self.stats = dict(self.stats)
-        for directory in sorted(whole | named.keys(), key=_depth):
-            if directory not in self.paths or self._under_fresh(directory):
-                continue
-            if directory in whole:
-                self._relist(directory)
-            else:
-                self._update(directory, named[directory])
-        self.stats.update(self.read.stats)
+            self.stats = dict(self._rows())
+            for directory in sorted(whole | named.keys(), key=_depth):
+                if directory not in self.paths or self._under_fresh(directory):
+                    continue
+                if directory in whole:
+                    self._relist(directory)
+                else:
+                    self._update(directory, named[directory])
+            assert isinstance(self.read.stats, dict)  # noqa: S101 - its own, read into
+            self.stats.update(self.read.stats)
         kept, left_out = self._settle_links()
         self._rebuild()
-        return self._result(kept, left_out)
+        return self._result(kept, left_out, self.index.rows if not (whole or named) else None)
+
+    def _rows(self) -> dict[str, Stat]:
+        """The index's stat cache, parsed (a stat cache that cannot be: the full scan)."""
+        rows = self.index.files
+        if self.index.rows.unreadable:
+            raise Fallback(f"the stat cache in {INDEX} could not be read")
+        return rows
 
     def _to_read(self) -> tuple[set[str], dict[str, set[str]]]:
         """The directories listed again (the watcher's `dirs`), and the entries looked at
@@ -186,10 +206,11 @@ class Partial:
         for tree in answer.trees:
             if tree:
                 add(tree)
-        written = self.index.written_ns
-        for path, row in self.index.files.items():
-            if row[1] >= written:
-                add(path)
+        if self.index.racy():  # the header says whether any row is: else none is looked at
+            written = self.index.written_ns
+            for path, row in self._rows().items():
+                if row[1] >= written:
+                    add(path)
         for path in self.state.linked:
             add(path)
         return whole, named
@@ -338,16 +359,17 @@ class Partial:
             return entry
         return {**entry, "digest": self.paths[_join(directory, str(entry["name"]))]}
 
-    def _result(self, kept: dict[str, str], left_out: dict[str, str]) -> Scan:
+    def _result(self, kept: dict[str, str], left_out: dict[str, str], same: Rows | None) -> Scan:
+        """The scan; `same`: the index's rows when nothing was read (its header's figures)."""
         stats = self.stats
         return Scan(
             tree=self.paths[""],
             entries=self.read.entries,
             dirs=TreeDirs(self.workdir, self.paths.values(), self.built, self.old),
             sources=self.read.sources,
-            stats=stats,
-            files=len(stats),
-            bytes=sum(row[0] for row in stats.values()),
+            stats=same if same is not None else stats,
+            files=self.index.count if same is not None else len(stats),
+            bytes=self.index.bytes if same is not None else sum(row[0] for row in stats.values()),
             hashed=self.read.hashed,
             paths=self.paths,
             links=kept,

@@ -24,6 +24,7 @@ from paperclip_client.workdir.errors import WorkdirChanged, WorkdirError
 from paperclip_client.workdir.index import (
     STATE_DIR,
     Index,
+    Rows,
     Stat,
     gc_paused,
 )
@@ -43,13 +44,14 @@ class Scan:
     blob can be read (`sources`: path, offset, length) and the new stat cache. A partial scan
     (`rescan`) has the sources of the files it read alone, and names the blobs the rest of
     the tree is made of (`vouched`: the last tree's directories, which the index vouches for;
-    the files' contents are in `stats`)."""
+    the files' contents are in `stats`). A partial scan that read nothing has the index's own
+    `Rows` as its `stats`, never parsed (`Index.records` knows them)."""
 
     tree: str
     entries: dict[str, Entry]  # a partial scan's: those it read
     dirs: Mapping[str, bytes]
     sources: dict[str, tuple[str, int, int]]
-    stats: dict[str, Stat]
+    stats: dict[str, Stat] | Rows
     files: int = 0
     bytes: int = 0
     hashed: int = 0  # files read (not answered by the stat cache)
@@ -164,6 +166,7 @@ def read_found(
     """The entries of `found` (symlinks already checked) into `into`: files answered by the
     stat cache or read, with their stat rows and where their blobs can be read."""
     entries, stats, sources = into.entries, into.stats, into.sources
+    assert isinstance(stats, dict)  # noqa: S101 - a scan read into holds its own stat rows
     cached = index.cached if index is not None else None
     imode = stat.S_IMODE
     for path, (kind, info) in found.items():

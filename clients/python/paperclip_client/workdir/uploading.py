@@ -17,6 +17,7 @@ from paperclip_client.workdir.errors import WorkdirChanged
 from paperclip_client.workdir.index import (
     DIRS,
     Index,
+    Rows,
     load_index,
     save_state,
     state_path,
@@ -231,7 +232,8 @@ def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, works
     changed nothing leaves the index and the blobs as they are: the index (the scan's own,
     from `load_index`'s cache) already records the same tree and stat cache, and rewriting
     them was work proportional to the workspace (about 75 ms and two fsyncs for 50,000
-    files)."""
+    files); after a partial scan that read nothing, that is known from the index's header
+    without parsing its rows."""
     index = load_index(workdir)
     found = result.scan
     if (
@@ -251,7 +253,8 @@ def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, works
             files=found.stats,
             dirs=found.dirs,
         )
-    if found.token is None:
+    if found.token is None or (isinstance(found.stats, Rows) and found.stats.unreadable):
+        # No token, or an index just written without the rows a partial scan goes on from.
         watch_state.drop_state(workdir)
         return
     watch_state.save_state(
