@@ -40,7 +40,8 @@ def parse_count(text: object, *, high: int) -> int | None:
     any number."""
     if not isinstance(text, str) or not text.isascii() or not text.isdigit():
         return None
-    if len(text.lstrip("0")) > len(str(high)):
+    digits = text.lstrip("0") or "0"  # zeros ahead of a small number count as digits too
+    if len(digits) > len(str(high)):
         return None
-    value = int(text)
+    value = int(digits)
     return value if value <= high else None

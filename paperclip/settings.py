@@ -455,6 +455,11 @@ PAPERCLIP_CLEANUP_RETRY_CAP_SECONDS = env.int("PAPERCLIP_CLEANUP_RETRY_CAP_SECON
 PAPERCLIP_JOB_RETENTION_HOURS = env.int("PAPERCLIP_JOB_RETENTION_HOURS", default=72)
 # Workspace snapshots (docs/snapshots.md): the most entries one snapshot's tree may hold.
 PAPERCLIP_SNAPSHOT_MAX_ENTRIES = env.int("PAPERCLIP_SNAPSHOT_MAX_ENTRIES", default=2_000_000)
+# A snapshot's paths added up (bytes): directories shared by many paths must not make a few
+# kilobytes of upload name gigabytes of paths for the walk that validates them.
+PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES = env.int(
+    "PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES", default=256 * 1024 * 1024
+)
 # A running run all of whose leases lapsed this long ago is interrupted by the worker
 # (docs/leases.md#orphaned-runs); twice the CLI's default lease TTL.
 PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS = env.int("PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS", default=600)

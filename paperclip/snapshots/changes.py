@@ -13,6 +13,7 @@ from typing import Final
 from paperclip.snapshots.trees import (
     BLOB_NAME,
     MAX_DEPTH,
+    Budget,
     Entry,
     TreeInvalid,
     blob_name,
@@ -69,7 +70,7 @@ def _checked_pieces(pieces: list[bytes], known: list[bytes], path: str) -> dict[
                 entry = checked_entry(raw, path)
                 if canonical_json(raw) != text:
                     return None
-            except (ValueError, TypeError, TreeInvalid):
+            except (ValueError, TypeError, RecursionError, TreeInvalid):
                 return None
             found[entry.name] = entry
             key = entry.name.encode("utf-8")
@@ -131,6 +132,7 @@ def walk_changes(
     *,
     load_many: Callable[[list[str]], Mapping[str, bytes]],
     head_known_valid: bool = False,
+    max_entries: int = 2_000_000,
 ) -> Changes | None:
     """Compare the tree `root` with `head`, a tree known to be valid and whole, path by path,
     a level per `load_many` call: a subdirectory with the same blob at the same path in both
@@ -144,8 +146,9 @@ def walk_changes(
     None when this cannot vouch for `root`: a directory either side lacks or one that is
     invalid, a cycle, the depth limit, or a symlink added, removed or changed (whether a
     symlink stays inside the tree depends on every other symlink, and only when the two
-    trees' symlinks are the same is `head`'s check `root`'s). The caller then walks the
-    whole tree, which finds the exact reason or a tree that is fine after all."""
+    trees' symlinks are the same is `head`'s check `root`'s), or more than `max_entries`
+    entries compared (directories shared by many paths). The caller then walks the whole
+    tree, which finds the exact reason or a tree that is fine after all."""
     if not (BLOB_NAME.fullmatch(root) and BLOB_NAME.fullmatch(head)):
         return None
     changes = Changes(root=root, head=head)
@@ -156,6 +159,7 @@ def walk_changes(
     # (path, our directory blob, theirs at the same path, our chain of directory blobs)
     level: list[tuple[str, str | None, str | None, tuple[str, ...]]] = [("", root, head, ())]
     depth = 0
+    budget = Budget(max_entries)
     while level:
         if depth > MAX_DEPTH:
             return None
@@ -172,7 +176,12 @@ def walk_changes(
                     old = stored_dir(stored, other, path)
             except TreeInvalid:
                 return None
-            if own is None or old is None or (mine is not None and mine in chain):
+            if (
+                own is None
+                or old is None
+                or (mine is not None and mine in chain)
+                or not budget.spend(len(own) + len(old))
+            ):
                 return None
             chain = (*chain, mine) if mine is not None else chain
             for sign, entries, against, reached, found in (

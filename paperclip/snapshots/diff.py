@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 from uuid import UUID
 
+from django.conf import settings
+
 from paperclip.snapshots.counts import known_valid_trees
 from paperclip.snapshots.merge import changed_paths
 from paperclip.snapshots.store.reads import directory_loader
@@ -131,6 +133,10 @@ class _Walk:
     trusted: tuple[bool, bool] = (False, False)
     found: list[Change] = field(default_factory=list)
     read: int = 0
+    # Entries compared, both sides: directories shared by many paths (a few kilobytes an
+    # agent uploaded) must not make a diff walk millions of paths.
+    max_entries: int = 2_000_000
+    compared: int = 0
 
     def run(self) -> None:
         # (path, the directory blob before, after): None on a side that has no directory there
@@ -146,6 +152,9 @@ class _Walk:
             for path, old, new in level:
                 gone = _read(stored, old, path, self.before, trusted=self.trusted[0])
                 came = _read(stored, new, path, self.after, trusted=self.trusted[1])
+                self.compared += len(gone) + len(came)
+                if self.compared > self.max_entries:
+                    raise TreeUnreadable(self.after or self.before or "", path, "too_many_entries")
                 following.extend(self._compare(path, gone, came))
             level = following
             depth += 1
@@ -214,8 +223,11 @@ def tree_diff(
     """The changes that turn the tree `before` into `after` (None: the empty tree), as
     `changes_between` would give them for the whole trees, reading only the directories that
     differ. Reads only. Raises TreeUnreadable when a directory it needs is not in the
-    company's store (or is not one). `limit` bounds the changes returned, not the counts."""
+    company's store (or is not one), or when the two compare more than
+    PAPERCLIP_SNAPSHOT_MAX_ENTRIES entries (reason `too_many_entries`: directories shared by
+    many paths). `limit` bounds the changes returned, not the counts."""
     walker = _Walk(directory_loader(company_id), before, after)
+    walker.max_entries = 2 * int(settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES)  # both sides
     if before != after:
         known = known_valid_trees(company_id=company_id, trees=[t for t in (before, after) if t])
         walker.trusted = (before in known, after in known)

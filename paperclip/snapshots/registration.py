@@ -198,6 +198,7 @@ def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
             tree,
             load_many=directory_loader(company_id),
             max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
+            max_path_bytes=settings.PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES,
             keep_files=False,  # registration needs the counts and the blobs, not the paths
         )
     except TreeInvalid as exc:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, Final, Literal
 
 SCHEMA: Final = "paperclip.dir.v1"
 MAX_DEPTH: Final = 256
+# The paths of one walk added up (bytes of text): what bounds its memory when directories are
+# shared by many paths (PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES for a registration).
+MAX_PATH_BYTES: Final = 256 * 1024 * 1024
 MAX_NAME_BYTES: Final = 255
 MAX_MODE: Final = 0o7777
 MAX_SYMLINK_HOPS: Final = 40
@@ -327,7 +330,7 @@ def known_entries(pieces: list[bytes], path: str) -> list[Entry]:
         raws = json.loads(b'[{"' + _ENTRY_BETWEEN.join(pieces) + b"}]")
         if not isinstance(raws, list) or len(raws) != len(pieces):
             raise ValueError("not one entry per piece")
-    except ValueError as exc:  # UnicodeDecodeError too
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError too; nesting too deep
         raise TreeInvalid(path, "not_json", str(exc)[:200]) from exc
     return [_known_entry(raw, path) for raw in raws]
 
@@ -378,7 +381,7 @@ def _decode_canonical(data: bytes, path: str) -> tuple[Entry, ...] | None:
         ):
             return None
         entries = tuple(checked_entry(raw, path) for raw in value["entries"])
-    except (UnicodeDecodeError, ValueError, TypeError, TreeInvalid):
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError, TreeInvalid):
         return None
     previous = b""
     for entry in entries:
@@ -392,7 +395,9 @@ def _decode_canonical(data: bytes, path: str) -> tuple[Entry, ...] | None:
 def _decode_strict(data: bytes, path: str) -> tuple[Entry, ...]:
     try:
         value = json.loads(data.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the parser goes (an agent's blob, never a
+        # directory): refused as not JSON, never a 500.
         raise TreeInvalid(path, "not_json", str(exc)[:200]) from exc
     if not isinstance(value, dict) or set(value) != {"schema", "entries"}:
         raise TreeInvalid(path, "not_a_directory")
@@ -452,6 +457,7 @@ def walk(
     load: Callable[[str], bytes | None] | None = None,
     *,
     max_entries: int = 2_000_000,
+    max_path_bytes: int = MAX_PATH_BYTES,
     contents: Callable[[Iterable[str]], Iterable[str]] | None = None,
     load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
     keep_files: bool = True,
@@ -467,13 +473,18 @@ def walk(
     and the blobs of a large tree. `known_valid` (the caller knows the tree valid:
     `counts.known_valid_trees`) decodes each directory without the checks it passed when the
     tree was recorded (`decode_known_dir`; the depth, cycle and symlink checks still run).
-    Raises TreeInvalid."""
+    A directory blob reached by several paths is decoded once; every path counts against
+    `max_entries`, and the paths' lengths added up against `max_path_bytes` (a few kilobytes
+    of directories sharing subdirectories name millions of long paths: the walk's memory is
+    bounded by these, not by what was uploaded). Raises TreeInvalid."""
     if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
         raise TreeInvalid("", "bad_digest")
     result = Walk(root=root)
     level: list[tuple[str, str, tuple[str, ...]]] = [("", root, ())]
     depth = 0
     count = 0
+    budget = Budget(max_entries, max_path_bytes)
+    decoded: dict[str, Sequence[Entry]] = {}
     while level:
         if depth > MAX_DEPTH:
             raise TreeInvalid(level[0][0], "too_deep")
@@ -487,13 +498,13 @@ def walk(
             if data is None:
                 result.missing.append(digest)
                 continue
-            entries = decode_stored_dir(data, digest, path, known_valid=known_valid)
+            entries = _decoded_once(decoded, data, digest, path, known_valid=known_valid)
             result.directories.setdefault(digest, path)
             for entry in entries:
                 where = join_path(path, entry.name)
                 count += 1
-                if count > max_entries:
-                    raise TreeInvalid(where, "too_many_entries")
+                if not budget.spend(1, len(where)):
+                    raise TreeInvalid(where, "too_many_entries", budget.why())
                 _walk_record(result, where, entry, keep_files=keep_files)
                 if entry.type == "dir":
                     assert entry.digest is not None  # noqa: S101 - decode_dir checked it
@@ -506,6 +517,40 @@ def walk(
     if contents is not None:
         result.missing.extend(contents(sorted(result.contents)))
     return result
+
+
+class Budget:
+    """What a walk may still spend: entries (each path counts once, however many paths share
+    a directory) and bytes of path text."""
+
+    __slots__ = ("entries", "limits", "path_bytes")
+
+    def __init__(self, entries: int, path_bytes: int = MAX_PATH_BYTES) -> None:
+        self.entries, self.path_bytes = entries, path_bytes
+        self.limits = (entries, path_bytes)
+
+    def spend(self, entries: int, path_bytes: int = 0) -> bool:
+        """Spend; False once either is overspent."""
+        self.entries -= entries
+        self.path_bytes -= path_bytes
+        return self.entries >= 0 and self.path_bytes >= 0
+
+    def why(self) -> str:
+        if self.entries < 0:
+            return f"more than {self.limits[0]} entries"
+        return f"its paths add up to over {self.limits[1]} bytes"
+
+
+def _decoded_once(
+    decoded: dict[str, Sequence[Entry]], data: bytes, digest: str, path: str, *, known_valid: bool
+) -> Sequence[Entry]:
+    """The entries of the directory `digest`, decoded (and validated) the first time a walk
+    meets it, reused wherever else it is reached."""
+    entries = decoded.get(digest)
+    if entries is None:
+        entries = decode_stored_dir(data, digest, path, known_valid=known_valid)
+        decoded[digest] = entries
+    return entries
 
 
 def _load_level(
