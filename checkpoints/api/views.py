@@ -32,7 +32,9 @@ from paperclip.api.serializers import (
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import HeartbeatRun
 
-BOOT_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+# `(?!\n)`: Python's `$` also matches before a final newline ("boot\n" passed); the pattern is
+# published in the OpenAPI document too, where `$` alone is the end (and the lookahead holds).
+BOOT_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$(?!\n)"
 
 
 COMMON_ERRORS = (INVALID_REQUEST, *AUTH_ERRORS, NOT_FOUND)

@@ -40,6 +40,7 @@ from django.views.decorators.csrf import csrf_exempt
 from leases import services
 from leases.api.views import LeaseSerializer, RuntimeLeaseClaimApi
 from paperclip.api.auth import authenticate_agent_key
+from paperclip.api.bodies import RequestBodyIncomplete
 from paperclip.api.errors import exception_handler
 from paperclip.api.parsers import parse_json_body
 from paperclip.api.serializers import shared_serializer
@@ -182,13 +183,21 @@ def lean_claim(request: HttpRequest, workspace_id: UUID) -> HttpResponse | None:
     plainly a valid agent renew or claim)."""
     if not _lean_request(request):
         return None
-    body = request.body  # a body cut short raises here: RequestBodyMiddleware answers 400
     try:
         authenticated = authenticate_agent_key(request.META["HTTP_AUTHORIZATION"])
-        values = plain_claim_values(parse_json_body(body))
-    except Exception:  # refused, malformed or the database failed: the DRF view says which
+    except Exception:  # the database failed: the DRF view says so
         return None
-    if authenticated is None or values is None:
+    if authenticated is None:
+        return None  # the DRF view answers 401 (it reads no body for that)
+    try:
+        body = request.body  # authenticated first, as the DRF view does
+    except RequestBodyIncomplete as exc:  # read part way: the DRF view could not read it now
+        return _as_drf_answers(exc, request)
+    try:
+        values = plain_claim_values(parse_json_body(body))
+    except Exception:  # malformed: the DRF view says how
+        return None
+    if values is None:
         return None  # not plainly valid: the DRF view answers it, error and all
     agent = authenticated[0]
     # As DRF's authentication sets it (an Agent is the user): the request's log line names it.
@@ -204,15 +213,20 @@ def lean_claim(request: HttpRequest, workspace_id: UUID) -> HttpResponse | None:
             ttl_seconds=values.get("ttl_seconds"),
         )
     except Exception as exc:
-        handled = exception_handler(exc, {"view": RuntimeLeaseClaimApi(), "request": request})
-        if handled is None:  # pragma: no cover - the handler answers every exception
-            raise
-        response = render(handled.data, handled.status_code)
-        for name, value in handled.items():
-            if name.lower() != "content-type":  # (Retry-After, ...)
-                response[name] = value
-        return response
+        return _as_drf_answers(exc, request)
     return render(claim_json(result), 200)
+
+
+def _as_drf_answers(exc: Exception, request: HttpRequest) -> HttpResponse:
+    """`exc` answered as the DRF view's exception handler answers it (status, JSON, headers)."""
+    handled = exception_handler(exc, {"view": RuntimeLeaseClaimApi(), "request": request})
+    if handled is None:  # pragma: no cover - the handler answers every exception
+        raise exc
+    response = render(handled.data, handled.status_code)
+    for name, value in handled.items():
+        if name.lower() != "content-type":  # (Retry-After, ...)
+            response[name] = value
+    return response
 
 
 @csrf_exempt

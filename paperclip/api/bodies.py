@@ -37,6 +37,7 @@ from paperclip.ids import parse_count
 BODY_PROBLEM: Final = "paperclip.request_body_problem"
 BODY_INCOMPLETE: Final = "incomplete"
 _TOO_LARGE: Final = "too_large"
+_BAD_LENGTH: Final = "bad_length"
 # A spooled chunked body stays in memory up to this size, then moves to a temporary file.
 SPOOL_IN_MEMORY: Final = 1 << 20
 _READ: Final = 1 << 16
@@ -126,10 +127,14 @@ def request_body_prepare(environ: dict[str, Any]) -> None:
     """Before Django reads `environ`: a body of announced length is read exactly (ExactBody);
     a chunked body the server de-chunked is spooled and given its length. A chunked body the
     server did not de-chunk is left for RequestBodyMiddleware to refuse (411)."""
-    length = parse_count(environ.get("CONTENT_LENGTH"), high=2**63 - 1)
+    announced = environ.get("CONTENT_LENGTH")
+    length = parse_count(announced, high=2**63 - 1)
     if length is not None:
         if length > 0:
             environ["wsgi.input"] = ExactBody(environ["wsgi.input"], length, environ)
+        return
+    if announced:  # not a length: Django would read it as an empty body, and a view act on it
+        environ[BODY_PROBLEM] = _BAD_LENGTH
         return
     if not _chunked_without_length(environ) or environ.get("wsgi.input_terminated") is not True:
         return
@@ -156,6 +161,8 @@ def request_body_problem(meta: dict[str, Any]) -> DomainError | None:
         return RequestBodyIncomplete()
     if problem == _TOO_LARGE:
         return RequestBodyTooLarge(max_bytes=largest_body())
+    if problem == _BAD_LENGTH:
+        return InvalidRequest(fields={"body": ["Content-Length is not a number of bytes."]})
     if _chunked_without_length(meta) and meta.get("wsgi.input_terminated") is not True:
         return LengthRequired()
     return None

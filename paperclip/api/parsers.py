@@ -2,7 +2,8 @@
 
 Every endpoint reads its body through `StrictJSONParser`, so one rule holds everywhere: a body
 is UTF-8 JSON (a `charset` other than UTF-8 is refused, not guessed), nested at most
-`MAX_DEPTH` levels, with no NUL character, no lone surrogate and no non-finite number anywhere
+`MAX_DEPTH` levels, no object with a key twice (which the last would win here and the first
+in another parser), with no NUL character, no lone surrogate and no non-finite number anywhere
 (PostgreSQL's jsonb stores none of them, and an error message could not echo them back). A
 violation is a 400 `invalid_request` whose `details.fields` names where it is (`result.a[2]`),
 raised before any view code runs, so nothing is written.
@@ -29,6 +30,20 @@ def _bad(path: str, message: str) -> InvalidRequest:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name}")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object, refused when a key comes twice."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise _DuplicateKey(twice)
+    return value
 
 
 def _finite_float(text: str) -> float:
@@ -105,9 +120,16 @@ def parse_json_body(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise _bad("", "The body is not valid UTF-8.") from exc
     try:
-        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        data = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=_object,
+        )
     except RecursionError as exc:
         raise _bad("", f"Nested deeper than {MAX_DEPTH} levels.") from exc
+    except _DuplicateKey as exc:
+        raise _bad("", f"An object has the key {_short(exc)!r} twice.") from exc
     except ValueError as exc:
         raise _bad("", f"The body is not valid JSON ({_short(exc)}).") from exc
     # Without an escape sequence the text cannot spell a NUL or a lone surrogate: strict UTF-8

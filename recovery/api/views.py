@@ -543,7 +543,7 @@ class WorkerStopRecordApi(APIView):
         owner_token = serializers.CharField(max_length=200)
         worker_id = serializers.CharField(max_length=500)
         stopped_at = serializers.CharField(max_length=64)
-        signature = serializers.RegexField(r"^[0-9a-fA-F]{64}$")
+        signature = serializers.RegexField(r"^[0-9a-fA-F]{64}$(?!\n)")  # not before a newline
 
     @extend_schema_serializer(component_name="WorkerStopRecordOutput")
     class OutputSerializer(serializers.Serializer[Any]):

@@ -383,3 +383,11 @@ def test_a_run_that_became_terminal_takes_no_checkpoint_write(
     refused = put(runner, fin, grant, changed={"late.txt": "after the end"})
     assert_error(refused, 409, "native_runner_checkpoint_owner_lost")
     assert NativeRunnerCheckpoint.objects.count() == writes
+
+
+@pytest.mark.parametrize("boot_id", ["boot\n", "boot-a\n", ""])
+def test_a_boot_id_ending_in_a_newline_is_refused(
+    runner: APIClient, fin: NativeRunFinalization, boot_id: str
+) -> None:
+    """Python's `$` matches before a final newline: "boot\\n" was taken and stored."""
+    assert_error(acquire(runner, fin, boot_id=boot_id), 400, "invalid_request")
