@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, BinaryIO, Final, Literal
@@ -546,8 +548,13 @@ def _materialize_round(
     previous_tree: str | None,
     check: Callable[[], None],
 ) -> MaterializeReport:
-    """Make `cwd` hold `head`, diffed against `previous_tree` (what it last held)."""
+    """Make `cwd` hold `head`, diffed against `previous_tree` (what it last held). A directory
+    the diff did not descend into (the same blob in both trees) that is no longer a directory
+    in `cwd` (removed by hand) makes it the whole head against the disk: the diff has none of
+    its entries to write back."""
     whole, before = tree_diff_entries(company_id, head, previous_tree)
+    if before is not None and _unexpanded_gone(cwd, whole, before):
+        whole, before = tree_entries(company_id, head), None
     target = _without_special_bits(whole)
     previous = _without_special_bits(before) if before is not None else None
     # One query for the rows of every blob the materializer may write, not one per file
@@ -580,6 +587,26 @@ def _materialize_round(
         check=check,
         split=_processes(company_id, known) if ahead is None else None,
     )
+
+
+def _unexpanded_gone(cwd: str, target: Mapping[str, Entry], previous: Mapping[str, Entry]) -> bool:
+    """Whether a directory both trees hold with the same blob (so not expanded) is missing
+    from `cwd` or is something else there (one lstat each)."""
+    for path, entry in target.items():
+        if entry.type != "dir":
+            continue
+        before = previous.get(path)
+        if before is None or not before.same_dir(entry):
+            continue
+        try:
+            found = os.lstat(os.path.join(cwd, path))
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return True  # unreadable there: let the whole comparison with the disk decide
+        if not stat.S_ISDIR(found.st_mode):
+            return True
+    return False
 
 
 def _processes(company_id: UUID, known: Mapping[str, tuple[int, int]]) -> Processes | None:

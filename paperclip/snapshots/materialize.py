@@ -374,12 +374,23 @@ class Materializer:
             and before.same_dir(entry)
             and found is not None
             and stat.S_ISDIR(found.st_mode)
-            and stat.S_IMODE(found.st_mode) == entry.mode
         ):
             # The destination held this very directory (same blob): nothing inside it changed,
-            # so it is not read at all (a 1% change of a large tree touches 1% of it).
-            self.unchanged += 1
-            return False
+            # so it is not read at all (a 1% change of a large tree touches 1% of it). Its
+            # entries are not in the target either (the caller's diff did not descend into
+            # it): entered, it would look empty and lose what it holds. A mode changed by
+            # hand is put back alone.
+            if stat.S_IMODE(found.st_mode) == entry.mode:
+                self.unchanged += 1
+                return False
+            self.tick()
+            child = _open_dir(name, fd)
+            try:
+                os.fchmod(child, entry.mode)
+            finally:
+                os.close(child)
+            self.modes += 1
+            return True
         changed = False
         if found is not None and not stat.S_ISDIR(found.st_mode):
             self.tick()
