@@ -52,7 +52,7 @@ from paperclip.snapshots.counts import (
 )
 from paperclip.snapshots.history import head_published_record_in_tx
 from paperclip.snapshots.materialize import MaterializeReport, materialize
-from paperclip.snapshots.merge import merge3, merge_trees
+from paperclip.snapshots.merge import merge3, merge_trees, unknown_base
 from paperclip.snapshots.processes import Processes
 from paperclip.snapshots.store.ahead import ReadAhead
 from paperclip.snapshots.store.backends import blob_file
@@ -247,15 +247,12 @@ def publish_plan(
         _count_merged(company_id, by_directory.root, head)
         return plan("merged", by_directory.root)
     # A conflict, a symlink changed, or a base gone: the whole trees, path by path.
+    ours, theirs = tree_entries(company_id, tree), tree_entries(company_id, head)
     try:
         based = tree_entries(company_id, base)
     except PublishError:
-        based = {}  # collected while the run worked: overlapping paths go to the board
-    merged = merge3(
-        based,
-        tree_entries(company_id, tree),
-        tree_entries(company_id, head),
-    )
+        based = unknown_base(ours, theirs)  # collected while the run worked: every difference
+    merged = merge3(based, ours, theirs)
     if merged.entries is None:
         return plan("conflict", None, merged.conflicts, merged.conflict_count)
     try:

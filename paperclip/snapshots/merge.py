@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from paperclip.snapshots.changes import walk_changes
 from paperclip.snapshots.trees import (
@@ -103,6 +103,24 @@ def merge3(
         ordered = tuple(sorted(conflicts, key=lambda p: p.encode("utf-8", "surrogatepass")))
         return MergeResult(None, ordered[:MAX_CONFLICTS], len(ordered))
     return MergeResult(merged, (), 0)
+
+
+# What a base that cannot be read holds where the two sides differ: an entry neither side can
+# equal (no file is named by the all-zero digest), so that both count as having changed it.
+_UNKNOWN: Final = Entry(name="?", type="file", mode=0, size=0, digest="sha256:" + "0" * 64)
+
+
+def unknown_base(ours: Mapping[str, Entry], theirs: Mapping[str, Entry]) -> dict[str, Entry]:
+    """A stand-in for a base that is gone from the store (collected while the run worked): the
+    paths the two sides agree on, as they are; every other path, including one only a side
+    has, as changed by both, so that `merge3` holds it for the board. Read as empty instead, a
+    path the run deleted looked like one the head had added, and the head's copy was kept
+    without a word: the run's committed deletion undone."""
+    base: dict[str, Entry] = {}
+    for path in ours.keys() | theirs.keys():
+        mine, other = ours.get(path), theirs.get(path)
+        base[path] = mine if mine is not None and mine.same_as(other) else _UNKNOWN
+    return base
 
 
 def merge3_taking(

@@ -27,7 +27,13 @@ from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.counts import counts_of, tree_counts_record
 from paperclip.snapshots.diff import Change, changes_between, entry_json, path_key
 from paperclip.snapshots.head import PublishError, PublishPlan, tree_entries
-from paperclip.snapshots.merge import MAX_CONFLICTS, changed_paths, merge3, merge3_taking
+from paperclip.snapshots.merge import (
+    MAX_CONFLICTS,
+    changed_paths,
+    merge3,
+    merge3_taking,
+    unknown_base,
+)
 from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import Entry, TreeInvalid, build, check_symlinks
 
@@ -69,12 +75,14 @@ def resolution_sides(
     company_id: UUID, base: str | None, tree: str, head: str | None
 ) -> tuple[dict[str, Entry], dict[str, Entry], dict[str, Entry]]:
     """The entries of the base, the run's tree and the head. A base gone from the store reads
-    as empty, as publishing reads it. Raises PublishError when the tree or head is unreadable."""
+    as publishing reads it: every path where the run's tree and the head differ as changed by
+    both (`unknown_base`). Raises PublishError when the tree or head is unreadable."""
+    ours, theirs = tree_entries(company_id, tree), tree_entries(company_id, head)
     try:
         based = tree_entries(company_id, base)
     except PublishError:
-        based = {}  # collected while the run worked: as publishing, every overlap conflicts
-    return based, tree_entries(company_id, tree), tree_entries(company_id, head)
+        based = unknown_base(ours, theirs)  # collected while the run worked
+    return based, ours, theirs
 
 
 def workspace_head(company_id: UUID, workspace_id: UUID) -> str | None:
