@@ -105,10 +105,30 @@ class _HeadMoved(Exception):
 
 def snapshot_input_check(*, company_id: UUID, tree: str, base: str | None) -> None:
     """The names are blob names and the base (when given) a directory tree of the company's
-    store. Raises InvalidRequest."""
+    store; the tree's root does not name the agent CLI's state directory. Raises
+    InvalidRequest, SnapshotTreeInvalid (`reserved_name`)."""
     _name("tree", tree)
     _name("base", base)
     _require_base_tree(company_id, base)
+    _refuse_reserved_names(company_id, tree)
+
+
+# What the agents' CLI keeps in a workdir's root, which a checkout never writes (its index):
+# a head naming it would stop every CLI's checkout of the workspace.
+RESERVED_ROOT_NAMES: Final = frozenset({".paperclip"})
+
+
+def _refuse_reserved_names(company_id: UUID, tree: str) -> None:
+    """SnapshotTreeInvalid when the tree's root directory (if stored and valid: the walk
+    refuses it otherwise, with its reason) names a reserved entry."""
+    try:
+        stored = directory_loader(company_id)([tree])
+        entries = decode_stored_dir(stored[tree], tree) if tree in stored else ()
+    except (TreeInvalid, BlobTooLarge):
+        return
+    for entry in entries:
+        if entry.name in RESERVED_ROOT_NAMES:
+            raise SnapshotTreeInvalid(path=entry.name, reason="reserved_name")
 
 
 def snapshot_register(

@@ -112,6 +112,8 @@ def test_a_missing_directory_blob_is_named_too(runner: Runner) -> None:
             "duplicate_name",
         ),
         ([{"name": "a", "type": "file", "mode": True, "size": 0, "digest": "x"}], "bad_mode"),
+        # The agent CLI's state directory: every checkout of such a head refuses it.
+        ([{"name": ".paperclip", "type": "symlink", "target": "a"}], "reserved_name"),
     ],
 )
 def test_a_hostile_tree_is_refused_with_the_path_and_reason(

@@ -24,6 +24,7 @@ from paperclip_client.trees import (
 from paperclip_client.workdir.errors import LocalChanges
 from paperclip_client.workdir.index import (
     JOURNAL,
+    STATE_DIR,
     Index,
     Stat,
     load_dirs,
@@ -47,6 +48,9 @@ from paperclip_client.workdir.writer import (
     batches,
 )
 
+# The most paths a tree may expand to here, as the server's default limit on a snapshot.
+MAX_TREE_ENTRIES = 2_000_000
+
 # --- checkout --------------------------------------------------------------------------------
 
 
@@ -65,7 +69,11 @@ def read_tree(
 ) -> dict[str, Entry]:
     """Every entry of `tree` by path, each directory blob checked (`dirs` collects them). The
     directories are read a level at a time: `load_many` gets every name of a level at once
-    (a name it leaves out is a tree that cannot be read)."""
+    (a name it leaves out is a tree that cannot be read). Refused (TreeError): a tree naming
+    the CLI's own state directory at its root (`reserved_name`: writing there would replace
+    the index), or one of more than MAX_TREE_ENTRIES paths (`too_many_entries`: directories
+    shared by many paths name millions of them from a few blobs), besides what `decode_dir`
+    and the symlink check refuse."""
     entries: dict[str, Entry] = {}
     if tree is None:
         return entries
@@ -82,17 +90,28 @@ def read_tree(
                 raise TreeError(path, "digest_mismatch")
             if dirs is not None:
                 dirs[digest] = data
-            for entry in decode_dir(data, path):
-                where = f"{path}/{entry.name}" if path else entry.name
-                entries[where] = entry
-                if entry.type == "dir":
-                    assert entry.digest is not None  # noqa: S101 - decode_dir checked it
-                    below.append((where, entry.digest, (*chain, digest)))
+            below.extend(_entries_of(data, path, (*chain, digest), entries))
         level = below
     for where, entry in entries.items():
         if entry.type == "symlink" and symlink_escapes(entries, where):
             raise TreeError(where, "escaping_symlink")
     return entries
+
+
+def _entries_of(
+    data: bytes, path: str, chain: tuple[str, ...], entries: dict[str, Entry]
+) -> Iterator[tuple[str, str, tuple[str, ...]]]:
+    """The directory `data` at `path` into `entries`; its subdirectories, to read next."""
+    for entry in decode_dir(data, path):
+        where = f"{path}/{entry.name}" if path else entry.name
+        if where == STATE_DIR:
+            raise TreeError(where, "reserved_name")
+        entries[where] = entry
+        if len(entries) > MAX_TREE_ENTRIES:
+            raise TreeError(where, "too_many_entries")
+        if entry.type == "dir":
+            assert entry.digest is not None  # noqa: S101 - decode_dir checked it
+            yield where, entry.digest, chain
 
 
 def _same(current: Entry | None, wanted: Entry | None) -> bool:
@@ -366,16 +385,20 @@ def _new_stats(
     fresh: Mapping[str, Stat],
 ) -> dict[str, Stat]:
     """The stat cache after a checkout: what was read or written now, else what the old
-    index knew (a stat cache entry stays right whatever tree it came from)."""
+    index knew (a stat cache entry stays right whatever tree it came from), but for a row
+    racily clean under the old index (modified in or after its file's timestamp tick): the
+    new index would vouch for it, and a change made in that tick would be missed."""
     touched = set(changed)
     files: dict[str, Stat] = {}
+    old = index.files if index is not None else {}
+    written = index.written_ns if index is not None else 0
     for path, entry in wanted.items():
         if entry.type != "file":
             continue
         if path in fresh:
             files[path] = fresh[path]
-        elif path not in touched and index is not None and path in index.files:
-            files[path] = index.files[path]
+        elif path not in touched and path in old and old[path][1] < written:
+            files[path] = old[path]
     return files
 
 
