@@ -53,6 +53,11 @@ def execution_workspace_cwds() -> list[str]:
     return [cwd for cwd in cwds.order_by().values_list("cwd", flat=True).distinct() if cwd]
 
 
+def execution_workspace_has_head(workspace_id: UUID) -> bool:
+    """Whether the workspace's files are kept as snapshots (it has a head)."""
+    return ExecutionWorkspace.objects.filter(pk=workspace_id, head_tree__isnull=False).exists()
+
+
 def workspace_destination(run: HeartbeatRun, issue: Issue) -> str | None:
     """The execution workspace's `cwd`, where the export writes."""
     workspace = run.execution_workspace or issue.execution_workspace

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from typing import Final, Literal
+from uuid import UUID
 
 from django.conf import settings
 
-from recovery.selectors.exports import execution_workspace_cwds
+from recovery.selectors.exports import execution_workspace_cwds, execution_workspace_has_head
 
 type CopybackRefusal = Literal[
     "copyback_disabled",
@@ -32,6 +33,7 @@ type CopybackRefusal = Literal[
     "execution_workspace",
     "inside_execution_workspace",
     "contains_execution_workspace",
+    "workspace_has_head",
 ]
 
 REFUSAL_TEXT: Final[dict[str, str]] = {
@@ -47,6 +49,11 @@ REFUSAL_TEXT: Final[dict[str, str]] = {
     ),
     "contains_execution_workspace": (
         "The run's workspace directory holds an execution workspace's cwd."
+    ),
+    "workspace_has_head": (
+        "The run's execution workspace keeps its files as snapshots (it has a head): a copy"
+        " into its cwd would be undone by the head's next materialization. Send the result"
+        " with workspace_tree (paperclip-agent run does)."
     ),
 }
 
@@ -115,6 +122,14 @@ def copyback_refusal(
 def copyback_roots() -> list[str]:
     """The configured roots (PAPERCLIP_COPYBACK_ROOTS; empty: the legacy copy-back is off)."""
     return [str(root) for root in settings.PAPERCLIP_COPYBACK_ROOTS]
+
+
+def copyback_workspace_refusal(workspace_id: UUID | None) -> CopybackRefusal | None:
+    """`workspace_has_head` when the run's execution workspace has a head: its cwd is made
+    from the head, and what a copy-back wrote there (in no tree) would be removed again."""
+    if workspace_id is None or not execution_workspace_has_head(workspace_id):
+        return None
+    return "workspace_has_head"
 
 
 def copyback_source_refusal(source: str) -> CopybackRefusal | None:

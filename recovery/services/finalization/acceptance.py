@@ -27,8 +27,12 @@ from recovery.errors import (
     WorkspaceCopybackNotAllowed,
 )
 from recovery.selectors.exports import workspace_dir
-from recovery.services.copyback_guard import copyback_source_refusal
-from recovery.services.finalization.binding import locked_binding, run_phase_mirror
+from recovery.services.copyback_guard import copyback_source_refusal, copyback_workspace_refusal
+from recovery.services.finalization.binding import (
+    locked_binding,
+    run_phase_mirror,
+    run_workspace_id,
+)
 from recovery.services.finalization_jobs import finalization_defer_in_tx
 
 TERMINAL_SCHEMA = "paperclip.prp.terminal.v1"
@@ -88,7 +92,12 @@ def result_accept(
             and coordinator.result_id == existing.pk
         ):
             return ResultAcceptance(existing, created=False)
-        _check_acceptable(run, coordinator, workspace_tree=workspace_tree)
+        _check_acceptable(
+            run,
+            coordinator,
+            workspace_tree=workspace_tree,
+            workspace_id=run_workspace_id(run, issue),
+        )
         if run.completion_contract_id is None:
             # A result row needs a completion contract; runs created without one get theirs
             # minted here, under the run lock.
@@ -172,20 +181,19 @@ def _check_acceptable(
     coordinator: NativeRunFinalization | None,
     *,
     workspace_tree: str | None,
+    workspace_id: UUID | None,
 ) -> None:
     """No other result was accepted, the run is still observed, and a directory to copy back
-    passes the copy-back guard."""
+    passes the copy-back guard (and its workspace has no head to undo the copy)."""
     if coordinator is not None and coordinator.result_id is not None:
         raise NativeResultConflict(accepted_result_id=str(coordinator.result_id))
     if run.is_terminal or (coordinator is not None and coordinator.phase != "observed"):
         raise RunNotFinalizable(status=run.status)
     source = workspace_dir(run)
-    if (
-        workspace_tree is None
-        and source is not None
-        and (refusal := copyback_source_refusal(source)) is not None
-    ):
-        raise WorkspaceCopybackNotAllowed(reason=refusal)
+    if workspace_tree is None and source is not None:
+        refusal = copyback_source_refusal(source) or copyback_workspace_refusal(workspace_id)
+        if refusal is not None:
+            raise WorkspaceCopybackNotAllowed(reason=refusal)
 
 
 def _result_create(

@@ -20,7 +20,12 @@ from recovery.errors import (
 )
 from recovery.selectors.actions import WAITING_PHASES
 from recovery.selectors.exports import result_workspace_tree, workspace_destination, workspace_dir
-from recovery.services.copyback_guard import REFUSAL_TEXT, copyback_source_refusal
+from recovery.services.copyback_guard import (
+    REFUSAL_TEXT,
+    copyback_source_refusal,
+    copyback_workspace_refusal,
+)
+from recovery.services.finalization.binding import run_workspace_id
 from recovery.services.finalization.commit import commit_finalized
 from recovery.services.finalization.operations import (
     attempt_failed,
@@ -104,7 +109,10 @@ def finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Final
             # Again here, right before the copy: the directory may have been replaced since the
             # result was accepted (by a link into another workspace, say), or the settings or
             # the workspaces changed.
-            if (refusal := copyback_source_refusal(source)) is not None:
+            refusal = copyback_source_refusal(source) or copyback_workspace_refusal(
+                run_workspace_id(run, issue)
+            )
+            if refusal is not None:
                 raise CopybackError(
                     WorkspaceCopybackNotAllowed.code, f"{refusal}: {REFUSAL_TEXT[refusal]}"
                 )

@@ -13,9 +13,15 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from paperclip.models import ActivityEvent, NativeRunFinalization, NativeRunResult
+from paperclip.models import (
+    ActivityEvent,
+    ExecutionWorkspace,
+    NativeRunFinalization,
+    NativeRunResult,
+)
 from recovery.models import IssueRecoveryAction
 from tests.helpers import assert_error, run_jobs
+from tests.recovery.snapshots import store_tree
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -219,3 +225,33 @@ def test_a_run_without_a_directory_or_a_tree_commits_with_nothing_copied(
     assert a.agent.get(f"/api/heartbeat-runs/{run_id}").json()["finalization"]["state"] == (
         "committed"
     )
+
+
+def test_a_workspace_with_a_head_takes_no_copy_back(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    """Its cwd is made from the head: a copy-back wrote the run's files there, the commit
+    forgot which tree the cwd held, and the next materialization removed them (in no tree).
+    Refused when the result comes (nothing accepted), and by the worker when the workspace got
+    a head after the result was accepted (nothing copied, the run held for the board)."""
+    a, _b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    own = tmp_path / "runs" / "run-a"
+    own.mkdir(parents=True)
+    (own / "out.txt").write_text("A's work\n")
+    late = a.run(str(own))
+    assert a.post_result(late).status_code == 201  # accepted: no head yet
+    head = store_tree(a.company_id, {"README.md": b"the head\n"})
+    ExecutionWorkspace.objects.filter(pk=a.workspace_id).update(head_tree=head)
+    run_jobs()
+    assert not (a.cwd / "out.txt").exists()
+    coordinator = NativeRunFinalization.objects.get(run_id=late)
+    assert coordinator.failure_code == "workspace_copyback_not_allowed"
+    assert coordinator.failure_detail["detail"].startswith("workspace_has_head:")
+    assert coordinator.attempt == 1
+    # A run whose result comes now is refused at once, nothing written.
+    early = a.run(str(own))
+    before = _written()
+    error = assert_error(a.post_result(early), 409, "workspace_copyback_not_allowed")
+    assert error["details"] == {"reason": "workspace_has_head"}
+    assert _written() == before
