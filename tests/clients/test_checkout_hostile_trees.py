@@ -1,7 +1,7 @@
 """Checkout against trees another agent (or a server gone wrong) could hand the CLI: one
 naming the CLI's own state directory, one that names millions of paths from a few blobs, and
-a head move that must not carry a racily clean stat row into the new index
-(docs/snapshots.md#for-agents)."""
+a head move that must not carry a racily clean stat row into the new index; and a move of
+files across hundreds of directories, which crashed the checkout (docs/snapshots.md#for-agents)."""
 
 from __future__ import annotations
 
@@ -91,3 +91,19 @@ def test_a_head_move_does_not_vouch_for_a_row_that_was_racily_clean(tmp_path: Pa
     result = workdir.snapshot(store, work, say=lambda _: None, warn=lambda _: None)
     assert result.scan.entries["f"].digest == blob_name(b"MODIFIED")
     assert result.tree != second
+
+
+def test_files_moved_across_hundreds_of_directories_are_checked_out(tmp_path: Path) -> None:
+    """Each moved file is copied from where the workdir holds it, which opens that directory:
+    past the directory cache's size it closed the descriptor the file was being written in,
+    and the rename failed (EBADF), leaving a temporary file and the journal behind."""
+    store = FakeStore()
+    work = tmp_path / "work"
+    base: dict[str, Any] = {f"d{i:03d}": {"f": b"old %d" % i} for i in range(300)}
+    base |= {f"e{i:03d}": {"sub": {"g": b"moved %d" % i}} for i in range(300)}
+    check_out(store, work, put_tree(store, base))
+    moved = put_tree(store, {f"d{i:03d}": {"f": b"moved %d" % i} for i in range(300)})
+    check_out(store, work, moved)
+    assert (work / "d299" / "f").read_bytes() == b"moved 299"
+    assert not (work / ".paperclip" / "checkout.json").exists()
+    assert not [p for p in work.rglob("*") if p.name.startswith(".paperclip-tmp-")]

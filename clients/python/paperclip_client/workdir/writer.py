@@ -285,7 +285,16 @@ class CheckoutWriter:
 
     def write_file(self, path: str, entry: Entry) -> None:
         parent, _, name = path.rpartition("/")
-        fd = self.dirs.open(parent)
+        # Its own descriptor of the directory: copying from another workdir file opens more
+        # directories, and the cache closes its descriptors when it fills (the rename below
+        # then met a closed, or reused, descriptor).
+        fd = os.dup(self.dirs.open(parent))
+        try:
+            self._write_in(fd, path, name, entry)
+        finally:
+            os.close(fd)
+
+    def _write_in(self, fd: int, path: str, name: str, entry: Entry) -> None:
         temp = temp_name()
         out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         try:
