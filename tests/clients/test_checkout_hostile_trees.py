@@ -107,3 +107,20 @@ def test_files_moved_across_hundreds_of_directories_are_checked_out(tmp_path: Pa
     assert (work / "d299" / "f").read_bytes() == b"moved 299"
     assert not (work / ".paperclip" / "checkout.json").exists()
     assert not [p for p in work.rglob("*") if p.name.startswith(".paperclip-tmp-")]
+
+
+def test_discarding_a_removed_directory_with_subdirectories_makes_them_all_again(
+    tmp_path: Path,
+) -> None:
+    """`a` removed by hand, the head changing `a/b/c`: with --discard-local-changes `a` was
+    made again but not `a/b` (FileNotFoundError)."""
+    store = FakeStore()
+    work = tmp_path / "work"
+    check_out(store, work, put_tree(store, {"a": {"b": {"c": b"1"}}}))
+    for path in (work / "a" / "b" / "c", work / "a" / "b", work / "a"):
+        path.unlink() if path.is_file() else path.rmdir()
+    second = put_tree(store, {"a": {"b": {"c": b"2"}}})
+    with pytest.raises(workdir.LocalChanges):
+        check_out(store, work, second)
+    check_out(store, work, second, discard=True)
+    assert (work / "a" / "b" / "c").read_bytes() == b"2"

@@ -316,16 +316,22 @@ def _broken_parents(
         if p not in wanted:
             continue
         parts = p.split("/")[:-1]
+        below_broken = False
         for depth in range(1, len(parts) + 1):
             a = "/".join(parts[:depth])
+            if below_broken:
+                # Under a directory made anew: gone with what was there, made anew too.
+                if a not in touched:
+                    broken.add(a)
+                continue
             if a in touched or a in checked:
                 continue
             checked.add(a)
             cur = current.get(a) if a in current else work.current(a)
             if cur is None or cur.type != "dir":
                 broken.add(a)
-                break
-    return sorted(broken)
+                below_broken = True
+    return sorted(broken, key=lambda path: (_depth(path), path))
 
 
 def _ahead(
