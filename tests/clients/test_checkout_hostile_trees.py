@@ -124,3 +124,24 @@ def test_discarding_a_removed_directory_with_subdirectories_makes_them_all_again
         check_out(store, work, second)
     check_out(store, work, second, discard=True)
     assert (work / "a" / "b" / "c").read_bytes() == b"2"
+
+
+def test_setuid_setgid_and_sticky_bits_in_a_tree_are_not_written(tmp_path: Path) -> None:
+    """Another agent's tree (through the head) asked for a world-writable setuid file, which
+    the CLI, often root, wrote as such. The bits are dropped, and the file so written is not
+    local work when the head changes it next."""
+    store = FakeStore()
+    work = tmp_path / "work"
+    tool = b"#!/bin/sh\n"
+    data = encode_dir(
+        [Entry(name="tool", type="file", mode=0o6777, size=len(tool), digest=blob_name(tool))]
+    )
+    store.blobs[blob_name(tool)], store.blobs[blob_name(data)] = tool, data
+    sticky = encode_dir([Entry(name="shared", type="dir", mode=0o1777, digest=blob_name(data))])
+    store.blobs[blob_name(sticky)] = sticky
+    check_out(store, work, blob_name(sticky))
+    assert (work / "shared" / "tool").stat().st_mode & 0o7777 == 0o777
+    assert (work / "shared").stat().st_mode & 0o7777 == 0o777
+    changed = put_tree(store, {"shared": {"tool": b"#!/bin/sh\nexit 0\n"}})
+    check_out(store, work, changed)  # not refused as local changes
+    assert (work / "shared" / "tool").read_bytes() == b"#!/bin/sh\nexit 0\n"

@@ -9,7 +9,7 @@ import io
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paperclip_client.cas import TRANSFER_THREADS
@@ -42,6 +42,7 @@ from paperclip_client.workdir.transfer import (
 )
 from paperclip_client.workdir.writer import (
     TMP_PREFIX,
+    WRITE_MODE_BITS,
     CheckoutWriter,
     DirFds,
     Prefetch,
@@ -115,11 +116,14 @@ def _entries_of(
 
 
 def _same(current: Entry | None, wanted: Entry | None) -> bool:
-    """Whether the workdir's entry is `wanted` for the local-work rule (a directory by type)."""
+    """Whether the workdir's entry is `wanted` for the local-work rule (a directory by type;
+    a mode as a checkout writes it, without setuid, setgid or sticky bits)."""
     if current is None or wanted is None:
         return current is wanted
     if current.type == "dir" or wanted.type == "dir":
         return current.type == wanted.type
+    if wanted.mode & ~WRITE_MODE_BITS:
+        wanted = replace(wanted, mode=wanted.mode & WRITE_MODE_BITS)
     return current.same(wanted)
 
 
@@ -295,7 +299,7 @@ def _write_entry(work: CheckoutWriter, p: str, want: Entry, cur: Entry | None) -
     elif want.type == "symlink":
         if cur is None or cur.target != want.target:
             work.make_symlink(p, want.target)
-    elif cur is not None and cur.same(want):
+    elif cur is not None and _same(cur, want):
         return
     elif cur is not None and cur.blobs() == want.blobs():
         work.set_mode(p, want.mode)

@@ -36,6 +36,9 @@ from paperclip_client.workdir.transfer import (
 )
 
 TMP_PREFIX = ".paperclip-tmp-"
+# The permission bits a checkout gives what it writes: never setuid, setgid or sticky, which a
+# tree (another agent's, through the head) may carry and the CLI, often root, would honour.
+WRITE_MODE_BITS = 0o777
 
 
 class DirFds:
@@ -261,7 +264,7 @@ class CheckoutWriter:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=fd)
             self.written += 1
-        os.chmod(self.dirs.open(path), mode)
+        os.chmod(self.dirs.open(path), mode & WRITE_MODE_BITS)
 
     def set_mode(self, path: str, mode: int) -> None:
         parent, _, name = path.rpartition("/")
@@ -269,7 +272,7 @@ class CheckoutWriter:
             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.dirs.open(parent)
         )
         try:
-            os.fchmod(fd, mode)
+            os.fchmod(fd, mode & WRITE_MODE_BITS)
         finally:
             os.close(fd)
         self.written += 1
@@ -319,7 +322,7 @@ class CheckoutWriter:
                             self.progress.add(got)
                 if handle.tell() != entry.size:
                     raise WorkdirError(f"{path}: the store's blobs do not add up to its size")
-            os.fchmod(out, entry.mode)
+            os.fchmod(out, entry.mode & WRITE_MODE_BITS)
         except BaseException:
             os.close(out)
             with contextlib.suppress(OSError):
@@ -330,7 +333,8 @@ class CheckoutWriter:
         os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
         self.written += 1
         content = list(entry.chunks) if entry.chunks is not None else entry.digest
-        self.stats[path] = [info.st_size, info.st_mtime_ns, entry.mode, info.st_ino, content]
+        mode = entry.mode & WRITE_MODE_BITS
+        self.stats[path] = [info.st_size, info.st_mtime_ns, mode, info.st_ino, content]
         key = entry.chunks if entry.chunks is not None else entry.digest
         if key is not None:
             self.local[key] = path
