@@ -101,6 +101,10 @@ def checkpoint_write_validate(
     _part_name_errors(changed, removed, errors)
     if len(changed) > max_parts_per_write():
         errors.setdefault("changed", []).append(f"At most {max_parts_per_write()} parts a write.")
+    if len(removed) > max_parts_per_write():
+        # Deleted under the coordinator's lock: unbounded, a body of short names held it for
+        # seconds while the run's renewals waited.
+        errors.setdefault("removed", []).append(f"At most {max_parts_per_write()} parts a write.")
     _contents_errors(changed, errors)
     both = sorted(set(changed) & set(removed))
     if both:
@@ -217,6 +221,23 @@ def _owner_validate(
     return False
 
 
+def _require_live_run(run_id: UUID) -> None:
+    """CheckpointOwnerLost (`run_terminal`) for a run that reached a terminal status: its
+    checkpoint is closed, whoever presents a lease (its own, whose expiry a tolerated owner
+    outlives once a result was accepted, or a live run's as the authority). The run's row is
+    held (FOR NO KEY UPDATE, after the coordinator's, in the global order) so that it cannot
+    end between this check and the commit."""
+    require_transaction()
+    status = (
+        HeartbeatRun.objects.select_for_update(no_key=True)
+        .filter(pk=run_id)
+        .values_list("status", flat=True)
+        .first()
+    )
+    if status is None or status in HeartbeatRun.TERMINAL_STATUSES:
+        raise CheckpointOwnerLost(reason="run_terminal")
+
+
 def _predecessor_check(predecessor: Predecessor, binding: Binding) -> None:
     require_transaction()
     found = HeartbeatRun.objects.filter(
@@ -276,6 +297,7 @@ def checkpoint_write(
         )
         if fence is None:
             raise CheckpointOwnerLost(reason="generation_or_boot_changed")
+        _require_live_run(binding.run_id)
         locked, remembered = fence.coordinator, fence.remembered
         previous = (
             set(remembered[1]) if remembered and remembered[0] == owner.lease_owner else set()
@@ -284,6 +306,10 @@ def checkpoint_write(
         active = _owner_validate(locked, owner, binding, new_work=new_work)
         if predecessor is not None:
             _predecessor_check(predecessor, binding)
+        if not (reset or parts or removed or new_work):
+            # Nothing to change: answered, nothing written (no audit row, no NOTIFY).
+            count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()
+            return CheckpointWrite(parts=count, owner_active=active, changed=0, removed=0)
         removed_count = _parts_apply(binding, reset, removed, parts)
         _work_remember(binding, owner.lease_owner, work_ids)
         live_run_recovery_notify(company_id=binding.company_id, run_id=run.run_id)
