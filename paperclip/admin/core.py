@@ -150,8 +150,12 @@ class AgentApiKeyAdmin(_CredentialAdmin):
         self._revoke_each(request, ids, agent_key_revoke, "key_id")
 
     def has_revoke_permission(self, request: HttpRequest) -> bool:
-        # Visible keys belong to the user's companies (get_queryset); board staff may revoke them.
-        return bool(getattr(request.user, "is_staff", False))
+        # Visible keys belong to the user's companies (get_queryset); board staff with the
+        # keys' change permission may revoke them (view alone shows them).
+        user: Any = request.user
+        return bool(
+            getattr(user, "is_staff", False) and user.has_perm("paperclip.change_agentapikey")
+        )
 
 
 @admin.register(BoardApiToken)

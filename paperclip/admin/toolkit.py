@@ -15,10 +15,11 @@ from uuid import UUID
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -197,6 +198,25 @@ class DetailActionsMixin:
     `"model"` and `"pk"` posts that object to the action of that model's admin (a run's page
     offering its hold's confirmation), shown only when that admin offers the action."""
 
+    def response_action(  # Django 6.1 adds action_location: passed on
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        """An action on ids that are not this list's keys (a crafted POST) does nothing and
+        says so, where filtering on them raised a ValidationError (a 500)."""
+        model_admin: Any = self
+        key = model_admin.model._meta.pk
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            try:
+                key.to_python(value)
+            except ValidationError:
+                model_admin.message_user(
+                    request, "Nothing was done: the selection names no row.", messages.ERROR
+                )
+                return HttpResponseRedirect(request.get_full_path())
+        parent: Any = super()
+        answer: HttpResponse | None = parent.response_action(request, queryset, *args, **kwargs)
+        return answer
+
     change_form_template: ClassVar[Any] = "admin/console/change_form.html"
 
     def detail_actions(self, request: HttpRequest, obj: Any) -> list[dict[str, Any]]:
@@ -303,7 +323,24 @@ class AuditedAdmin(CompanyScopedAdmin):
     audit_entity: str = ""
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        super().save_model(request, obj, form, change)
+        """A new record saved whole; a changed one writes only the fields the form changed
+        (and its `auto_now` times): a whole-row save wrote back, as read when the page was
+        posted, the columns services move meanwhile (a workspace's head and lease generation,
+        an issue's execution lock), undoing what a run had just committed. Nothing changed:
+        nothing written, no audit row."""
+        if change:
+            columns = {field.name for field in obj._meta.concrete_fields}
+            fields = [name for name in form.changed_data if name in columns]
+            if not fields:
+                return
+            stamps = [
+                field.name
+                for field in obj._meta.concrete_fields
+                if getattr(field, "auto_now", False)
+            ]
+            obj.save(update_fields=[*fields, *stamps])
+        else:
+            super().save_model(request, obj, form, change)
         company_id = obj.pk if isinstance(obj, Company) else getattr(obj, "company_id", None)
         activity_record(
             company_id=company_id,

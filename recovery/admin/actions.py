@@ -223,7 +223,14 @@ class IssueRecoveryActionAdmin(
         return self.has_confirm_owner_stop_permission(request)
 
     def has_confirm_owner_stop_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_active and request.user.is_staff)
+        # The model's change permission, as force-release and interrupt ask theirs: a staff
+        # user who may only view the holds sees them, and no action.
+        user: Any = request.user
+        return bool(
+            user.is_active
+            and user.is_staff
+            and user.has_perm("recovery.change_issuerecoveryaction")
+        )
 
     @admin.action(
         description="Confirm owner stopped and resume finalization",
@@ -234,7 +241,7 @@ class IssueRecoveryActionAdmin(
     ) -> HttpResponse | None:
         def confirm(actor: Actor, hold: IssueRecoveryAction, run_id: UUID, form: Any) -> str:
             owner = as_dict(as_dict(hold.evidence).get("owner"))
-            recovery_owner_stop_confirm(
+            answer = recovery_owner_stop_confirm(
                 actor=actor,
                 issue_id=hold.source_issue_id,
                 action_id=hold.pk,
@@ -243,7 +250,7 @@ class IssueRecoveryActionAdmin(
                 stop_evidence=form.cleaned_data["stop_evidence"],
                 controller_and_copyback_stopped=form.cleaned_data["confirmed"],
             )
-            return "confirmed"
+            return "repeated" if answer.replayed else "confirmed"
 
         return self._act_on_holds(
             request,
@@ -255,7 +262,13 @@ class IssueRecoveryActionAdmin(
             summary=lambda counts, _form: (
                 f"Confirmed {counts['confirmed']}; finalization queued for the worker: the "
                 "outcome will show in each run's finalization state on its page (the hold "
-                "resolves once the run is committed). Refused: "
+                "resolves once the run is committed). "
+                + (
+                    f"{counts['repeated']} already confirmed (nothing changed). "
+                    if counts["repeated"]
+                    else ""
+                )
+                + "Refused: "
             ),
             title="Confirm owner stopped and resume finalization",
             template="admin/recovery/confirm_owner_stop.html",

@@ -1,0 +1,78 @@
+"""A board member's Save on a setup record writes only what the form changed: a save racing a
+service that moves the record's other columns (a run publishing the workspace's head, a lease
+grant moving its generation) leaves that move in place, and a save that changed nothing
+writes nothing."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from paperclip.models import ActivityEvent, Company, ExecutionWorkspace
+from tests.console.test_pages import staff
+from tests.helpers import raw_connection, wait_for_lock_waiters
+from tests.paperclip.factories import ExecutionWorkspaceFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TREE = "sha256:" + "ab" * 32
+
+
+def form(workspace: ExecutionWorkspace, **changes: str) -> dict[str, str]:
+    return {
+        "company": str(workspace.company_id),
+        "name": workspace.name,
+        "status": workspace.status,
+        "cwd": workspace.cwd or "",
+        "source_issue": "",
+        "mode": workspace.mode,
+        "strategy_type": workspace.strategy_type,
+        "provider_type": workspace.provider_type,
+        "provider_ref": workspace.provider_ref or "",
+        "metadata": "null",
+        **changes,
+    }
+
+
+def test_a_save_racing_a_publish_keeps_the_published_head(company: Company) -> None:
+    """The save read the row, then waited on the publisher's lock: its whole-row UPDATE put
+    back the head it had read (none) and the older lease generation."""
+    workspace = ExecutionWorkspaceFactory(company=company, name="w", runtime_lease_generation=3)
+    client = staff(company)
+    url = reverse("admin:paperclip_executionworkspace_change", args=[workspace.pk])
+    answered: dict[str, Any] = {}
+    with raw_connection(autocommit=False) as holder:
+        holder.execute(
+            "SELECT 1 FROM execution_workspaces WHERE id = %s FOR UPDATE", [workspace.pk]
+        )
+        saver = threading.Thread(
+            target=lambda: answered.update(
+                response=client.post(url, form(workspace, name="renamed"))
+            )
+        )
+        saver.start()
+        assert wait_for_lock_waiters(1, until=lambda: not saver.is_alive())
+        holder.execute(
+            "UPDATE execution_workspaces SET head_tree = %s, runtime_lease_generation = 4"
+            " WHERE id = %s",
+            [TREE, workspace.pk],
+        )
+        holder.commit()
+        saver.join(timeout=30)
+    assert answered["response"].status_code == 302
+    row = ExecutionWorkspace.objects.get(pk=workspace.pk)
+    assert (row.name, row.head_tree, row.runtime_lease_generation) == ("renamed", TREE, 4)
+
+
+def test_a_save_that_changes_nothing_writes_nothing(company: Company) -> None:
+    workspace = ExecutionWorkspaceFactory(company=company, name="w")
+    client = staff(company)
+    url = reverse("admin:paperclip_executionworkspace_change", args=[workspace.pk])
+    stamp = ExecutionWorkspace.objects.get(pk=workspace.pk).updated_at
+    events = ActivityEvent.objects.count()
+    assert client.post(url, form(workspace)).status_code == 302
+    assert ActivityEvent.objects.count() == events
+    assert ExecutionWorkspace.objects.get(pk=workspace.pk).updated_at == stamp
