@@ -129,8 +129,10 @@ FORCE_RELEASE_BULK = BulkAction(
     outcomes={"released": "released", "gone": "already gone (nothing written)"},
     name=lambda lease: lease.execution_workspace,
     explanation="Force-releasing deletes each workspace's lease whatever its owner, so the "
-    "next claim gets the workspace; a lease reclaimed since the filter matched it is kept "
+    "next claim gets the workspace; a lease claimed or reclaimed since this page was made is "
+    "kept (its owner is not one shown here), and so is one reclaimed while the release runs "
     "(refused: runtime_lease_superseded).",
+    unchanged_since="claimed_at",
     reason_help="Why the owners are being evicted; kept in each lease's audit row.",
     columns=(
         ("Owner", lambda lease: lease.owner_key),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar, Final
 
 from django import forms
@@ -24,10 +25,12 @@ from django.contrib import messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import IGNORED_PARAMS, PAGE_VAR
 from django.core.exceptions import PermissionDenied
+from django.db import connection
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.dateparse import parse_datetime
 
 from paperclip.access import Actor, board_actor
 from paperclip.admin.toolkit import EachOutcome, act_on_each
@@ -66,6 +69,9 @@ class BulkAction:
     explanation: str = ""  # what acting does, above the preview
     reason_help: str = "Why; kept in each row's audit row."
     columns: tuple[tuple[str, Callable[[Any], object]], ...] = field(default=())
+    # A time the row's subject moves when it changes hands (a lease's `claimed_at`): rows it
+    # moved past the confirmation page's moment are left alone, as the board never saw them.
+    unchanged_since: str | None = None
 
 
 class BulkReasonForm(forms.Form):
@@ -76,6 +82,8 @@ class BulkReasonForm(forms.Form):
     )
     # The count the operator saw; acting reports it beside the count acted on.
     seen = forms.IntegerField(widget=forms.HiddenInput, required=False, min_value=0)
+    # The database's time when the confirmation page was made (BulkAction.unchanged_since).
+    as_of = forms.CharField(widget=forms.HiddenInput, required=False, max_length=64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,14 @@ class BulkResult:
     @property
     def refused(self) -> int:
         return len(self.done.failed)
+
+
+def _database_now() -> str:
+    """The database's clock (the one clock that decides, as every lease time is its)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        moment: datetime = cursor.fetchone()[0]
+    return moment.isoformat()
 
 
 def bulk_rows(queryset: QuerySet[Any], *, batch: int = BULK_BATCH, limit: int) -> Iterator[Any]:
@@ -244,6 +260,7 @@ class BulkByFilterMixin:
             "headers": [header for header, _ in spec.columns],
             "form": form,
             "back": back,
+            "as_of": _database_now() if spec.unchanged_since else None,
         }
         return TemplateResponse(request, BULK_TEMPLATE, context)
 
@@ -255,6 +272,14 @@ class BulkByFilterMixin:
         if queryset.order_by()[: BULK_CAP + 1].count() > BULK_CAP:
             form.add_error(None, f"More than {BULK_CAP} rows match: narrow the filter first.")
             return None
+        if spec.unchanged_since is not None:
+            as_of = parse_datetime(form.cleaned_data.get("as_of") or "")
+            if as_of is None:
+                form.add_error(None, "The page is out of date: confirm again from this one.")
+                return None
+            # Acting pins each row as read now; this keeps out those that changed hands
+            # since the page the board confirmed (their owners are not the ones it saw).
+            queryset = queryset.filter(**{f"{spec.unchanged_since}__lte": as_of})
         result = bulk_run(
             spec,
             actor=board_actor(request.user),

@@ -143,8 +143,12 @@ def test_force_release_all_stale_leases_leaves_the_live_ones(company: Company) -
     confirm = client.get(f"{LEASES_BULK}?staleness=stale").content.decode()
     assert 'data-count="3"' in confirm
     assert "<code>owner: Stale (any reason)</code>" in confirm
+    as_of = re.search(r'name="as_of" value="([^"]+)"', confirm)  # the page's moment
+    assert as_of is not None
     done = client.post(
-        f"{LEASES_BULK}?staleness=stale", {"reason": "issues closed", "seen": "3"}, follow=True
+        f"{LEASES_BULK}?staleness=stale",
+        {"reason": "issues closed", "seen": "3", "as_of": as_of.group(1)},
+        follow=True,
     )
     text = _messages(done.content.decode())
     assert "3 released" in text

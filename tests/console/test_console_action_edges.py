@@ -1,9 +1,11 @@
 """Console actions at their edges: a staff user who may only view holds, runs or keys is
 offered no action on them and cannot post one; a crafted POST naming ids that are not keys is
-answered, not a 500; a repeated owner-stop confirmation says nothing changed."""
+answered, not a 500; a repeated owner-stop confirmation says nothing changed; a bulk
+force-release leaves alone a lease reclaimed since its confirmation page."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -11,10 +13,12 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from paperclip.models import ActivityEvent, BoardMembership, Company
-from tests.console.helpers import held
+from leases.models import WorkspaceRuntimeLease
+from paperclip.models import ActivityEvent, BoardMembership, Company, ExecutionWorkspace
+from tests.console.helpers import held, stale_lease
 from tests.console.test_pages import staff
-from tests.paperclip.factories import UserFactory
+from tests.leases.factories import claim
+from tests.paperclip.factories import AgentFactory, IssueFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -83,3 +87,30 @@ def test_a_repeated_owner_stop_confirmation_says_nothing_changed(company: Compan
     assert "Confirmed 0" in again
     assert "1 already confirmed (nothing changed)" in again
     assert ActivityEvent.objects.count() == events
+
+
+LEASES_BULK = reverse("admin:leases_workspaceruntimelease_bulk", args=["force-release"])
+
+
+@pytest.mark.django_db(transaction=True)  # each request its own transaction, as served
+def test_bulk_force_release_keeps_a_lease_reclaimed_since_its_page(company: Company) -> None:
+    """The page (no staleness filter) showed a stale owner; a live agent reclaimed the
+    workspace before the board confirmed: the release pinned the new generation and evicted
+    the owner the board never saw, while the page said such a lease was kept."""
+    lease = stale_lease(company)
+    client = staff(company)
+    page = client.get(LEASES_BULK).content.decode()
+    as_of = re.search(r'name="as_of" value="([^"]+)"', page)
+    assert as_of is not None
+    workspace = ExecutionWorkspace.objects.get(pk=lease.execution_workspace_id)
+    issue = IssueFactory(company=company, status="in_progress")
+    claim(workspace, AgentFactory(company=company), issue_id=issue.pk)
+    done = client.post(
+        LEASES_BULK, {"reason": "host rebuilt", "seen": "1", "as_of": as_of.group(1)}, follow=True
+    )
+    text = done.content.decode()
+    assert "0 row(s) acted on" in text
+    assert WorkspaceRuntimeLease.objects.filter(execution_workspace=workspace).exists()
+    assert not ActivityEvent.objects.filter(action="runtime_lease.force_released").exists()
+    stale = client.post(LEASES_BULK, {"reason": "host rebuilt", "seen": "1"})
+    assert "The page is out of date" in stale.content.decode()
