@@ -114,6 +114,31 @@ class Outcome:
     summary: str
     figures: dict[str, Any]
     pids: list[int]  # every process the run started (all gone at the end)
+    births: dict[int, float] = field(default_factory=dict)  # pid -> its start, when seen
+
+    def leftovers(self) -> list[int]:
+        """The run's processes still alive: a pid alive now with the start it had when the run
+        saw it. A pid alone can name another process by then (32,768 pids on this machine, and
+        every thread of every test takes one): that is not a leftover."""
+        alive = []
+        for pid in self.pids:
+            try:
+                now = psutil.Process(pid).create_time()
+            except psutil.NoSuchProcess:
+                continue
+            if self.births.get(pid) in (None, now):
+                alive.append(pid)
+        return alive
+
+
+BIRTHS: dict[int, float] = {}  # the start of every process the run started, by pid
+
+
+def note_birth(pid: int) -> None:
+    """Remember when `pid` started (once), so that a reused pid is not taken for ours."""
+    if pid not in BIRTHS:
+        with suppress(psutil.NoSuchProcess):
+            BIRTHS[pid] = psutil.Process(pid).create_time()
 
 
 # --- setup -------------------------------------------------------------------------------------
@@ -249,6 +274,7 @@ class GunicornServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gunicorn exited with {self.proc.returncode}: see its log")
             if http_status(f"{self.base_url}/healthz", timeout=2) == 200:
+                note_birth(self.proc.pid)
                 return self.proc.pid
             time.sleep(0.2)  # polling a starting server
         raise RuntimeError("gunicorn did not become healthy within 60 s")
@@ -261,6 +287,8 @@ class GunicornServer:
         except psutil.NoSuchProcess:
             return []
         self.seen_workers.update(workers)
+        for pid in workers:
+            note_birth(pid)
         return workers
 
     def healthz(self, within: float) -> int | None:
@@ -349,6 +377,7 @@ class AgentFleet:
             log.close()
             self.procs[name] = proc
             self.pids.append(proc.pid)
+            note_birth(proc.pid)
             return proc.pid
 
     def kill(self, name: str) -> int | None:
@@ -640,7 +669,13 @@ def run_chaos(
         "violations": dict(report.by_rule()),
     }
     (workdir / "summary.json").write_text(json.dumps(figures, indent=2, default=str))
-    return Outcome(report=report, summary=render(figures, report), figures=figures, pids=pids)
+    return Outcome(
+        report=report,
+        summary=render(figures, report),
+        figures=figures,
+        pids=pids,
+        births={pid: BIRTHS[pid] for pid in pids if pid in BIRTHS},
+    )
 
 
 def render(figures: dict[str, Any], report: Report) -> str:

@@ -11,13 +11,14 @@ PostgreSQL binaries and root (network namespaces), and fails rather than skips u
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+from typing import Any, cast
 
-import psutil
 import pytest
 
 from tests.chaos.nemesis import DEFAULT_WEIGHTS
-from tests.chaos.run import Config, run_chaos
+from tests.chaos.run import BIRTHS, Config, Outcome, note_birth, run_chaos
 from tests.support.netns import IsolatedNode
 from tests.support.replication import ReplicatedCluster, postgres_bindir
 
@@ -42,8 +43,7 @@ def test_a_chaos_run_passes_the_checker(tmp_path: Path, capsys: pytest.CaptureFi
     assert sum(figures["faults"].values()) > 0
     assert "agent_exit" not in figures["faults"]  # no agent died by itself
     assert figures["nemesis_errors"] == []
-    alive = [pid for pid in outcome.pids if psutil.pid_exists(pid)]
-    assert alive == []
+    assert outcome.leftovers() == []
 
 
 @pytest.mark.slow
@@ -87,4 +87,27 @@ def test_a_chaos_run_with_failovers_and_a_node_cut_off_passes_the_checker(
     assert figures["faults"].get("cut_node", 0) >= 1
     assert figures["healthz_at_end"] == 200
     assert figures["nemesis_errors"] == []
-    assert [pid for pid in outcome.pids if psutil.pid_exists(pid)] == []
+    assert outcome.leftovers() == []
+
+
+def test_a_leftover_is_a_process_of_the_run_not_a_pid_used_again() -> None:
+    """The check that every process of a run is gone: a pid alive with the start the run saw
+    is a leftover; the same pid with another start is another process (pids are reused)."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        note_birth(child.pid)
+        outcome = Outcome(
+            report=cast(Any, None),
+            summary="",
+            figures={},
+            pids=[child.pid],
+            births={child.pid: BIRTHS[child.pid]},
+        )
+        assert outcome.leftovers() == [child.pid]
+        outcome.births[child.pid] -= 100.0  # as if the run had seen another process there
+        assert outcome.leftovers() == []
+    finally:
+        child.kill()
+        child.wait()
+    outcome.births[child.pid] += 100.0
+    assert outcome.leftovers() == []

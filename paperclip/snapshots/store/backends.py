@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -158,13 +159,34 @@ def _put_group(company_id: UUID, blobs: list[tuple[int, str, Region]]) -> None:
         raise
 
 
+_sync_pool: ThreadPoolExecutor | None = None
+_sync_pool_lock = threading.Lock()
+
+
+def _syncer() -> ThreadPoolExecutor:
+    """The process's pool of fsync threads, made once: a pool per batch started and ended up
+    to SYNC_THREADS threads each time (each thread a process id taken from the system)."""
+    global _sync_pool  # one per process, made on first use
+    with _sync_pool_lock:
+        if _sync_pool is None:
+            _sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="cas-fsync")
+        return _sync_pool
+
+
+def _forget_syncer() -> None:
+    global _sync_pool  # a forked child has none of its parent's threads
+    _sync_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_syncer)
+
+
 def _sync_all(descriptors: list[int]) -> None:
     if len(descriptors) == 1:
         os.fsync(descriptors[0])
         return
-    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="cas-fsync") as pool:
-        for _ in pool.map(os.fsync, descriptors):
-            pass
+    for _ in _syncer().map(os.fsync, descriptors):
+        pass
 
 
 def copy_region(source: Region, out: int) -> None:
