@@ -30,6 +30,7 @@ from paperclip.api.serializers import (
     error_responses,
 )
 from paperclip.errors import InvalidRequest, PermissionDenied
+from paperclip.ids import parse_count
 from paperclip.models import HeartbeatRun
 
 # `(?!\n)`: Python's `$` also matches before a final newline ("boot\n" passed); the pattern is
@@ -284,10 +285,8 @@ class CheckpointApi(APIView):
         # DRF parses the raw stream, so Django's DATA_UPLOAD_MAX_MEMORY_SIZE does not apply
         # here: refuse oversized bodies from the header before parsing them into memory.
         limit = 2 * services.max_write_bytes() + 1024 * 1024  # JSON escaping headroom
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
+        # A length that is not a number was refused before any view (RequestBodyMiddleware).
+        length = parse_count(request.META.get("CONTENT_LENGTH") or "0", high=2**63 - 1) or 0
         if length > limit:
             raise InvalidRequest(
                 "The request body is too large.",
