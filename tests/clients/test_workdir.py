@@ -676,6 +676,74 @@ def test_an_interrupted_checkout_is_finished_by_the_next(tmp_path: Path) -> None
     assert listing(agent) == listing(one)
 
 
+def _interrupted_before_the_index(
+    monkeypatch: pytest.MonkeyPatch, store: FakeStore, agent: Path, head: str | None
+) -> None:
+    """A checkout of `head` killed after every path was written, before the index was saved:
+    the workdir holds `head`, the index still names the tree before, the journal is left."""
+    from paperclip_client.workdir import checking_out
+
+    def dies(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(checking_out, "save_state", dies)
+        with pytest.raises(KeyboardInterrupt):
+            check_out(store, agent, head)
+
+
+def test_a_checkout_after_an_interrupted_one_to_another_head_leaves_no_trace_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paths the interrupted checkout wrote are neither local work nor left behind: the
+    next checkout, to another head, makes the workdir that head exactly (a file the first
+    added is removed, one it changed or removed is put back), and local work stays."""
+    store = FakeStore()
+    trees_at: dict[str, str | None] = {}
+    for name, files in {
+        "t0": {"a": "a0", "b": "b0", "c": "c0", "d/e": "e0"},
+        "t1": {"a": "a1", "b": "b0", "n1": "new", "d/e": "e0", "d/f": "f1"},  # c removed
+        "t2": {"a": "a0", "b": "b2", "c": "c0", "d/e": "e0"},
+        "t3": {"a": "a0", "b": "b2", "c": "c0", "d/e": "e3", "g": "g3"},
+    }.items():
+        root = tmp_path / name
+        make(root, files)
+        trees_at[name] = take(store, root).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, trees_at["t0"])
+    _interrupted_before_the_index(monkeypatch, store, agent, trees_at["t1"])
+    (agent / "mine").write_bytes(b"local work")
+    _interrupted_before_the_index(monkeypatch, store, agent, trees_at["t2"])
+    done = check_out(store, agent, trees_at["t3"])
+    assert done.tree == trees_at["t3"]
+    got = listing(agent)
+    assert got.pop("mine") == listing(agent)["mine"]
+    assert got == listing(tmp_path / "t3")
+    assert not (agent / ".paperclip" / workdir.JOURNAL).exists()
+    # The snapshot now sees the local file alone.
+    assert take(store, agent).tree != trees_at["t3"]
+    (agent / "mine").unlink()
+    assert take(store, agent).tree == trees_at["t3"]
+
+
+def test_local_work_after_an_interrupted_checkout_is_still_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FakeStore()
+    heads = []
+    for name, files in {"t0": {"a": "a0"}, "t1": {"a": "a1"}, "t2": {"a": "a2"}}.items():
+        make(tmp_path / name, files)
+        heads.append(take(store, tmp_path / name).tree)
+    agent = tmp_path / "agent"
+    check_out(store, agent, heads[0])
+    _interrupted_before_the_index(monkeypatch, store, agent, heads[1])
+    (agent / "a").write_bytes(b"edited by hand")
+    with pytest.raises(LocalChanges) as refused:
+        check_out(store, agent, heads[2])
+    assert refused.value.paths == ["a"]
+    assert (agent / "a").read_bytes() == b"edited by hand"
+
+
 def test_checkout_of_an_empty_head_removes_tracked_files_only(tmp_path: Path) -> None:
     store = FakeStore()
     one = tmp_path / "one"

@@ -51,6 +51,9 @@ from paperclip_client.workdir.writer import (
 
 # The most paths a tree may expand to here, as the server's default limit on a snapshot.
 MAX_TREE_ENTRIES = 2_000_000
+# The most trees of interrupted checkouts a journal names (the latest kept): each is read
+# again at the next checkout.
+MAX_INTERRUPTED = 8
 
 # --- checkout --------------------------------------------------------------------------------
 
@@ -127,13 +130,31 @@ def _same(current: Entry | None, wanted: Entry | None) -> bool:
     return current.same(wanted)
 
 
-def _clean_leftovers(workdir: Path) -> None:
-    """Remove the temporary files an interrupted checkout left in the directories it wrote."""
+def _journal(workdir: Path) -> dict[str, object]:
+    """What an interrupted checkout left in its journal (`{}` when there is none or it cannot
+    be read)."""
     try:
         journal = json.loads((state_path(workdir) / JOURNAL).read_bytes())
-        dirs = [str(d) for d in journal.get("dirs", [])]
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
+        return {}
+    return journal if isinstance(journal, dict) else {}
+
+
+def _interrupted_trees(journal: Mapping[str, object]) -> list[str | None]:
+    """The trees that checkouts interrupted since the index was saved were writing: the
+    workdir may hold any mix of them (a journal of version 1 names the last alone)."""
+    named = journal.get("trees", [journal["tree"]] if "tree" in journal else [])
+    if not isinstance(named, list):
+        return []
+    return [t for t in named if t is None or isinstance(t, str)][-MAX_INTERRUPTED:]
+
+
+def _clean_leftovers(workdir: Path, journal: Mapping[str, object]) -> None:
+    """Remove the temporary files an interrupted checkout left in the directories it wrote."""
+    named = journal.get("dirs", [])
+    if not isinstance(named, list):
         return
+    dirs = [str(d) for d in named]
     opener = DirFds(workdir)
     try:
         for rel in dirs:
@@ -172,19 +193,30 @@ def checkout(
     base_tree = index.tree if index is not None and same_place else None
     if base_tree == head and index is not None and not journal.exists():
         return CheckoutResult(head, index.count, 0, 0)  # the header's: the rows not parsed
-    _clean_leftovers(workdir)
+    left = _journal(workdir) if journal.exists() else {}
+    _clean_leftovers(workdir, left)
+    interrupted = [t for t in dict.fromkeys(_interrupted_trees(left)) if t != base_tree]
     limits = store.limits()
     head_dirs: dict[str, bytes] = {}
     wanted, base, dir_bytes = _read_trees(store, workdir, head, base_tree, head_dirs)
-    changed = sorted(p for p in set(wanted) | set(base) if not _both(wanted.get(p), base.get(p)))
+    # What an interrupted checkout wrote is neither local work nor to be left behind: its
+    # trees count as held, and every path where one differs from the head is made the head's.
+    written = _read_interrupted(store, workdir, interrupted, head)
+    held = [base, *written]
+    changed = sorted(
+        p
+        for p in set(wanted).union(*held)
+        if not all(_both(wanted.get(p), tree.get(p)) for tree in held)
+    )
     work = CheckoutWriter(store, workdir, index, limits, say)
     try:
         current = {p: work.current(p) for p in changed}
-        conflicts, broken = _local_work(work, changed, wanted, base, current)
+        conflicts, broken = _local_work(work, changed, wanted, held, current)
         if conflicts and not discard_local_changes:
             raise LocalChanges(sorted(set(conflicts)))
         parents = sorted({p.rpartition("/")[0] for p in changed})
-        write_atomic(journal, json.dumps({"tree": head, "dirs": parents}).encode())
+        trees = ([*interrupted, head] if head != base_tree else interrupted)[-MAX_INTERRUPTED:]
+        write_atomic(journal, json.dumps({"tree": head, "trees": trees, "dirs": parents}).encode())
         work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
         work.prefetch = Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
         _apply(work, changed, wanted, current, broken, discard_local_changes=discard_local_changes)
@@ -229,6 +261,26 @@ def _read_trees(
     return wanted, base, dir_bytes
 
 
+def _read_interrupted(
+    store: Store,
+    workdir: Path,
+    interrupted: Sequence[str | None],
+    head: str | None,
+) -> list[dict[str, Entry]]:
+    """The entries of each tree an interrupted checkout was writing (the head's and the
+    last-held tree's need no second read; one that cannot be read any more counts as holding
+    nothing, so what it wrote is local work, as before the journal named it)."""
+    read: list[dict[str, Entry]] = []
+    for tree in interrupted:
+        if tree == head:
+            continue
+        try:
+            read.append(_read_trees(store, workdir, tree, None, {})[0] if tree else {})
+        except (TreeError, PaperclipError):
+            continue
+    return read
+
+
 def _fetch_dirs(store: Store, names: list[str]) -> dict[str, bytes]:
     """Directory blobs in one batch read; should it fail (too large together, one missing or
     damaged, a server without batch reads), each alone, whose read says what is wrong."""
@@ -247,20 +299,23 @@ def _local_work(
     work: CheckoutWriter,
     changed: Sequence[str],
     wanted: Mapping[str, Entry],
-    base: Mapping[str, Entry],
+    held: Sequence[Mapping[str, Entry]],
     current: Mapping[str, Entry | None],
 ) -> tuple[list[str], list[str]]:
-    """The paths checkout would overwrite or delete that hold local work, and the directories
-    of both trees that are no longer directories in the workdir (`broken`, among them)."""
+    """The paths checkout would overwrite or delete that hold local work (content that is
+    neither the head's nor that of a tree the workdir held, `held`), and the directories of
+    both trees that are no longer directories in the workdir (`broken`, among them)."""
     conflicts = [
         p
         for p in changed
-        if not _same(current[p], wanted.get(p)) and not _same(current[p], base.get(p))
+        if not _same(current[p], wanted.get(p))
+        and not any(_same(current[p], tree.get(p)) for tree in held)
     ]
+    known: set[str] = set().union(*held)
     for p in changed:
         cur, want = current[p], wanted.get(p)
         if cur is not None and cur.type == "dir" and want is not None and want.type != "dir":
-            conflicts.extend(work.untracked_under(p, base))
+            conflicts.extend(work.untracked_under(p, known))
     # A directory both trees have that is no longer one in the workdir (a symlink put in
     # its place, say) must be made again before anything is written under it.
     broken = _broken_parents(work, changed, wanted, current)

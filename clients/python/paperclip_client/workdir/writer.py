@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
@@ -221,8 +221,9 @@ class CheckoutWriter:
         ]
         return file_entry(name, mode, info.st_size, content)
 
-    def untracked_under(self, path: str, base: Mapping[str, Entry]) -> list[str]:
-        """Paths under the workdir directory `path` that the last-held tree does not have."""
+    def untracked_under(self, path: str, base: Container[str]) -> list[str]:
+        """Paths under the workdir directory `path` that no tree the workdir held has (`base`:
+        their paths)."""
         fd = self.dirs.try_open(path)
         if fd is None:
             return []
