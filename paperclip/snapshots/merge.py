@@ -90,19 +90,34 @@ def merge3(
     """Merge `ours` (the run's tree) and `theirs` (the head now), both descended from `base`."""
     merged, conflicts = _merge_paths(base, ours, theirs)
     for path in list(merged):
-        parent = path.rpartition("/")[0]
-        while parent:
-            holder = merged.get(parent)
-            if holder is None or holder.type != "dir":
-                # Each side's change is fine alone; together they would put an entry under
-                # something that is no longer a directory.
-                conflicts.update({path, parent})
-                break
-            parent = parent.rpartition("/")[0]
+        # Each side's change is fine alone; together they would put an entry under something
+        # that is no longer a directory: the entry and every path above it up to that one
+        # conflict (a resolution decides each of them, so the board is shown each).
+        above = _not_directories_above(path, merged)
+        if above:
+            conflicts.add(path)
+            conflicts.update(above)
     if conflicts:
         ordered = tuple(sorted(conflicts, key=lambda p: p.encode("utf-8", "surrogatepass")))
         return MergeResult(None, ordered[:MAX_CONFLICTS], len(ordered))
     return MergeResult(merged, (), 0)
+
+
+def _not_directories_above(path: str, merged: Mapping[str, Entry]) -> list[str]:
+    """The paths above `path` that are not directories in `merged`, from its parent up to
+    the first that is something else (a file, a symlink); `[]` when its parent is a
+    directory."""
+    found: list[str] = []
+    parent = path.rpartition("/")[0]
+    while parent:
+        holder = merged.get(parent)
+        if holder is not None and holder.type == "dir":
+            break
+        found.append(parent)
+        if holder is not None:
+            break
+        parent = parent.rpartition("/")[0]
+    return found
 
 
 # What a base that cannot be read holds where the two sides differ: an entry neither side can

@@ -34,6 +34,12 @@ def _plain(
 @example(  # ours removed a directory the other side added to
     {"a/b": ("file", b"x", 0o644)}, {"a": None}, {"a/c": ("file", b"y", 0o644)}, "theirs"
 )
+@example(  # ours turned a directory into a file; the other side added two levels below it
+    {"d/e/x": ("file", b"x", 0o644)},
+    {"d/e/x": None, "d": ("file", b"d", 0o644)},
+    {"d/e/y": ("file", b"y", 0o644)},
+    "theirs",
+)
 @example(  # ours turned a file into a directory the other side changed
     {"a": ("file", b"x", 0o644)},
     {"a": None, "a/b": ("file", b"x", 0o644)},
@@ -64,10 +70,17 @@ def test_conflicts_take_the_chosen_side_and_nothing_else_is_dropped(
         got = merged.get(path)
         if path in both and not _same(ours.get(path), theirs.get(path)):  # changed differently
             assert _same(got, chosen.get(path)), (path, got)
-        elif not _same(got, _plain(base, ours, theirs, path)):
-            # Only where the chosen side's conflicting entry needs it: a directory above it,
-            # or what is below one it replaced or removed.
-            assert _related(path, conflicting), (path, got)
+        elif not _same(got, plain := _plain(base, ours, theirs, path)):
+            # Only where the chosen side's conflicting entry needs it: a directory above it
+            # that the merge had removed, made again; a path above it that the merge held as
+            # something else (listed as conflicting itself: the board sees every change its
+            # choice drops); or what is below one it replaced or removed.
+            remade = got is not None and got.type == "dir" and plain is None
+            assert (
+                path in conflicting
+                or _below(path, conflicting)
+                or (remade and _above(path, conflicting))
+            ), (path, got, conflicting)
             assert _same(got, chosen.get(path)), (path, got)
 
 
@@ -75,10 +88,12 @@ def _same(a: Entry | None, b: Entry | None) -> bool:
     return a is b if a is None or b is None else a.same_as(b)
 
 
-def _related(path: str, conflicting: set[str]) -> bool:
-    return any(
-        other.startswith(path + "/") or path.startswith(other + "/") for other in conflicting
-    )
+def _below(path: str, conflicting: set[str]) -> bool:
+    return any(path.startswith(other + "/") for other in conflicting)
+
+
+def _above(path: str, conflicting: set[str]) -> bool:
+    return any(other.startswith(path + "/") for other in conflicting)
 
 
 def test_the_head_keeps_its_side_and_the_runs_other_changes_stay() -> None:
