@@ -4,11 +4,13 @@ directory (setting `PAPERCLIP_COPYBACK_BACKEND`).
 The default, `LocalDirectoryCopyback`, copies a local tree into a staging sibling of the
 destination and then swaps it in with two renames, so the destination is never a half-copied
 mix. Symlinks are never followed: a link whose target stays inside the source tree is copied
-as a link, any other link (absolute, or escaping with `..`) is skipped and reported. Nothing
-outside the source is read even when the source changes during the copy: every directory and
-file is opened without following a final link, and where the kernel says the opened object
-lies (/proc/self/fd) must be inside the source, else it is skipped and reported (a directory
-swapped for a link to elsewhere after the walk listed it; docs/security.md). A crash
+as a link, any other link (absolute, escaping with `..`, or leading out through other links
+once the copy is complete) is skipped and reported. Nothing outside the source is read even
+when the source changes during the copy: the source is the resolved path the caller judged,
+never resolved again; every directory and file is opened without following a final link, and
+where the kernel says the opened object lies (/proc/self/fd) must be inside the source, else
+it is skipped and reported (a directory along or below the source swapped for a link to
+elsewhere after it was judged or listed; docs/security.md). A crash
 at any point leaves either the old destination or the new one plus named leftovers that the
 next attempt for the same run cleans up; the source stays authoritative throughout.
 """
@@ -56,7 +58,9 @@ class CopybackBackend(Protocol):
     def copy_back(
         self, *, run_id: UUID, source: str, destination: str, check: Callable[[], None]
     ) -> CopybackReport:
-        """Make `destination` a copy of `source`. Call `check()` regularly: it raises when
+        """Make `destination` a copy of `source` (a resolved path: no symbolic link along
+        it; nothing outside it may be read, even when a directory along or below it is
+        swapped for a link while the copy runs). Call `check()` regularly: it raises when
         ownership was lost, and the copy must stop without publishing anything."""
 
 
@@ -71,6 +75,10 @@ def _inside(root: Path, link_dir: str, target: str) -> bool:
         return False
     resolved = os.path.normpath(os.path.join(link_dir, target))
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
+
+
+def _below(path: str, top: str) -> bool:
+    return path == top or path.startswith(top + "/")
 
 
 _PROC_FD: Final = "/proc/self/fd"
@@ -216,6 +224,13 @@ class LocalDirectoryCopyback:
         dest = Path(os.path.normpath(dest))
         if src.is_symlink() or not src.is_dir():
             raise CopybackError("copyback_source_missing", f"{src} is not a directory.")
+        if os.path.realpath(src) != str(src):
+            # The caller judged this very path (resolved): a link along it now means a
+            # directory was swapped for one since, and the copy would read elsewhere.
+            raise CopybackError(
+                "copyback_source_missing",
+                f"{src} is no longer the directory it was: a symbolic link now lies in its path.",
+            )
         if dest == src or str(dest).startswith(str(src) + os.sep):
             raise CopybackError("copyback_destination_inside_source", "Refusing to nest.")
         if str(src).startswith(str(dest) + os.sep):
@@ -270,12 +285,15 @@ class _TreeCopy:
         self.check = check
         self.threads = max(1, threads)
         self.checked_at = time.monotonic()
-        # Where the source really is: every directory and file opened must lie inside it.
-        self.root = os.path.realpath(src)
+        # Where the source is (resolved by the caller, who judged it; never resolved again
+        # here, where a link swapped in along it since would move it): every directory and
+        # file opened must lie inside it, by the kernel's own path of what was opened.
+        self.root = str(src)
         self.files = self.size = self.links = self.linked = 0
         self.directories = -1  # the root is not counted
         self.skipped: list[str] = []
         self.dir_states: list[tuple[str, os.stat_result]] = []
+        self.copied_links: list[tuple[str, str]] = []  # (path in staging, relative path)
 
     def _check_due(self) -> None:
         now = time.monotonic()
@@ -295,6 +313,7 @@ class _TreeCopy:
                 for future in pending:
                     future.cancel()
                 raise
+        self._drop_escaping_links()
         for path, state in reversed(self.dir_states):
             os.chmod(path, stat.S_IMODE(state.st_mode))
             os.utime(path, ns=(state.st_atime_ns, state.st_mtime_ns))
@@ -306,6 +325,23 @@ class _TreeCopy:
             tuple(sorted(self.skipped)),
             self.linked,
         )
+
+    def _drop_escaping_links(self) -> None:
+        """Remove, and report as skipped, every copied link that leads out of the copy once
+        the other links are followed: each was judged alone by its text (`l1 -> .` and
+        `l2 -> l1/..` both stay inside by their text; `l2` names the parent). The copy is the
+        worker's own, complete and private (0700) here, so resolving in it judges exactly the
+        links the destination will hold."""
+        top = os.path.realpath(self.staging)
+        escaping = [
+            (path, rel)
+            for path, rel in self.copied_links
+            if not _below(os.path.realpath(path), top)  # every link still in place
+        ]
+        for path, rel in escaping:
+            os.unlink(path)
+            self.links -= 1
+            self.skipped.append(rel)
 
     def _collect(self, pending: set[Future[_Done]]) -> None:
         """Take in the chunks done within CHECK_INTERVAL_SECONDS, then check if it is due."""
@@ -362,6 +398,7 @@ class _TreeCopy:
                                 follow_symlinks=False,
                             )
                             self.links += 1
+                            self.copied_links.append((target, rel))
                         else:
                             self.skipped.append(rel)
                     elif stat.S_ISDIR(mode):

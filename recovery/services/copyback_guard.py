@@ -75,8 +75,10 @@ def copyback_refusal(
     cwds: Iterable[str],
     data_dir: str,
     store_dir: str | None,
+    resolved: bool = False,
 ) -> CopybackRefusal | None:
-    """Why the copy-back must not read `source`, or None when it may.
+    """Why the copy-back must not read `source`, or None when it may (`resolved`: `source`
+    is already its own `realpath`, judged as it is).
 
     Every path is resolved with `os.path.realpath` (symbolic links followed, as the copy's
     opening of the directory would) before it is compared, so a link named inside a root that
@@ -91,7 +93,7 @@ def copyback_refusal(
         return "copyback_disabled"
     if not source.startswith("/") or "\x00" in source:
         return "not_absolute"
-    path = os.path.realpath(source)
+    path = source if resolved else os.path.realpath(source)
     real_roots = [os.path.realpath(root) for root in roots]
     # Checked first, so that a path outside the roots tells its agent nothing about which
     # directories are other companies' workspaces.
@@ -135,13 +137,26 @@ def copyback_workspace_refusal(workspace_id: UUID | None) -> CopybackRefusal | N
 def copyback_source_refusal(source: str) -> CopybackRefusal | None:
     """`copyback_refusal` against this deployment: its settings and every execution
     workspace's `cwd` of every company (one query, skipped when the copy-back is off)."""
+    return copyback_checked_source(source)[1]
+
+
+def copyback_checked_source(source: str) -> tuple[str, CopybackRefusal | None]:
+    """`source` resolved once (`realpath`) and the refusal of that very path, as
+    `copyback_source_refusal` judges it. The worker copies from the path returned, and from
+    nothing that does not lie inside it: resolving the agent's path again later (it may have
+    swapped a directory along it for a link since) would judge one directory and copy
+    another."""
+    if not source.startswith("/") or "\x00" in source:
+        return source, "not_absolute"
+    path = os.path.realpath(source)
     roots = copyback_roots()
     if not roots:
-        return "copyback_disabled"
-    return copyback_refusal(
-        source,
+        return path, "copyback_disabled"
+    return path, copyback_refusal(
+        path,
         roots=roots,
         cwds=execution_workspace_cwds(),
         data_dir=str(settings.DATA_DIR),
         store_dir=str(settings.PAPERCLIP_CAS_DIR),
+        resolved=True,
     )

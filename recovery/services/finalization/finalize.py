@@ -22,11 +22,11 @@ from recovery.selectors.actions import WAITING_PHASES
 from recovery.selectors.exports import result_workspace_tree, workspace_destination, workspace_dir
 from recovery.services.copyback_guard import (
     REFUSAL_TEXT,
-    copyback_source_refusal,
+    copyback_checked_source,
     copyback_workspace_refusal,
 )
 from recovery.services.finalization.binding import run_workspace_id
-from recovery.services.finalization.commit import commit_finalized
+from recovery.services.finalization.commit import CopybackOvertaken, commit_finalized
 from recovery.services.finalization.operations import (
     attempt_failed,
     finish_operation,
@@ -101,29 +101,7 @@ def finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Final
     try:
         ownership.assert_held()
         if source is not None:
-            if destination is None:
-                raise CopybackError(
-                    "copyback_destination_missing",
-                    "The run has a workspace directory but its execution workspace has no cwd.",
-                )
-            # Again here, right before the copy: the directory may have been replaced since the
-            # result was accepted (by a link into another workspace, say), or the settings or
-            # the workspaces changed.
-            refusal = copyback_source_refusal(source) or copyback_workspace_refusal(
-                run_workspace_id(run, issue)
-            )
-            if refusal is not None:
-                raise CopybackError(
-                    WorkspaceCopybackNotAllowed.code, f"{refusal}: {REFUSAL_TEXT[refusal]}"
-                )
-            with metrics.COPYBACK_DURATION.time():
-                report = copyback_backend().copy_back(
-                    run_id=run_id,
-                    source=source,
-                    destination=destination,
-                    check=ownership.assert_held,
-                )
-            metrics.COPYBACK_BYTES.inc(report.bytes)
+            report = _copy_back(ownership, run, issue, source, destination)
         ownership.assert_held()
     except FinalizationOwnershipLost:
         finish_operation(operation=operation, succeeded=False, metadata={"error": "ownership_lost"})
@@ -137,29 +115,61 @@ def finalize_owned(ownership: FinalizationOwnership, *, due_only: bool) -> Final
             exc=exc,
             final=code == WorkspaceCopybackNotAllowed.code,
         )
-    finish_operation(
-        operation=operation,
-        succeeded=True,
-        metadata={
-            "copied": None
-            if report is None
-            else {
-                "files": report.files,
-                "directories": report.directories,
-                "bytes": report.bytes,
-                "symlinks": report.symlinks,
-                "skipped": list(report.skipped)[:100],
-            },
+    metadata = {
+        "copied": None
+        if report is None
+        else {
+            "files": report.files,
+            "directories": report.directories,
+            "bytes": report.bytes,
+            "symlinks": report.symlinks,
+            "skipped": list(report.skipped)[:100],
         },
-    )
+    }
     ownership.assert_held()
-    return commit_finalized(
-        ownership=ownership,
-        company_id=company_id,
-        run_id=run_id,
-        operation_id=operation.pk,
-        copied=report,
-    )
+    try:
+        return commit_finalized(
+            ownership=ownership,
+            company_id=company_id,
+            run_id=run_id,
+            operation_id=operation.pk,
+            copied=report,
+            operation=operation,
+            operation_metadata=metadata,
+        )
+    except CopybackOvertaken as exc:  # a head was published while the copy ran
+        return attempt_failed(ownership, operation=operation, code=exc.code, exc=exc, final=True)
+
+
+def _copy_back(
+    ownership: FinalizationOwnership,
+    run: HeartbeatRun,
+    issue: Issue,
+    source: str,
+    destination: str | None,
+) -> CopybackReport:
+    if destination is None:
+        raise CopybackError(
+            "copyback_destination_missing",
+            "The run has a workspace directory but its execution workspace has no cwd.",
+        )
+    # Again here, right before the copy: the directory may have been replaced since the
+    # result was accepted (by a link into another workspace, say), or the settings or the
+    # workspaces changed. The copy reads the path judged here, resolved once, and nothing
+    # outside it (a link swapped in along the agent's path afterwards is not followed).
+    resolved, refusal = copyback_checked_source(source)
+    refusal = refusal or copyback_workspace_refusal(run_workspace_id(run, issue))
+    if refusal is not None:
+        raise CopybackError(WorkspaceCopybackNotAllowed.code, f"{refusal}: {REFUSAL_TEXT[refusal]}")
+    with metrics.COPYBACK_DURATION.time():
+        report = copyback_backend().copy_back(
+            run_id=ownership.run_id,
+            source=resolved,
+            destination=destination,
+            check=ownership.assert_held,
+        )
+    metrics.COPYBACK_BYTES.inc(report.bytes)
+    return report
 
 
 def run_finalize(

@@ -18,7 +18,9 @@ from paperclip.models import (
     ExecutionWorkspace,
     NativeRunFinalization,
     NativeRunResult,
+    WorkspaceOperation,
 )
+from recovery.adapters.copyback import LocalDirectoryCopyback
 from recovery.models import IssueRecoveryAction
 from tests.helpers import assert_error, run_jobs
 from tests.recovery.snapshots import store_tree
@@ -255,3 +257,93 @@ def test_a_workspace_with_a_head_takes_no_copy_back(
     error = assert_error(a.post_result(early), 409, "workspace_copyback_not_allowed")
     assert error["details"] == {"reason": "workspace_has_head"}
     assert _written() == before
+
+
+SWAP: dict[str, Path] = {}
+
+
+class SwappedWhenTheCopyStarts(LocalDirectoryCopyback):
+    """The real backend, but the agent wins its race the moment the copy starts, after the
+    worker's last check accepted the run's directory: a directory along its path becomes a
+    link to another company's workspace."""
+
+    def copy_back(self, **kwargs: Any) -> Any:
+        link, target = SWAP["link"], SWAP["target"]
+        link.rename(link.with_name("moved-away"))
+        link.symlink_to(target)
+        return super().copy_back(**kwargs)
+
+
+class SwappedDuringTheCopy(LocalDirectoryCopyback):
+    """As above, the swap made once the copy has opened the source (its first check)."""
+
+    def copy_back(self, **kwargs: Any) -> Any:
+        check = kwargs.pop("check")
+        swapped: list[bool] = []
+
+        def swap_then_check() -> None:
+            if not swapped:
+                swapped.append(True)
+                link, target = SWAP["link"], SWAP["target"]
+                link.rename(link.with_name("moved-away"))
+                link.symlink_to(target)
+            check()
+
+        return super().copy_back(check=swap_then_check, **kwargs)
+
+
+@pytest.mark.parametrize("backend", ["SwappedWhenTheCopyStarts", "SwappedDuringTheCopy"])
+def test_a_directory_along_the_path_swapped_after_the_last_check_is_never_followed(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any, backend: str
+) -> None:
+    """The worker judges `runs/run-a/work` (A's own) and copies from that resolved path alone,
+    checking where every directory and file it opens lies: `runs/run-a` swapped for a link to
+    B's workspace's parent after the check copies nothing of B's. It re-resolved the agent's
+    path, and copied B's cwd into A's."""
+    a, b = tenants
+    settings.PAPERCLIP_COPYBACK_BACKEND = f"{__name__}.{backend}"
+    own = tmp_path / "runs" / "run-a" / "work"
+    own.mkdir(parents=True)
+    (own / "out.txt").write_text("A's work\n")
+    run_id = a.run(str(own))
+    assert a.post_result(run_id).status_code == 201
+    SWAP.update(link=tmp_path / "runs" / "run-a", target=b.cwd.parent)
+    run_jobs()
+    assert not (a.cwd / "secret.txt").exists()
+    assert SECRET not in [
+        p.read_text() for p in a.cwd.rglob("*") if p.is_file() and not p.is_symlink()
+    ]
+    coordinator = NativeRunFinalization.objects.get(run_id=run_id)
+    # A failed attempt, retried later; the retry's check then refuses the path for good
+    # (it now names B's cwd), as above.
+    assert coordinator.phase == "workspace_finalizing"
+    assert coordinator.failure_code == "workspace_copyback_failed"
+    assert coordinator.failure_detail["code"] == "copyback_source_missing"
+
+
+def test_links_that_leave_the_copy_through_other_links_are_not_copied(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path
+) -> None:
+    """`l1 -> .` and `l2 -> l1/..` each stay inside by their text; together `l2` names the
+    directory holding every workspace's cwd, and `b_secret -> l2/<B's cwd>/secret.txt` reads
+    B's file from A's cwd. The copy keeps `l1` and drops (reports) the others."""
+    a, b = tenants
+    own = tmp_path / "runs" / "run-a"
+    own.mkdir(parents=True)
+    (own / "out.txt").write_text("A's work\n")
+    (own / "l1").symlink_to(".")
+    (own / "l2").symlink_to("l1/..")
+    (own / "b_secret").symlink_to("l2/" + os.path.relpath(b.cwd / "secret.txt", a.cwd.parent))
+    run_id = a.run(str(own))
+    assert a.post_result(run_id).status_code == 201
+    run_jobs()
+    assert NativeRunFinalization.objects.get(run_id=run_id).phase == "committed"
+    assert (a.cwd / "out.txt").read_text() == "A's work\n"
+    assert os.readlink(a.cwd / "l1") == "."
+    assert not (a.cwd / "l2").is_symlink()
+    assert not (a.cwd / "b_secret").is_symlink()
+    operation = WorkspaceOperation.objects.get(
+        heartbeat_run_id=run_id, phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE
+    )
+    assert sorted(operation.metadata["copied"]["skipped"]) == ["b_secret", "l2"]
+    assert operation.metadata["copied"]["symlinks"] == 1
