@@ -303,6 +303,7 @@ def test_one_watcher_per_workdir(tmp_path: Path, watchers: list[Watcher]) -> Non
     assert sorted(os.listdir(root / ".paperclip")) == [
         workdir.DIRS,
         workdir.INDEX,
+        "stamp",
         "watch.json",
         "watch.lock",
     ]

@@ -6,6 +6,7 @@ rule and symlink safety. The transport is tested with the live server elsewhere.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -304,6 +305,80 @@ def test_the_stat_cache_skips_unchanged_files_and_catches_changed_ones(tmp_path:
     assert after.entries["b"].digest == trees.blob_name(b"TWO")
 
 
+def test_a_rewrite_in_place_keeping_size_and_mtime_is_read_again(tmp_path: Path) -> None:
+    """`cp -p b a` where both came from one archive (one size, one mtime): the inode stays,
+    size and mtime come back as they were; only the ctime, which no program can set, moved."""
+    root = tmp_path / "w"
+    make(root, {"d/a": "AAAA", "d/b": "BBBB"})
+    stamp = time.time_ns() - 3600 * 10**9
+    for name in ("d/a", "d/b"):
+        os.utime(root / name, ns=(stamp, stamp))
+    store = FakeStore()
+    take(store, root)
+    inode = (root / "d/a").stat().st_ino
+    shutil.copy2(root / "d/b", root / "d/a")
+    assert (root / "d/a").stat().st_ino == inode
+    assert (root / "d/a").stat().st_mtime_ns == stamp
+    again = take(store, root)
+    assert again.scan.hashed == 1
+    assert again.scan.entries["d/a"].digest == trees.blob_name(b"BBBB")
+
+
+def test_a_checkout_s_files_are_not_read_again_by_the_next_snapshot(tmp_path: Path) -> None:
+    """Checkout records each file's stat as the rename left it (a rename moves the ctime), and
+    a file whose mode alone it changed after its change of mode: the snapshot that follows
+    reads nothing."""
+    store = FakeStore()
+    one, two = tmp_path / "one", tmp_path / "two"
+    make(one, {"a": "a", "d/b": "b", "x": "same"})
+    make(two, {"a": "A", "d/b": "b", "d/c": "c", "x": "same"})
+    (two / "x").chmod(0o755)
+    t1, t2 = take(store, one).tree, take(store, two).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, t1)
+    check_out(store, agent, t2)
+    index = workdir.load_index(agent)
+    assert index is not None
+    index.written_ns = time.time_ns() + 10**9  # none racily clean
+    scanned = workdir.scan(agent, max_blob_bytes=10**6, index=index, warn=print)
+    assert (scanned.tree, scanned.hashed) == (t2, 0)
+
+
+def test_a_write_in_the_scans_tick_after_it_read_the_file_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a filesystem whose timestamps are coarse, a file written in the tick the scan
+    started in, read by the scan, then written again within that tick keeps the stat the scan
+    recorded. The index is written later (after the upload and the registration), so its
+    file's mtime does not make the row racy; the scan's start does (`racy_ns`). Simulated:
+    the filesystem's clock is made to read the tick of the file's last write, and the second
+    write is given the first one's mtime."""
+    from paperclip_client.workdir import index as index_module
+    from paperclip_client.workdir import uploading
+
+    root = tmp_path / "w"
+    make(root, {"d/a": "AAAA", "e/x": "x"})
+    store = FakeStore()
+    take(store, root)
+    (root / "d" / "a").write_bytes(b"CCCC")
+    tick = (root / "d" / "a").stat().st_mtime_ns
+    monkeypatch.setattr(uploading, "fs_now", lambda _workdir: tick)
+    result = workdir.snapshot(store, root, say=lambda _: None, warn=lambda _: None)
+    with (root / "d" / "a").open("r+b") as handle:  # after the scan read it, in its tick
+        handle.write(b"ZZZZ")
+    os.utime(root / "d" / "a", ns=(tick, tick))
+    time.sleep(0.01)  # the upload and the registration
+    workdir.commit_snapshot(root, result, server=SERVER, workspace=WORKSPACE)
+    monkeypatch.undo()
+    index = workdir.load_index(root)
+    assert index is not None
+    assert index.racy_ns == tick
+    assert index.written_ns == tick
+    again = take(store, root)
+    assert again.scan.entries["d/a"].digest == trees.blob_name(b"ZZZZ")
+    assert index_module.fs_now(root) is not None
+
+
 def test_a_racily_clean_entry_is_read_again(tmp_path: Path) -> None:
     root = tmp_path / "w"
     make(root, {"a": "one"})
@@ -325,7 +400,10 @@ def test_the_index_is_read_again_only_when_its_file_changed(tmp_path: Path) -> N
     again = workdir.load_index(root)
     assert again is not None
     assert again.files is index.files  # not parsed again
-    assert again.written_ns == os.stat(root / ".paperclip" / "index.json").st_mtime_ns
+    # The scan's start, before the index file was written.
+    assert again.racy_ns is not None
+    assert again.written_ns == again.racy_ns
+    assert again.written_ns <= os.stat(root / ".paperclip" / "index.json").st_mtime_ns
 
     (root / "a").write_text("two")  # a new snapshot renames a new index over the old one
     old(root / "a")

@@ -3,20 +3,25 @@
 State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touched by checkout):
 
 - `index.json`: a header line `{"version": 2, "id", "tree": <the tree the workdir last held, or
-  null>, "server", "workspace", "count", "bytes", "newest_ns"}`, then the stat cache `{path:
-  [size, mtime_ns, mode, ino, digest or [chunks]]}` (`count` rows, `bytes` the sum of their
-  sizes, `newest_ns` their largest mtime), written atomically (temporary file + rename) once a
-  checkout or a snapshot is complete. Only the header is parsed when the file is read; the rows
-  when first wanted (a run that changed nothing never parses them). Version 1 (one object with
-  the rows as "files") is still read. It is a stat cache, as git's index: a file whose size,
-  mtime, mode and inode match its entry is not read again, unless its mtime is not older than
-  the index file's own (a "racily clean" entry, re-hashed; `newest_ns` says whether there is
-  one). A missing or unreadable index means: hash everything, the last-held tree is empty;
-  rows that cannot be parsed, only that every file is hashed again.
+  null>, "server", "workspace", "count", "bytes", "newest_ns", "racy_ns"?}`, then the stat
+  cache `{path: [size, mtime_ns, mode, ino, digest or [chunks], ctime_ns]}` (`count` rows,
+  `bytes` the sum of their sizes, `newest_ns` their largest mtime), written atomically
+  (temporary file + rename) once a checkout or a snapshot is complete. Only the header is
+  parsed when the file is read; the rows when first wanted (a run that changed nothing never
+  parses them). Version 1 (one object with the rows as "files") is still read. It is a stat
+  cache, as git's index: a file whose size, mtime, mode, inode and ctime match its entry is
+  not read again, unless its mtime is not older than the start of the scan that wrote the
+  index (`racy_ns`, the filesystem's clock read through `stamp`; else the index file's own
+  mtime): a "racily clean" entry, re-hashed; `newest_ns` says whether there is one. A missing
+  or unreadable index means: hash everything, the last-held tree is empty; rows that cannot
+  be parsed, only that every file is hashed again.
+- `stamp`: written at each snapshot's start, to read the filesystem's clock.
 - `dirs.json`: the directory blobs of the last-held tree (`{"tree", "dirs": {name: text}}`),
   so that a checkout knows what the workdir last held without asking the server.
-- `checkout.json`: present while a checkout writes (the head and the directories it writes
-  into); the next checkout first removes the temporary files (`.paperclip-tmp-*`) it left.
+- `checkout.json`: present while a checkout writes (the head, the trees of earlier checkouts
+  killed since the index was saved, and the directories it writes into); the next checkout
+  first removes the temporary files (`.paperclip-tmp-*`) it left, and undoes what the killed
+  ones wrote where the new head differs.
 
 `.paperclipignore` at the workdir's root (gitignore syntax) keeps paths out of snapshots;
 `.paperclip/` is always left out. Symlinks are recorded as symlinks, never followed; one whose

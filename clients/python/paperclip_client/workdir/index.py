@@ -21,7 +21,7 @@ INDEX = "index.json"
 DIRS = "dirs.json"
 JOURNAL = "checkout.json"
 INDEX_VERSION = 2  # version 1 (one JSON object with "files") is still read
-type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks]]
+type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks], ctime_ns]
 
 
 # --- the index -------------------------------------------------------------------------------
@@ -83,17 +83,21 @@ class Rows:
 def summarize(rows: Mapping[str, Stat]) -> tuple[int, int, int] | None:
     """(count, bytes, newest_ns) of stat cache rows: how many, the sum of their sizes, the
     largest mtime (0 when there is none); None when a row is not [size, mtime_ns, mode, ino,
-    content] with integer size and mtime."""
+    content, ctime_ns] (or the same without the ctime, as written before it was kept) with
+    integer size and mtime."""
     if not rows:
         return 0, 0, 0
     total = 0
     newest: object = None
     try:
-        for size, mtime, _mode, _ino, _content in rows.values():
+        for row in rows.values():
+            if len(row) not in (5, 6):
+                return None
+            size, mtime = row[0], row[1]
             total += size
             if newest is None or mtime > newest:
                 newest = mtime
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, KeyError):
         return None
     if not (_is_int(total) and _is_int(newest)):
         return None
@@ -114,11 +118,14 @@ class Index:
     server: str
     workspace: str
     rows: Rows = field(default_factory=Rows)
-    written_ns: int = 0  # the index file's mtime: entries not older are re-hashed
+    # Entries whose mtime is not older are re-hashed: the index file's mtime, or the time its
+    # snapshot's scan started (`racy_ns`, the header's) when that is earlier.
+    written_ns: int = 0
     id: str = ""  # new at each write: what the watcher's state (`watch.json`) goes with
     count: int = 0
     bytes: int = 0
     newest_ns: int = 0
+    racy_ns: int | None = None
 
     @property
     def files(self) -> dict[str, Stat]:
@@ -132,7 +139,10 @@ class Index:
         return self.count > 0 and self.newest_ns >= self.written_ns
 
     def cached(self, path: str, st: os.stat_result) -> str | tuple[str, ...] | None:
-        """The content `path` had when it was last read, if its stat says it is unchanged."""
+        """The content `path` had when it was last read, if its stat says it is unchanged:
+        size, mtime, mode, inode and ctime (which no program can set back: a rewrite in place
+        that keeps the size and restores the mtime, as `cp -p` does, still moves it; a row
+        without one, written before it was kept, means the file is read again)."""
         row = self.files.get(path)
         if (
             row is None
@@ -140,6 +150,8 @@ class Index:
             or row[1] != st.st_mtime_ns
             or row[2] != stat.S_IMODE(st.st_mode)
             or row[3] != st.st_ino
+            or len(row) < 6
+            or row[5] != st.st_ctime_ns
             or st.st_mtime_ns >= self.written_ns
         ):
             return None
@@ -209,7 +221,9 @@ def load_index(workdir: Path) -> Index | None:
     index = parse_index(data)
     if index is None:
         return None
-    index.written_ns = info.st_mtime_ns
+    index.written_ns = (
+        info.st_mtime_ns if index.racy_ns is None else min(info.st_mtime_ns, index.racy_ns)
+    )
     with _last_index_lock:
         _last_index = (identity, index)
     return replace(index)
@@ -249,6 +263,9 @@ def _version_2(header: dict[str, Any], data: bytes, start: int) -> Index | None:
         return None
     if not (_is_int(count) and _is_int(size) and _is_int(newest)) or count < 0 or size < 0:
         return None
+    racy = header.get("racy_ns")
+    if not (racy is None or _is_int(racy)):
+        return None
     return Index(
         tree=tree,
         server=server,
@@ -258,6 +275,7 @@ def _version_2(header: dict[str, Any], data: bytes, start: int) -> Index | None:
         count=count,
         bytes=size,
         newest_ns=newest,
+        racy_ns=racy,
     )
 
 
@@ -312,10 +330,14 @@ def save_state(
     workspace: str,
     files: Rows | Mapping[str, Stat],
     dirs: Mapping[str, bytes],
+    racy_ns: int | None = None,
 ) -> str:
     """Record that the workdir holds `tree` (its directory blobs `dirs`), with the stat cache
     `files`: the directory blobs first, the index last (the index names the tree). Returns
-    the new index's id."""
+    the new index's id. `racy_ns`: when the scan that read `files` started (`fs_now`): a row
+    not older is racily clean, although the index file is written later (after the upload
+    and the registration), since a write in the row's timestamp tick after the scan read the
+    file leaves its stat as the row says."""
     write_atomic(
         state_path(workdir) / DIRS,
         json.dumps(
@@ -340,12 +362,39 @@ def save_state(
         "bytes": size,
         "newest_ns": newest,
     }
+    if racy_ns is not None:
+        header["racy_ns"] = racy_ns
     body = b"%s\n%s" % (
         json.dumps(header, separators=(",", ":")).encode(),
         json.dumps(rows, separators=(",", ":")).encode(),
     )
     write_atomic(state_path(workdir) / INDEX, body)
     return index_id
+
+
+STAMP = "stamp"
+
+
+def fs_now(workdir: Path) -> int | None:
+    """The filesystem's time now, as it stamps a file written now (`.paperclip/stamp`,
+    written and read back: its clock and tick, not the system's); None when it cannot be
+    written."""
+    try:
+        state_path(workdir).mkdir(exist_ok=True)
+        fd = os.open(
+            state_path(workdir) / STAMP,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError:
+        return None
+    try:
+        os.write(fd, b"\n")
+        return os.fstat(fd).st_mtime_ns
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def load_dirs(workdir: Path) -> dict[str, bytes]:

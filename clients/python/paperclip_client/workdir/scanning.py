@@ -195,13 +195,13 @@ def read_found(
         into.bytes += size
         if content.__class__ is str:
             entries[path] = Entry(name, "file", mode, size, content)
-            stats[path] = [size, info.st_mtime_ns, mode, info.st_ino, content]
+            stats[path] = [size, info.st_mtime_ns, mode, info.st_ino, content, info.st_ctime_ns]
             if content not in sources:
                 sources[content] = (path, 0, size)
             continue
         assert isinstance(content, tuple)  # noqa: S101 - chunk digests
         entries[path] = Entry(name, "file", mode, size, chunks=content)
-        stats[path] = [size, info.st_mtime_ns, mode, info.st_ino, list(content)]
+        stats[path] = [size, info.st_mtime_ns, mode, info.st_ino, list(content), info.st_ctime_ns]
         for blob, (offset, length) in zip(content, chunking(size, max_blob_bytes), strict=True):
             sources.setdefault(blob, (path, offset, length))
 
@@ -233,7 +233,11 @@ def _hash_path(
             after = os.fstat(fd)
         finally:
             os.close(fd)
-        if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
+        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (
+            before.st_size,
+            before.st_mtime_ns,
+            before.st_ctime_ns,
+        ):
             return before, content
     raise WorkdirChanged(f"{path}: kept changing while it was read")
 

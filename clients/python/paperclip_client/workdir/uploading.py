@@ -18,6 +18,7 @@ from paperclip_client.workdir.index import (
     DIRS,
     Index,
     Rows,
+    fs_now,
     load_index,
     save_state,
     state_path,
@@ -47,6 +48,7 @@ class SnapshotResult:
     bytes: int
     uploaded: int
     scan: Scan
+    started_ns: int | None = None  # when its scan started (`fs_now`): the index's `racy_ns`
 
 
 def upload(
@@ -184,6 +186,7 @@ def snapshot(
     limits = store.limits()
     for attempt in range(attempts):
         index = load_index(workdir)
+        started = fs_now(workdir)
         found = scan_watched(
             workdir,
             max_blob_bytes=limits.max_blob_bytes,
@@ -200,7 +203,7 @@ def snapshot(
                 raise
             say(f"snapshot: {exc}; scanning again")
             continue
-        return SnapshotResult(found.tree, found.files, found.bytes, uploaded, found)
+        return SnapshotResult(found.tree, found.files, found.bytes, uploaded, found, started)
     raise AssertionError("unreachable")
 
 
@@ -252,6 +255,7 @@ def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, works
             workspace=workspace,
             files=found.stats,
             dirs=found.dirs,
+            racy_ns=result.started_ns,
         )
     if found.token is None or (isinstance(found.stats, Rows) and found.stats.unreadable):
         # No token, or an index just written without the rows a partial scan goes on from.

@@ -218,6 +218,7 @@ class CheckoutWriter:
             mode,
             info.st_ino,
             list(content) if isinstance(content, tuple) else content,
+            info.st_ctime_ns,
         ]
         return file_entry(name, mode, info.st_size, content)
 
@@ -274,10 +275,13 @@ class CheckoutWriter:
         )
         try:
             os.fchmod(fd, mode & WRITE_MODE_BITS)
+            info = os.fstat(fd)  # the change of mode moved its ctime
         finally:
             os.close(fd)
         self.written += 1
-        self.stats[path][2] = mode
+        row = self.stats[path]
+        row[2] = mode
+        row[5:] = [info.st_ctime_ns]
 
     def make_symlink(self, path: str, target: str) -> None:
         parent, _, name = path.rpartition("/")
@@ -329,13 +333,22 @@ class CheckoutWriter:
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=fd)
             raise
-        info = os.fstat(out)
-        os.close(out)
-        os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        try:
+            os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            info = os.fstat(out)  # after the rename, which moves the file's ctime
+        finally:
+            os.close(out)
         self.written += 1
         content = list(entry.chunks) if entry.chunks is not None else entry.digest
         mode = entry.mode & WRITE_MODE_BITS
-        self.stats[path] = [info.st_size, info.st_mtime_ns, mode, info.st_ino, content]
+        self.stats[path] = [
+            info.st_size,
+            info.st_mtime_ns,
+            mode,
+            info.st_ino,
+            content,
+            info.st_ctime_ns,
+        ]
         key = entry.chunks if entry.chunks is not None else entry.digest
         if key is not None:
             self.local[key] = path
