@@ -159,7 +159,7 @@ def checkpoint_restore(
             header = json.loads(parts.get(HEADER_PART, ""))
             if isinstance(header, dict) and isinstance(header.get("recoveryEvidence"), dict):
                 recorded = header["recoveryEvidence"].get("normalizedSessionId")
-        except ValueError:
+        except (ValueError, RecursionError):  # a header nested past the parser's depth
             recorded = None
         if recorded != normalized_session_id:
             raise CheckpointBindingMismatch(reason="session_mismatch")

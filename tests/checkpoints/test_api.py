@@ -171,6 +171,17 @@ def test_restore_session_check(runner: APIClient, fin: NativeRunFinalization) ->
     assert_error(res, 422, "native_runner_checkpoint_binding_mismatch")
 
 
+def test_a_header_nested_past_the_parsers_depth_is_a_session_mismatch_not_a_500(
+    runner: APIClient, fin: NativeRunFinalization
+) -> None:
+    """The header is the agent's own text: nested 100,000 deep (200 kB, under the part limit)
+    the JSON parser gives up with a RecursionError, which was a 500 on the restore read."""
+    grant = acquire(runner, fin).json()
+    put(runner, fin, grant, changed={"header": "[" * 100_000 + "]" * 100_000})
+    res = runner.get(url(fin), {"normalized_session_id": "sess-1"})
+    assert_error(res, 422, "native_runner_checkpoint_binding_mismatch")
+
+
 @pytest.mark.parametrize(
     "body",
     [
