@@ -42,8 +42,21 @@ def finalization_defer_in_tx(
     """Defer the run's finalization job in the current transaction; None when one is already
     waiting. `explicit` attempts even a run whose retry time is ahead or whose retry budget is
     spent (a finalize request, a board confirmation); otherwise the job rechecks, under
-    ownership, that the run is due."""
+    ownership, that the run is due. An explicit job is never left to ride on a waiting job
+    that is not explicit or starts later (an owner's follow-up at its retry time, which finds
+    a spent budget not due and does nothing): that job is cancelled and replaced; an explicit
+    one already waiting to start now is the answer (its id)."""
     require_transaction()
+    if explicit:
+        now = db_now()
+        for job in pending_jobs(finalization_queueing_lock(run_id)):
+            if job.status != "todo":
+                continue
+            if job.args.get("explicit") is True and (
+                job.scheduled_at is None or job.scheduled_at <= now
+            ):
+                return job.id
+            job_cancel_in_tx(job.id)
     return job_defer_in_tx(
         FINALIZE_TASK,
         queueing_lock=finalization_queueing_lock(run_id),

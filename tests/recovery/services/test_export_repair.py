@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 from django.utils import timezone
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, HeartbeatRun, NativeRunFinalization
@@ -274,3 +275,43 @@ def test_a_sandbox_is_kept_stopped_and_its_stop_confirmed_before_the_retry(
     assert queued.json()["lease_id"] == str(lease.pk)
     run_jobs()
     assert NativeRunFinalization.objects.get(pk=b.run.pk).phase == "committed"
+
+
+@override_settings(PAPERCLIP_FINALIZE_MAX_ATTEMPTS=2)
+def test_the_boards_retry_is_attempted_even_behind_a_waiting_follow_up(
+    tmp_path: Path, make_board_client: Any
+) -> None:
+    """A failed attempt leaves an owner's follow-up job waiting at its retry time; an explicit
+    attempt (`manage.py finalize_run`) then spends the budget and the export is held. The
+    board's "Retry workspace export" rode on that waiting job (one per run), which, run as an
+    automatic attempt, found the spent budget not due and did nothing: recorded as queued,
+    never attempted, and a repeat was a replay. Its own explicit job now replaces the
+    follow-up and commits the repaired export."""
+    b = make_binding(tmp_path=tmp_path)
+    assert b.dest_dir is not None
+    b.dest_dir.parent.write_text("not a directory\n")  # the export fails for real
+    first = run_finalize(company_id=b.company.pk, run_id=b.run.pk)
+    assert isinstance(first, Acquired)
+    assert first.value.status == "retry_scheduled"
+    lock = f"finalize-run:{b.run.pk}"
+    waiting = ProcrastinateJob.objects.get(queueing_lock=lock, status="todo")
+    assert waiting.args["explicit"] is False  # the owner's follow-up, at the retry time
+    second = run_finalize(company_id=b.company.pk, run_id=b.run.pk)
+    assert isinstance(second, Acquired)
+    assert second.value.status == "retry_exhausted"
+    hold = IssueRecoveryAction.objects.get(source_issue=b.issue, cause=EXPORT_REPAIR_CAUSE)
+    b.dest_dir.parent.unlink()  # repaired
+    board = make_board_client(b.company)
+    answer = board.post(
+        f"/api/issues/{b.issue.pk}/recovery-actions/retry-workspace-export",
+        {"action_id": str(hold.pk), "run_id": str(b.run.pk), "repair_note": NOTE},
+        format="json",
+    )
+    assert answer.status_code == 202, answer.json()
+    todo = ProcrastinateJob.objects.get(queueing_lock=lock, status="todo")
+    assert todo.args["explicit"] is True
+    assert ProcrastinateJob.objects.get(pk=waiting.pk).status == "cancelled"
+    audit = ActivityEvent.objects.get(action="issue.workspace_export_retry_requested")
+    assert audit.details["finalizationJobId"] == todo.pk
+    run_jobs()
+    assert NativeRunFinalization.objects.get(run_id=b.run.pk).phase == "committed"
