@@ -8,6 +8,7 @@ compares the partial scan with a full one over randomized edits.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import paperclip_client
-from paperclip_client import workdir
+from paperclip_client import trees, workdir
 from paperclip_client.workdir import watch_state
 from tests.clients.test_workdir import SERVER, WORKSPACE, FakeStore, make, old
 
@@ -282,6 +283,81 @@ def test_a_file_written_through_another_hard_link_is_read_again(
     result, line = take(store, root)
     assert result.tree == full_tree(root)
     assert line.startswith("watcher: 0 directories changed (1 file read)"), line
+
+
+def test_a_hard_link_made_since_the_last_snapshot_means_a_full_scan(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """`ln d/f e/g` makes an event in `e` alone (a change of link count is an event on the
+    file, never on the directory of its other name), and a write through `e/g` later is an
+    event in `e` alone: `d/f` was never looked at again and kept its old content for good."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"d/f": "one", "e/keep": "k"})
+    watch(watchers, root)
+    settled(store, root)
+    os.link(root / "d/f", root / "e/g")
+    result, line = take(store, root)
+    assert line == "full scan: e/g: a new hard link (its other names are unknown)"
+    assert result.tree == full_tree(root)
+    (root / "e/g").write_text("two, longer")
+    result, line = take(store, root)
+    assert line.startswith("watcher: 1 directory changed"), line
+    assert result.tree == full_tree(root)
+    assert trees.blob_name(b"two, longer") == result.scan.entries["d/f"].digest
+
+
+def test_two_directories_exchanged_in_one_step_stay_watched(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """renameat2's RENAME_EXCHANGE (`mv --exchange a b`): moved from a, moved to b, moved from
+    b, moved to a. The second "moved from" unwatched the b the first "moved to" had just
+    watched, and every later change under b was missed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"a/f": "in a", "b/g": "in b", "c/h": "h"})
+    watch(watchers, root)
+    settled(store, root)
+    at_cwd, rename_exchange = -100, 2
+    assert (
+        libc.renameat2(
+            at_cwd,
+            os.fsencode(root / "a"),
+            at_cwd,
+            os.fsencode(root / "b"),
+            rename_exchange,
+        )
+        == 0
+    ), os.strerror(ctypes.get_errno())
+    result, _line = take(store, root)
+    assert result.tree == full_tree(root)
+    (root / "b/f").write_text("edited after the exchange")
+    (root / "b/new").write_text("new under b")
+    (root / "a/g").write_text("edited under a")
+    result, line = take(store, root)
+    assert line.startswith("watcher:"), line
+    assert result.tree == full_tree(root)
+
+
+def test_a_copy_of_the_workdir_made_with_hard_links_never_takes_its_watchers_answer(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """`cp -al w1 w2` links w1's socket into w2 (and copies `watch.json` with a token w1's
+    watcher still answers): w2's snapshots were answered by w1's watcher, "0 directories
+    changed", and w2's work was missing from them. Every answer names the directory watched."""
+    store, w1 = FakeStore(), tmp_path / "w1"
+    make(w1, {"d/f": "f", "e/g": "g"})
+    watch(watchers, w1)
+    settled(store, w1)
+    w2 = tmp_path / "w2"
+    subprocess.run(["cp", "-al", str(w1), str(w2)], check=True)
+    (w2 / "d/new").write_text("work done in w2")
+    result, line = take(store, w2)
+    assert line == (
+        "full scan: the watcher answering watches another directory (a copy of this workdir?)"
+    )
+    assert result.tree == full_tree(w2)
+    _result, line = take(store, w1)  # the watched workdir itself is unaffected
+    assert line.startswith("watcher: 0 directories changed"), line
 
 
 def test_one_watcher_per_workdir(tmp_path: Path, watchers: list[Watcher]) -> None:

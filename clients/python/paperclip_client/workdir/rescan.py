@@ -180,6 +180,13 @@ class Partial:
                     self._update(directory, named[directory])
             assert isinstance(self.read.stats, dict)  # noqa: S101 - its own, read into
             self.stats.update(self.read.stats)
+            new_links = sorted(set(self.read.linked) - set(self.state.linked))
+            if new_links:
+                # A hard link made since the last snapshot: a write through one name is an
+                # event in its directory alone, so the other names (unknown without reading
+                # every directory) would never be looked at again. Read everything once; the
+                # full scan lists every such file, looked at again in each partial scan.
+                raise Fallback(f"{new_links[0]}: a new hard link (its other names are unknown)")
         kept, left_out = self._settle_links()
         self._rebuild()
         return self._result(kept, left_out, self.index.rows if not (whole or named) else None)

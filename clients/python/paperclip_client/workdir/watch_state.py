@@ -49,6 +49,7 @@ class Answer:
     dirs: frozenset[str] = frozenset()
     trees: frozenset[str] = frozenset()
     names: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    root: tuple[int, int] | None = None  # the watched directory's (device, inode)
 
 
 @dataclass(slots=True)
@@ -91,7 +92,18 @@ def ask(workdir: Path, since: str | None, *, timeout: float = ASK_TIMEOUT) -> An
         return f"the watcher did not answer ({exc.strerror or exc})"
     finally:
         os.close(fd)
-    return _parse(data)
+    answer = _parse(data)
+    if isinstance(answer, str) or answer.full is not None:
+        return answer
+    try:
+        info = os.stat(workdir)
+    except OSError as exc:
+        return f"the workdir cannot be read ({exc.strerror})"
+    if answer.root != (info.st_dev, info.st_ino):
+        # A copy of the workdir made with hard links (`cp -al`) shares its socket: the
+        # watcher answering watches another directory, and its answer says nothing of this.
+        return "the watcher answering watches another directory (a copy of this workdir?)"
+    return answer
 
 
 def _read_line(conn: socket.socket) -> bytes:
@@ -120,9 +132,19 @@ def _parse(data: bytes) -> Answer | str:
         if not all(isinstance(p, str) for p in [*dirs, *trees, *names]):
             raise TypeError(dirs)
         named = {str(d): frozenset(str(n) for n in ns) for d, ns in names.items()}
+        root = value.get("root")
+        if not (isinstance(root, list) and len(root) == 2 and all(type(n) is int for n in root)):
+            return "the watcher did not say which directory it watches (restart it)"
     except (ValueError, KeyError, TypeError, AttributeError):
         return "the watcher's answer could not be read"
-    return Answer(token=token, full=None, dirs=frozenset(dirs), trees=frozenset(trees), names=named)
+    return Answer(
+        token=token,
+        full=None,
+        dirs=frozenset(dirs),
+        trees=frozenset(trees),
+        names=named,
+        root=(root[0], root[1]),
+    )
 
 
 def ignore_digest(workdir: Path) -> str | None:

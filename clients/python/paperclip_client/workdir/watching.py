@@ -132,6 +132,10 @@ class Watcher:
 
     def __init__(self, workdir: Path, *, max_pending: int, say: Callable[[str], None]) -> None:
         self.root = os.fspath(workdir)
+        # Which directory this is (device, inode), in every answer: a copy of the workdir
+        # made with hard links (`cp -al`) shares the socket, and must not take this one's.
+        info = os.stat(self.root)
+        self.identity = [info.st_dev, info.st_ino]
         self.say = say
         self.max_pending = max_pending
         self.instance = uuid.uuid4().hex[:16]
@@ -193,6 +197,9 @@ class Watcher:
             hint = " (raise fs.inotify.max_user_watches)" if exc.errno == errno.ENOSPC else ""
             self._go_blind(f"{rel or '.'}: cannot be watched ({exc.strerror}){hint}")
             return False
+        previous = self.paths.get(wd)  # the same directory watched under another path
+        if previous is not None and previous != rel and self.wds.get(previous) == wd:
+            del self.wds[previous]
         self.paths[wd] = rel
         self.wds[rel] = wd
         return True
@@ -273,6 +280,15 @@ class Watcher:
             child = _join(rel, name)
             if mask & IN_MOVED_FROM:
                 self.unwatch(child)
+                if os.path.isdir(_join(self.root, child)) and not os.path.islink(
+                    _join(self.root, child)
+                ):
+                    # Something is there again already: two directories exchanged in one
+                    # step (renameat2's RENAME_EXCHANGE: moved from a, to b, from b, to a),
+                    # whose later "moved from" would otherwise unwatch what the earlier
+                    # "moved to" just watched. Watched and read whole, as if moved in.
+                    self.mark_tree(child)
+                    self.walk(child)
             elif mask & (IN_CREATE | IN_MOVED_TO):
                 self.unwatch(child)  # a directory moved back in gets its paths again
                 self.mark_tree(child)
@@ -349,6 +365,7 @@ class Watcher:
             self.vouch_from = max(self.vouch_from, start)
         self.seq += 1
         body["token"] = f"{self.instance}:{self.seq}"
+        body["root"] = self.identity
         return body
 
     def _names_since(self, start: int) -> dict[str, list[str]]:
