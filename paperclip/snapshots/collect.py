@@ -79,6 +79,7 @@ class CollectSummary:
     dry_run: bool
     companies: int = 0  # companies with old blobs, examined
     skipped_companies: tuple[UUID, ...] = ()  # a root could not be walked: nothing deleted
+    skip_reasons: dict[str, str] = field(default_factory=dict)  # why, by company id
     candidates: int = 0  # old and unreachable (what a dry run would delete)
     deleted: int = 0
     bytes: int = 0
@@ -129,7 +130,10 @@ def cas_reachable(company_id: UUID, grace: int | None = None) -> set[str]:
     directory blob read and decoded once however many roots share it, a level at a time in
     batches of LOAD_BATCH names. The walk costs what the roots hold between them: with a root
     for every snapshot of the grace, about the directory blobs uploaded in it. Raises
-    TreeInvalid when a directory cannot be read as one."""
+    TreeInvalid when a directory cannot be read as one, or cannot be read at all (its row
+    missing, or its bytes missing or damaged, `unreadable`): what lies below it is unknown,
+    and taken for unreachable it would be deleted though a root still names it (a damaged
+    directory, repaired by uploading it again, would then name blobs gone for good)."""
     grace = int(settings.PAPERCLIP_CAS_GRACE_SECONDS) if grace is None else grace
     max_bytes = settings.PAPERCLIP_CAS_MAX_BLOB_BYTES
     reached: set[str] = set()
@@ -143,7 +147,9 @@ def cas_reachable(company_id: UUID, grace: int | None = None) -> set[str]:
             for name in names:
                 data = stored.get(name)
                 if data is None:
-                    continue  # not stored: nothing below it to keep
+                    raise trees.TreeInvalid(
+                        name, "unreadable", "a directory the roots reach is missing or damaged"
+                    )
                 for entry in trees.decode_stored_dir(data, name):
                     if entry.type == "dir":
                         assert entry.digest is not None  # noqa: S101 - decode_dir checked it
@@ -273,6 +279,7 @@ def cas_collect(
     collection_id = str(uuid.uuid4())
     companies = _companies_with_old_blobs(grace)
     skipped: list[UUID] = []
+    reasons: dict[str, str] = {}
     candidates_total = deleted_total = bytes_total = batches = 0
     by_company: dict[str, int] = {}
     for company_id in companies:
@@ -281,9 +288,10 @@ def cas_collect(
             reachable = cas_reachable(company_id, grace)
         except trees.TreeInvalid as exc:
             logger.warning(
-                "cas collection skips company %s: a root is not a tree (%s)", company_id, exc
+                "cas collection skips company %s: a root cannot be walked (%s)", company_id, exc
             )
             skipped.append(company_id)
+            reasons[str(company_id)] = str(exc)
             continue
         candidates = [blob_id for blob_id, digest in old if digest not in reachable]
         candidates_total += len(candidates)
@@ -326,6 +334,7 @@ def cas_collect(
         dry_run=dry_run,
         companies=len(companies),
         skipped_companies=tuple(skipped),
+        skip_reasons=reasons,
         candidates=candidates_total,
         deleted=deleted_total,
         bytes=bytes_total,

@@ -32,7 +32,11 @@ class Command(SweepCommand):
 
         summary = cas_collect(batch_size=batch_size, progress=progress, dry_run=dry_run)
         for company_id in summary.skipped_companies:
-            self.stdout.write(f"company {company_id}: skipped (a root is not a valid tree)")
+            reason = summary.skip_reasons.get(str(company_id), "a root cannot be walked")
+            self.stdout.write(
+                f"company {company_id}: skipped, nothing deleted (a root cannot be walked:"
+                f" {reason}; repair it by uploading that blob again)"
+            )
         prefix = "Dry run: " if dry_run else ""
         count = summary.candidates if dry_run else summary.deleted
         self.stdout.write(

@@ -7,15 +7,28 @@ from io import BytesIO, StringIO
 from typing import Any
 from uuid import UUID
 
+import obstore
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models.expressions import RawSQL
 
-from paperclip.models import ActivityEvent, CasBlob, Company, HeartbeatRun, RunSnapshot
+from paperclip.models import (
+    ActivityEvent,
+    CasBlob,
+    CasBlobChunk,
+    Company,
+    HeartbeatRun,
+    RunSnapshot,
+)
 from paperclip.snapshots import trees
 from paperclip.snapshots.collect import CollectProgress, cas_collect
+from paperclip.snapshots.store import reads
+from paperclip.snapshots.store.backends import blob_path
 from paperclip.snapshots.store.pins import cas_pin
+from paperclip.snapshots.store.reads import cas_load_many
+from paperclip.snapshots.store.s3 import S3Backend
 from paperclip.snapshots.store.uploads import cas_put
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
@@ -218,6 +231,53 @@ def test_a_company_with_an_unreadable_root_is_skipped(company: Company) -> None:
     summary = cas_collect(batch_size=10)
     assert summary.skipped_companies == (company.pk,)
     assert kept(company.pk, garbage)["row"]
+
+
+def _damage(company_id: UUID, name: str) -> None:
+    """Damage in place of a blob's bytes at the same size (bit rot, an object overwritten):
+    its row stays, its bytes no longer hash to its name."""
+    data = cas_load_many(company_id=company_id, digests=[name], max_bytes=1 << 20)[name]
+    bad = bytes(b ^ 0xFF for b in data)
+    backend = settings.PAPERCLIP_CAS_BACKEND
+    if backend == "filesystem":
+        blob_path(company_id, name).write_bytes(bad)
+    elif backend == "postgres":
+        CasBlobChunk.objects.filter(blob__company_id=company_id, blob__digest=name).update(data=bad)
+    else:
+        s3 = S3Backend()
+        obstore.put(s3.store, s3.key(company_id, name), bad)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("damage", ["damaged", "missing"])
+def test_a_directory_a_head_reaches_that_cannot_be_read_skips_the_company(
+    company: Company, damage: str
+) -> None:
+    """A head's directory whose bytes are damaged (or gone) was read as "not stored: nothing
+    below it to keep", and every file under it was collected: the head's committed work lost
+    for good, even once the directory was repaired by uploading it again. Now the company is
+    skipped whole and the command says why."""
+    files = {"README": b"top", "src/main.py": b"committed work", "src/lib/util.py": b"more"}
+    root, reached = tree_of(company.pk, files)
+    ExecutionWorkspaceFactory(company=company, head_tree=root)
+    top = trees.decode_dir(
+        cas_load_many(company_id=company.pk, digests=[root], max_bytes=1 << 20)[root], ""
+    )
+    src = next(e.digest for e in top if e.name == "src")
+    assert src is not None
+    garbage = store(company.pk, b"garbage")
+    age(*reached, garbage)
+    if damage == "damaged":
+        _damage(company.pk, src)
+    else:
+        CasBlob.objects.filter(company_id=company.pk, digest=src).delete()
+    reads._directories = reads._DirectoryCache()  # a fresh worker process: nothing cached
+    out = StringIO()
+    call_command("cas_collect", stdout=out)
+    assert all(kept(company.pk, n)["row"] for n in reached if n != src)
+    assert kept(company.pk, garbage)["row"]  # nothing deleted for the company
+    assert f"company {company.pk}: skipped, nothing deleted" in out.getvalue()
+    assert f"{src}: unreadable" in out.getvalue()
 
 
 @pytest.mark.django_db(transaction=True)
