@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import BinaryIO, Final
 from uuid import UUID
 
@@ -18,8 +19,9 @@ from paperclip.snapshots.counts import counts_of, tree_counts_record
 from paperclip.snapshots.diff import ChangeCounts
 from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.history import SYSTEM_ACTOR, head_move_record_in_tx
+from paperclip.snapshots.materialize import DIR_FLAGS, READ_FLAGS
 from paperclip.snapshots.store.uploads import cas_put, cas_store_blobs
-from paperclip.snapshots.trees import TreeInvalid, build, check_symlinks
+from paperclip.snapshots.trees import RESERVED_ROOT_NAMES, Entry, TreeInvalid, build, check_symlinks
 from paperclip.worker.jobs import job_defer_in_tx
 
 ADOPT_TASK: Final = "adopt_workspace_cwd"
@@ -40,6 +42,31 @@ def workspace_cwd_adopt_defer_in_tx(*, company_id: UUID, workspace_id: UUID) -> 
         company_id=str(company_id),
         workspace_id=str(workspace_id),
     )
+
+
+def _open_file(cwd: str, path: str, entry: Entry) -> BinaryIO:
+    """The cwd's file at `path`, opened a directory at a time without following any link
+    and without blocking (a file swapped for a FIFO since the walk hashed it), refused unless
+    it is still a regular file of the walked size: its bytes are then checked against the
+    digests as they are stored."""
+    parts = path.split("/")
+    fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        opened = os.open(parts[-1], READ_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise CwdUnadoptable(f"{path}: changed while the cwd was adopted ({exc.strerror})") from exc
+    finally:
+        os.close(fd)
+    info = os.fstat(opened)
+    if not stat.S_ISREG(info.st_mode) or info.st_size != entry.size:
+        os.close(opened)
+        raise CwdUnadoptable(f"{path}: changed while the cwd was adopted")
+    os.set_blocking(opened, True)
+    return os.fdopen(opened, "rb")
 
 
 class _Piece:
@@ -79,7 +106,9 @@ def workspace_cwd_adopt(*, company_id: UUID, workspace_id: UUID) -> str | None:
         return None
     limit = int(settings.PAPERCLIP_CAS_MAX_BLOB_BYTES)
     try:
-        entries = read_tree(cwd, max_blob_bytes=limit)
+        # The agent CLI's own state directory is never content (registration refuses a tree
+        # naming it at its root): a cwd that is also a CLI's workdir keeps it out of the head.
+        entries = read_tree(cwd, max_blob_bytes=limit, leave_out=RESERVED_ROOT_NAMES)
         # A tree never holds an absolute link (decoding refuses one); a cwd may.
         for path, entry in entries.items():
             if entry.type == "symlink" and (entry.target or "").startswith("/"):
@@ -90,7 +119,7 @@ def workspace_cwd_adopt(*, company_id: UUID, workspace_id: UUID) -> str | None:
     for path, entry in entries.items():
         if entry.type != "file":
             continue
-        with open(os.path.join(cwd, path), "rb") as handle:
+        with _open_file(cwd, path, entry) as handle:
             for index, name in enumerate(entry.blobs()):
                 size = min(limit, entry.size - index * limit) if entry.chunks else entry.size
                 cas_put(

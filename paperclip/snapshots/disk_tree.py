@@ -9,28 +9,49 @@ import os
 import stat
 
 from paperclip.snapshots.materialize import CHUNK_BYTES, DIR_FLAGS, READ_FLAGS
-from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name, encode_dir, name_problem
+from paperclip.snapshots.trees import (
+    MAX_DEPTH,
+    MAX_SYMLINK_TARGET_BYTES,
+    Entry,
+    TreeInvalid,
+    blob_name,
+    encode_dir,
+    name_problem,
+)
 
 
-def read_tree(root: str, *, max_blob_bytes: int | None = None) -> dict[str, Entry]:
+def read_tree(
+    root: str, *, max_blob_bytes: int | None = None, leave_out: frozenset[str] = frozenset()
+) -> dict[str, Entry]:
     """The entries of the directory `root` by path, as `Walk.entries` has them for the same
     tree (directory digests included; a file larger than `max_blob_bytes`, when given, in
-    chunks of that size). Symlinks are read, never followed. Raises TreeInvalid for anything
-    a tree cannot hold (a FIFO, a socket, a device, a name that is not UTF-8)."""
+    chunks of that size), but for the names of `leave_out` at its top. Symlinks are read,
+    never followed. Raises TreeInvalid for anything a tree cannot hold (a FIFO, a socket, a
+    device, a name that is not UTF-8, directories nested deeper than a tree may be, a link
+    whose target no filesystem would write back)."""
     entries: dict[str, Entry] = {}
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        _read_dir(fd, "", entries, max_blob_bytes)
+        _read_dir(fd, "", entries, max_blob_bytes, leave_out)
     finally:
         os.close(fd)
     return entries
 
 
 def _read_dir(
-    fd: int, path: str, entries: dict[str, Entry], max_blob_bytes: int | None
+    fd: int,
+    path: str,
+    entries: dict[str, Entry],
+    max_blob_bytes: int | None,
+    leave_out: frozenset[str] = frozenset(),
+    depth: int = 0,
 ) -> list[Entry]:
     own: list[Entry] = []
+    if depth > MAX_DEPTH:
+        raise TreeInvalid(path, "too_deep")
     for name in sorted(os.listdir(fd)):
+        if name in leave_out:
+            continue
         where = f"{path}/{name}" if path else name
         if name_problem(name):
             raise TreeInvalid(where, "bad_name")
@@ -39,7 +60,7 @@ def _read_dir(
         if stat.S_ISDIR(found.st_mode):
             child = os.open(name, DIR_FLAGS, dir_fd=fd)
             try:
-                inner = _read_dir(child, where, entries, max_blob_bytes)
+                inner = _read_dir(child, where, entries, max_blob_bytes, depth=depth + 1)
             finally:
                 os.close(child)
             entry = Entry(name=name, type="dir", mode=mode, digest=blob_name(encode_dir(inner)))
@@ -54,7 +75,10 @@ def _read_dir(
                 chunks=tuple(pieces) if len(pieces) > 1 else None,
             )
         elif stat.S_ISLNK(found.st_mode):
-            entry = Entry(name=name, type="symlink", target=os.readlink(name, dir_fd=fd))
+            target = os.readlink(name, dir_fd=fd)
+            if len(os.fsencode(target)) > MAX_SYMLINK_TARGET_BYTES:
+                raise TreeInvalid(where, "symlink_target_too_long")
+            entry = Entry(name=name, type="symlink", target=target)
         else:
             raise TreeInvalid(where, "unsupported_type")
         entries[where] = entry

@@ -588,20 +588,30 @@ def _materialize_round(
 
 def _unexpanded_gone(cwd: str, target: Mapping[str, Entry], previous: Mapping[str, Entry]) -> bool:
     """Whether a directory both trees hold with the same blob (so not expanded) is missing
-    from `cwd` or is something else there (one lstat each)."""
+    from `cwd` or is something else there, or a directory above it is (one lstat per path,
+    each component looked at itself: a directory above it replaced by a link to a place
+    holding such a directory would otherwise pass, and the round, replacing the link, would
+    make the unexpanded directory anew, empty, while recording the head as the cwd's tree)."""
+    seen: dict[str, bool] = {}
+
+    def is_directory(path: str) -> bool:
+        if path not in seen:
+            try:
+                found = os.lstat(os.path.join(cwd, path))
+            except OSError:  # missing or unreadable: the whole comparison with the disk decides
+                seen[path] = False
+            else:
+                seen[path] = stat.S_ISDIR(found.st_mode)
+        return seen[path]
+
     for path, entry in target.items():
         if entry.type != "dir":
             continue
         before = previous.get(path)
         if before is None or not before.same_dir(entry):
             continue
-        try:
-            found = os.lstat(os.path.join(cwd, path))
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return True  # unreadable there: let the whole comparison with the disk decide
-        if not stat.S_ISDIR(found.st_mode):
+        parts = path.split("/")
+        if not all(is_directory("/".join(parts[:depth])) for depth in range(1, len(parts) + 1)):
             return True
     return False
 

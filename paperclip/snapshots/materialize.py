@@ -15,7 +15,8 @@ Entry, directories included), a function that opens a blob, and a `check` that r
   several hard links is replaced, never changed in place.
 - New and changed entries are all written before any entry the target has not is deleted, so
   a failure part way (a full disk, an unreadable blob) never leaves the destination partly
-  emptied: it holds every old entry, some of them already new.
+  emptied: it holds every old entry, some of them already new (but an entry changing type,
+  removed just before its new content is written, is missing after a failure between).
 - A crash part way leaves a mix of old and new entries and at most stray temporary siblings;
   the next call with the same arguments finishes the tree and removes those siblings.
 """
@@ -30,7 +31,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -111,7 +112,8 @@ def materialize(
             work.skip = split(work, destination)
         work.directory(root, "")
         # Only once every new and changed entry is in place: a failure before this point
-        # leaves every old entry where it was (never a cwd partly emptied).
+        # leaves every old entry where it was (never a cwd partly emptied), but for one whose
+        # type changes, removed just before its new content is written.
         work.remove_extras(root, "")
     finally:
         os.close(root)
@@ -346,23 +348,49 @@ class Materializer:
                 os.close(child)
 
     def remove(self, fd: int, name: str, found: os.stat_result) -> int:
-        """Remove `name` (a whole directory tree, never following a link): paths removed."""
+        """Remove `name` (a whole directory tree, never following a link): paths removed.
+        Depth first with a stack of open directories, not recursion: a chain of directories
+        deeper than Python's recursion limit is removed too."""
         if not stat.S_ISDIR(found.st_mode):
             os.unlink(name, dir_fd=fd)
             return 1
-        count = 1
-        child = _open_dir(name, fd)
+        count = 0
+        stack: list[tuple[int, str, int, Iterator[str]]] = []  # parent, name, its fd, names
+
+        def enter(parent: int, directory: str, mode: int) -> None:
+            child = _open_dir(directory, parent)
+            try:
+                if stat.S_IMODE(mode) & 0o700 != 0o700:
+                    os.fchmod(child, 0o700)  # to list it and remove what it holds
+                names = iter(os.listdir(child))
+            except BaseException:
+                os.close(child)
+                raise
+            stack.append((parent, directory, child, names))
+
         try:
-            if stat.S_IMODE(found.st_mode) & 0o700 != 0o700:
-                os.fchmod(child, 0o700)  # to list it and remove what it holds
-            for sub in os.listdir(child):
+            enter(fd, name, found.st_mode)
+            while stack:
+                parent, directory, child, names = stack[-1]
+                sub = next(names, None)
+                if sub is None:
+                    stack.pop()
+                    os.close(child)
+                    os.rmdir(directory, dir_fd=parent)
+                    count += 1
+                    continue
                 inner = lstat_at(sub, child)
-                if inner is not None:
-                    self.tick()
-                    count += self.remove(child, sub, inner)
+                if inner is None:
+                    continue
+                self.tick()
+                if stat.S_ISDIR(inner.st_mode):
+                    enter(child, sub, inner.st_mode)
+                else:
+                    os.unlink(sub, dir_fd=child)
+                    count += 1
         finally:
-            os.close(child)
-        os.rmdir(name, dir_fd=fd)
+            for _parent, _directory, child, _names in stack:
+                os.close(child)
         return count
 
     def dir_entry(

@@ -32,7 +32,14 @@ from paperclip.snapshots.counts import counts_against_head
 from paperclip.snapshots.store.names import BlobTooLarge
 from paperclip.snapshots.store.pins import cas_pin
 from paperclip.snapshots.store.reads import cas_rows, directory_loader
-from paperclip.snapshots.trees import BLOB_NAME, TreeInvalid, Walk, decode_stored_dir, walk
+from paperclip.snapshots.trees import (
+    BLOB_NAME,
+    RESERVED_ROOT_NAMES,
+    TreeInvalid,
+    Walk,
+    decode_stored_dir,
+    walk,
+)
 
 MAX_MISSING_LISTED: Final = 1000
 
@@ -115,7 +122,6 @@ def snapshot_input_check(*, company_id: UUID, tree: str, base: str | None) -> No
 
 # What the agents' CLI keeps in a workdir's root, which a checkout never writes (its index):
 # a head naming it would stop every CLI's checkout of the workspace.
-RESERVED_ROOT_NAMES: Final = frozenset({".paperclip"})
 
 
 def _refuse_reserved_names(company_id: UUID, tree: str) -> None:

@@ -18,6 +18,11 @@ from typing import Any, Final, Literal
 
 SCHEMA: Final = "paperclip.dir.v1"
 MAX_DEPTH: Final = 256
+# Names a tree may not hold at its root: the agent CLI's own state directory (a checkout
+# writing it would replace the CLI's index).
+RESERVED_ROOT_NAMES: Final = frozenset({".paperclip"})
+# The longest symlink target Linux writes (PATH_MAX, 4,096 bytes with its NUL).
+MAX_SYMLINK_TARGET_BYTES: Final = 4095
 # The paths of one walk added up (bytes of text): what bounds its memory when directories are
 # shared by many paths (PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES for a registration).
 MAX_PATH_BYTES: Final = 256 * 1024 * 1024
@@ -182,6 +187,9 @@ def _symlink_entry(raw: dict[str, Any], name: str, where: str) -> Entry:
         raise TreeInvalid(where, "bad_symlink")
     if target.startswith("/"):
         raise TreeInvalid(where, "absolute_symlink")
+    if len(target.encode("utf-8", "surrogatepass")) > MAX_SYMLINK_TARGET_BYTES:
+        # No filesystem makes such a link (ENAMETOOLONG): the tree could never be written.
+        raise TreeInvalid(where, "symlink_target_too_long")
     return Entry(name=name, type="symlink", target=target)
 
 
@@ -241,7 +249,7 @@ _MODE: Final = rb"(?:[0-9]|[1-9][0-9]{1,2}|[1-3][0-9]{3}|40[0-8][0-9]|409[0-5])"
 _ENTRY: Final = b"".join([
     rb'\{"(?:digest":"sha256:[0-9a-f]{64}","mode":', _MODE, rb',"name":"', _NAME,
     rb'",(?:"size":(?:0|[1-9][0-9]{0,14}),"type":"file"|"type":"dir")',
-    rb'|name":"', _NAME, rb'","target":"(?!/)[^"\\\x00-\x1f]+","type":"symlink")\}',
+    rb'|name":"', _NAME, rb'","target":"(?!/)[^"\\\x00-\x1f]{1,4095}","type":"symlink")\}',
 ])  # fmt: skip
 _PLAIN_DIR: Final = re.compile(b"".join([
     rb'\{"entries":\[(?:', _ENTRY, rb"(?:,", _ENTRY, rb")*)?\]",

@@ -10,6 +10,7 @@ import contextlib
 import io
 import os
 import stat
+import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -720,3 +721,26 @@ def test_a_removal_inside_a_directory_whose_mode_forbids_it_keeps_that_mode(
     assert read_tree(str(tmp_path)) == new
     assert report.removed == 1
     assert stat.S_IMODE(os.lstat(tmp_path / "ro").st_mode) == 0o555
+
+
+def test_an_extra_directory_deeper_than_the_recursion_limit_is_removed(tmp_path: Path) -> None:
+    """1,200 nested directories put in the cwd by something else: removing them recursed
+    once per level, and every attempt failed with RecursionError until an operator tidied."""
+    store = Store()
+    target = make_tree({"README": b"r\n"}, store)
+    dest = tmp_path / "cwd"
+    dest.mkdir()
+    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1200):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    try:
+        report = run(dest, target, None, store)
+        assert sorted(os.listdir(dest)) == ["README"]
+        assert report.removed == 1200
+    finally:
+        if (dest / "d").exists():  # pytest's own removal of its temporary directories recurses
+            subprocess.run(["rm", "-rf", str(dest / "d")], check=True)
