@@ -3,6 +3,8 @@ prefixed with the program's name), and the wording shared by several of them."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from datetime import datetime
 from typing import TextIO
@@ -18,9 +20,24 @@ PROG = "paperclip-agent"
 def emit(stream: TextIO, line: str) -> None:
     """One line in one write: the command's output shares our stdout and stderr, and print()
     writes the text and its newline apart, which an unbuffered stream (PYTHONUNBUFFERED)
-    sends as two writes with the command's output free to land between them."""
-    stream.write(f"{line}\n")
-    stream.flush()
+    sends as two writes with the command's output free to land between them. A stream whose
+    reader went away (`| head`) is silenced: the run goes on without its lines."""
+    try:
+        stream.write(f"{line}\n")
+        stream.flush()
+    except BrokenPipeError:
+        silence(stream)
+
+
+def silence(stream: TextIO) -> None:
+    """Point `stream`'s descriptor at /dev/null (its reader is gone): later writes, and the
+    interpreter's flush at exit, go nowhere instead of raising."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
 
 
 def say(line: str) -> None:

@@ -28,6 +28,7 @@ from paperclip_client.cli_output import (
     fail,
     orphan_clause,
     say,
+    silence,
     warn,
     when,
 )
@@ -101,6 +102,11 @@ class Runner:
             fail(str(exc))
             self._abort_run()
             return EXIT_REFUSED
+        except BaseException:
+            # Anything else (the server unreachable past the patience, a bug): never leave the
+            # command running without a supervisor renewing its lease.
+            self._stop_child()
+            raise
 
     def _resume(self) -> None:
         """Restore `--resume`'s checkpoint into `--session-dir` (before anything is created,
@@ -319,23 +325,10 @@ class Runner:
         if code is None:
             return self._lost(self.lost_reason)
         say(f"exit: {code}")
-        # The command's work is done: from here on an unreachable server is waited for (as
-        # long as the lease may still be ours) rather than giving up on the result.
-        if checkpointer is not None:
-            saver = checkpointer
-            self._patient(
-                "checkpoint", lambda: self._checkpoint(runtime, controller, saver), runtime
-            )
-        self._patient(
-            "exit",
-            lambda: runtime.operation(
-                phase="exit",
-                status="succeeded" if code == 0 else "failed",
-                command=command_text[:20000],
-                exit_code=code,
-            ),
-            runtime,
-        )
+        # What the command left running in its process group would go on changing the
+        # workdir while it is snapshotted, and after: stopped first.
+        self._stop_group(left_running=True)
+        self._record_exit(runtime, controller, checkpointer, code, command_text)
         state = "succeeded" if code == 0 else "failed"
         summary = b"".join(self.tail).decode("utf-8", "replace")
         taken = self._patient(
@@ -394,6 +387,40 @@ class Runner:
             return EXIT_NOT_COMMITTED
         say(published(self.client, self.args.workspace, run_id, taken.tree))
         return code
+
+    def _record_exit(
+        self,
+        runtime: RuntimeLeaseKeeper,
+        controller: ControllerLeaseKeeper,
+        checkpointer: SessionCheckpointer | None,
+        code: int,
+        command_text: str,
+    ) -> None:
+        """The last checkpoint and the `exit` operation. The command's work is done: from
+        here on an unreachable server is waited for (as long as the lease may still be ours)
+        rather than giving up on the result, and a write whose answer was lost is no reason
+        to drop the run's work (neither is sent again: each may have been recorded)."""
+        if checkpointer is not None:
+            saver = checkpointer
+            try:
+                self._patient(
+                    "checkpoint", lambda: self._checkpoint(runtime, controller, saver), runtime
+                )
+            except OutcomeUnknown as exc:
+                warn(f"the last checkpoint's outcome is unknown ({exc}); going on")
+        try:
+            self._patient(
+                "exit",
+                lambda: runtime.operation(
+                    phase="exit",
+                    status="succeeded" if code == 0 else "failed",
+                    command=command_text[:20000],
+                    exit_code=code,
+                ),
+                runtime,
+            )
+        except OutcomeUnknown as exc:  # a record: the result carries the exit status too
+            warn(f"the exit operation's outcome is unknown ({exc}); going on")
 
     def _checkout(self, workdir: Path) -> None:
         """Make the workdir hold the workspace head read now, with the lease held (that head
@@ -469,12 +496,22 @@ class Runner:
         return child
 
     def _pump(self, stream: IO[bytes] | None) -> None:
+        """Copy the command's output to ours, keeping its tail for the result. Our stdout
+        closed by its reader (`| head`, a lost ssh session) stops the copying, never the
+        draining: the command would otherwise block on a full pipe for good while the lease
+        is renewed."""
         if stream is None:
             return
         out = sys.stdout.buffer
+        copying = True
         for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
-            out.write(chunk)
-            out.flush()
+            if copying:
+                try:
+                    out.write(chunk)
+                    out.flush()
+                except OSError:  # BrokenPipeError among them
+                    copying = False
+                    silence(sys.stdout)
             self.tail.append(chunk)
             self.tail_size += len(chunk)
             while self.tail_size - len(self.tail[0]) >= TAIL_BYTES and len(self.tail) > 1:
@@ -513,20 +550,47 @@ class Runner:
                     self._checkpoint(runtime, controller, checkpointer)
                 except LeaseLost:
                     return None
+                except (OutcomeUnknown, ServerUnreachable, DatabaseUnavailable) as exc:
+                    # A checkpoint is not worth the command: the leases' keepers judge the
+                    # outage (until the lease's deadline); the next checkpoint tries again.
+                    warn(f"checkpoint: {exc}; the command goes on, the next one in {every:g} s")
                 next_checkpoint = time.monotonic() + every
             self.lost.wait(timeout=0.1)
 
     def _stop_child(self) -> None:
-        """SIGTERM the command's process group, SIGKILL it after the grace period."""
+        """SIGTERM the command's process group, SIGKILL what is left of it after the grace
+        period: every member, not only the command (which may be gone while a member that
+        ignores SIGTERM goes on)."""
+        self._stop_group(left_running=False)
+
+    def _stop_group(self, *, left_running: bool) -> None:
         child = self.child
-        if child is None or child.poll() is not None:
+        if child is None or not _group_alive(child.pid):
+            if child is not None:
+                with contextlib.suppress(ChildProcessError):
+                    child.wait()
             return
-        try:
+        if left_running:
+            say("the command left processes running in its process group: stopping them")
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(timeout=STOP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=STOP_GRACE_SECONDS)
+        while _group_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            child.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group is left (its id stays the group's while one is)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
