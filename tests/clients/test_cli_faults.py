@@ -26,7 +26,7 @@ from tests.paperclip.worker.test_worker_processes import Worker
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.xdist_group("gunicorn"),
+    pytest.mark.xdist_group("cli_faults"),  # a gunicorn of its own, beside the live tests
 ]
 
 
