@@ -25,6 +25,11 @@ class CasBlob(models.Model):
     size = models.BigIntegerField()
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     referenced_at = models.DateTimeField(db_default=Now())
+    # Marked by a collection, in its own committed transaction, before it deletes the bytes:
+    # a doomed row is missing to find-missing and to pins (so its blob is uploaded again, which
+    # clears the mark), and should the collection die between the bytes and its commit, the
+    # next one finishes it (docs/snapshots.md#collection).
+    doomed = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "cas_blobs"

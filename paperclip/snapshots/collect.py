@@ -14,8 +14,10 @@ holds it shared until it commits), then one reachability pass (reading each dire
 once), then the old unreachable rows are deleted in batches, each batch one transaction that
 re-checks the age on the row itself (`FOR UPDATE SKIP LOCKED`): a registration that touched a
 blob after the reachability pass (it holds the row, or has committed a young `referenced_at`)
-wins. The bytes go in the same transaction, before its commit, while the deleted rows are
-still locked (the s3 backend's objects too, one DeleteObjects request per 1,000).
+wins. Each batch's rows are first marked `doomed` in a committed transaction of their own
+(missing from then on to find-missing and pins); the bytes go in the next, before its commit,
+while the deleted rows are still locked (the s3 backend's objects too, one DeleteObjects
+request per 1,000).
 """
 
 from __future__ import annotations
@@ -186,24 +188,43 @@ def _old_blobs(company_id: UUID, grace: int) -> list[tuple[int, str]]:
         return [(int(r[0]), r[1]) for r in cursor.fetchall()]
 
 
-_DELETE: Final = f"""
-    DELETE FROM cas_blobs WHERE id IN (
+_DOOM: Final = f"""
+    UPDATE cas_blobs SET doomed = true WHERE id IN (
         SELECT id FROM cas_blobs
         WHERE id = ANY(%(ids)s::bigint[]) AND company_id = %(company)s AND {_old()}
         ORDER BY id FOR UPDATE SKIP LOCKED
     )
-    RETURNING id, digest, size
+    RETURNING id
 """  # noqa: S608 - constant text
+_DELETE: Final = """
+    DELETE FROM cas_blobs WHERE id IN (
+        SELECT id FROM cas_blobs
+        WHERE id = ANY(%(ids)s::bigint[]) AND company_id = %(company)s AND doomed
+        ORDER BY id FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id, digest, size
+"""
 
 
 def _delete_batch(
     *, company_id: UUID, ids: list[int], grace: int, collection_id: str, number: int
 ) -> tuple[int, int]:
     """Delete those of `ids` that are still old and not locked, their bytes with them, and
-    write the batch's audit row; (deleted, bytes)."""
+    write the batch's audit row; (deleted, bytes). Two transactions: the rows are first
+    marked `doomed` (committed: from then on find-missing and pins count them missing, so
+    nothing comes to rely on them), then, under their locks again, their bytes go and they
+    are deleted with the audit row. Dying between the bytes and the commit leaves doomed rows
+    without bytes, which no registration can pin and an upload restores (clearing the mark);
+    the next collection deletes the rest. An upload clearing the mark in between keeps its
+    row and bytes (the delete takes only rows still doomed)."""
+    with transaction.atomic(durable=True), prepared_cursor() as cursor:
+        cursor.execute(_DOOM, {"ids": ids, "company": company_id, "grace": grace})
+        doomed = [int(row[0]) for row in cursor.fetchall()]
+    if not doomed:
+        return 0, 0
     with transaction.atomic(durable=True):
         with prepared_cursor() as cursor:
-            cursor.execute(_DELETE, {"ids": ids, "company": company_id, "grace": grace})
+            cursor.execute(_DELETE, {"ids": doomed, "company": company_id})
             rows: list[tuple[int, str, int]] = cursor.fetchall()
             if not rows:
                 return 0, 0

@@ -21,6 +21,7 @@ _PIN: Final = """
             SELECT id FROM cas_blobs
             WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
               AND referenced_at < now() - make_interval(secs => %(half_grace)s::double precision)
+              AND NOT doomed
             ORDER BY digest FOR NO KEY UPDATE
         )
         RETURNING digest
@@ -30,7 +31,7 @@ _PIN: Final = """
                referenced_at < now() - make_interval(secs => %(half_grace)s::double precision)
                    AS old
         FROM cas_blobs
-        WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[])
+        WHERE company_id = %(company)s AND digest = ANY(%(batch)s::text[]) AND NOT doomed
     )
     SELECT wanted.digest, 'absent' FROM unnest(%(batch)s::text[]) AS wanted(digest)
     WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.digest = wanted.digest)
@@ -50,6 +51,7 @@ _PIN_RECHECK: Final = """
     SELECT digest FROM cas_blobs
     WHERE company_id = %(company)s AND digest = ANY(%(names)s::text[])
       AND referenced_at >= now() - make_interval(secs => %(half_grace)s::double precision)
+      AND NOT doomed
 """
 
 

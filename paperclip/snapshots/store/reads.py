@@ -60,9 +60,10 @@ def cas_find_missing(*, company_id: UUID, digests: Sequence[str]) -> list[str]:
                 UPDATE cas_blobs SET referenced_at = now()
                 WHERE company_id = %s AND digest = ANY(%s::text[])
                   AND referenced_at < now() - make_interval(secs => %s::double precision)
+                  AND NOT doomed
             )
             SELECT digest, size FROM cas_blobs
-            WHERE company_id = %s AND digest = ANY(%s::text[])
+            WHERE company_id = %s AND digest = ANY(%s::text[]) AND NOT doomed
             """,
             [company_id, wanted, half_grace, company_id, wanted],
         )

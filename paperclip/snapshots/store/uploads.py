@@ -30,7 +30,7 @@ _UPSERT: Final = """
     SELECT %s, t.digest, t.size, now(), now()
     FROM unnest(%s::text[], %s::bigint[]) AS t(digest, size)
     ORDER BY t.digest
-    ON CONFLICT (company_id, digest) DO UPDATE SET referenced_at = now()
+    ON CONFLICT (company_id, digest) DO UPDATE SET referenced_at = now(), doomed = false
     RETURNING id, digest, (xmax = 0) AS inserted
 """
 

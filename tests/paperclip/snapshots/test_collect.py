@@ -25,9 +25,9 @@ from paperclip.models import (
 from paperclip.snapshots import trees
 from paperclip.snapshots.collect import CollectProgress, cas_collect
 from paperclip.snapshots.store import reads
-from paperclip.snapshots.store.backends import blob_path
+from paperclip.snapshots.store.backends import FilesystemBackend, blob_path
 from paperclip.snapshots.store.pins import cas_pin
-from paperclip.snapshots.store.reads import cas_load_many
+from paperclip.snapshots.store.reads import cas_find_missing, cas_load_many
 from paperclip.snapshots.store.s3 import S3Backend
 from paperclip.snapshots.store.uploads import cas_put
 from tests.helpers import raw_connection, wait_for_lock_waiters
@@ -278,6 +278,46 @@ def test_a_directory_a_head_reaches_that_cannot_be_read_skips_the_company(
     assert kept(company.pk, garbage)["row"]  # nothing deleted for the company
     assert f"company {company.pk}: skipped, nothing deleted" in out.getvalue()
     assert f"{src}: unreadable" in out.getvalue()
+
+
+class _Killed(BaseException):
+    """The collector's process dying (SIGKILL, the database lost at its commit)."""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_collection_killed_after_the_bytes_leaves_rows_nothing_can_rely_on(
+    company: Company, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between removing a batch's bytes and its commit, a collection left its rows,
+    old and unreachable, without bytes; find-missing (on s3) and a registration's pin looked
+    at rows alone, so a run could register and publish a tree naming such a blob, whose bytes
+    were gone for good. The rows are marked doomed (committed) before the bytes go: doomed is
+    missing to both, an upload restores the blob, and the next collection finishes the rest."""
+    kept_blob, lost_blob = store(company.pk, b"uploaded again"), store(company.pk, b"nobody")
+    age(kept_blob, lost_blob)
+    real = FilesystemBackend.delete_many
+
+    def removed_then_killed(self: FilesystemBackend, *, company_id: UUID, digests: Any) -> None:
+        real(self, company_id=company_id, digests=digests)
+        raise _Killed
+
+    with monkeypatch.context() as patched:
+        patched.setattr(FilesystemBackend, "delete_many", removed_then_killed)
+        with pytest.raises(_Killed):
+            cas_collect(batch_size=10)
+    assert cas_find_missing(company_id=company.pk, digests=[kept_blob]) == [kept_blob]
+    with transaction.atomic():
+        assert cas_pin(company_id=company.pk, digests=[kept_blob]).missing == [kept_blob]
+    assert CasBlob.objects.filter(company=company, doomed=True).count() == 2
+    store(company.pk, b"uploaded again")  # what snapshot_blobs_missing makes the agent do
+    row = CasBlob.objects.get(company=company, digest=kept_blob)
+    assert not row.doomed
+    assert cas_load_many(company_id=company.pk, digests=[kept_blob], max_bytes=1 << 20) == {
+        kept_blob: b"uploaded again"
+    }
+    assert cas_collect(batch_size=10).deleted == 1  # the doomed one nobody uploaded
+    assert kept(company.pk, lost_blob) == NOTHING
+    assert kept(company.pk, kept_blob)["row"]
 
 
 @pytest.mark.django_db(transaction=True)
