@@ -77,6 +77,13 @@ def _inside(root: Path, link_dir: str, target: str) -> bool:
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
+def _shown(rel: str) -> str:
+    """A path as text that any JSON holds: a name that is not UTF-8 (kept by Python as lone
+    surrogates, which PostgreSQL's JSON refuses: the commit recording the report failed, and
+    the run could never commit) with its bytes escaped, `\\xff`."""
+    return os.fsencode(rel).decode("utf-8", "backslashreplace")
+
+
 def _below(path: str, top: str) -> bool:
     return path == top or path.startswith(top + "/")
 
@@ -118,11 +125,16 @@ def _copy_file(source: str, target: str, state: os.stat_result, root: str | None
     both ends: an entry swapped for a symlink since it was listed is refused (ELOOP), never
     followed, and O_EXCL never writes through anything already at the target; a file reached
     through a directory swapped for a link (outside `root`) is refused the same way before a
-    byte of it is read."""
-    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    byte of it is read. Opened without blocking: a file swapped for a FIFO since it was
+    listed would otherwise block the worker until someone wrote to it; it is refused (ELOOP,
+    skipped) as anything no longer a regular file is."""
+    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not _opened_inside(fd_in, root):
             raise OSError(errno.ELOOP, "outside the source directory", source)
+        if not stat.S_ISREG(os.fstat(fd_in).st_mode):
+            raise OSError(errno.ELOOP, "no longer a regular file", source)
+        os.set_blocking(fd_in, True)
         fd_out = os.open(
             target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
@@ -322,7 +334,7 @@ class _TreeCopy:
             self.directories,
             self.size,
             self.links,
-            tuple(sorted(self.skipped)),
+            tuple(sorted(_shown(rel) for rel in self.skipped)),
             self.linked,
         )
 

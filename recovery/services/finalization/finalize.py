@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 from uuid import UUID
 
+from django.db import InterfaceError, OperationalError
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from paperclip.errors import DomainError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization, WorkspaceOperation
 from paperclip.observability import metrics
 from recovery.adapters.copyback import CopybackError, CopybackReport, copyback_backend
@@ -30,6 +32,7 @@ from recovery.services.finalization.commit import CopybackOvertaken, commit_fina
 from recovery.services.finalization.operations import (
     attempt_failed,
     finish_operation,
+    schedule_retry,
     start_operation,
 )
 from recovery.services.finalization.outcomes import FinalizeOutcome, outcome_of
@@ -192,7 +195,22 @@ def run_finalize(
     """
 
     def action(ownership: FinalizationOwnership) -> FinalizeOutcome:
-        return finalize_owned(ownership, due_only=due_only)
+        try:
+            return finalize_owned(ownership, due_only=due_only)
+        except (DomainError, FinalizationOwnershipLost, OperationalError, InterfaceError):
+            raise  # the protocol's own outcomes; a lost database is retried as such
+        except Exception as exc:
+            # A failure the attempt did not foresee (a bug, data the database refuses): an
+            # attempt failed like any other, backed off, counted against the budget and shown
+            # on the run (`last_error`), never a job retried every second for ever.
+            logger.exception("finalization of run %s failed unexpectedly", run_id)
+            return schedule_retry(
+                ownership=ownership,
+                company_id=company_id,
+                run_id=run_id,
+                code="finalization_failed",
+                detail=f"{type(exc).__name__}: {exc}"[:1000],
+            )
 
     outcome = with_finalization_ownership(company_id=company_id, run_id=run_id, action=action)
     if isinstance(outcome, NotAcquired):
