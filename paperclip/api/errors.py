@@ -15,6 +15,7 @@ from django import db
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -22,7 +23,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
 from paperclip.db.errors import connection_lost
-from paperclip.errors import DomainError
+from paperclip.errors import DomainError, ResourceBusy
 from paperclip.observability.context import context_update
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DomainError):
         set_rollback()
         return domain_error_response(exc)
+    if isinstance(exc, OperationalError) and _conflict(exc):
+        # Two transactions met (a deadlock PostgreSQL broke, a lock wait that expired): the
+        # request changed nothing and may be repeated, as any `resource_busy`; the database
+        # is there (not `database_unavailable`, whose connection would be dropped).
+        logger.warning("concurrency conflict in %s: %s", _view_name(context), exc)
+        set_rollback()
+        return domain_error_response(ResourceBusy())
     if connection_lost(exc):
         return _database_unavailable(exc, context)
     if isinstance(exc, RequestDataTooBig):
@@ -114,6 +122,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     return _rewrapped(exc, handled)
+
+
+# deadlock_detected, serialization_failure, lock_not_available
+_CONFLICT_STATES = frozenset({"40P01", "40001", "55P03"})
+
+
+def _conflict(exc: OperationalError) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) in _CONFLICT_STATES
 
 
 def _database_unavailable(exc: Exception, context: dict[str, Any]) -> Response:
