@@ -117,16 +117,27 @@ def _register_in_tx(
 def _require_fence_in_tx(
     *, target: SnapshotTarget, owner: RuntimeLeaseOwner, issue_id: UUID | None, fence: int | None
 ) -> None:
+    # The owner is judged as the lease's key names it: the run (a lease claimed for the run,
+    # refused once the run has ended, as its fenced operations are), or the run's issue (a
+    # runner that claimed for the issue). Judging a run-keyed lease by its open issue let a
+    # run that had ended register snapshots.
     locked = locks.runtime_lease_for_share(
         execution_workspace_id=target.workspace_id,
         company_id=target.company_id,
-        owner_issue_id=issue_id,
+        owner_issue_id=None,
         owner_run_id=target.run_id,
     )
     current, ineligible = (None, None) if locked is None else locked
     key = owner.owner_key
     if current is not None and issue_id and current.owner_key == f"issue:{issue_id}":
         key = current.owner_key  # a runner that claimed for the run's issue
+        judged = locks.runtime_lease_for_share(
+            execution_workspace_id=target.workspace_id,
+            company_id=target.company_id,
+            owner_issue_id=issue_id,
+            owner_run_id=None,
+        )
+        current, ineligible = (None, None) if judged is None else judged
     require_fence(
         execution_workspace_id=target.workspace_id,
         owner_key=key,

@@ -422,3 +422,15 @@ def test_a_base_that_is_a_stored_tree_registers(runner: Runner) -> None:
     response = runner.register(tree, base)
     assert response.status_code == 201, response.content
     assert response.json()["base"] == base
+
+
+def test_a_run_owned_lease_whose_run_ended_registers_nothing(runner: Runner) -> None:
+    """A lease claimed for the run (`run:<id>`) is judged by that run, as its fenced
+    operations are: judged by the run's still-open issue, a run that had ended registered
+    snapshots (found in review, shown failing first)."""
+    tree = store_tree(runner.company.pk, FILES)
+    HeartbeatRun.objects.filter(pk=runner.run.pk).update(status="failed")
+    answer = runner.register(tree)
+    assert answer.status_code == 409, answer.content
+    assert answer.json()["error"]["code"] == "workspace_runtime_lease_owner_ineligible"
+    assert not RunSnapshot.objects.filter(tree=tree).exists()
