@@ -132,7 +132,7 @@ FORCE_RELEASE_BULK = BulkAction(
     "next claim gets the workspace; a lease claimed or reclaimed since this page was made is "
     "kept (its owner is not one shown here), and so is one reclaimed while the release runs "
     "(refused: runtime_lease_superseded).",
-    unchanged_since="claimed_at",
+    unchanged_since="claimed_xid",
     reason_help="Why the owners are being evicted; kept in each lease's audit row.",
     columns=(
         ("Owner", lambda lease: lease.owner_key),

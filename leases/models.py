@@ -48,6 +48,11 @@ class WorkspaceRuntimeLease(TimestampedModel):
     )
     last_action = models.TextField(choices=Action.choices)
     claimed_at = models.DateTimeField(db_default=Now())
+    # The id of the transaction that created or reclaimed it (`pg_current_xact_id()`): the
+    # board's bulk force-release leaves alone a lease whose claim its confirmation page's
+    # snapshot could not see (committed after it), whatever `claimed_at` (a transaction's
+    # start) says. Null for leases claimed before it was kept.
+    claimed_xid = models.BigIntegerField(null=True, blank=True, editable=False)
     renewed_at = models.DateTimeField(db_default=Now())
     expires_at = models.DateTimeField()
     metadata = models.JSONField(null=True, blank=True)

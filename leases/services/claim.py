@@ -190,9 +190,11 @@ def fence_of(*, timeline: int, generation: int) -> int:
 _CREATE_SQL: Final = (
     f"WITH created AS (INSERT INTO {LEASE_TABLE} (id, company_id, execution_workspace_id,"  # noqa: S608
     " owner_key, owner_issue_id, owner_run_id, owner_agent_id, last_action, generation,"
-    " claimed_at, renewed_at, expires_at, metadata, created_at, updated_at, fence)"
+    " claimed_at, renewed_at, expires_at, metadata, created_at, updated_at, fence,"
+    " claimed_xid)"
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now(), now(),"
-    f" now() + make_interval(secs => %s), NULL, now(), now(), {FENCE_SQL})"
+    f" now() + make_interval(secs => %s), NULL, now(), now(), {FENCE_SQL},"
+    " pg_current_xact_id()::text::bigint)"
     f" ON CONFLICT (execution_workspace_id) DO NOTHING RETURNING {LEASE_COLUMNS}),"
     " bumped AS (UPDATE execution_workspaces w SET runtime_lease_generation = c.generation"
     " FROM created c WHERE w.id = c.execution_workspace_id)"
@@ -204,7 +206,8 @@ _RECLAIM_SQL: Final = (
     f"WITH reclaimed AS (UPDATE {LEASE_TABLE} SET owner_key = %s, owner_issue_id = %s,"  # noqa: S608
     " owner_run_id = %s, owner_agent_id = %s, last_action = %s, generation = %s,"
     f" fence = {FENCE_SQL},"
-    " claimed_at = now(), renewed_at = now(), expires_at = now() + make_interval(secs => %s),"
+    " claimed_at = now(), claimed_xid = pg_current_xact_id()::text::bigint,"
+    " renewed_at = now(), expires_at = now() + make_interval(secs => %s),"
     " metadata = jsonb_build_object('reclaimedFromOwnerKey', %s::text, 'reclaimReason',"
     " %s::text, 'reclaimedAt',"
     """ to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),"""

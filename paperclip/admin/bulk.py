@@ -15,9 +15,9 @@ One piece of code for every model: an app's admin describes its action with a `B
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, ClassVar, Final
 
 from django import forms
@@ -26,11 +26,11 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import IGNORED_PARAMS, PAGE_VAR
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import BooleanField, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.dateparse import parse_datetime
 
 from paperclip.access import Actor, board_actor
 from paperclip.admin.toolkit import EachOutcome, act_on_each
@@ -69,8 +69,11 @@ class BulkAction:
     explanation: str = ""  # what acting does, above the preview
     reason_help: str = "Why; kept in each row's audit row."
     columns: tuple[tuple[str, Callable[[Any], object]], ...] = field(default=())
-    # A time the row's subject moves when it changes hands (a lease's `claimed_at`): rows it
-    # moved past the confirmation page's moment are left alone, as the board never saw them.
+    # The column holding the id of the transaction that last gave the row's subject to its
+    # holder (a lease's `claimed_xid`): rows given by a transaction that the confirmation
+    # page's snapshot could not see (committed after it) are left alone, as the board never
+    # saw their holder. A time would not do: a claim stamps the start of its transaction,
+    # which may have waited for a lock while the page was made and committed after it.
     unchanged_since: str | None = None
 
 
@@ -82,8 +85,9 @@ class BulkReasonForm(forms.Form):
     )
     # The count the operator saw; acting reports it beside the count acted on.
     seen = forms.IntegerField(widget=forms.HiddenInput, required=False, min_value=0)
-    # The database's time when the confirmation page was made (BulkAction.unchanged_since).
-    as_of = forms.CharField(widget=forms.HiddenInput, required=False, max_length=64)
+    # The database's snapshot when the confirmation page was made (BulkAction.unchanged_since):
+    # `xmin:xmax:xip,...` (pg_current_snapshot()).
+    as_of = forms.CharField(widget=forms.HiddenInput, required=False, max_length=20000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +101,27 @@ class BulkResult:
         return len(self.done.failed)
 
 
-def _database_now() -> str:
-    """The database's clock (the one clock that decides, as every lease time is its)."""
+def _database_snapshot() -> str:
+    """The database's snapshot now: which transactions have committed (taken before the page
+    reads its rows, so that every transaction it counts as committed is in them)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        moment: datetime = cursor.fetchone()[0]
-    return moment.isoformat()
+        cursor.execute("SELECT pg_current_snapshot()::text")
+        snapshot: str = cursor.fetchone()[0]
+    return snapshot
+
+
+_SNAPSHOT = re.compile(r"[0-9]{1,20}:[0-9]{1,20}:(?:[0-9]{1,20}(?:,[0-9]{1,20})*)?")
+
+
+def _seen_by(queryset: QuerySet[Any], column: str, snapshot: str) -> QuerySet[Any]:
+    """The rows whose `column` transaction the snapshot saw committed (or that has none)."""
+    name = connection.ops.quote_name(column)  # the action's own constant
+    seen = RawSQL(  # noqa: S611 - a quoted constant column; the snapshot is a parameter
+        f"({name} IS NULL OR pg_visible_in_snapshot({name}::text::xid8, %s::pg_snapshot))",
+        [snapshot],
+        output_field=BooleanField(),
+    )
+    return queryset.alias(_seen_by_page=seen).filter(_seen_by_page=True)
 
 
 def bulk_rows(queryset: QuerySet[Any], *, batch: int = BULK_BATCH, limit: int) -> Iterator[Any]:
@@ -242,6 +261,7 @@ class BulkByFilterMixin:
             result = self._bulk_act(request, spec, queryset, form)
             if result is not None:
                 return HttpResponseRedirect(back)
+        as_of = _database_snapshot() if spec.unchanged_since else None
         matched = queryset.order_by()[: BULK_CAP + 1].count()
         preview = list(queryset[:BULK_PREVIEW])
         context = {
@@ -260,7 +280,7 @@ class BulkByFilterMixin:
             "headers": [header for header, _ in spec.columns],
             "form": form,
             "back": back,
-            "as_of": _database_now() if spec.unchanged_since else None,
+            "as_of": as_of,
         }
         return TemplateResponse(request, BULK_TEMPLATE, context)
 
@@ -273,13 +293,13 @@ class BulkByFilterMixin:
             form.add_error(None, f"More than {BULK_CAP} rows match: narrow the filter first.")
             return None
         if spec.unchanged_since is not None:
-            as_of = parse_datetime(form.cleaned_data.get("as_of") or "")
-            if as_of is None:
+            snapshot = form.cleaned_data.get("as_of") or ""
+            if not _SNAPSHOT.fullmatch(snapshot):
                 form.add_error(None, "The page is out of date: confirm again from this one.")
                 return None
             # Acting pins each row as read now; this keeps out those that changed hands
             # since the page the board confirmed (their owners are not the ones it saw).
-            queryset = queryset.filter(**{f"{spec.unchanged_since}__lte": as_of})
+            queryset = _seen_by(queryset, spec.unchanged_since, snapshot)
         result = bulk_run(
             spec,
             actor=board_actor(request.user),

@@ -6,10 +6,12 @@ force-release leaves alone a lease reclaimed since its confirmation page."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
@@ -17,6 +19,7 @@ from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, BoardMembership, Company, ExecutionWorkspace
 from tests.console.helpers import held, stale_lease
 from tests.console.test_pages import staff
+from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.leases.factories import claim
 from tests.paperclip.factories import AgentFactory, IssueFactory, UserFactory
 
@@ -114,3 +117,46 @@ def test_bulk_force_release_keeps_a_lease_reclaimed_since_its_page(company: Comp
     assert not ActivityEvent.objects.filter(action="runtime_lease.force_released").exists()
     stale = client.post(LEASES_BULK, {"reason": "host rebuilt", "seen": "1"})
     assert "The page is out of date" in stale.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_force_release_keeps_a_lease_reclaimed_while_its_page_was_made(
+    company: Company,
+) -> None:
+    """A reclaim waiting for the lease row while the page was made commits after it, stamped
+    with its transaction's start, before the page's moment: a time let the release evict an
+    owner the page never showed. The page carries the database's snapshot, and a claim
+    committed after it is kept (found in review, shown failing first)."""
+    lease = stale_lease(company)
+    workspace = ExecutionWorkspace.objects.get(pk=lease.execution_workspace_id)
+    issue = IssueFactory(company=company, status="in_progress")
+    agent = AgentFactory(company=company)
+    client = staff(company)
+
+    def reclaim() -> str:
+        try:
+            return str(claim(workspace, agent, issue_id=issue.pk).outcome)
+        finally:
+            connection.close()
+
+    with raw_connection(autocommit=False) as gate, ThreadPoolExecutor(1) as pool:
+        # A fenced write in flight holds the lease row FOR SHARE: the reclaim waits.
+        gate.execute(
+            "SELECT 1 FROM execution_workspace_runtime_leases WHERE id = %s FOR SHARE",
+            [lease.id],
+        )
+        reclaimed = pool.submit(reclaim)
+        assert wait_for_lock_waiters(
+            1, until=reclaimed.done, holder=gate, table="execution_workspace_runtime_leases"
+        )
+        page = client.get(LEASES_BULK).content.decode()  # made while the reclaim waits
+        as_of = re.search(r'name="as_of" value="([^"]+)"', page)
+        assert as_of is not None
+        gate.rollback()
+        assert reclaimed.result(timeout=15) == "reclaimed"
+    client.post(
+        LEASES_BULK, {"reason": "host rebuilt", "seen": "1", "as_of": as_of.group(1)}, follow=True
+    )
+    kept = WorkspaceRuntimeLease.objects.get(execution_workspace=workspace)
+    assert kept.owner_key == f"issue:{issue.pk}"
+    assert not ActivityEvent.objects.filter(action="runtime_lease.force_released").exists()
