@@ -31,6 +31,7 @@ from paperclip.snapshots.history import (
     workspace_history,
     workspace_move,
 )
+from paperclip.snapshots.models import WorkspaceHeadMove
 from paperclip.snapshots.restore import MIN_NOTE_CHARS, workspace_restore
 from paperclip.snapshots.store.names import BlobStoreUnavailable, BlobUnreadable
 
@@ -78,6 +79,14 @@ def _url(name: str, workspace: ExecutionWorkspace, *args: Any) -> str:
 
 
 def _moves_shown(moves: list[Move], workspace: ExecutionWorkspace) -> list[dict[str, Any]]:
+    # The head is the newest move's tree: an older move to the same tree (the one a restore
+    # went back to) is not the head, and keeps its "Restore this version…".
+    newest = (
+        WorkspaceHeadMove.objects.filter(workspace_id=workspace.pk)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
     runs = {
         run.pk: run
         for run in HeartbeatRun.objects.filter(
@@ -88,7 +97,7 @@ def _moves_shown(moves: list[Move], workspace: ExecutionWorkspace) -> list[dict[
         {
             "move": move,
             "run": run_link(runs[move.run_id]) if move.run_id in runs else None,
-            "is_head": move.tree == workspace.head_tree,
+            "is_head": move.seq == newest and move.tree == workspace.head_tree,
             "diff_url": _url("move_diff", workspace, move.seq),
             "files_url": _url("move_files", workspace, move.seq),
             "restore_url": _url("move_restore", workspace, move.seq),

@@ -161,6 +161,12 @@ def test_restore_previews_requires_a_note_and_moves_the_head(company: Company) -
     assert ExecutionWorkspace.objects.get(pk=workspace.pk).head_tree == trees[0]
     move = WorkspaceHeadMove.objects.get(workspace_id=workspace.pk, seq=3)
     assert (move.kind, move.note) == ("restore", NOTE)
+    # Move 1 holds the head's tree again, but only the newest move is the head.
+    page = client.get(reverse("admin:paperclip_executionworkspace_change", args=[workspace.pk]))
+    text = page.content.decode()
+    assert text.count("(head)") == 1
+    assert ">3 (head)<" in text
+    assert _url("move_restore", workspace, 1) in text
 
 
 def test_restore_when_the_head_moved_meanwhile_changes_nothing(company: Company) -> None:
