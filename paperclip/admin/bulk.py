@@ -117,7 +117,10 @@ def _seen_by(queryset: QuerySet[Any], column: str, snapshot: str) -> QuerySet[An
     """The rows whose `column` transaction the snapshot saw committed (or that has none)."""
     name = connection.ops.quote_name(column)  # the action's own constant
     seen = RawSQL(  # noqa: S611 - a quoted constant column; the snapshot is a parameter
-        f"({name} IS NULL OR pg_visible_in_snapshot({name}::text::xid8, %s::pg_snapshot))",
+        f"({name} IS NULL OR pg_visible_in_snapshot({name}::text::xid8, %s::pg_snapshot)"
+        # the acting transaction's own writes (it is also the page's when one transaction
+        # serves both, as in tests)
+        f" OR {name} = pg_current_xact_id_if_assigned()::text::bigint)",
         [snapshot],
         output_field=BooleanField(),
     )

@@ -291,9 +291,10 @@ class BehindHeadFilter(admin.SimpleListFilter):
 def _retry_said(name: str, outcome: MaterializeRetry) -> str:
     """What "Retry materialization now" did to one workspace, in words."""
     if outcome.status == "deferred":
-        return (
-            f"{name}: job {outcome.job_id} deferred to write {short_tree(outcome.head)} "
+        return f"{name}: job {outcome.job_id} deferred to write {short_tree(outcome.head)} " + (
             f"over {short_tree(outcome.cwd_tree)}"
+            if outcome.cwd_tree is not None
+            else "over what the cwd holds (its tree unknown: compared with the disk)"
         )
     if outcome.status == "already_queued":
         return f"{name}: a materialization job was already waiting; it runs next"

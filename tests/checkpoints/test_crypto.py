@@ -156,6 +156,22 @@ def test_new_key_is_prepended_and_old_keys_still_decrypt(settings: Any) -> None:
     assert f"new primary key {ring.primary.key_id}" in out.getvalue()
 
 
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_deployment_with_no_checkpoint_yet_has_nothing_to_rotate(
+    settings: Any, dry_run: bool
+) -> None:
+    """A fresh deployment has no key file until its first checkpoint write: the rotation (its
+    dry run first, as the runbook says) answers 0 parts, not an error (found trying the
+    runbook as a new operator)."""
+    settings.PAPERCLIP_CHECKPOINT_KEYS = []
+    out = StringIO()
+    call_command("rotate_checkpoint_key", *(["--dry-run"] if dry_run else []), stdout=out)
+    assert "no checkpoint key yet" in out.getvalue()
+    assert "0 part(s) stored" in out.getvalue()
+    assert not key_file_path().exists()
+
 def test_new_key_refused_when_keys_come_from_settings() -> None:
     with pytest.raises(CommandError, match="PAPERCLIP_CHECKPOINT_KEYS"):
         call_command("rotate_checkpoint_key", "--new-key", stdout=StringIO())

@@ -8,6 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from checkpoints.crypto import KeyRing, KeyUnavailable, key_file_prepend_new_key, keyring
+from checkpoints.models import NativeRunnerCheckpoint
 from checkpoints.services import (
     checkpoint_key_rotate_batch,
     checkpoint_parts_remaining_under_old_keys,
@@ -46,6 +47,14 @@ class Command(BaseCommand):
             if options["dry_run"]:
                 raise CommandError("--new-key cannot be combined with --dry-run")
             self._new_key()
+        elif not NativeRunnerCheckpoint.objects.exists() and not _key_configured():
+            # A deployment no checkpoint was ever written to: no key yet (the key file is
+            # made at the first write), and nothing to re-encrypt.
+            self.stdout.write(
+                "no checkpoint key yet (made at the first checkpoint write); 0 part(s) stored:"
+                " nothing re-encrypted" + (" (dry run)" if options["dry_run"] else "")
+            )
+            return
         ring = _configured_keyring()
         primary = ring.primary.key_id
         remaining = checkpoint_parts_remaining_under_old_keys()
@@ -111,6 +120,18 @@ def _limits(options: dict[str, Any]) -> tuple[int, int]:
     if max_bytes < 1:
         raise CommandError("--max-batch-mib must be at least 1")
     return batch_size, max_bytes
+
+
+def _key_configured() -> bool:
+    """Whether a key is configured (a misconfiguration counts: `_configured_keyring` says
+    what is wrong with it)."""
+    try:
+        keyring(create=False)
+    except KeyUnavailable:
+        return False
+    except ImproperlyConfigured:
+        return True
+    return True
 
 
 def _configured_keyring() -> KeyRing:

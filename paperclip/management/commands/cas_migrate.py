@@ -88,7 +88,9 @@ class Command(BaseCommand):
 
         def progress(step: MigrateProgress) -> None:
             last[:] = [step]
-            self.stderr.write(_progress_line(step, totals, time.monotonic() - started), str)
+            self.stderr.write(
+                _progress_line(step, totals, time.monotonic() - started, dry_run=dry_run), str
+            )
 
         try:
             return cas_migrate(
@@ -198,14 +200,18 @@ def _mib(size: int) -> str:
     return f"{size / MIB:.1f}"
 
 
-def _progress_line(step: MigrateProgress, totals: MigrateTotals, seconds: float) -> str:
-    """`batch N: blobs done/total, MiB done/total (what became of them), rate, ETA`."""
+def _progress_line(
+    step: MigrateProgress, totals: MigrateTotals, seconds: float, *, dry_run: bool = False
+) -> str:
+    """`batch N: blobs done/total, MiB done/total (what became of them), rate, ETA` (a dry
+    run says what it would copy: it copies nothing)."""
     rate = step.bytes / seconds if seconds > 0 else 0.0
     left = max(totals.bytes - step.bytes, 0)
     eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
     return (
         f"batch {step.batch}: {step.blobs}/{totals.blobs} blobs, "
-        f"{_mib(step.bytes)}/{_mib(totals.bytes)} MiB (copied {step.copied}, already there "
+        f"{_mib(step.bytes)}/{_mib(totals.bytes)} MiB"
+        f" ({'would copy' if dry_run else 'copied'} {step.copied}, already there "
         f"{step.present}, gone {step.gone}, not copied {len(step.problems)}), "
         f"{rate / MIB:.1f} MiB/s, ETA {eta}"
     )

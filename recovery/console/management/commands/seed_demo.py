@@ -51,7 +51,7 @@ from recovery.services.copyback_guard import copyback_source_refusal
 
 
 class Command(BaseCommand):
-    help = "Create (or refresh) the demo company and print an admin login and two agent keys."
+    help = "Create (or refresh) the demo company and print an admin login and three agent keys."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
