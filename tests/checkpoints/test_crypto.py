@@ -156,7 +156,6 @@ def test_new_key_is_prepended_and_old_keys_still_decrypt(settings: Any) -> None:
     assert f"new primary key {ring.primary.key_id}" in out.getvalue()
 
 
-
 @pytest.mark.django_db
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_deployment_with_no_checkpoint_yet_has_nothing_to_rotate(
@@ -171,6 +170,7 @@ def test_a_deployment_with_no_checkpoint_yet_has_nothing_to_rotate(
     assert "no checkpoint key yet" in out.getvalue()
     assert "0 part(s) stored" in out.getvalue()
     assert not key_file_path().exists()
+
 
 def test_new_key_refused_when_keys_come_from_settings() -> None:
     with pytest.raises(CommandError, match="PAPERCLIP_CHECKPOINT_KEYS"):
