@@ -103,7 +103,8 @@ def runtime_lease_force_release(
             company_id=company_id,
             execution_workspace_id=execution_workspace_id,
             action="runtime_lease.force_released",
-            run_id=None,
+            # The evicted run's page shows it (its audit rows and timeline).
+            run_id=deleted.owner_run_id,
             details={**lease_details(deleted), "reason": reason},
         )
     return RuntimeLeaseRelease(released=True, owner_key=deleted.owner_key, lease=deleted)

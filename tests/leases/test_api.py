@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
 from leases.models import WorkspaceRuntimeLease
 from paperclip.models import ActivityEvent, Issue, WorkspaceOperation
 from tests.helpers import assert_error
-from tests.leases.factories import expire
+from tests.leases.factories import expire, running_run
 from tests.paperclip.factories import (
     AgentFactory,
     ExecutionWorkspaceFactory,
@@ -490,3 +491,20 @@ def test_a_board_claim_names_only_ids_of_the_workspace_company(
 def test_an_agent_sending_force_in_any_form_is_refused(agent_client, workspace, force):
     response = post(agent_client, workspace.pk, {"force": force}, "runtime-lease/release")
     assert_error(response, 403, "permission_denied")
+
+
+def test_a_force_release_is_on_the_evicted_runs_record(make_board_client: Any) -> None:
+    """The audit row named no run, so the evicted run's page showed nothing of its eviction
+    (found trying the console as a new operator)."""
+    run, held = running_run()
+    assert held is not None
+    board = make_board_client(run.company)
+    response = post(
+        board,
+        run.execution_workspace_id,
+        {"force": True, "reason": "host rebuilt"},
+        "runtime-lease/release",
+    )
+    assert response.json()["released"] is True
+    event = ActivityEvent.objects.get(action="runtime_lease.force_released")
+    assert event.run_id == run.pk
