@@ -360,6 +360,25 @@ def test_a_copy_of_the_workdir_made_with_hard_links_never_takes_its_watchers_ans
     assert line.startswith("watcher: 0 directories changed"), line
 
 
+def test_a_tracked_path_the_ignore_rules_match_is_read_by_the_full_scan(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """`a.log` is in the last tree, then `*.log` is ignored: it stays tracked (its deletion
+    is never published). The partial scan does not know every tracked path: a change in a
+    directory holding one means the full scan, which keeps it, changed."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"d/a.log": "first", "d/f": "f"})
+    watch(watchers, root)
+    settled(store, root)
+    (root / ".paperclipignore").write_text("*.log\n")
+    result, line = take(store, root)
+    assert line == "full scan: the ignore rules changed"
+    assert "d/a.log" in result.scan.entries
+    (root / "d" / "a.log").write_text("second, tracked")
+    result, line = take(store, root)
+    assert line == "full scan: d/a.log: tracked, and matched by .paperclipignore"
+    assert result.scan.entries["d/a.log"].digest == trees.blob_name(b"second, tracked")
+
 def test_one_watcher_per_workdir(tmp_path: Path, watchers: list[Watcher]) -> None:
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"f": "f"})

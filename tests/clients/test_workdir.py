@@ -232,6 +232,41 @@ def test_ignore_rules_and_the_state_directory(tmp_path: Path) -> None:
     ]
 
 
+
+@pytest.mark.parametrize("rule_from", ["local", "the_run", "the_head"])
+def test_ignore_rules_never_drop_a_path_the_workdir_checked_out(
+    tmp_path: Path, rule_from: str
+) -> None:
+    """A path the head holds is tracked: ignore rules leave it in the snapshot, as git ignores
+    no tracked file. Left out, the run's tree lacked a file its base had, and publishing
+    removed another run's committed `build/out.bin` from the head: with a local rule, with a
+    rule the run wrote, or with a head holding both the rule and the file (found in review,
+    shown failing first). An untracked ignored file stays out."""
+    store = FakeStore()
+    other = tmp_path / "other"
+    make(other, {"build/out.bin": "another run's work", "src/main.c": "c"})
+    head = take(store, other).tree
+    if rule_from == "the_head":  # another run adds the rule on top: the head holds both
+        (other / ".paperclipignore").write_text("build/\n*.log\n")
+        head = take(store, other).tree
+    agent = tmp_path / "agent"
+    check_out(store, agent, head)
+    if rule_from in ("local", "the_run"):
+        (agent / ".paperclipignore").write_text("build/\n*.log\n")
+    (agent / "build" / "new.log").write_text("untracked and ignored")
+    (agent / "scratch.log").write_text("untracked and ignored")
+    (agent / "src" / "main.c").write_text("the run's change")
+    snapshot = take(store, agent)
+    files = sorted(p for p, e in snapshot.scan.entries.items() if e.type == "file")
+    assert "build/out.bin" in files
+    assert "build/new.log" not in files
+    assert "scratch.log" not in files
+    assert snapshot.scan.entries["build/out.bin"].digest == trees.blob_name(b"another run's work")
+    # The same with the watcher's partial scan's state: a rule matching a tracked path there
+    # means the full scan (which alone knows every tracked path).
+    again = take(store, agent)
+    assert again.tree == snapshot.tree
+
 def test_symlinks_are_recorded_never_followed_and_escaping_ones_left_out(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     make(outside, {"secret": "s"})

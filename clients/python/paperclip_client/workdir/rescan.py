@@ -34,6 +34,7 @@ from paperclip_client.workdir.index import (
     state_path,
 )
 from paperclip_client.workdir.scanning import (
+    IGNORE_FILE,
     Scan,
     _collect,
     collect_named,
@@ -243,10 +244,22 @@ class Partial:
         except (ValueError, KeyError, TypeError) as exc:
             raise Fallback(f"{DIRS} could not be read") from exc
 
+    def _refuse_ignored(self, directory: str, old: Mapping[str, Raw]) -> None:
+        """A path the last tree holds that the ignore rules match is not ignored (it is
+        tracked: left out, the snapshot would publish its deletion); the full scan knows
+        every tracked path, this partial one does not: it gives way."""
+        if self.spec is None:
+            return
+        for name, entry in old.items():
+            path = _join(directory, name)
+            if self.spec.match_file(path + "/" if entry["type"] == "dir" else path):
+                raise Fallback(f"{path}: tracked, and matched by {IGNORE_FILE}")
+
     def _relist(self, directory: str) -> None:
         """List `directory` and `lstat` its entries again; a directory that is new there, or
         that the watcher says was made or moved in, is read whole."""
         old = self._old(directory)
+        self._refuse_ignored(directory, old)
         for name, entry in old.items():
             if entry["type"] == "file":
                 self.stats.pop(_join(directory, name), None)
@@ -275,6 +288,7 @@ class Partial:
         """Look at the entries `names` of `directory` again, as `_relist` would (a directory
         among them that is new there, or made or moved in, is read whole)."""
         kids = self._old(directory)
+        self._refuse_ignored(directory, {n: kids[n] for n in names if n in kids})
         found: dict[str, tuple[str, os.stat_result | str]] = {}
         keep: set[str] = set()
         for name in sorted(names):

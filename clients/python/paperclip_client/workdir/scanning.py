@@ -10,12 +10,15 @@ import stat
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pathspec
 
 from paperclip_client.trees import (
     Entry,
+    TreeError,
     blob_name,
+    decode_dir,
     encode_dir,
     name_ok,
     symlink_escapes,
@@ -27,6 +30,7 @@ from paperclip_client.workdir.index import (
     Rows,
     Stat,
     gc_paused,
+    load_dirs,
 )
 from paperclip_client.workdir.transfer import Say
 
@@ -73,6 +77,65 @@ def load_ignore(workdir: Path) -> pathspec.GitIgnoreSpec | None:
     except OSError:
         return None
     return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+class Ignore(Protocol):
+    def match_file(self, file: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedIgnore:
+    """The ignore rules for untracked paths only: a path the last-held tree holds (a
+    directory above one too) is never ignored, as git ignores no tracked file. Left out of
+    the snapshot, it would read as deleted by the run, and publishing would drop another
+    run's committed file from the head."""
+
+    spec: pathspec.GitIgnoreSpec
+    tracked: frozenset[str]  # every path of the last-held tree, directories included
+
+    def match_file(self, file: str) -> bool:
+        path = file[:-1] if file.endswith("/") else file
+        return path not in self.tracked and self.spec.match_file(file)
+
+
+def tracked_paths(workdir: Path, index: Index | None) -> frozenset[str]:
+    """Every path of the tree the workdir last held (its directory blobs from `dirs.json`;
+    the stat cache's files and the directories above them besides, should a blob be
+    missing there)."""
+    if index is None or index.tree is None:
+        return frozenset()
+    blobs = load_dirs(workdir)
+    paths: set[str] = set()
+    level = [("", index.tree)]
+    while level:
+        below: list[tuple[str, str]] = []
+        for path, digest in level:
+            data = blobs.get(digest)
+            if data is None or blob_name(data) != digest:
+                continue
+            try:
+                entries = decode_dir(data, path)
+            except TreeError:
+                continue
+            for entry in entries:
+                where = f"{path}/{entry.name}" if path else entry.name
+                paths.add(where)
+                if entry.type == "dir" and entry.digest is not None:
+                    below.append((where, entry.digest))
+        level = below
+    if not index.rows.unreadable:
+        for file in index.files:
+            parts = file.split("/")
+            paths.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+    return frozenset(paths)
+
+
+def scan_ignore(workdir: Path, index: Index | None) -> Ignore | None:
+    """The workdir's ignore rules as a scan applies them (`TrackedIgnore`)."""
+    spec = load_ignore(workdir)
+    if spec is None or index is None or index.tree is None:
+        return spec
+    return TrackedIgnore(spec, tracked_paths(workdir, index))
 
 
 def chunking(size: int, max_blob_bytes: int) -> list[tuple[int, int]]:
@@ -127,7 +190,7 @@ def scan(
 
 
 def _scan(workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say) -> Scan:
-    spec = load_ignore(workdir)
+    spec = scan_ignore(workdir, index)
     found: dict[str, tuple[str, os.stat_result | str]] = {}  # path -> (kind, stat or target)
     _collect(workdir, "", spec, found, warn, depth=0)
     kept, left_out = keep_links({p: str(v[1]) for p, v in found.items() if v[0] == "symlink"})
@@ -245,7 +308,7 @@ def _hash_path(
 def _collect(
     root: Path,
     rel: str,
-    spec: pathspec.GitIgnoreSpec | None,
+    spec: Ignore | None,
     found: dict[str, tuple[str, os.stat_result | str]],
     warn: Say,
     depth: int,
@@ -270,7 +333,7 @@ def collect_named(
     root: Path,
     rel: str,
     name: str,
-    spec: pathspec.GitIgnoreSpec | None,
+    spec: Ignore | None,
     found: dict[str, tuple[str, os.stat_result | str]],
     warn: Say,
     keep: Container[str] = (),
@@ -304,7 +367,7 @@ def _collect_entry(
     rel: str,
     name: str,
     info: os.stat_result,
-    spec: pathspec.GitIgnoreSpec | None,
+    spec: Ignore | None,
     found: dict[str, tuple[str, os.stat_result | str]],
     warn: Say,
     depth: int,
