@@ -379,6 +379,7 @@ def test_a_tracked_path_the_ignore_rules_match_is_read_by_the_full_scan(
     assert line == "full scan: d/a.log: tracked, and matched by .paperclipignore"
     assert result.scan.entries["d/a.log"].digest == trees.blob_name(b"second, tracked")
 
+
 def test_one_watcher_per_workdir(tmp_path: Path, watchers: list[Watcher]) -> None:
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"f": "f"})

@@ -232,7 +232,6 @@ def test_ignore_rules_and_the_state_directory(tmp_path: Path) -> None:
     ]
 
 
-
 @pytest.mark.parametrize("rule_from", ["local", "the_run", "the_head"])
 def test_ignore_rules_never_drop_a_path_the_workdir_checked_out(
     tmp_path: Path, rule_from: str
@@ -266,6 +265,7 @@ def test_ignore_rules_never_drop_a_path_the_workdir_checked_out(
     # means the full scan (which alone knows every tracked path).
     again = take(store, agent)
     assert again.tree == snapshot.tree
+
 
 def test_symlinks_are_recorded_never_followed_and_escaping_ones_left_out(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
