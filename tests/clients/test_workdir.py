@@ -267,6 +267,19 @@ def test_ignore_rules_never_drop_a_path_the_workdir_checked_out(
     assert again.tree == snapshot.tree
 
 
+def test_symlinks_that_loop_are_left_out_so_the_snapshot_registers(tmp_path: Path) -> None:
+    """`a -> b`, `b -> a` were kept (the client followed only the links inside a target),
+    and the server refused the whole tree (`symlink_loop`): none of the run's work was
+    registered (found in review, shown failing first)."""
+    root = tmp_path / "w"
+    make(root, {"f": "work"}, links={"a": "b", "b": "a", "c": "f", "d": "c"})
+    warnings: list[str] = []
+    result = take(FakeStore(), root, warnings)
+    assert sorted(result.scan.entries) == ["c", "d", "f"]
+    assert sorted(w.split(":")[0] for w in warnings) == ["a", "b"]
+    server_trees.check_symlinks(dict(result.scan.entries))  # raises TreeInvalid on a loop
+
+
 def test_symlinks_are_recorded_never_followed_and_escaping_ones_left_out(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     make(outside, {"secret": "s"})

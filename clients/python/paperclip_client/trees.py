@@ -183,11 +183,18 @@ def _entry(raw: object, path: str) -> Entry:
 
 
 def symlink_escapes(entries: Mapping[str, Entry], path: str) -> bool:
-    """Whether the symlink at `path` resolves outside the tree: lexically, or through the
-    tree's own symlinks (the server's rule)."""
+    """Whether the symlink at `path` resolves outside the tree (lexically, or through the
+    tree's own symlinks) or into a loop of them, its last component followed too (a -> b,
+    b -> a): the server's rules, which refuse such a tree whole."""
     entry = entries[path]
     try:
-        _resolve(entries, path.rpartition("/")[0], entry.target, hops=0)
+        resolved = _resolve(entries, path.rpartition("/")[0], entry.target, hops=0)
+        hops = 0
+        while (last := entries.get(resolved)) is not None and last.type == "symlink":
+            hops += 1
+            if hops > MAX_SYMLINK_HOPS:
+                raise TreeError(path, "symlink_loop")
+            resolved = _resolve(entries, resolved.rpartition("/")[0], last.target, hops)
     except TreeError:
         return True
     return False

@@ -345,7 +345,7 @@ class Partial:
         directory that holds it when that changed."""
         kept, left_out = keep_links({**self.links, **self.left_out})
         for path, target in left_out.items():
-            self.warn(f"{path}: symlink to {target!r} leaves the workdir; left out")
+            self.warn(f"{path}: symlink to {target!r} leaves the workdir or loops; left out")
         before = self.state.links
         for path in [*kept, *left_out]:
             directory, _, name = path.rpartition("/")

@@ -195,7 +195,7 @@ def _scan(workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say)
     _collect(workdir, "", spec, found, warn, depth=0)
     kept, left_out = keep_links({p: str(v[1]) for p, v in found.items() if v[0] == "symlink"})
     for p, target in left_out.items():
-        warn(f"{p}: symlink to {target!r} leaves the workdir; left out")
+        warn(f"{p}: symlink to {target!r} leaves the workdir or loops; left out")
         del found[p]
     result = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
     read_found(workdir, found, result, index, max_blob_bytes)
