@@ -59,6 +59,7 @@ from paperclip.snapshots.store.backends import blob_file
 from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
 from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import (
+    RESERVED_ROOT_NAMES,
     Entry,
     TreeInvalid,
     build,
@@ -279,6 +280,26 @@ def _count_merged(company_id: UUID, merged: str, head: str) -> None:
         tree_counts_record(company_id=company_id, tree=merged, counts=found[0])
 
 
+def _cwd_filled_since_adoption(company_id: UUID, workspace_id: UUID) -> bool:
+    """Under the workspace row's lock (a copy-back's commit takes it too): whether the cwd
+    of a workspace that still has no head holds anything now. The publish adopted it empty;
+    a legacy copy-back that committed since wrote its files there, in no tree, and a first
+    head moved over them would have the next materialization remove them."""
+    cwd = (
+        ExecutionWorkspace.objects.select_for_update(no_key=True)
+        .filter(pk=workspace_id, company_id=company_id, head_tree__isnull=True)
+        .values_list("cwd", flat=True)
+        .first()
+    )
+    if not cwd:
+        return False
+    try:
+        names = os.listdir(cwd)
+    except OSError:
+        return False
+    return any(name not in RESERVED_ROOT_NAMES for name in names)
+
+
 def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> bool:
     """Move the head to `plan.new_head` if it still is `plan.expected_head` (HeadMoved
     otherwise); defers the materialization when the workspace has a cwd. Returns whether the
@@ -294,6 +315,8 @@ def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> 
         ):
             raise HeadMoved
         return False
+    if plan.expected_head is None and _cwd_filled_since_adoption(company_id, plan.workspace_id):
+        raise HeadMoved  # planned again, after adopting what the cwd holds now
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE execution_workspaces SET head_tree = %s, head_run_id = %s,"

@@ -65,13 +65,15 @@ def publish_owned(
                 "snapshot_binding_missing", "The run's snapshot or workspace is gone."
             )
         decision = mode if isinstance(mode, ConflictDecision) else None
-        if decision is None or decision.resolution != "discard":
-            try:
-                workspace_cwd_adopt(company_id=company_id, workspace_id=workspace_id)
-            except CwdUnadoptable as exc:
-                raise PublishError(exc.code, str(exc)) from exc
         for _ in range(MAX_HEAD_RACES):
             ownership.assert_held()
+            if decision is None or decision.resolution != "discard":
+                # Each round (a no-op once there is a head): a cwd filled since the last
+                # round (a legacy copy-back committing) is adopted before the head moves.
+                try:
+                    workspace_cwd_adopt(company_id=company_id, workspace_id=workspace_id)
+                except CwdUnadoptable as exc:
+                    raise PublishError(exc.code, str(exc)) from exc
             if decision is not None and decision.resolution != "discard":
                 # The board's merge, against the head it decided on and then the head of now.
                 plan = resolution_plan(

@@ -22,10 +22,12 @@ from paperclip.models import (
     WorkspaceOperation,
 )
 from paperclip.snapshots.head import workspace_materialize
+from paperclip.snapshots.models import WorkspaceHeadMove
 from recovery.adapters import copyback as copyback_module
 from recovery.models import IssueRecoveryAction
 from recovery.services import Acquired, run_finalize
 from recovery.services.finalization import finalize as finalize_module
+from recovery.services.finalization import publish as publish_module
 from tests.recovery.conflicts import in_workspace
 from tests.recovery.factories import make_binding
 
@@ -84,3 +86,46 @@ def test_a_head_published_during_a_copy_back_holds_the_copy_back_for_the_board(
         heartbeat_run_id=c.run.pk, phase=WorkspaceOperation.PHASE_WORKSPACE_FINALIZE
     )
     assert list(operations.values_list("status", flat=True)) == ["failed"]
+
+
+def test_a_copy_back_committed_after_a_first_publish_adopted_the_cwd_is_adopted_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: S's first publish adopts the cwd (empty), then C copies back and
+    commits (no head yet), then S moves the empty head to its tree: C's committed files were
+    in no tree, and the next materialization removed them. The first head now moves only over
+    a cwd still empty under the workspace row's lock (C's commit takes it too); else S adopts
+    the cwd again and merges with it (found in review, shown failing first)."""
+    c = make_binding(tmp_path=tmp_path)
+    assert c.dest_dir is not None
+    (c.source_dir / "c_work.txt").write_text("C's work\n")
+    s = in_workspace(c, {"s.txt": b"S\n"}, base=None)
+    real_adopt = publish_module.workspace_cwd_adopt
+    done: dict[str, Any] = {}
+
+    def adopt_then_copy_back_commits(**kwargs: Any) -> Any:
+        adopted = real_adopt(**kwargs)
+        if "c" not in done:  # right after S's first look at the cwd, C finalizes
+
+            def other() -> None:
+                try:
+                    done["c"] = run_finalize(company_id=c.company.pk, run_id=c.run.pk)
+                finally:
+                    connection.close()
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+        return adopted
+
+    monkeypatch.setattr(publish_module, "workspace_cwd_adopt", adopt_then_copy_back_commits)
+    outcome = run_finalize(company_id=s.company.pk, run_id=s.run.pk)
+    assert isinstance(outcome, Acquired)
+    assert outcome.value.status == "committed"
+    assert isinstance(done["c"], Acquired)
+    assert done["c"].value.status == "committed"
+    workspace_materialize(workspace_id=c.workspace.pk)
+    assert (c.dest_dir / "c_work.txt").read_text() == "C's work\n"
+    assert (c.dest_dir / "s.txt").read_bytes() == b"S\n"
+    moves = WorkspaceHeadMove.objects.filter(workspace_id=c.workspace.pk).order_by("seq")
+    assert [move.kind for move in moves] == ["adoption", "merge"]  # S merged with C's files
