@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -119,3 +120,14 @@ def gunicorn_url(
         yield server.base_url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def clis() -> Iterator[list[Any]]:
+    """The `paperclip-agent run` processes a test starts (`tests.clients.test_cli_live.Cli`,
+    appended as started): any still running at the end is killed."""
+    started: list[Any] = []
+    yield started
+    for cli in started:
+        if cli.proc.poll() is None:
+            cli.kill()

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -28,15 +27,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("cli_faults"),  # a gunicorn of its own, beside the live tests
 ]
-
-
-@pytest.fixture
-def clis() -> Iterator[list[Cli]]:
-    started: list[Cli] = []
-    yield started
-    for cli in started:
-        if cli.proc.poll() is None:
-            cli.kill()
 
 
 def _group(pgid: int) -> list[int]:

@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -139,15 +138,6 @@ class Cli:
             os.killpg(self.proc.pid, signal.SIGCONT)
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-
-
-@pytest.fixture
-def clis() -> Iterator[list[Cli]]:
-    started: list[Cli] = []
-    yield started
-    for cli in started:
-        if cli.proc.poll() is None:
-            cli.kill()
 
 
 def kill_group(pid: int) -> None:

@@ -23,7 +23,6 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -81,15 +80,6 @@ def private_mounts(tmp_path: Path) -> None:
     if done.returncode != 0:
         unavailable(f"a private tmpfs mount was refused: {done.stderr.strip()}")
     assert list(probe.iterdir()) == []  # the file went to the private tmpfs, not here
-
-
-@pytest.fixture
-def clis() -> Iterator[list[Cli]]:
-    started: list[Cli] = []
-    yield started
-    for cli in started:
-        if cli.proc.poll() is None:
-            cli.kill()
 
 
 def private_cli(url: str, world: World, workdir: Path, *command: str) -> Cli:
