@@ -280,17 +280,12 @@ def _count_merged(company_id: UUID, merged: str, head: str) -> None:
         tree_counts_record(company_id=company_id, tree=merged, counts=found[0])
 
 
-def _cwd_filled_since_adoption(company_id: UUID, workspace_id: UUID) -> bool:
-    """Under the workspace row's lock (a copy-back's commit takes it too): whether the cwd
-    of a workspace that still has no head holds anything now. The publish adopted it empty;
-    a legacy copy-back that committed since wrote its files there, in no tree, and a first
-    head moved over them would have the next materialization remove them."""
-    cwd = (
-        ExecutionWorkspace.objects.select_for_update(no_key=True)
-        .filter(pk=workspace_id, company_id=company_id, head_tree__isnull=True)
-        .values_list("cwd", flat=True)
-        .first()
-    )
+def _cwd_filled(cwd: str | None) -> bool:
+    """Whether the cwd holds anything (the agent CLI's state directory aside). Asked under
+    the workspace row's lock (a copy-back's commit takes it too) when a first head moves:
+    the publish adopted the cwd empty, and a legacy copy-back that committed since wrote its
+    files there, in no tree; a first head moved over them would have the next
+    materialization remove them."""
     if not cwd:
         return False
     try:
@@ -315,8 +310,6 @@ def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> 
         ):
             raise HeadMoved
         return False
-    if plan.expected_head is None and _cwd_filled_since_adoption(company_id, plan.workspace_id):
-        raise HeadMoved  # planned again, after adopting what the cwd holds now
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE execution_workspaces SET head_tree = %s, head_run_id = %s,"
@@ -327,6 +320,10 @@ def head_publish_in_tx(*, company_id: UUID, run_id: UUID, plan: PublishPlan) -> 
         )
         row = cursor.fetchone()
     if row is None:
+        raise HeadMoved
+    if plan.expected_head is None and _cwd_filled(row[0]):
+        # The row is locked now: planned again (the transaction rolls back), after adopting
+        # what the cwd holds.
         raise HeadMoved
     activity_record(
         company_id=company_id,
