@@ -34,6 +34,23 @@ from tests.recovery.factories import make_binding
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _finalized_elsewhere(binding: Any) -> Any:
+    """`run_finalize` of the binding's run on another thread, so on another connection (as
+    a second worker would), waited for: its outcome."""
+    outcome: list[Any] = []
+
+    def other() -> None:
+        try:
+            outcome.append(run_finalize(company_id=binding.company.pk, run_id=binding.run.pk))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    return outcome[0]
+
+
 def test_a_head_published_during_a_copy_back_holds_the_copy_back_for_the_board(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -48,15 +65,7 @@ def test_a_head_published_during_a_copy_back_holds_the_copy_back_for_the_board(
         def copy_back(self, **kwargs: Any) -> Any:
             # While C copies (its guard passed: no head yet), S finalizes on another
             # connection and publishes the workspace's first head.
-            def other() -> None:
-                try:
-                    published["s"] = run_finalize(company_id=s.company.pk, run_id=s.run.pk)
-                finally:
-                    connection.close()
-
-            thread = threading.Thread(target=other)
-            thread.start()
-            thread.join()
+            published["s"] = _finalized_elsewhere(s)
             return real.copy_back(**kwargs)
 
     monkeypatch.setattr(finalize_module, "copyback_backend", lambda: PublishedMeanwhile())
@@ -106,16 +115,7 @@ def test_a_copy_back_committed_after_a_first_publish_adopted_the_cwd_is_adopted_
     def adopt_then_copy_back_commits(**kwargs: Any) -> Any:
         adopted = real_adopt(**kwargs)
         if "c" not in done:  # right after S's first look at the cwd, C finalizes
-
-            def other() -> None:
-                try:
-                    done["c"] = run_finalize(company_id=c.company.pk, run_id=c.run.pk)
-                finally:
-                    connection.close()
-
-            thread = threading.Thread(target=other)
-            thread.start()
-            thread.join()
+            done["c"] = _finalized_elsewhere(c)
         return adopted
 
     monkeypatch.setattr(publish_module, "workspace_cwd_adopt", adopt_then_copy_back_commits)
