@@ -7,6 +7,7 @@ from uuid import UUID
 
 from procrastinate.contrib.django import app
 
+from paperclip.db.notify import FINALIZATION_CHANNEL, notify
 from paperclip.snapshots.behind import MATERIALIZE_TASK
 from paperclip.snapshots.head import materializations_reconcile, workspace_materialize
 from paperclip.worker.schedule import maintenance_task
@@ -37,6 +38,9 @@ def finalize_run(company_id: str, run_id: str, explicit: bool = False) -> str:
         return f"not finalizable: {exc.code}"
     except FinalizationOwnershipLost as exc:
         return f"ownership lost mid-way ({exc.reason}); nothing was committed"
+    finally:
+        # However the attempt ended, a request waiting for it (`?wait=`) reads it now.
+        notify(FINALIZATION_CHANNEL, run_id)
     if isinstance(outcome, NotAcquired):
         return f"not acquired: {outcome.reason}"
     value = outcome.value

@@ -17,12 +17,16 @@ from procrastinate.contrib.django.models import ProcrastinateWorker
 
 from paperclip.db.advisory import advisory_lock_held
 from paperclip.db.clock import db_now
+from paperclip.db.notify import FINALIZATION_CHANNEL, listening
 from paperclip.models import HeartbeatRun, NativeRunFinalization
 from paperclip.receipts import raw_owner
 from paperclip.worker.jobs import PendingJob, job_status, pending_jobs
 from recovery.locks import finalization_lock_key, finalization_queueing_lock
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, WAITING_PHASES
+
+AWAIT_POLL_FIRST = 0.05  # seconds before the second read when no notification comes
+AWAIT_POLL_MAX = 0.5  # and the longest interval between reads, growing from the first
 
 FinalizationStateName = Literal[
     "none", "waiting", "queued", "running", "retry_scheduled", "held", "failed", "committed"
@@ -136,22 +140,26 @@ def finalization_await(
     """Wait up to `timeout` seconds for the attempt of job `job_id` to end (`?wait=`): return as
     soon as the run is committed, or once that job ended (following the job it left waiting,
     if any) and the run is held, failed or scheduled for a retry; otherwise the state when the
-    time ran out. Polls with a growing interval (50 ms up to 500 ms); reads only."""
+    time ran out. Reads only. Woken when the worker's finalization job for the run ends (a
+    notification, `paperclip.db.notify`); between those, it reads the state again at a
+    growing interval (`AWAIT_POLL_FIRST` up to `AWAIT_POLL_MAX` seconds), which is all it has when a
+    commit is made elsewhere or a notification is lost."""
     deadline = time.monotonic() + timeout
-    interval = 0.05
-    while True:
-        run = HeartbeatRun.objects.get(pk=run_id, company_id=company_id)
-        current = finalization_state(run)
-        if current.state == "committed":
-            return current
-        if job_id is None or job_status(job_id) not in ("todo", "doing"):
-            if current.state in ("held", "failed", "retry_scheduled"):
+    interval = AWAIT_POLL_FIRST
+    with listening(FINALIZATION_CHANNEL) as wait:
+        while True:
+            run = HeartbeatRun.objects.get(pk=run_id, company_id=company_id)
+            current = finalization_state(run)
+            if current.state == "committed":
                 return current
-            # The attempt ended without an answer (another owner is at work, or it left a
-            # follow-up job): follow whatever job carries the run on.
-            job_id = current.job.id if current.job is not None else None
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return current
-        time.sleep(min(interval, remaining))
-        interval = min(interval * 1.5, 0.5)
+            if job_id is None or job_status(job_id) not in ("todo", "doing"):
+                if current.state in ("held", "failed", "retry_scheduled"):
+                    return current
+                # The attempt ended without an answer (another owner is at work, or it left
+                # a follow-up job): follow whatever job carries the run on.
+                job_id = current.job.id if current.job is not None else None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return current
+            wait(min(interval, remaining), str(run_id))
+            interval = min(interval * 1.5, max(AWAIT_POLL_MAX, AWAIT_POLL_FIRST))
