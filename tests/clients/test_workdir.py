@@ -491,6 +491,36 @@ def test_upload_sends_only_what_the_store_lacks(tmp_path: Path) -> None:
     assert second.uploaded == 5 + len(second.scan.dirs[second.tree])
 
 
+def test_a_small_change_is_split_into_one_batch_per_transfer_thread(tmp_path: Path) -> None:
+    """Under the store's batch limits, a change is still sent as about `threads` batches
+    (each at least SPLIT_MIN_BYTES or SPLIT_MIN_BLOBS), so that the server checks and stores
+    it in several workers at once; a tiny one stays one batch."""
+    from paperclip_client.workdir import uploading
+
+    class Counting(FakeStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list[int] = []
+
+        def put_batch(self, frames: Sequence[workdir.BatchFrame]) -> None:
+            self.batches.append(len(frames))
+            super().put_batch(frames)
+
+    root = tmp_path / "w"
+    make(root, {f"d{i % 4}/f{i}": f"{i:06d}".encode() * 500 for i in range(400)})  # 3 KB each
+    store = Counting()
+    workdir.snapshot(store, root, say=lambda _: None, warn=lambda _: None, threads=4)
+    assert sum(store.batches) == 405  # 400 files, 4 directories and the root
+    # about 4: the greedy packing may leave a small fifth for the last few blobs
+    assert 4 <= len(store.batches) <= 5, store.batches
+    assert max(store.batches) <= -(-405 // 4), store.batches
+    assert uploading.SPLIT_MIN_BLOBS <= -(-405 // 4)  # so the count limit is the quarter
+    (root / "d0" / "new").write_bytes(b"one more")
+    store.batches.clear()
+    workdir.snapshot(store, root, say=lambda _: None, warn=lambda _: None, threads=4)
+    assert store.batches == [3]  # the file, d0 and the root: one batch
+
+
 def test_a_file_changed_during_the_upload_is_scanned_again(tmp_path: Path) -> None:
     """The upload streams files without hashing them again: the store's check catches a
     file that changed since the scan, and the snapshot scans again."""

@@ -38,6 +38,11 @@ from paperclip_client.workdir.transfer import (
     run_parallel,
 )
 
+# A batch split off a small change holds at least this much (fewer, larger requests below).
+SPLIT_MIN_BYTES = 256 * 1024
+SPLIT_MIN_BLOBS = 64
+FRAME_OVERHEAD = 24  # a batch frame's bytes besides its name and content
+
 # --- uploading -------------------------------------------------------------------------------
 
 
@@ -73,6 +78,12 @@ def upload(
     total = sum(len(found.dirs[n]) if n in found.dirs else found.sources[n][2] for n in missing)
     progress = Progress(say, "upload", total)
     small_limit = min(SMALL_BLOB, limits.max_batch_bytes // 4)
+    # A change smaller than `threads` full batches is split into about `threads` batches: in
+    # one, the server would check and store all of it in one worker while the others idle.
+    ways = max(1, threads)
+    framed_total = total + sum(len(n) + FRAME_OVERHEAD for n in missing)
+    batch_bytes = min(limits.max_batch_bytes, max(SPLIT_MIN_BYTES, -(-framed_total // ways)))
+    batch_blobs = min(limits.max_batch_blobs, max(SPLIT_MIN_BLOBS, -(-len(missing) // ways)))
 
     def batch(frames: list[BatchFrame]) -> Callable[[], None]:
         def send() -> None:
@@ -96,11 +107,8 @@ def upload(
             if frame.size > small_limit:
                 yield large(name, frame.size)
                 continue
-            framed = len(name) + 24 + frame.size
-            if frames and (
-                frame_bytes + framed > limits.max_batch_bytes
-                or len(frames) >= limits.max_batch_blobs
-            ):
+            framed = len(name) + FRAME_OVERHEAD + frame.size
+            if frames and (frame_bytes + framed > batch_bytes or len(frames) >= batch_blobs):
                 yield batch(frames)
                 frames, frame_bytes = [], 0
             frames.append(frame)
