@@ -123,6 +123,8 @@ def _shares(
     and the directories above them that this process makes first (`_make_directories`);
     none when the change is smaller than `processes.min_files` files."""
     files = _file_counts(work)
+    if files.get("", 0) < processes.min_files:  # the whole change: not worth the children
+        return [], []
     units, expanded = _split(work, files, processes.count)
     if sum(files[path] for path in units) < processes.min_files:
         return [], []
@@ -152,15 +154,17 @@ def _shares(
 
 
 def _file_counts(work: Materializer) -> dict[str, int]:
-    """The files to write at and below each directory of the target that needs work (one
-    the previous tree held alike is not counted: it is not entered)."""
+    """The files to write at and below each directory of the target that needs work: a file
+    or a directory the previous tree held alike is not counted (its file is only compared
+    with the disk; that directory is not entered)."""
     counts: dict[str, int] = {}
+    previous = work.previous
     for path in sorted(work.children, key=lambda p: p.count("/") + bool(p), reverse=True):
         total = 0
         for name, entry in work.children[path].items():
             where = join_path(path, name)
             if entry.type == "file":
-                total += 1
+                total += previous is None or not entry.same_as(previous.get(where))
             elif entry.type == "dir" and not _same(work.previous, where, entry):
                 total += counts.get(where, 0)
         counts[path] = total

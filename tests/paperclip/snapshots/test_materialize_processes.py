@@ -219,3 +219,38 @@ def test_a_small_change_stays_in_one_process(tmp_path: Path) -> None:
     )
     assert len(store.opened) == 60  # every blob read here, none by a child
     assert read_tree(str(tmp_path / "dest")) == target
+
+
+def test_files_the_previous_tree_held_alike_do_not_count_toward_the_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later change of a few files in large directories is a small change: the files of
+    those directories that did not change are only compared with the disk, so they neither
+    count toward `min_files` nor make this process work out how to deal the directories."""
+    from paperclip.snapshots import processes
+
+    store = FileStore(tmp_path / "store")
+    before = make_tree(layout(per=20), store)
+    destination = tmp_path / "dest"
+    materialize(destination=str(destination), target=before, previous=None, open_blob=store.open)
+    changed = layout(per=20)
+    for top in range(6):  # one file in each top-level directory: 6 to write of 240
+        changed[f"top{top}/sub0/f0"] = b"changed %d" % top
+    after = make_tree(changed, store)
+    dealt: list[object] = []
+    split_dirs = processes._split
+    monkeypatch.setattr(
+        processes,
+        "_split",
+        lambda *a: dealt.append(a) or split_dirs(*a),  # type: ignore[func-returns-value]
+    )
+    split = Processes(count=2, blob_file=store.file, min_files=100)
+    report = materialize(
+        destination=str(destination),
+        target=after,
+        previous=before,
+        open_blob=store.open,
+        split=split,
+    )
+    assert (report.written, dealt) == (6, [])
+    assert read_tree(str(destination)) == after
