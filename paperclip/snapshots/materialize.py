@@ -121,14 +121,19 @@ def materialize(
 
 
 def _children(target: Mapping[str, Entry]) -> dict[str, dict[str, Entry]]:
-    """The target's entries by parent path and name, after checking it is a tree."""
+    """The target's entries by parent path and name, after checking it is a tree. Each
+    path's own name is checked, and its parent must be a directory of the target: so every
+    component of every path is checked once, as the name of its own entry."""
     children: dict[str, dict[str, Entry]] = {}
     for path, entry in target.items():
-        if not isinstance(path, str) or any(name_problem(p) for p in path.split("/")):
+        if not isinstance(path, str):
             raise TreeInvalid(str(path), "bad_name")
         parent, _, name = path.rpartition("/")
+        if name_problem(name) or (not parent and path != name):  # "/name" has an empty one
+            raise TreeInvalid(path, "bad_name")
         if parent and (parent not in target or target[parent].type != "dir"):
-            raise TreeInvalid(path, "not_a_directory")
+            bad = any(name_problem(p) for p in parent.split("/"))
+            raise TreeInvalid(path, "bad_name" if bad else "not_a_directory")
         _check_entry(path, entry)
         children.setdefault(parent, {})[name] = entry
     check_symlinks(target)

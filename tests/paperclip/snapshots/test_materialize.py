@@ -426,6 +426,17 @@ def test_a_blob_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
         ({"..": Entry("..", "dir", mode=0o755)}, "bad_name"),
         ({"a/../b": Entry("b", "file", mode=0o644, digest=blob_name(b""))}, "bad_name"),
         ({"/etc": Entry("etc", "dir", mode=0o755)}, "bad_name"),
+        ({"a": Entry("a", "dir", mode=0o755), "a/": Entry("", "dir", mode=0o755)}, "bad_name"),
+        (
+            {"a": Entry("a", "dir", mode=0o755)}
+            | {"a//b": Entry("b", "file", mode=0o644, digest=blob_name(b""))},
+            "bad_name",
+        ),
+        (
+            {"a": Entry("a", "dir", mode=0o755), "a/.": Entry(".", "dir", mode=0o755)}
+            | {"a/./b": Entry("b", "file", mode=0o644, digest=blob_name(b""))},
+            "bad_name",
+        ),
         (
             {"a": Entry("a", "file", mode=0o644, digest=blob_name(b""))}
             | {"a/b": Entry("b", "file", mode=0o644, digest=blob_name(b""))},
