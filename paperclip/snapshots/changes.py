@@ -21,11 +21,26 @@ from paperclip.snapshots.trees import (
     checked_entry,
     claim_size,
     decode_dir,
+    decode_known_dir,
     entry_pieces,
     join_path,
     known_entries,
     stored_dir,
 )
+
+
+def decode_known_pair(
+    now: bytes, then: bytes, path: str
+) -> tuple[tuple[Entry, ...], tuple[Entry, ...]]:
+    """Two directory blobs at `path` of trees known valid, decoded as `decode_known_dir`
+    decodes each, with the entries they hold byte for byte decoded once and shared (most of a
+    directory that changed is what it was). TreeInvalid as `decode_known_dir`."""
+    ours, theirs = entry_pieces(now), entry_pieces(then)
+    if ours is None or theirs is None:
+        return decode_known_dir(now, path), decode_known_dir(then, path)
+    pieces = list(dict.fromkeys(ours + theirs))
+    decoded = dict(zip(pieces, known_entries(pieces, path), strict=True))
+    return tuple(decoded[p] for p in ours), tuple(decoded[p] for p in theirs)
 
 
 def differing_entries(

@@ -44,6 +44,7 @@ from paperclip.snapshots.behind import (
     materialize_defer_in_tx,
     materialize_failure_record,
 )
+from paperclip.snapshots.changes import decode_known_pair
 from paperclip.snapshots.counts import (
     counts_against_head,
     counts_of,
@@ -153,6 +154,7 @@ def tree_diff_entries(
     known = known_valid_trees(company_id=company_id, trees=[target, previous])
     decode_target = decode_known_dir if target in known else decode_dir
     decode_previous = decode_known_dir if previous in known else decode_dir
+    both_known = target in known and previous in known
     ours: dict[str, Entry] = {}
     theirs: dict[str, Entry] = {}
     level: list[tuple[str, str, str | None]] = [("", target, previous)]
@@ -167,8 +169,11 @@ def tree_diff_entries(
                     "snapshot_blobs_missing", f"tree {target}: directory {path or '/'} gone"
                 )
             try:
-                now = decode_target(stored[digest], path)
-                then = decode_previous(stored[before], path) if before is not None else ()
+                if before is not None and both_known:
+                    now, then = decode_known_pair(stored[digest], stored[before], path)
+                else:
+                    now = decode_target(stored[digest], path)
+                    then = decode_previous(stored[before], path) if before is not None else ()
             except TreeInvalid as exc:
                 raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
             earlier = {entry.name: entry for entry in then}

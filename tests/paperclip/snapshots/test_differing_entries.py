@@ -190,3 +190,16 @@ def test_an_unchanged_directory_decodes_nothing() -> None:
 def test_a_known_valid_directory_decodes_to_the_same_entries(found: list[Entry]) -> None:
     data = trees.encode_dir(found)
     assert trees.decode_known_dir(data, "p") == trees.decode_dir(data, "p")
+
+
+@given(ours=entries(), theirs=entries(), shared=entries())
+def test_a_pair_of_known_valid_directories_decodes_as_each_alone(
+    ours: list[Entry], theirs: list[Entry], shared: list[Entry]
+) -> None:
+    """`decode_known_pair` (materialization's diff) shares the entries both directories hold
+    byte for byte, and answers exactly what decoding each alone answers."""
+    now = trees.encode_dir({e.name: e for e in shared + ours}.values())
+    then = trees.encode_dir({e.name: e for e in shared + theirs}.values())
+    pair = changes.decode_known_pair(now, then, "p")
+    assert pair == (trees.decode_known_dir(now, "p"), trees.decode_known_dir(then, "p"))
+    assert pair == (trees.decode_dir(now, "p"), trees.decode_dir(then, "p"))
