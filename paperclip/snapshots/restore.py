@@ -17,6 +17,7 @@ from paperclip.activity import activity_record
 from paperclip.errors import InvalidRequest, PermissionDenied
 from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.behind import materialize_defer_in_tx
+from paperclip.snapshots.diff import ChangeCounts
 from paperclip.snapshots.history import (
     MOVE_COLUMNS,
     Move,
@@ -118,9 +119,44 @@ def workspace_restore(
     repeated = _same_restore(workspace.pk, tree, expected_head, note)
     if repeated is not None:
         return repeated  # the same request again (its answer was lost): nothing written
-    company_id = workspace.company_id
-    reached = _reached(company_id, tree)
-    counts = move_counts(company_id=company_id, previous_tree=expected_head, tree=tree)
+    reached = _reached(workspace.company_id, tree)
+    counts = move_counts(company_id=workspace.company_id, previous_tree=expected_head, tree=tree)
+    try:
+        return _restore_in_tx(
+            actor,
+            workspace_id=workspace.pk,
+            company_id=workspace.company_id,
+            tree=tree,
+            expected_head=expected_head,
+            note=note,
+            reached=reached,
+            counts=counts,
+        )
+    except _Overtaken as twin:
+        return twin.move  # this very restore, committed meanwhile by its twin request
+
+
+class _Overtaken(Exception):
+    """The head moved while this restore waited for the workspace row, by this very restore
+    sent twice (a double submit, a retry while the first was in flight): its transaction is
+    rolled back (its pins), and the twin's move is the answer."""
+
+    def __init__(self, move: Move) -> None:
+        super().__init__(move.seq)
+        self.move = move
+
+
+def _restore_in_tx(
+    actor: Actor,
+    *,
+    workspace_id: UUID,
+    company_id: UUID,
+    tree: str,
+    expected_head: str | None,
+    note: str,
+    reached: set[str],
+    counts: ChangeCounts,
+) -> Move:
     with transaction.atomic(durable=True):
         if cas_pin(company_id=company_id, digests=reached).missing:
             raise InvalidRequest(
@@ -133,17 +169,21 @@ def workspace_restore(
                 " WHERE id = %s AND head_tree IS NOT DISTINCT FROM %s"
                 " AND head_tree IS DISTINCT FROM %s"
                 " RETURNING cwd",
-                [tree, workspace.pk, expected_head, tree],
+                [tree, workspace_id, expected_head, tree],
             )
             row = cursor.fetchone()
         if row is None:
-            head = _head_of(workspace.pk)
+            head = _head_of(workspace_id)
             if head != expected_head:
+                # Read after the row lock was let go: a twin that moved it has committed.
+                twin = _same_restore(workspace_id, tree, expected_head, note)
+                if twin is not None:
+                    raise _Overtaken(twin)
                 raise WorkspaceHeadMoved(head=head)
             raise InvalidRequest(fields={"tree": ["The tree is already the head."]})
         move = head_move_record_in_tx(
             company_id=company_id,
-            workspace_id=workspace.pk,
+            workspace_id=workspace_id,
             tree=tree,
             previous_tree=expected_head,
             kind="restore",
@@ -158,7 +198,7 @@ def workspace_restore(
             actor_id=actor.actor_id,
             action=AUDIT_ACTION,
             entity_type="execution_workspace",
-            entity_id=workspace.pk,
+            entity_id=workspace_id,
             details={
                 "tree": tree,
                 "previousHead": expected_head,
@@ -168,5 +208,5 @@ def workspace_restore(
             },
         )
         if row[0]:
-            materialize_defer_in_tx(workspace_id=workspace.pk)
+            materialize_defer_in_tx(workspace_id=workspace_id)
     return move
