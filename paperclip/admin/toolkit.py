@@ -318,9 +318,19 @@ class ReadOnlyAdmin(NoWritesMixin, CompanyScopedAdmin):
 
 
 class AuditedAdmin(CompanyScopedAdmin):
-    """Editable setup records: every admin save writes one audit row in its transaction."""
+    """Editable setup records: every admin save writes one audit row in its transaction. A
+    record's company is chosen when it is added and never changed after: what hangs off it
+    (a workspace's history and store, an agent's keys and runs, an issue's runs) stays in the
+    company it was made in, and moving the record would show it to the other company."""
 
     audit_entity: str = ""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        has_company = any(f.name == "company" for f in self.model._meta.concrete_fields)
+        if obj is not None and has_company and "company" not in fields:
+            fields = (*fields, "company")
+        return fields
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """A new record saved whole; a changed one writes only the fields the form changed

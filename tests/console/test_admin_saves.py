@@ -76,3 +76,48 @@ def test_a_save_that_changes_nothing_writes_nothing(company: Company) -> None:
     assert client.post(url, form(workspace)).status_code == 302
     assert ActivityEvent.objects.count() == events
     assert ExecutionWorkspace.objects.get(pk=workspace.pk).updated_at == stamp
+
+
+def test_a_records_company_cannot_be_changed_after_it_is_made(
+    company: Company, other_company: Company, make_agent_client: Any
+) -> None:
+    """A board member of two companies saving a workspace with the other company chosen
+    (a crafted post: the field is shown read-only) does not move it: its history would
+    follow it and the other company's agents would read it. The same holds for an agent."""
+    from django.db import transaction
+
+    from paperclip.models import Agent
+    from paperclip.snapshots.history import head_move_record_in_tx
+    from tests.paperclip.factories import AgentFactory
+    from tests.recovery.snapshots import store_tree
+
+    note = "company A's secret: the payroll export broke, rolled back"
+    workspace = ExecutionWorkspaceFactory(company=company, name="ws")
+    tree = store_tree(company.pk, {"payroll.csv": b"alice,100\n"})
+    with transaction.atomic():
+        ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=tree)
+        head_move_record_in_tx(
+            company_id=company.pk,
+            workspace_id=workspace.pk,
+            tree=tree,
+            previous_tree=None,
+            kind="restore",
+            actor_type="board",
+            actor_id="1",
+            note=note,
+        )
+    client = staff(company, other_company)
+    url = reverse("admin:paperclip_executionworkspace_change", args=[workspace.pk])
+    page = client.get(url).content.decode()
+    assert 'name="company"' not in page  # shown, not editable
+    response = client.post(url, form(workspace, company=str(other_company.pk), name="renamed"))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    workspace.refresh_from_db()
+    assert (workspace.company_id, workspace.name) == (company.pk, "renamed")
+    stranger = make_agent_client(AgentFactory(company=other_company))
+    assert stranger.get(f"/api/execution-workspaces/{workspace.pk}/history").status_code == 404
+    agent = AgentFactory(company=company, name="a1")
+    url = reverse("admin:paperclip_agent_change", args=[agent.pk])
+    fields = {"name": "a1", "role": agent.role, "status": agent.status}
+    client.post(url, {**fields, "company": str(other_company.pk)})
+    assert Agent.objects.get(pk=agent.pk).company_id == company.pk
