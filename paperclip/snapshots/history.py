@@ -215,6 +215,7 @@ _HISTORY_SELECT: Final = (  # MOVE_COLUMNS, in order
 )
 _HISTORY_SCOPED: Final = (
     " JOIN execution_workspaces w ON w.id = m.workspace_id AND w.company_id = ANY(%s::uuid[])"
+    " AND m.company_id = w.company_id"  # a move stays its company's, wherever the row went
 )
 
 

@@ -117,6 +117,18 @@ def test_another_companys_workspace_is_404_everywhere(
     assert_error(board.post(f"{base}/restore", body, format="json"), 404, "not_found")
 
 
+def test_moves_recorded_in_another_company_are_never_listed(
+    company: Company, other_company: Company, make_board_client: Callable[..., APIClient]
+) -> None:
+    """Were a workspace ever to change company (the console refuses it; a hand-made data
+    fix), the moves recorded while it was the other's stay the other's."""
+    workspace, _ = _history_of(other_company, BASE)
+    ExecutionWorkspace.objects.filter(pk=workspace.pk).update(company=company)
+    answer = make_board_client(company).get(f"/api/execution-workspaces/{workspace.pk}/history")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["results"] == []
+
+
 def test_the_diff_walks_only_what_differs_and_equals_the_whole_trees_diff(
     company: Company, agent_client: APIClient
 ) -> None:
