@@ -311,6 +311,11 @@ def checkpoint_write(
             count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()
             return CheckpointWrite(parts=count, owner_active=active, changed=0, removed=0)
         removed_count = _parts_apply(binding, reset, removed, parts)
+        if not (parts or new_work or removed_count):
+            # Only parts already gone were named (a retry whose answer was lost): the
+            # deletion changed nothing, so nothing is written (no audit row, no NOTIFY).
+            count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()
+            return CheckpointWrite(parts=count, owner_active=active, changed=0, removed=0)
         _work_remember(binding, owner.lease_owner, work_ids)
         live_run_recovery_notify(company_id=binding.company_id, run_id=run.run_id)
         count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()

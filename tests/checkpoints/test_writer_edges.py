@@ -86,6 +86,20 @@ def test_a_write_that_changes_nothing_writes_nothing() -> None:
     assert NativeRunnerCheckpoint.objects.get(run_id=fin.run_id).updated_at == stamp
 
 
+@pytest.mark.parametrize("reset", [False, True], ids=["removed", "reset"])
+def test_removing_parts_already_gone_writes_nothing(reset: bool) -> None:
+    """A removal repeated because its answer was lost (or a reset of nothing) changes
+    nothing: no second audit row."""
+    fin = coordinator()
+    owner = owner_of(lease(fin.run))
+    write(fin.run, owner, {"header": "h", "log": "l"})
+    write(fin.run, owner, {}, removed=["header", "log"])
+    audits = ActivityEvent.objects.filter(action="checkpoint.written").count()
+    again = write(fin.run, owner, {}, removed=[] if reset else ["log"], reset=reset)
+    assert (again.parts, again.changed, again.removed) == (0, 0, 0)
+    assert ActivityEvent.objects.filter(action="checkpoint.written").count() == audits
+
+
 def test_removed_is_bounded_as_changed_is(settings: Any) -> None:
     """Deleted under the coordinator's lock: 300,000 names held it for 7 s."""
     fin = coordinator()
