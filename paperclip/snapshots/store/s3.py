@@ -28,7 +28,7 @@ import os
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any, Final
 from uuid import UUID
@@ -62,14 +62,31 @@ BACKOFF_MAX: Final = timedelta(seconds=2)
 _UNAVAILABLE: Final = (obstore.exceptions.BaseError, OSError)
 
 
+def _no_bucket(exc: BaseException) -> bool:
+    """Whether a "not found" is the bucket's (deleted, misnamed, not made yet): the store is
+    unusable, not missing one object."""
+    return isinstance(exc, FileNotFoundError) and "NoSuchBucket" in str(exc)
+
+
+def _absent(outcome: object) -> bool:
+    """Whether an outcome is a failure saying only that the object is not there."""
+    return isinstance(outcome, FileNotFoundError) and not _no_bucket(outcome)
+
+
 @contextmanager
-def _store_errors(what: str, key: str) -> Iterator[None]:
+def _store_errors(what: str, key: str, *, missing_ok: bool = True) -> Iterator[None]:
     """Any failure of the store as BlobStoreUnavailable (logged with its cause); "no such
-    object" (FileNotFoundError) passes for the caller to judge."""
+    object" (FileNotFoundError) passes for the caller to judge where `missing_ok` (a read, a
+    stat, a delete), but never "no such bucket"."""
     try:
         yield
-    except FileNotFoundError:
-        raise
+    except FileNotFoundError as exc:
+        if missing_ok and not _no_bucket(exc):
+            raise
+        first_line = str(exc).partition("\n")[0]
+        logger.warning("s3 %s of %s failed: %s", what, key, first_line)
+        reason = "NoSuchBucket" if _no_bucket(exc) else type(exc).__name__
+        raise BlobStoreUnavailable(reason=f"{what}: {reason}") from exc
     except _UNAVAILABLE as exc:
         first_line = str(exc).partition("\n")[0]
         logger.warning("s3 %s of %s failed: %s", what, key, first_line)
@@ -224,7 +241,7 @@ class S3Backend:
         key = self.key(company_id, digest)
         size = source.left
         body = _RegionFile(source, 0, size)
-        with _store_errors("upload", key):
+        with _store_errors("upload", key, missing_ok=False):
             if size <= MULTIPART_BYTES:
                 obstore.put(self.store, key, body.whole(), use_multipart=False)
             else:
@@ -261,7 +278,7 @@ class S3Backend:
         outcomes = _run_all(calls, PUT_CONCURRENCY) if calls else []
         for (_, digest, source), outcome in zip(small, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                with _store_errors("upload", self.key(company_id, digest)):
+                with _store_errors("upload", self.key(company_id, digest), missing_ok=False):
                     raise outcome
             source.offset += source.left
             source.left = 0
@@ -273,15 +290,21 @@ class S3Backend:
         with _store_errors("stat", key):
             try:
                 meta = obstore.head(self.store, key)
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                if _no_bucket(exc):
+                    raise
                 return False
         return int(meta["size"]) == size
 
     def delete(self, *, company_id: UUID, digest: str) -> None:
         key = self.key(company_id, digest)
-        # No such object: already what a delete wants.
-        with _store_errors("delete", key), suppress(FileNotFoundError):
-            obstore.delete(self.store, key)
+        with _store_errors("delete", key):
+            try:
+                obstore.delete(self.store, key)
+            except FileNotFoundError as exc:
+                if _no_bucket(exc):
+                    raise
+                # No such object: already what a delete wants.
 
     def delete_many(self, *, company_id: UUID, digests: list[str]) -> None:
         """Remove the objects of `digests` (S3's DeleteObjects, 1,000 keys a request);
@@ -292,8 +315,10 @@ class S3Backend:
             return
         try:
             obstore.delete(self.store, keys)
-        except FileNotFoundError:
-            pass
+        except FileNotFoundError as exc:
+            if _no_bucket(exc):
+                with _store_errors("batch delete", f"{keys[0]} and {len(keys) - 1} more"):
+                    raise
         except _UNAVAILABLE as exc:
             if not _batch_delete_refused(exc):
                 # A store that cannot be reached: one request per key would only repeat the
@@ -308,7 +333,7 @@ class S3Backend:
     def _delete_each(self, keys: list[str]) -> None:
         calls = [functools.partial(obstore.delete_async, self.store, key) for key in keys]
         for key, outcome in zip(keys, _run_all(calls, DELETE_CONCURRENCY), strict=True):
-            if isinstance(outcome, BaseException) and not isinstance(outcome, FileNotFoundError):
+            if isinstance(outcome, BaseException) and not _absent(outcome):
                 with _store_errors("delete", key):
                     raise outcome
 
@@ -353,7 +378,7 @@ class S3Backend:
         for digest, key, outcome in zip(
             digests, keys, _run_all(calls, READ_CONCURRENCY), strict=True
         ):
-            if outcome is None or isinstance(outcome, FileNotFoundError):
+            if outcome is None or _absent(outcome):
                 continue
             if isinstance(outcome, BaseException):
                 with _store_errors("read", key):

@@ -573,3 +573,32 @@ def test_settings_the_store_would_refuse_stop_startup(name: str, value: str) -> 
     )
     assert started.returncode != 0
     assert name in started.stderr
+
+
+def test_a_bucket_that_is_gone_is_503_everywhere_never_500_nor_lost_bytes(
+    s3: S3Server, settings: Any, agent_client: APIClient, agent: Agent
+) -> None:
+    """A bucket deleted, misnamed or not made yet answers "not found" (NoSuchBucket): the
+    store cannot be used, retryably, which is neither an upload's 500 nor a read's "the store
+    lost the bytes" (422 `missing`, whose remedy, uploading again, would fail too)."""
+    from tests.paperclip.snapshots.helpers import frames
+
+    kept_blob = b"stored, then the bucket setting points nowhere\n"
+    assert put(agent_client, kept_blob).status_code == 201
+    settings.PAPERCLIP_CAS_S3_BUCKET = "no-such-bucket"
+    assert_error(put(agent_client, b"a blob for no bucket\n"), 503, "blob_store_unavailable")
+    batch = agent_client.post("/api/cas/batch", frames(b"one\n", b"two\n"), content_type=OCTETS)
+    assert_error(batch, 503, "blob_store_unavailable")
+    assert list(CasBlob.objects.filter(company_id=agent.company_id).values_list("digest")) == [
+        (name_of(kept_blob),)
+    ]
+    read = agent_client.get(f"/api/cas/blobs/{name_of(kept_blob)}")
+    assert_error(read, 503, "blob_store_unavailable")
+    backend = S3Backend()
+    # A HEAD's 404 has no body to tell the bucket's from the object's: `stat` answers "not
+    # there", and the upload that follows is the 503 above.
+    with pytest.raises(BlobStoreUnavailable):
+        backend.delete(company_id=agent.company_id, digest=name_of(kept_blob))
+    row = CasBlob.objects.get(company_id=agent.company_id)
+    with pytest.raises(BlobStoreUnavailable):
+        backend.get_many(company_id=agent.company_id, rows={row.digest: (row.pk, len(kept_blob))})
