@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import QuerySet
 
 from checkpoints import locks
@@ -117,10 +117,23 @@ def checkpoint_key_rotate_batch(
     return RotationBatch(len(candidates), len(reencrypted), unreadable, last_id, primary.key_id)
 
 
-def checkpoint_parts_remaining_under_old_keys() -> int:
-    """How many parts are not under the primary key (0 after a complete rotation)."""
+def checkpoint_parts_remaining_under_old_keys(*, settled: bool = False) -> int:
+    """How many parts are not under the primary key (0 after a complete rotation).
+
+    `settled`: counted under a SHARE lock on the parts' table, which waits for the checkpoint
+    writes in flight (each holds ROW EXCLUSIVE from its upsert to its commit) and holds off
+    new ones while it counts: a write that sealed its parts under the old key before the key
+    file changed is either counted here or seals them again under the new one before it
+    commits (`checkpoint_write`). What the rotation reports as done stays done."""
     try:
         primary = keyring(create=False).primary
     except KeyUnavailable:
         return 0
-    return _parts_not_under(primary.key_id, NativeRunnerCheckpoint.objects.all()).count()
+    parts = _parts_not_under(primary.key_id, NativeRunnerCheckpoint.objects.all())
+    if not settled:
+        return parts.count()
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        set_local_lock_timeout()
+        with busy_on_lock_timeout(resource="native_runner_checkpoints"):
+            cursor.execute(f"LOCK TABLE {NativeRunnerCheckpoint._meta.db_table} IN SHARE MODE")
+        return parts.count()

@@ -17,7 +17,7 @@ from django.db.models import Exists, OuterRef, TextField
 from django.db.models.functions import Cast
 
 from checkpoints import locks
-from checkpoints.crypto import Binding, CheckpointKey, encrypt_part, keyring
+from checkpoints.crypto import Binding, CheckpointKey, KeyUnavailable, encrypt_part, keyring
 from checkpoints.errors import CheckpointBindingMismatch, CheckpointOwnerLost
 from checkpoints.models import SEALED_FIELDS, NativeRunnerCheckpoint, NativeRunnerCheckpointWork
 from checkpoints.selectors import runner_run_get
@@ -316,6 +316,7 @@ def checkpoint_write(
             # deletion changed nothing, so nothing is written (no audit row, no NOTIFY).
             count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()
             return CheckpointWrite(parts=count, owner_active=active, changed=0, removed=0)
+        parts, key = _resealed_if_rotated(binding, changed, parts, key)
         _work_remember(binding, owner.lease_owner, work_ids)
         live_run_recovery_notify(company_id=binding.company_id, run_id=run.run_id)
         count = NativeRunnerCheckpoint.objects.filter(run_id=binding.run_id).count()
@@ -342,6 +343,32 @@ def checkpoint_write(
     return CheckpointWrite(
         parts=count, owner_active=active, changed=len(parts), removed=removed_count
     )
+
+
+def _resealed_if_rotated(
+    binding: Binding,
+    changed: Mapping[str, str],
+    parts: list[NativeRunnerCheckpoint],
+    key: CheckpointKey,
+) -> tuple[list[NativeRunnerCheckpoint], CheckpointKey]:
+    """The parts as stored, and their key: sealed before the transaction, under the primary
+    key of that moment. When `rotate_checkpoint_key --new-key` made another key primary since,
+    they are sealed again under it and stored again. Called once the upsert holds the table's
+    ROW EXCLUSIVE lock: the rotation's last count (SHARE lock) then either waits for this
+    commit and sees these parts, or comes before this read of the key file, which it changed
+    before it started; so no part is left under a key the rotation reported gone."""
+    if not parts:
+        return parts, key
+    try:
+        now = keyring().primary
+    except KeyUnavailable:  # the key file removed meanwhile: the parts keep the key they have
+        return parts, key
+    if now.key_id == key.key_id:
+        return parts, key
+    resealed = [_part_row(binding, name, contents, now) for name, contents in changed.items()]
+    with busy_on_lock_timeout(resource="native_run_finalization"):
+        _parts_upsert(resealed)
+    return resealed, now
 
 
 def _part_row(

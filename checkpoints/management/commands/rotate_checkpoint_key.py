@@ -15,6 +15,8 @@ from checkpoints.services import (
 )
 from paperclip.errors import DomainError
 
+MORE_PASSES = 3  # passes after the first for parts written under an old key meanwhile
+
 
 class Command(BaseCommand):
     help = (
@@ -66,7 +68,16 @@ class Command(BaseCommand):
             return
 
         done, unreadable = self._rotate(remaining, batch_size=batch_size, max_bytes=max_bytes)
-        left = checkpoint_parts_remaining_under_old_keys()
+        left = checkpoint_parts_remaining_under_old_keys(settled=True)
+        for _ in range(MORE_PASSES):
+            if left <= unreadable:
+                break
+            # Parts written under the old key while the batches ran (a write that sealed them
+            # before the key file changed): another pass, counted again once settled.
+            self.stdout.write(f"{left} part(s) written under other keys meanwhile; another pass")
+            more, _ = self._rotate(left, batch_size=batch_size, max_bytes=max_bytes)
+            done += more
+            left = checkpoint_parts_remaining_under_old_keys(settled=True)
         self.stdout.write(
             f"done: re-encrypted {done} part(s) under {primary}; {unreadable} unreadable; "
             f"{left} part(s) remain under other keys"
