@@ -44,7 +44,8 @@ def _drop_all_but_the_primary() -> None:
     path = key_file_path()
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     keys = [line for line in lines if not line.startswith("#")]
-    path.write_text("\n".join([*(l for l in lines if l.startswith("#")), keys[0]]) + "\n")
+    comments = [line for line in lines if line.startswith("#")]
+    path.write_text("\n".join([*comments, keys[0]]) + "\n")
 
 
 def _all_readable(fin: NativeRunFinalization) -> dict[str, str]:
