@@ -18,25 +18,12 @@ import checkpoints.services.writer as writer_module
 from checkpoints.crypto import key_file_path, keyring
 from checkpoints.models import NativeRunnerCheckpoint
 from checkpoints.selectors import checkpoint_load, runner_run_get
-from checkpoints.services import CheckpointOwner, checkpoint_write
 from paperclip.models import NativeRunFinalization
 from tests.checkpoints.factories import coordinator, lease, owner_of
+from tests.checkpoints.test_concurrency import _write
 from tests.helpers import wait_for_lock_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _write(fin: NativeRunFinalization, owner: CheckpointOwner, changed: dict[str, str]) -> None:
-    checkpoint_write(
-        run_id=fin.run_id,
-        agent_id=fin.run.agent_id,
-        owner=owner,
-        reset=False,
-        changed=changed,
-        removed=[],
-        work_command_ids=[],
-        predecessor=None,
-    )
 
 
 def _drop_all_but_the_primary() -> None:

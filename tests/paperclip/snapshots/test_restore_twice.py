@@ -14,42 +14,19 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from paperclip.models import ActivityEvent, Company, ExecutionWorkspace
+from paperclip.models import ActivityEvent, ExecutionWorkspace
 from paperclip.snapshots import restore as restore_module
-from paperclip.snapshots.history import head_move_record_in_tx
 from paperclip.snapshots.models import WorkspaceHeadMove
 from tests.console.test_pages import staff
+from tests.console.test_workspace_history import NOTE, _history
 from tests.helpers import wait_for_lock_waiters
-from tests.paperclip.factories import CompanyFactory, ExecutionWorkspaceFactory
-from tests.recovery.snapshots import store_tree
+from tests.paperclip.factories import CompanyFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-NOTE = "the second run broke the build; back to the first"
-
-
-def _two_moves(company: Company) -> tuple[ExecutionWorkspace, list[str]]:
-    workspace = ExecutionWorkspaceFactory(company=company)
-    trees: list[str] = []
-    for files in ({"a.txt": b"one\n"}, {"a.txt": b"two\n"}):
-        tree = store_tree(company.pk, files)
-        with transaction.atomic():
-            ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=tree)
-            head_move_record_in_tx(
-                company_id=company.pk,
-                workspace_id=workspace.pk,
-                tree=tree,
-                previous_tree=trees[-1] if trees else None,
-                kind="publish",
-                actor_type="system",
-                actor_id="test",
-            )
-        trees.append(tree)
-    return workspace, trees
 
 
 def _race(monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any]) -> tuple[Any, Any]:
@@ -88,7 +65,7 @@ def test_the_api_restore_sent_twice_at_once_answers_its_move_both_times(
     monkeypatch: pytest.MonkeyPatch, make_board_client: Any
 ) -> None:
     company = CompanyFactory()
-    workspace, trees = _two_moves(company)
+    workspace, trees = _history(company)
     board = make_board_client(company)
     url = f"/api/execution-workspaces/{workspace.pk}/restore"
     body = {"tree": trees[0], "expected_head": trees[1], "note": NOTE}
@@ -105,7 +82,7 @@ def test_the_console_restore_submitted_twice_reports_what_happened(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     company = CompanyFactory()
-    workspace, trees = _two_moves(company)
+    workspace, trees = _history(company)
     first_client = staff(company)
     second_client = Client()  # the same operator, its own cookies (a second tab, a retry)
     user = get_user_model().objects.get(pk=first_client.session["_auth_user_id"])
