@@ -84,28 +84,15 @@ def test_a_records_company_cannot_be_changed_after_it_is_made(
     """A board member of two companies saving a workspace with the other company chosen
     (a crafted post: the field is shown read-only) does not move it: its history would
     follow it and the other company's agents would read it. The same holds for an agent."""
-    from django.db import transaction
-
     from paperclip.models import Agent
-    from paperclip.snapshots.history import head_move_record_in_tx
     from tests.paperclip.factories import AgentFactory
+    from tests.paperclip.snapshots.test_history import _record
     from tests.recovery.snapshots import store_tree
 
     note = "company A's secret: the payroll export broke, rolled back"
     workspace = ExecutionWorkspaceFactory(company=company, name="ws")
     tree = store_tree(company.pk, {"payroll.csv": b"alice,100\n"})
-    with transaction.atomic():
-        ExecutionWorkspace.objects.filter(pk=workspace.pk).update(head_tree=tree)
-        head_move_record_in_tx(
-            company_id=company.pk,
-            workspace_id=workspace.pk,
-            tree=tree,
-            previous_tree=None,
-            kind="restore",
-            actor_type="board",
-            actor_id="1",
-            note=note,
-        )
+    _record(workspace, tree, None, kind="restore", note=note)
     client = staff(company, other_company)
     url = reverse("admin:paperclip_executionworkspace_change", args=[workspace.pk])
     page = client.get(url).content.decode()
