@@ -195,10 +195,13 @@ class IssueAdminForm(_ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        # The company chosen on the add page; an existing issue's own (its company is shown
+        # read-only, so the change page's form has no such field).
         company = data.get("company")
+        company_id = company.pk if company is not None else self.instance.company_id
         for field in ("assignee_agent", "execution_workspace"):
             related = data.get(field)
-            if related is not None and company is not None and related.company_id != company.pk:
+            if related is not None and company_id is not None and related.company_id != company_id:
                 self.add_error(field, "Must belong to the issue's company.")
         return data
 
@@ -262,6 +265,15 @@ class ExecutionWorkspaceAdminForm(_ModelForm):
             "provider_ref",
             "metadata",
         )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        company = data.get("company")  # the add page's; an existing workspace's own
+        company_id = company.pk if company is not None else self.instance.company_id
+        issue = data.get("source_issue")
+        if issue is not None and company_id is not None and issue.company_id != company_id:
+            self.add_error("source_issue", "Must belong to the workspace's company.")
+        return data
 
     def clean_cwd(self) -> str | None:
         cwd = self.cleaned_data.get("cwd") or None

@@ -108,3 +108,36 @@ def test_a_records_company_cannot_be_changed_after_it_is_made(
     fields = {"name": "a1", "role": agent.role, "status": agent.status}
     client.post(url, {**fields, "company": str(other_company.pk)})
     assert Agent.objects.get(pk=agent.pk).company_id == company.pk
+
+
+def test_an_existing_record_links_only_to_its_own_companys_rows(
+    company: Company, other_company: Company
+) -> None:
+    """With the company read-only on the change page, the form checks the links it offers
+    (rows of every company the member belongs to) against the record's own company."""
+    from paperclip.models import Issue
+    from tests.paperclip.factories import AgentFactory, IssueFactory
+
+    issue = IssueFactory(company=company)
+    client = staff(company, other_company)
+    url = reverse("admin:paperclip_issue_change", args=[issue.pk])
+    fields = {"title": issue.title, "status": issue.status, "hidden_at": ""}
+    foreign = {
+        "assignee_agent": str(AgentFactory(company=other_company).pk),
+        "execution_workspace": str(ExecutionWorkspaceFactory(company=other_company).pk),
+    }
+    for field, value in foreign.items():
+        blank = {"assignee_agent": "", "execution_workspace": ""}
+        page = client.post(url, {**fields, **blank, field: value})
+        assert page.status_code == 200  # the form again, with the error
+        assert "Must belong to the issue&#x27;s company." in page.content.decode()
+    assert Issue.objects.filter(pk=issue.pk, assignee_agent=None, execution_workspace=None).exists()
+    workspace = ExecutionWorkspaceFactory(company=company, name="w")
+    url = reverse("admin:paperclip_executionworkspace_change", args=[workspace.pk])
+    page = client.post(
+        url, form(workspace, source_issue=str(IssueFactory(company=other_company).pk))
+    )
+    assert page.status_code == 200
+    assert "Must belong to the workspace&#x27;s company." in page.content.decode()
+    workspace.refresh_from_db()
+    assert workspace.source_issue_id is None
