@@ -60,11 +60,12 @@ def _reached(company_id: UUID, tree: str) -> set[str]:
 
 
 def _same_restore(
-    workspace_id: UUID, tree: str, expected_head: str | None, note: str
+    actor: Actor, workspace_id: UUID, tree: str, expected_head: str | None, note: str
 ) -> Move | None:
-    """The workspace's latest move when it is this very restore (to `tree`, from
-    `expected_head`, with `note`) and the head is still `tree`: what a repeat of a restore
-    whose answer was lost gets, instead of a 409 naming the tree it asked for."""
+    """The workspace's latest move when it is this very restore (by the same board member, to
+    `tree`, from `expected_head`, with `note`) and the head is still `tree`: what a repeat of
+    a restore whose answer was lost gets, instead of a 409 naming the tree it asked for.
+    Another member's identical restore is theirs, not this one's: 409 as any other move."""
     if _head_of(workspace_id) != tree:
         return None
     row = (
@@ -76,12 +77,14 @@ def _same_restore(
     if row is None:
         return None
     move = Move.of_values(row)
-    same = (move.kind, move.tree, move.previous_tree, move.note) == (
+    same = (move.kind, move.tree, move.previous_tree, move.note, move.actor_type) == (
         "restore",
         tree,
         expected_head,
         note,
+        "board",
     )
+    same = same and move.actor_id == actor.actor_id
     return move if same else None
 
 
@@ -116,7 +119,7 @@ def workspace_restore(
         raise InvalidRequest(fields={"note": [f"At most {MAX_NOTE_CHARS} characters, no NUL."]})
     if not is_recorded_tree(workspace_id=workspace.pk, tree=tree):
         raise InvalidRequest(fields={"tree": ["Not a tree of this workspace's history."]})
-    repeated = _same_restore(workspace.pk, tree, expected_head, note)
+    repeated = _same_restore(actor, workspace.pk, tree, expected_head, note)
     if repeated is not None:
         return repeated  # the same request again (its answer was lost): nothing written
     reached = _reached(workspace.company_id, tree)
@@ -176,7 +179,7 @@ def _restore_in_tx(
             head = _head_of(workspace_id)
             if head != expected_head:
                 # Read after the row lock was let go: a twin that moved it has committed.
-                twin = _same_restore(workspace_id, tree, expected_head, note)
+                twin = _same_restore(actor, workspace_id, tree, expected_head, note)
                 if twin is not None:
                     raise _Overtaken(twin)
                 raise WorkspaceHeadMoved(head=head)

@@ -23,7 +23,7 @@ from paperclip.snapshots import restore as restore_module
 from paperclip.snapshots.models import WorkspaceHeadMove
 from tests.console.test_pages import staff
 from tests.console.test_workspace_history import NOTE, _history
-from tests.helpers import wait_for_lock_waiters
+from tests.helpers import assert_error, wait_for_lock_waiters
 from tests.paperclip.factories import CompanyFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,3 +99,23 @@ def test_the_console_restore_submitted_twice_reports_what_happened(
     assert "Restored: the head is now" in first_page
     assert "Nothing changed" not in second_page
     assert f"Restored: the head is now {trees[0]} (move 3" in second_page
+
+
+def test_another_members_identical_restore_is_not_answered_as_its_own(
+    monkeypatch: pytest.MonkeyPatch, make_board_client: Any
+) -> None:
+    """Two board members restoring the same version with the same note at once: the second
+    is told the head moved (409), not handed the first's move as if it were its own; and so
+    is the same request repeated later by another member."""
+    company = CompanyFactory()
+    workspace, trees = _history(company)
+    alice, bob = make_board_client(company), make_board_client(company)
+    clients = iter([alice, bob])
+    url = f"/api/execution-workspaces/{workspace.pk}/restore"
+    body = {"tree": trees[0], "expected_head": trees[1], "note": NOTE}
+    a, b = _race(monkeypatch, lambda: next(clients).post(url, body, format="json"))
+    assert a.status_code == 200, a.content
+    assert_error(b, 409, "workspace_head_moved")
+    assert_error(bob.post(url, body, format="json"), 409, "workspace_head_moved")
+    assert alice.post(url, body, format="json").json() == a.json()  # hers, repeated
+    assert WorkspaceHeadMove.objects.filter(workspace_id=workspace.pk).count() == 3
