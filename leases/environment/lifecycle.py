@@ -142,15 +142,17 @@ def environment_lease_acquire(
     is single-flight: while another active ephemeral lease holds the same environment and
     workspace, EnvironmentLeaseSingleFlight (409). Writes one audit row.
 
-    Locks: the advisory key of the (environment, workspace) slot, with a 5 s lock timeout
+    Locks (after the environment, run and workspace are found in the caller's company): the
+    advisory key of the (environment, workspace) slot, with a 5 s lock timeout
     (ResourceBusy), then the insert. Two providers racing for one slot: the second waits, then
     sees the first's lease. The partial unique index stays the last line: its violation, in a
     savepoint, becomes the same EnvironmentLeaseSingleFlight.
     """
     company_id = _require_provider(actor)
     with transaction.atomic(durable=True):
-        with bounded_lock_wait(resource="environment_lease_slot"):
-            advisory_xact_lock(environment_slot_key(environment_id, execution_workspace_id))
+        # What the caller names is looked up in its company before the slot's lock is taken:
+        # another company's environment is 404 at once, never "busy" behind that company's
+        # acquire (which would say it exists), and never holds up that company's slot.
         environment = Environment.objects.filter(pk=environment_id, company_id=company_id).first()
         if environment is None:
             raise EnvironmentNotFound()
@@ -164,6 +166,8 @@ def environment_lease_acquire(
             ).exists()
         ):
             raise NotFoundError("Execution workspace not found.")
+        with bounded_lock_wait(resource="environment_lease_slot"):
+            advisory_xact_lock(environment_slot_key(environment_id, execution_workspace_id))
         live = EnvironmentLease.objects.filter(
             company_id=company_id,
             environment_id=environment_id,
@@ -359,6 +363,7 @@ def _release_locked(
             result_id=_accepted_result_id(lease),
             actor_type=actor_type,
             actor_id=actor_id,
+            lease_id=lease.pk,
         )
         if preserved is not None:
             lease, rule = preserved.lease, "export_resume_preserved"

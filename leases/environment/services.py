@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from leases.environment.errors import (
@@ -257,11 +258,20 @@ def environment_cleanups_retry_due(*, batch_size: int = 200) -> CleanupRetrySwee
     with transaction.atomic(durable=True):
         now_ms = _ms(db_now())
         candidates = list(
-            environment_leases_for_update(skip_locked=True).filter(
+            environment_leases_for_update(skip_locked=True)
+            .filter(
                 status=EnvironmentLease.Status.PENDING_CLEANUP,
                 cleanup_status=EnvironmentLease.CleanupStatus.FAILED,
                 metadata__pendingCleanupRetryAfterMs__gt=0,
                 metadata__pendingCleanupRetryAfterMs__lte=now_ms,
+            )
+            # A live claim is left out before the limit, not after: a batch of them would
+            # otherwise be all the sweep ever looks at.
+            # (Each test true or false, never null: a missing key must not hide the row.)
+            .exclude(
+                Q(metadata__contains={"pendingCleanupInFlight": True})
+                & Q(metadata__has_key="pendingCleanupLeaseExpiresAtMs")
+                & Q(metadata__pendingCleanupLeaseExpiresAtMs__gt=now_ms)
             )[:batch_size]
         )
         reopened: list[UUID] = []

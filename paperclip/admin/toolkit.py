@@ -295,6 +295,9 @@ class CompanyScopedAdmin(FlatCostListMixin, DetailActionsMixin, ActivityTimeline
             related = db_field.related_model
             if related is Company:
                 kwargs["queryset"] = Company.objects.filter(pk__in=ids)
+                # Instance-wide rows (no company: an environment every company may use) are
+                # a superuser's to make; a member's row is always in one of their companies.
+                kwargs["required"] = True
             elif any(f.name == "company" for f in related._meta.fields):
                 kwargs["queryset"] = related.objects.filter(company_id__in=ids)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)

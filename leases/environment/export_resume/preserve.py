@@ -39,6 +39,7 @@ def export_resume_preserve(
     result_id: UUID | None,
     actor_type: str = SYSTEM_ACTOR_TYPE,
     actor_id: str = SYSTEM_ACTOR_ID,
+    lease_id: UUID | None = None,
 ) -> ExportResumePreserved | None:
     """Tag the run's prepared export lease as stop-only before a terminal failure is visible.
 
@@ -51,6 +52,9 @@ def export_resume_preserve(
     pinned to the lease's plugin, and the pending-cleanup bookkeeping reset (attempt id = the
     request id, not in flight, retry counters zero). Writes one audit row.
 
+    `lease_id` (a release of that lease): only when the reference names that lease; a run's
+    other lease released `failed` never touches its export lease.
+
     Locks: the lease row FOR NO KEY UPDATE. Returns None when it did nothing.
     """
     require_transaction()
@@ -61,6 +65,8 @@ def export_resume_preserve(
     reference = read_native_workspace_sync_reference(profile.get("nativeWorkspaceSync"))
     lease_pk = parse_uuid(reference.lease_id) if reference is not None else None
     if reference is None or reference.state != "prepared" or lease_pk is None:
+        return None
+    if lease_id is not None and lease_pk != lease_id:
         return None
     accepted = NativeRunResult.objects.filter(
         pk=result_id,

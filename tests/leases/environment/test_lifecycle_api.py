@@ -836,3 +836,24 @@ def test_an_archived_environment_takes_no_new_lease_but_repeats_answer(
     error = assert_error(refused, 409, "environment_archived")
     assert error["details"] == {"environment_id": str(environment.pk)}
     assert EnvironmentLease.objects.count() == leases
+
+
+def test_a_failed_release_of_another_lease_of_the_run_releases_the_lease_asked_for(
+    company: Company, provider_client: APIClient, environment: Environment
+) -> None:
+    run = NativeRunFactory(company=company, status="running")
+    export_lease = _active_lease(provider_client, environment, run, policy="reuse_by_environment")
+    other = _active_lease(provider_client, environment, run, policy="ephemeral")
+    NativeRunResultFactory(run=run)
+    run.runner_profile_json = {"nativeWorkspaceSync": sync_reference(export_lease, uuid.uuid4())}
+    run.save(update_fields=["runner_profile_json"])
+
+    released = provider_client.post(
+        lease_url(other.pk, "/release"), {"outcome": "failed"}, format="json"
+    )
+    assert released.status_code == 200, released.json()
+    # The answer is about the lease in the path, which is no longer active.
+    assert released.json()["id"] == str(other.pk)
+    assert EnvironmentLease.objects.get(pk=other.pk).status == "pending_cleanup"
+    # The export lease, which nobody released, is left as it was.
+    assert EnvironmentLease.objects.get(pk=export_lease.pk).status == "active"
