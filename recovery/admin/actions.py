@@ -297,7 +297,7 @@ class IssueRecoveryActionAdmin(
                 run_id=run_id,
                 resolution=form.cleaned_data["resolution"],
                 note=form.cleaned_data["note"],
-                expected_head=posted_head(request, hold),
+                expected_head=posted_head(request, hold, form.cleaned_data["resolution"]),
             )
             if answer.replayed:
                 return "repeated"

@@ -94,11 +94,23 @@ def _entry_text(entry: Any) -> str:
     return f"file {entry.mode:o}, {entry.size} bytes, {digest[7:19]}"
 
 
-def posted_head(request: HttpRequest, hold: IssueRecoveryAction) -> HeadExpected | None:
-    """The head the page previewed for `hold` (posted back), or None when it showed none."""
+def posted_head(
+    request: HttpRequest, hold: IssueRecoveryAction, resolution: str
+) -> HeadExpected | None:
+    """The head the page previewed for `hold` (posted back). Publishing the run's tree or
+    keeping the head decides against that head and needs it: without it (a page whose preview
+    failed, a form cut short) the decision would apply to whatever the head is by then,
+    which nobody saw, so it is refused. Discarding the run's tree leaves the head as it is
+    and needs no preview (None)."""
     posted = request.POST.get(f"expected_head_{hold.pk}")
     if posted is None or posted == "":
-        return None
+        if resolution == "discard":
+            return None
+        raise InvalidRequest(
+            "No previewed head was posted for this hold (its preview failed or the form was"
+            " cut short): only Discard can be decided without one. Open the resolve page"
+            " again."
+        )
     if posted == EMPTY_HEAD:
         return HeadExpected(None)
     if not BLOB_NAME.fullmatch(posted):

@@ -5,6 +5,7 @@ materialization of the head into the workspace's cwd (docs/snapshots.md#publishi
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,8 @@ def test_the_console_resolves_a_conflict_with_the_same_service(
     )
     assert page.status_code == 200
     assert b"README.md" in page.content  # the conflicting path is shown before deciding
+    previewed = re.search(rf'name="expected_head_{hold.pk}" value="([^"]+)"', page.content.decode())
+    assert previewed is not None  # the page posts back the head it showed, as a browser does
     done = superuser_client.post(
         url,
         {
@@ -295,6 +298,7 @@ def test_the_console_resolves_a_conflict_with_the_same_service(
             "apply": "1",
             "resolution": "publish",
             "note": "the reviewer approved this run",
+            f"expected_head_{hold.pk}": previewed.group(1),
         },
         follow=True,
     )
