@@ -112,3 +112,23 @@ def test_the_head_keeps_its_side_and_the_runs_other_changes_stay() -> None:
         )
         assert sorted(merged) == ["README.md", "a.txt", "b.txt"]
         assert merged["README.md"].digest == trees.blob_name(readme)
+
+
+def test_keeping_the_head_names_every_file_of_the_run_it_drops() -> None:
+    """The run turned the file `d` into a directory with new work two levels down; the head
+    changed the file `d`. Keeping the head drops `d/e` and `d/e/f.py`: the board is shown
+    both, not only `d` and `d/e`."""
+    from paperclip.snapshots.resolutions import resolution_preview, resolved_entries
+
+    base_layout: dict[str, Leaf] = {
+        "d": ("file", b"base d\n", 0o644),
+        "keep": ("file", b"k\n", 0o644),
+    }
+    run_layout = _edited(base_layout, {"d": None, "d/e/f.py": ("file", b"run's work\n", 0o644)})
+    head_layout = _edited(base_layout, {"d": ("file", b"head d\n", 0o644)})
+    base, run, head = _entries(base_layout), _entries(run_layout), _entries(head_layout)
+    kept = resolved_entries(base, run, head, "keep_head")
+    dropped = {p for p in run if p not in kept and p not in base}
+    assert dropped == {"d/e", "d/e/f.py"}
+    listed = {c.path for c in resolution_preview(base, run, head).conflicts}
+    assert dropped <= listed, listed
