@@ -826,7 +826,9 @@ def test_an_interrupted_checkout_is_finished_by_the_next(tmp_path: Path) -> None
         check_out(dying, agent, t1)
     assert workdir.load_index(agent) is None
     # A leftover temporary file, as a kill -9 would leave it:
-    (agent / ".paperclip-tmp-leftover").write_bytes(b"partial")
+    from paperclip_client.workdir.writer import temp_name
+
+    (agent / temp_name()).write_bytes(b"partial")
     done = check_out(store, agent, t1)
     assert done.tree == t1
     assert listing(agent) == listing(one)
@@ -846,6 +848,35 @@ def _interrupted_before_the_index(
         patched.setattr(checking_out, "save_state", dies)
         with pytest.raises(KeyboardInterrupt):
             check_out(store, agent, head)
+
+
+@pytest.mark.parametrize("whose", ["the agent's", "a tree's"])
+def test_finishing_an_interrupted_checkout_removes_only_its_own_temporary_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whose: str
+) -> None:
+    """A name that merely starts like checkout's temporary files (`.paperclip-tmp-`) is the
+    agent's untracked file or a tracked file of the trees: finishing an interrupted checkout
+    keeps it (removed, the first was lost, the second published as deleted)."""
+    store = FakeStore()
+    tracked = whose == "a tree's"
+    trees: list[str | None] = []
+    for version in ("1", "2"):
+        root = tmp_path / f"t{version}"
+        make(
+            root, {"d/a": f"a{version}", **({"d/.paperclip-tmp-cache": "kept"} if tracked else {})}
+        )
+        trees.append(take(store, root).tree)
+    agent = tmp_path / "agent"
+    check_out(store, agent, trees[0])
+    if not tracked:
+        (agent / "d" / ".paperclip-tmp-notes").write_bytes(b"the agent's notes")
+    _interrupted_before_the_index(monkeypatch, store, agent, trees[1])
+    assert check_out(store, agent, trees[1]).tree == trees[1]
+    if tracked:
+        assert (agent / "d" / ".paperclip-tmp-cache").read_bytes() == b"kept"
+        assert take(store, agent).tree == trees[1]  # the run changed nothing
+    else:
+        assert (agent / "d" / ".paperclip-tmp-notes").read_bytes() == b"the agent's notes"
 
 
 def test_a_checkout_after_an_interrupted_one_to_another_head_leaves_no_trace_of_it(

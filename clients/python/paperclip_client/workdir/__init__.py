@@ -20,7 +20,8 @@ State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touche
   so that a checkout knows what the workdir last held without asking the server.
 - `checkout.json`: present while a checkout writes (the head, the trees of earlier checkouts
   killed since the index was saved, and the directories it writes into); the next checkout
-  first removes the temporary files (`.paperclip-tmp-*`) it left, and undoes what the killed
+  first removes the temporary files it left (`.paperclip-tmp-` and 32 hex digits, none a
+  tree names: a file of the agent's that only starts so is kept), and undoes what the killed
   ones wrote where the new head differs.
 
 `.paperclipignore` at the workdir's root (gitignore syntax) keeps paths out of snapshots;

@@ -8,7 +8,7 @@ import contextlib
 import io
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from paperclip_client.workdir.transfer import (
     Store,
 )
 from paperclip_client.workdir.writer import (
-    TMP_PREFIX,
+    TEMP_NAME,
     WRITE_MODE_BITS,
     CheckoutWriter,
     DirFds,
@@ -149,8 +149,14 @@ def _interrupted_trees(journal: Mapping[str, object]) -> list[str | None]:
     return [t for t in named if t is None or isinstance(t, str)][-MAX_INTERRUPTED:]
 
 
-def _clean_leftovers(workdir: Path, journal: Mapping[str, object]) -> None:
-    """Remove the temporary files an interrupted checkout left in the directories it wrote."""
+def _clean_leftovers(
+    workdir: Path, journal: Mapping[str, object], tracked: Collection[str]
+) -> None:
+    """Remove the temporary files an interrupted checkout left in the directories it wrote:
+    names as `temp_name` makes them (`.paperclip-tmp-` and 32 hex digits) that no tree the
+    workdir held or is to hold names (`tracked`). A file of the agent's or a tree's that
+    merely starts with `.paperclip-tmp-` is left alone: removing it would lose it, and a
+    tracked one would be published as deleted by the next snapshot."""
     named = journal.get("dirs", [])
     if not isinstance(named, list):
         return
@@ -162,7 +168,12 @@ def _clean_leftovers(workdir: Path, journal: Mapping[str, object]) -> None:
             if fd is None:
                 continue
             with os.scandir(fd) as it:
-                stale = [i.name for i in it if i.name.startswith(TMP_PREFIX)]
+                stale = [
+                    i.name
+                    for i in it
+                    if TEMP_NAME.fullmatch(i.name)
+                    and (f"{rel}/{i.name}" if rel else i.name) not in tracked
+                ]
             for name in stale:
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=fd)
@@ -194,7 +205,6 @@ def checkout(
     if base_tree == head and index is not None and not journal.exists():
         return CheckoutResult(head, index.count, 0, 0)  # the header's: the rows not parsed
     left = _journal(workdir) if journal.exists() else {}
-    _clean_leftovers(workdir, left)
     interrupted = [t for t in dict.fromkeys(_interrupted_trees(left)) if t != base_tree]
     limits = store.limits()
     head_dirs: dict[str, bytes] = {}
@@ -203,6 +213,8 @@ def checkout(
     # trees count as held, and every path where one differs from the head is made the head's.
     written = _read_interrupted(store, workdir, interrupted, head)
     held = [base, *written]
+    if left:
+        _clean_leftovers(workdir, left, set(wanted).union(*held))
     changed = sorted(
         p
         for p in set(wanted).union(*held)

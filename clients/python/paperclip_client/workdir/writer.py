@@ -10,6 +10,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
 import stat
 import uuid
@@ -36,6 +37,7 @@ from paperclip_client.workdir.transfer import (
 )
 
 TMP_PREFIX = ".paperclip-tmp-"
+TEMP_NAME = re.compile(re.escape(TMP_PREFIX) + "[0-9a-f]{32}")  # what `temp_name` makes
 # The permission bits a checkout gives what it writes: never setuid, setgid or sticky, which a
 # tree (another agent's, through the head) may carry and the CLI, often root, would honour.
 WRITE_MODE_BITS = 0o777
