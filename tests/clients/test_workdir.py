@@ -879,6 +879,75 @@ def test_finishing_an_interrupted_checkout_removes_only_its_own_temporary_files(
         assert (agent / "d" / ".paperclip-tmp-notes").read_bytes() == b"the agent's notes"
 
 
+def _three_heads(store: FakeStore, tmp_path: Path) -> list[str | None]:
+    """`f` present, then removed, then back with other content."""
+    heads: list[str | None] = []
+    for name, files in {
+        "h1": {"keep": "k", "f": "f1"},
+        "h2": {"keep": "k2"},
+        "h3": {"keep": "k2", "f": "f3"},
+    }.items():
+        make(tmp_path / name, files)
+        heads.append(take(store, tmp_path / name).tree)
+    return heads
+
+
+def test_a_file_deleted_after_a_checkout_killed_before_its_removals_is_local_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interrupted checkout (to a head without `f`) wrote its files and was killed before
+    it removed anything; the agent then deleted `f`. That deletion is the agent's: the next
+    checkout, to a head that has `f` again, refuses it as local work instead of putting `f`
+    back without a word (as it does with no interruption)."""
+    from paperclip_client.workdir import checking_out
+
+    store = FakeStore()
+    h1, h2, h3 = _three_heads(store, tmp_path)
+    agent = tmp_path / "agent"
+    check_out(store, agent, h1)
+    write = checking_out._write_entry
+
+    def killed_after_its_writes(*args: Any) -> None:
+        write(*args)  # `keep`, the one file h2 changes: then killed, before any removal
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(checking_out, "_write_entry", killed_after_its_writes)
+        with pytest.raises(KeyboardInterrupt):
+            check_out(store, agent, h2)
+    assert (agent / "keep").read_bytes() == b"k2"
+    assert (agent / "f").read_bytes() == b"f1"  # not removed yet
+    (agent / "f").unlink()  # the agent's work
+    with pytest.raises(LocalChanges):
+        check_out(store, agent, h3)
+
+
+def test_a_file_a_killed_checkout_removed_is_not_local_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after it removed `f`: the next checkout knows the removal was checkout's own
+    (the journal named it before removing) and finishes."""
+    from paperclip_client.workdir import checking_out
+
+    store = FakeStore()
+    h1, h2, h3 = _three_heads(store, tmp_path)
+    agent = tmp_path / "agent"
+    check_out(store, agent, h1)
+    remove = checking_out.CheckoutWriter.remove
+
+    def removed_then_killed(self: Any, path: str, **kwargs: Any) -> None:
+        remove(self, path, **kwargs)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(checking_out.CheckoutWriter, "remove", removed_then_killed)
+        with pytest.raises(KeyboardInterrupt):
+            check_out(store, agent, h2)
+    assert not (agent / "f").exists()
+    assert check_out(store, agent, h3).tree == h3
+    assert (agent / "f").read_bytes() == b"f3"
+
+
 def test_a_checkout_after_an_interrupted_one_to_another_head_leaves_no_trace_of_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

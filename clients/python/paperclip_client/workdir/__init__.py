@@ -19,7 +19,9 @@ State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touche
 - `dirs.json`: the directory blobs of the last-held tree (`{"tree", "dirs": {name: text}}`),
   so that a checkout knows what the workdir last held without asking the server.
 - `checkout.json`: present while a checkout writes (the head, the trees of earlier checkouts
-  killed since the index was saved, and the directories it writes into); the next checkout
+  killed since the index was saved, the directories it writes into, and, once it starts
+  removing, the paths it removes: a path missing from the workdir counts as a killed
+  checkout's removal only if named there, else it is the agent's deletion); the next checkout
   first removes the temporary files it left (`.paperclip-tmp-` and 32 hex digits, none a
   tree names: a file of the agent's that only starts so is kept), and undoes what the killed
   ones wrote where the new head differs.

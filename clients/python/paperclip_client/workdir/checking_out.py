@@ -149,6 +149,13 @@ def _interrupted_trees(journal: Mapping[str, object]) -> list[str | None]:
     return [t for t in named if t is None or isinstance(t, str)][-MAX_INTERRUPTED:]
 
 
+def _removing(journal: Mapping[str, object]) -> set[str]:
+    """The paths interrupted checkouts said they would remove (none from a journal written
+    before they said so: a path they removed then shows as local work, refused, never lost)."""
+    named = journal.get("removing", [])
+    return {str(p) for p in named} if isinstance(named, list) else set()
+
+
 def _clean_leftovers(
     workdir: Path, journal: Mapping[str, object], tracked: Collection[str]
 ) -> None:
@@ -220,18 +227,36 @@ def checkout(
         for p in set(wanted).union(*held)
         if not all(_both(wanted.get(p), tree.get(p)) for tree in held)
     )
+    removed = _removing(left) if interrupted else set()
     work = CheckoutWriter(store, workdir, index, limits, say)
     try:
         current = {p: work.current(p) for p in changed}
-        conflicts, broken = _local_work(work, changed, wanted, held, current)
+        conflicts, broken = _local_work(work, changed, wanted, held, current, removed)
         if conflicts and not discard_local_changes:
             raise LocalChanges(sorted(set(conflicts)))
         parents = sorted({p.rpartition("/")[0] for p in changed})
         trees = ([*interrupted, head] if head != base_tree else interrupted)[-MAX_INTERRUPTED:]
-        write_atomic(journal, json.dumps({"tree": head, "trees": trees, "dirs": parents}).encode())
+        body = {"tree": head, "trees": trees, "dirs": parents, "removing": sorted(removed)}
+        write_atomic(journal, json.dumps(body).encode())
+
+        def removing(paths: Collection[str]) -> None:
+            # Said before the first removal: only a path named here may be missing because
+            # an interrupted checkout removed it (`_local_work`); any other missing path the
+            # next checkout finds was removed by the agent, which is local work.
+            body["removing"] = sorted(removed.union(paths))
+            write_atomic(journal, json.dumps(body).encode())
+
         work.progress = Progress(say, "checkout", _to_fetch(wanted, changed, current))
         work.prefetch = Prefetch(store, _ahead(wanted, changed, current, work.local), threads)
-        _apply(work, changed, wanted, current, broken, discard_local_changes=discard_local_changes)
+        _apply(
+            work,
+            changed,
+            wanted,
+            current,
+            broken,
+            discard_local_changes=discard_local_changes,
+            before_removals=removing,
+        )
     finally:
         work.close()
     files = _new_stats(wanted, changed, index, work.stats)
@@ -313,16 +338,26 @@ def _local_work(
     wanted: Mapping[str, Entry],
     held: Sequence[Mapping[str, Entry]],
     current: Mapping[str, Entry | None],
+    removed: Collection[str] = frozenset(),
 ) -> tuple[list[str], list[str]]:
     """The paths checkout would overwrite or delete that hold local work (content that is
-    neither the head's nor that of a tree the workdir held, `held`), and the directories of
-    both trees that are no longer directories in the workdir (`broken`, among them)."""
-    conflicts = [
-        p
-        for p in changed
-        if not _same(current[p], wanted.get(p))
-        and not any(_same(current[p], tree.get(p)) for tree in held)
-    ]
+    neither the head's nor that of a tree the workdir held, `held`: the last-held tree, then
+    those of interrupted checkouts), and the directories of both trees that are no longer
+    directories in the workdir (`broken`, among them). A path missing from the workdir is
+    held by an interrupted checkout's tree only where that checkout said it would remove it
+    (`removed`): it had written its files, not yet removed anything, when it was killed, so
+    any other missing path is the agent's deletion."""
+    last, *interrupted = held
+
+    def was_held(p: str) -> bool:
+        cur = current[p]
+        if _same(cur, last.get(p)):
+            return True
+        return (cur is not None or p in removed) and any(
+            _same(cur, tree.get(p)) for tree in interrupted
+        )
+
+    conflicts = [p for p in changed if not _same(current[p], wanted.get(p)) and not was_held(p)]
     known: set[str] = set().union(*held)
     for p in changed:
         cur, want = current[p], wanted.get(p)
@@ -343,8 +378,10 @@ def _apply(
     broken: Sequence[str],
     *,
     discard_local_changes: bool,
+    before_removals: Callable[[Collection[str]], None] = lambda paths: None,
 ) -> None:
-    """Write the head's entries at the changed paths, then remove what it no longer has."""
+    """Write the head's entries at the changed paths, then remove what it no longer has
+    (`before_removals` told first which paths)."""
     for p in broken:
         work.remove(p, force=True)
         work.make_dir(p, wanted[p].mode)
@@ -353,7 +390,10 @@ def _apply(
         if want is not None:
             _write_entry(work, p, want, current[p])
     # Removals last (a removed file may be the local copy of a new one), deepest first.
-    for p in sorted((p for p in changed if p not in wanted), key=_depth, reverse=True):
+    doomed = sorted((p for p in changed if p not in wanted), key=_depth, reverse=True)
+    if doomed:
+        before_removals(doomed)
+    for p in doomed:
         work.remove(p, force=discard_local_changes)
 
 
