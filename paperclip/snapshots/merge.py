@@ -101,20 +101,15 @@ def merge3(
         # Every path whose entry the board's choice decides is shown to it: what lies below a
         # conflicting path may go with it (a run's new files under what the head keeps as a
         # file are dropped by keeping the head, kept by publishing).
-        taking_ours = merge3_taking(base, ours, theirs, side="ours")
-        taking_theirs = merge3_taking(base, ours, theirs, side="theirs")
         conflicts.update(
-            path
-            for path in taking_ours.keys() | taking_theirs.keys()
-            if not _same_entry(taking_ours.get(path), taking_theirs.get(path))
+            changed_paths(
+                merge3_taking(base, ours, theirs, side="ours"),
+                merge3_taking(base, ours, theirs, side="theirs"),
+            )
         )
         ordered = tuple(sorted(conflicts, key=lambda p: p.encode("utf-8", "surrogatepass")))
         return MergeResult(None, ordered[:MAX_CONFLICTS], len(ordered))
     return MergeResult(merged, (), 0)
-
-
-def _same_entry(a: Entry | None, b: Entry | None) -> bool:
-    return a is b if a is None or b is None else a.same_as(b)
 
 
 def _not_directories_above(path: str, merged: Mapping[str, Entry]) -> list[str]:
