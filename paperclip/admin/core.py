@@ -181,6 +181,13 @@ class BoardApiTokenAdmin(_CredentialAdmin):
         return bool(getattr(request.user, "is_staff", False))
 
 
+def _record_company_id(form: forms.ModelForm[Any], data: dict[str, Any]) -> Any:
+    """The company chosen on the add page, or an existing record's own: its company is shown
+    read-only on the change page (`AuditedAdmin`), so that form has no such field."""
+    company = data.get("company")
+    return company.pk if company is not None else form.instance.company_id
+
+
 class IssueAdminForm(_ModelForm):
     class Meta:
         model = Issue
@@ -195,10 +202,7 @@ class IssueAdminForm(_ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        # The company chosen on the add page; an existing issue's own (its company is shown
-        # read-only, so the change page's form has no such field).
-        company = data.get("company")
-        company_id = company.pk if company is not None else self.instance.company_id
+        company_id = _record_company_id(self, data)
         for field in ("assignee_agent", "execution_workspace"):
             related = data.get(field)
             if related is not None and company_id is not None and related.company_id != company_id:
@@ -268,8 +272,7 @@ class ExecutionWorkspaceAdminForm(_ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        company = data.get("company")  # the add page's; an existing workspace's own
-        company_id = company.pk if company is not None else self.instance.company_id
+        company_id = _record_company_id(self, data)
         issue = data.get("source_issue")
         if issue is not None and company_id is not None and issue.company_id != company_id:
             self.add_error("source_issue", "Must belong to the workspace's company.")
