@@ -1,19 +1,23 @@
-"""The index's second version (issue #42): a header line that says what the stat cache holds
-(`count`, `bytes`, `newest_ns`), then the rows, parsed only when they are needed. A run at the
-head and a watched run that changed nothing answer from the header; a racily clean row is
-still read again; rows that cannot be parsed only mean a full scan; and an index written by
-the first version is still read.
+"""The index's header and rows (issue #42): a header line that says what the stat cache holds
+(`count`, `bytes`, `newest_ns`, the `crc` of the rows), then the rows as sorted lines, parsed
+only when they are all needed. A run at the head and a watched run that changed nothing
+answer from the header; a watched run that changed some files looks up their rows alone and
+writes the index again with only those lines changed; a racily clean row is still read
+again; rows that cannot be parsed only mean a full scan; and an index written by the first
+or second version is still read.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import pytest
 
 from paperclip_client import workdir
+from paperclip_client.trees import blob_name
 from paperclip_client.workdir import Rows, watch_state
 from paperclip_client.workdir import index as index_module
 from tests.clients.test_watch import Watcher, full_tree, settled, take, tree_of, watch, watchers
@@ -25,6 +29,13 @@ __all__ = ["watchers"]  # the fixture, used by name
 
 def index_file(root: Path) -> Path:
     return root / ".paperclip" / workdir.INDEX
+
+
+def lines_of(body: bytes) -> dict[str, list[object]]:
+    """Version 3's rows: a line each, `<path as JSON>\\t<row as JSON>`, sorted."""
+    pairs = [line.split(b"\t") for line in body.splitlines()]
+    assert [k for k, _v in pairs] == sorted(k for k, _v in pairs)
+    return {json.loads(k): json.loads(v) for k, v in pairs}
 
 
 def header(root: Path) -> dict[str, object]:
@@ -83,16 +94,17 @@ def test_the_header_summarizes_the_rows_and_the_rows_wait(
     first = take_plain(FakeStore(), root)
     data = index_file(root).read_bytes()
     head, rest = data.split(b"\n", 1)
-    rows = json.loads(rest)
+    rows = lines_of(rest)
     assert json.loads(head) == {
-        "version": 2,
+        "version": 3,
         "id": json.loads(head)["id"],
         "tree": first.tree,
         "server": SERVER,
         "workspace": WORKSPACE,
         "count": 2,
         "bytes": 8,
-        "newest_ns": max(row[1] for row in rows.values()),
+        "newest_ns": max(row[1] for row in rows.values()),  # type: ignore[index]
+        "crc": zlib.crc32(rest),
         "racy_ns": json.loads(head)["racy_ns"],  # when the scan started
     }
     assert json.loads(head)["racy_ns"] <= index_file(root).stat().st_mtime_ns
@@ -109,7 +121,7 @@ def test_the_header_summarizes_the_rows_and_the_rows_wait(
 @pytest.mark.parametrize(
     ("field", "value"),
     [("count", "2"), ("bytes", None), ("newest_ns", 1.5), ("count", True), ("tree", 3),
-     ("server", None), ("id", 7), ("count", -1), ("version", 3)],
+     ("server", None), ("id", 7), ("count", -1), ("version", 4), ("crc", "1"), ("crc", None)],
 )  # fmt: skip
 def test_a_header_field_of_the_wrong_type_makes_the_index_unreadable(
     tmp_path: Path, field: str, value: object
@@ -124,10 +136,20 @@ def test_a_header_field_of_the_wrong_type_makes_the_index_unreadable(
 
 @pytest.mark.parametrize(
     "rows",
-    [b'{"a": [3, 1', b"[]", b'{"a": [3, 1, 420, 5]}', b'{"a": "x"}', b"", b"{}"],
+    [
+        b'{"a": [3, 1',
+        b"[]",
+        b'{"a": [3, 1, 420, 5]}',
+        b'{"a": "x"}',
+        b"",
+        b"{}",
+        b'"a"\t[3,1,420,5,"x",6]\n',
+        b'"a"\t[3,1,420,5,"x",6]',
+    ],
 )
 def test_rows_that_cannot_be_read_are_an_empty_stat_cache(tmp_path: Path, rows: bytes) -> None:
-    """Truncated, not rows, or not the header's rows (`{}` while the header counts one)."""
+    """Truncated, not rows, or not the header's rows (`{}` while the header counts one, a
+    row whose line is not the one the header's checksum was taken of)."""
     root = tmp_path / "w"
     make(root, {"a": "one"})
     first = take_plain(FakeStore(), root)
@@ -188,7 +210,7 @@ def test_an_index_of_the_first_version_is_still_read(tmp_path: Path) -> None:
     assert done.tree == t2
     assert (agent / "a").read_bytes() == b"a2"
     assert (agent / "d" / "b").read_bytes() == b"local work"
-    assert header(agent)["version"] == 2
+    assert header(agent)["version"] == 3
 
 
 # --- with the watcher ------------------------------------------------------------------------
@@ -218,12 +240,104 @@ def test_a_watched_run_that_changed_nothing_never_parses_the_rows(
     assert (after.st_ino, after.st_mtime_ns) == (info.st_ino, info.st_mtime_ns)
     assert index_file(root).read_bytes() == data
 
-    (root / "d1/f1").write_text("changed")  # a change parses them once, and writes them
+    (root / "d1/f1").write_text("changed")  # a change looks up its rows: none parsed
+    result, line = take(store, root)
+    assert line == "watcher: 1 directory changed (1 file read)"
+    assert parses == []
+    assert result.tree == full_tree(root)
+    assert header(root)["count"] == 20
+
+
+def rows_on_disk(root: Path) -> dict[str, tuple[int, int, int, int, str]]:
+    """What the stat cache should say of every file now: size, mtime, mode, inode, digest."""
+    found = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(".paperclip") or not path.is_file():
+            continue
+        info = path.stat()
+        digest = blob_name(path.read_bytes())
+        found[rel] = (info.st_size, info.st_mtime_ns, info.st_mode & 0o7777, info.st_ino, digest)
+    return found
+
+
+def test_a_watched_change_looks_up_and_writes_only_its_own_rows(
+    tmp_path: Path, watchers: list[Watcher], parses: list[int]
+) -> None:
+    """An edit, a new file, a deletion and a rename: the scan looks up those rows alone (the
+    others are never parsed), and the index written after it is the old one's lines with
+    exactly those lines changed: every other line byte for byte as it was, the header's
+    count and bytes the new stat cache's, each row what the file on disk is."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, tree_of(root))
+    for path in root.rglob("f*"):
+        old(path)
+    watch(watchers, root)
+    settled(store, root)
+    before = lines_of(index_file(root).read_bytes().split(b"\n", 1)[1])
+    index_module._last_index = None
+    parses.clear()
+    (root / "d1/f1").write_text("edited, longer than before")
+    (root / "d0/new").write_text("new")
+    (root / "d2/f3").unlink()
+    (root / "d3/f0").rename(root / "d1/moved")
+    for path in ("d1/f1", "d0/new"):
+        old(root / path)  # not racily clean: the next run reads nothing
+    result, line = take(store, root)
+    assert line == "watcher: 4 directories changed (3 files read)"
+    assert parses == []
+    assert result.tree == full_tree(root)
+    body = index_file(root).read_bytes().split(b"\n", 1)[1]
+    after = lines_of(body)
+    on_disk = rows_on_disk(root)
+    assert set(after) == set(on_disk)
+    assert {p: (*r[:4], r[4]) for p, r in after.items()} == on_disk  # type: ignore[misc]
+    changed = {"d1/f1", "d0/new", "d2/f3", "d3/f0", "d1/moved"}
+    assert {p: r for p, r in after.items() if p not in changed} == {
+        p: r for p, r in before.items() if p not in changed
+    }
+    head = header(root)
+    assert (head["count"], head["bytes"]) == (20, sum(r[0] for r in on_disk.values()))
+    assert (result.files, result.bytes) == (head["count"], head["bytes"])
+    assert head["crc"] == zlib.crc32(body)
+    assert isinstance(head["newest_ns"], int)
+    assert head["newest_ns"] >= max(r[1] for r in on_disk.values())
+    index_module._last_index = None
+    result, line = take(store, root)  # the index written in part vouches for the rest
+    assert line == "watcher: 0 directories changed (0 files read)"
+    assert result.tree == full_tree(root)
+
+
+def test_an_index_of_the_second_version_is_still_read(
+    tmp_path: Path, watchers: list[Watcher], parses: list[int]
+) -> None:
+    """Its rows one JSON object: a change parses them once, and the index is written again
+    whole as version 3, its stat cache still vouching for the files not changed."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, tree_of(root))
+    for path in root.rglob("f*"):
+        old(path)
+    watch(watchers, root)
+    settled(store, root)
+    head, rest = index_file(root).read_bytes().split(b"\n", 1)
+    as_two = {k: v for k, v in json.loads(head).items() if k != "crc"} | {"version": 2}
+    rows = json.dumps(lines_of(rest), separators=(",", ":")).encode()
+    rewrite(root, json.dumps(as_two).encode() + b"\n" + rows)
+    index_module._last_index = None
+    parses.clear()
+    (root / "d1/f1").write_text("edited")
+    old(root / "d1/f1")
     result, line = take(store, root)
     assert line == "watcher: 1 directory changed (1 file read)"
     assert parses == [1]
     assert result.tree == full_tree(root)
-    assert header(root)["count"] == 20
+    assert (header(root)["version"], header(root)["count"]) == (3, 20)
+    assert set(lines_of(index_file(root).read_bytes().split(b"\n", 1)[1])) == set(
+        rows_on_disk(root)
+    )
+    index_module._last_index = None
+    result, line = take(store, root)
+    assert line == "watcher: 0 directories changed (0 files read)"
 
 
 def test_a_racily_clean_row_is_read_again_with_the_header(
@@ -260,7 +374,7 @@ def test_a_racily_clean_row_is_read_again_with_the_header(
     assert line == "watcher: 0 directories changed (0 files read)"
 
 
-@pytest.mark.parametrize("rows", [b'{"d0/f0": [1', b"{}"])
+@pytest.mark.parametrize("rows", [b'{"d0/f0": [1', b"{}", b"", b'"d0/f0"\t[1,2,420,3,"x",4]\n'])
 def test_rows_that_cannot_be_read_mean_a_full_scan_that_loses_nothing(
     tmp_path: Path, watchers: list[Watcher], rows: bytes
 ) -> None:
@@ -284,3 +398,31 @@ def test_rows_that_cannot_be_read_mean_a_full_scan_that_loses_nothing(
     result, line = take(store, root)
     assert line == "watcher: 1 directory changed (1 file read)"
     assert result.tree == full_tree(root)
+
+
+def test_the_directory_blobs_are_a_line_each_and_the_first_version_is_still_read(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, tree_of(root))
+    watch(watchers, root)
+    settled(store, root)
+    path = root / ".paperclip" / workdir.DIRS
+    head, rest = path.read_bytes().split(b"\n", 1)
+    tree = header(root)["tree"]
+    assert json.loads(head) == {"version": 2, "tree": tree}
+    blobs = dict(line.split(b"\t") for line in rest.splitlines())
+    assert all(blob_name(blob) == name.decode() for name, blob in blobs.items())
+    assert len(blobs) == 5  # the root and d0 to d3
+    loaded = index_module.load_dirs(root)
+    assert loaded == {k.decode(): v for k, v in blobs.items()}
+    as_one = {"tree": tree, "dirs": {k: v.decode() for k, v in loaded.items()}}
+    path.write_bytes(json.dumps(as_one, ensure_ascii=False).encode())
+    assert index_module.load_dirs(root) == loaded
+    (root / "d1/f1").write_text("edited")
+    result, line = take(store, root)
+    assert line == "watcher: 1 directory changed (1 file read)"
+    assert result.tree == full_tree(root)
+    assert path.read_bytes().startswith(b'{"version": 2,')
+    path.write_bytes(head + b"\n" + rest[:-1])  # its last newline lost: not read
+    assert index_module.load_dirs(root) == {}

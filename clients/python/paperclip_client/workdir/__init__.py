@@ -2,13 +2,16 @@
 
 State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touched by checkout):
 
-- `index.json`: a header line `{"version": 2, "id", "tree": <the tree the workdir last held, or
-  null>, "server", "workspace", "count", "bytes", "newest_ns", "racy_ns"?}`, then the stat
-  cache `{path: [size, mtime_ns, mode, ino, digest or [chunks], ctime_ns]}` (`count` rows,
-  `bytes` the sum of their sizes, `newest_ns` their largest mtime), written atomically
+- `index.json`: a header line `{"version": 3, "id", "tree": <the tree the workdir last held, or
+  null>, "server", "workspace", "count", "bytes", "newest_ns", "crc", "racy_ns"?}`, then the
+  stat cache, a line a file, `<path as JSON>\t[size, mtime_ns, mode, ino, digest or [chunks],
+  ctime_ns]`, sorted (`count` rows, `bytes` the sum of their sizes, `newest_ns` not older than
+  their largest mtime, `crc` the CRC-32 of the lines: `rowlines`), written atomically
   (temporary file + rename) once a checkout or a snapshot is complete. Only the header is
-  parsed when the file is read; the rows when first wanted (a run that changed nothing never
-  parses them). Version 1 (one object with the rows as "files") is still read. It is a stat
+  parsed when the file is read; a row is looked up in the lines when wanted, and a partial
+  scan's changes are put into a copy of them (a run that changed nothing never parses them,
+  one that changed some files only theirs). Versions 2 (the rows one object) and 1 (one
+  object with the rows as "files") are still read. It is a stat
   cache, as git's index: a file whose size, mtime, mode, inode and ctime match its entry is
   not read again, unless its mtime is not older than the start of the scan that wrote the
   index (`racy_ns`, the filesystem's clock read through `stamp`; else the index file's own
@@ -16,8 +19,9 @@ State of the client, in `<workdir>/.paperclip/` (never snapshotted, never touche
   or unreadable index means: hash everything, the last-held tree is empty; rows that cannot
   be parsed, only that every file is hashed again.
 - `stamp`: written at each snapshot's start, to read the filesystem's clock.
-- `dirs.json`: the directory blobs of the last-held tree (`{"tree", "dirs": {name: text}}`),
-  so that a checkout knows what the workdir last held without asking the server.
+- `dirs.json`: the directory blobs of the last-held tree (a header line `{"version": 2,
+  "tree"}`, then `<name>\t<blob>` a line; version 1, `{"tree", "dirs": {name: text}}`, is
+  still read), so that a checkout knows what the workdir last held without asking the server.
 - `checkout.json`: present while a checkout writes (the head, the trees of earlier checkouts
   killed since the index was saved, the directories it writes into, and, once it starts
   removing, the paths it removes: a path missing from the workdir counts as a killed

@@ -11,16 +11,27 @@ import os
 import stat
 import threading
 import uuid
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from paperclip_client.workdir.rowlines import (
+    encode_all,
+    encode_key,
+    find,
+    loads_all,
+    row_at,
+    splice,
+)
+
 STATE_DIR = ".paperclip"
 INDEX = "index.json"
 DIRS = "dirs.json"
 JOURNAL = "checkout.json"
-INDEX_VERSION = 2  # version 1 (one JSON object with "files") is still read
+INDEX_VERSION = 3  # versions 2 (the rows one JSON object) and 1 (one with "files") are read
+DIRS_VERSION = 2  # version 1 (`{"tree", "dirs": {name: text}}`) is still read
 type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks], ctime_ns]
 
 
@@ -29,21 +40,34 @@ type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks], ctime_n
 
 class Rows:
     """The stat cache's rows (path -> Stat), parsed from the index file's bytes the first
-    time they are wanted (`get`): a run that changed nothing answers from the header alone.
-    Shared, never changed, by the copies of an index (`dataclasses.replace`, `load_index`'s
-    cache). Rows that cannot be parsed, or that do not agree with the header's count, bytes
-    and newest mtime, are `{}` and `unreadable`: an empty stat cache only means files are
-    read again."""
+    time they are all wanted (`get`): a run that changed nothing answers from the header
+    alone, and one that changed some files finds their rows one by one (`lookup`, in the
+    sorted lines of version 3: `rowlines`). Shared, never changed, by the copies of an index
+    (`dataclasses.replace`, `load_index`'s cache). Rows that cannot be parsed, or that do not
+    agree with the header's count, bytes, newest mtime and checksum, are `{}` and
+    `unreadable`: an empty stat cache only means files are read again."""
 
-    __slots__ = ("_expect", "_lock", "_raw", "_rows", "_start", "unreadable")
+    __slots__ = (
+        "_crc", "_expect", "_found", "_lines", "_lock", "_raw", "_rows", "_sound", "_start",
+        "unreadable",
+    )  # fmt: skip
 
     def __init__(
-        self, raw: bytes = b"{}", start: int = 0, expect: tuple[int, int, int] | None = None
+        self,
+        raw: bytes = b"{}",
+        start: int = 0,
+        expect: tuple[int, int, int] | None = None,
+        *,
+        crc: int | None = None,
     ) -> None:
         self._raw = raw  # the rows are `raw[start:]` (the file's bytes are not copied)
         self._start = start
         self._expect = expect  # (count, bytes, newest_ns) as the header says
+        self._lines = crc is not None  # version 3: sorted lines, under the header's checksum
+        self._crc = crc
+        self._sound: bool | None = None  # the checksum, once checked
         self._rows: dict[str, Stat] | None = None
+        self._found: dict[str, Stat | None] = {}  # rows looked up in the lines, by path
         self._lock = threading.Lock()
         self.unreadable = False
 
@@ -64,20 +88,145 @@ class Rows:
             with self._lock:
                 if self._rows is None:
                     with gc_paused():
-                        self._take(_json(self._raw[self._start :]))
+                        body = self._raw[self._start :]
+                        if not self._lines:
+                            self._take(_json(body))
+                        else:
+                            self._take(loads_all(body) if self._check() else None)
                 rows = self._rows
                 assert rows is not None  # noqa: S101 - set by _take
         return rows
 
+    def lookup(self, path: str) -> Stat | None:
+        """The row of `path`: in sorted lines not yet parsed, found by a search over them
+        (the checksum checked at the first), else from the parsed rows."""
+        with self._lock:
+            raw, start, rows = self._raw, self._start, self._rows
+            sound = rows is None and self._lines and self._check()
+        if rows is not None:
+            return rows.get(path)
+        if not self._lines:
+            return self.get().get(path)
+        if not sound:
+            return None  # unreadable: `_check` made the rows `{}`
+        if path in self._found:  # a scan, its summary and its writing look each one up
+            return self._found[path]
+        line, end = find(raw, start, encode_key(path))
+        row = row_at(raw, line, end) if end >= 0 else None
+        self._found[path] = row
+        return row
+
+    def readable(self) -> bool:
+        """Whether the rows can be used, found out as cheaply as the format allows (the
+        checksum of sorted lines; a parse of the rows of version 2)."""
+        if self._lines and self._rows is None:
+            with self._lock:
+                if self._rows is None:
+                    return self._check()
+        self.get()
+        return not self.unreadable
+
+    def summary(self) -> tuple[int, int, int]:
+        """(count, bytes, newest_ns): the header's (its newest an upper bound: see
+        `save_state`), or the parsed rows' when there is no header."""
+        if self.unreadable:
+            return 0, 0, 0
+        if self._expect is not None:
+            return self._expect
+        return summarize(self.get()) or (0, 0, 0)
+
+    def spliced(self, changes: Mapping[str, Stat | None]) -> tuple[bytes, tuple[int, int, int]]:
+        """The sorted lines with `changes` put in (None: the path is gone), and their
+        summary; raises `NotSpliced` when these rows are not lines that can be (version 2,
+        parsed already, or unreadable): the whole stat cache is written instead."""
+        with self._lock:
+            raw, start = self._raw, self._start
+            if not self._lines or self._rows is not None or not self._check():
+                raise NotSpliced
+            assert self._expect is not None  # noqa: S101 - a header has them
+            count, size, newest = self._expect
+        ordered = sorted((encode_key(p), row) for p, row in changes.items())
+        body, replaced = splice(raw, start, ordered)
+        for (_key, row), was in zip(ordered, replaced, strict=True):
+            if was is not None:
+                count, size = count - 1, size - was[0]
+            if row is not None:
+                count, size, newest = count + 1, size + row[0], max(newest, row[1])
+        return body, (count, size, newest)
+
+    def _check(self) -> bool:
+        """(Lock held.) The sorted lines against the header's checksum, once: rows that do
+        not match it are unreadable (`{}`)."""
+        if self._sound is None:
+            self._sound = zlib.crc32(memoryview(self._raw)[self._start :]) == self._crc
+            if not self._sound:
+                self._take(None)
+        return self._sound
+
     def _take(self, data: object) -> None:
         summary = summarize(data) if isinstance(data, dict) else None
-        if summary is None or (self._expect is not None and summary != self._expect):
+        expect = self._expect
+        if summary is None or (
+            expect is not None and (summary[:2] != expect[:2] or summary[2] > expect[2])
+        ):
             self.unreadable = True
             self._rows = {}
         else:
             assert isinstance(data, dict)  # noqa: S101 - summarized
             self._rows = data
         self._raw, self._start = b"", 0
+
+
+class NotSpliced(Exception):
+    """The rows are not sorted lines that a change can be put into."""
+
+
+class RowChanges:
+    """The stat cache after a partial scan: the index's rows (`base`, never changed) with
+    the rows read again (`update`) and the paths gone (`pop`). Its summary and its writing
+    look up only the paths it changed."""
+
+    __slots__ = ("base", "put", "removed")
+
+    def __init__(self, base: Rows) -> None:
+        self.base = base
+        self.put: dict[str, Stat] = {}
+        self.removed: set[str] = set()
+
+    def pop(self, path: str, default: object = None) -> None:
+        self.put.pop(path, None)
+        self.removed.add(path)
+
+    def update(self, rows: Mapping[str, Stat]) -> None:
+        self.put.update(rows)
+        self.removed.difference_update(rows)
+
+    def changes(self) -> dict[str, Stat | None]:
+        return {**dict.fromkeys(self.removed), **self.put}
+
+    def get(self) -> dict[str, Stat]:
+        """Every row (the base's parsed: a copy of them with the changes)."""
+        rows = dict(self.base.get())
+        for path in self.removed:
+            rows.pop(path, None)
+        rows.update(self.put)
+        return rows
+
+    def summary(self) -> tuple[int, int, int]:
+        """(count, bytes, newest_ns), the newest an upper bound (a row gone may have been
+        the newest: the header then only says "racy" where a parse would not)."""
+        count, size, newest = self.base.summary()
+        for path, row in self.changes().items():
+            was = self.base.lookup(path)
+            if was is not None:
+                count, size = count - 1, size - was[0]
+            if row is not None:
+                count, size, newest = count + 1, size + row[0], max(newest, row[1])
+        return count, size, newest
+
+    def unchanged(self) -> bool:
+        """Whether every change leaves the base's row as it was."""
+        return all(self.base.lookup(p) == row for p, row in self.changes().items())
 
 
 def summarize(rows: Mapping[str, Stat]) -> tuple[int, int, int] | None:
@@ -143,7 +292,7 @@ class Index:
         size, mtime, mode, inode and ctime (which no program can set back: a rewrite in place
         that keeps the size and restores the mtime, as `cp -p` does, still moves it; a row
         without one, written before it was kept, means the file is read again)."""
-        row = self.files.get(path)
+        row = self.rows.lookup(path)
         if (
             row is None
             or row[0] != st.st_size
@@ -164,12 +313,13 @@ class Index:
         tree: str | None,
         server: str,
         workspace: str,
-        files: Rows | Mapping[str, Stat],
+        files: Rows | RowChanges | Mapping[str, Stat],
     ) -> bool:
         """Whether this index already says exactly that: the same tree for the same server
         and workspace, the same stat cache, and no entry racily clean. Rewriting it then
         would change nothing but its mtime. Given its own `Rows` (a partial scan that read
-        nothing), that is answered from the header, without parsing them."""
+        nothing), or changes of them that leave each row as it was, that is answered from
+        the header and the changed rows, without parsing the others."""
         if (
             self.tree != tree
             or self.server != server
@@ -180,6 +330,8 @@ class Index:
             return False
         if files is self.rows:
             return True
+        if isinstance(files, RowChanges):
+            return files.base is self.rows and files.unchanged() and not self.rows.unreadable
         rows = files.get() if isinstance(files, Rows) else files
         return self.files == rows and not self.rows.unreadable
 
@@ -230,12 +382,13 @@ def load_index(workdir: Path) -> Index | None:
 
 
 def parse_index(data: bytes) -> Index | None:
-    """An index file's bytes: version 2 (a header line, then the rows, kept unparsed) or
+    """An index file's bytes: version 3 (a header line, then the rows as sorted lines, kept
+    unparsed), version 2 (a header line, then the rows as one JSON object, kept unparsed) or
     version 1 (one JSON object holding the rows as "files", parsed whole)."""
     newline = data.find(b"\n")
     with gc_paused():  # a version 1 file has no newline: the "header" is all of it
         header = _json(data[:newline] if newline >= 0 else data)
-    if isinstance(header, dict) and header.get("version") == INDEX_VERSION and newline >= 0:
+    if isinstance(header, dict) and header.get("version") in (2, 3) and newline >= 0:
         return _version_2(header, data, newline + 1)
     if newline >= 0:  # not a version 2 header: the file is one JSON object
         with gc_paused():
@@ -253,6 +406,7 @@ def _json(data: bytes) -> object:
 
 
 def _version_2(header: dict[str, Any], data: bytes, start: int) -> Index | None:
+    """Version 2 or 3: the same header, version 3's with the checksum of its lines."""
     tree, server, workspace, index_id = (
         header.get(k) for k in ("tree", "server", "workspace", "id")
     )
@@ -266,11 +420,14 @@ def _version_2(header: dict[str, Any], data: bytes, start: int) -> Index | None:
     racy = header.get("racy_ns")
     if not (racy is None or _is_int(racy)):
         return None
+    crc = header.get("crc") if header["version"] == 3 else None
+    if header["version"] == 3 and not _is_int(crc):
+        return None
     return Index(
         tree=tree,
         server=server,
         workspace=workspace,
-        rows=Rows(data, start, (count, size, newest)),
+        rows=Rows(data, start, (count, size, newest), crc=crc),
         id=index_id,
         count=count,
         bytes=size,
@@ -328,7 +485,7 @@ def save_state(
     tree: str | None,
     server: str,
     workspace: str,
-    files: Rows | Mapping[str, Stat],
+    files: Rows | RowChanges | Mapping[str, Stat],
     dirs: Mapping[str, bytes],
     racy_ns: int | None = None,
 ) -> str:
@@ -337,20 +494,22 @@ def save_state(
     the new index's id. `racy_ns`: when the scan that read `files` started (`fs_now`): a row
     not older is racily clean, although the index file is written later (after the upload
     and the registration), since a write in the row's timestamp tick after the scan read the
-    file leaves its stat as the row says."""
-    write_atomic(
-        state_path(workdir) / DIRS,
-        json.dumps(
-            {"tree": tree, "dirs": {k: v.decode("utf-8") for k, v in dirs.items()}},
-            ensure_ascii=False,
-        ).encode(),
-    )
-    rows = files.get() if isinstance(files, Rows) else dict(files)
-    summary = summarize(rows)
-    if summary is None:  # never from a scan or a checkout: a missing row is read again
-        rows = {p: r for p, r in rows.items() if summarize({p: r}) is not None}
+    file leaves its stat as the row says. Changes of an index's sorted lines (`RowChanges`)
+    are put into a copy of its bytes; the header's `newest_ns` is then an upper bound (a row
+    gone may have been the newest), which only makes the racy rule read more."""
+    write_atomic(state_path(workdir) / DIRS, _dirs_bytes(tree, dirs))
+    try:
+        if not isinstance(files, RowChanges):
+            raise NotSpliced
+        body, (count, size, newest) = files.base.spliced(files.changes())
+    except NotSpliced:
+        rows = files.get() if isinstance(files, Rows | RowChanges) else dict(files)
         summary = summarize(rows)
-    count, size, newest = summary or (0, 0, 0)
+        if summary is None:  # never from a scan or a checkout: a missing row is read again
+            rows = {p: r for p, r in rows.items() if summarize({p: r}) is not None}
+            summary = summarize(rows)
+        count, size, newest = summary or (0, 0, 0)
+        body = encode_all(rows)
     index_id = uuid.uuid4().hex
     header = {
         "version": INDEX_VERSION,
@@ -361,15 +520,27 @@ def save_state(
         "count": count,
         "bytes": size,
         "newest_ns": newest,
+        "crc": zlib.crc32(body),
     }
     if racy_ns is not None:
         header["racy_ns"] = racy_ns
-    body = b"%s\n%s" % (
-        json.dumps(header, separators=(",", ":")).encode(),
-        json.dumps(rows, separators=(",", ":")).encode(),
+    write_atomic(
+        state_path(workdir) / INDEX,
+        b"%s\n%s" % (json.dumps(header, separators=(",", ":")).encode(), body),
     )
-    write_atomic(state_path(workdir) / INDEX, body)
     return index_id
+
+
+def _dirs_bytes(tree: str | None, dirs: Mapping[str, bytes]) -> bytes:
+    """`dirs.json`: a header line, then a line a blob, `<name>\t<blob>\n` (a directory blob
+    is canonical JSON: JSON escapes every tab and newline in it). Version 1, one JSON object
+    of the blobs as text, where one is not such a line (never from this client)."""
+    lines = [b"%s\t%s\n" % (name.encode("utf-8"), data) for name, data in dirs.items()]
+    header = json.dumps({"version": DIRS_VERSION, "tree": tree}).encode()
+    if all(line.count(b"\t") == 1 and line.count(b"\n") == 1 for line in lines):
+        return b"%s\n%s" % (header, b"".join(lines))
+    body = {"tree": tree, "dirs": {k: v.decode("utf-8") for k, v in dirs.items()}}
+    return json.dumps(body, ensure_ascii=False).encode()
 
 
 STAMP = "stamp"
@@ -398,10 +569,28 @@ def fs_now(workdir: Path) -> int | None:
 
 
 def load_dirs(workdir: Path) -> dict[str, bytes]:
+    """The directory blobs of `dirs.json` by name (`{}` when it cannot be read)."""
     try:
-        data = json.loads((state_path(workdir) / DIRS).read_bytes())
-        return {str(k): str(v).encode("utf-8") for k, v in data["dirs"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        data = (state_path(workdir) / DIRS).read_bytes()
+    except OSError:
+        return {}
+    newline = data.find(b"\n")
+    header = _json(data[:newline]) if newline >= 0 else None
+    if isinstance(header, dict) and header.get("version") == DIRS_VERSION:
+        blobs: dict[str, bytes] = {}
+        body = data[newline + 1 :]
+        if body and not body.endswith(b"\n"):
+            return {}
+        for line in body.split(b"\n")[:-1]:
+            name, tab, blob = line.partition(b"\t")
+            if not tab:
+                return {}
+            blobs[name.decode("utf-8", "replace")] = blob
+        return blobs
+    try:
+        old = json.loads(data)
+        return {str(k): str(v).encode("utf-8") for k, v in old["dirs"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 

@@ -28,6 +28,7 @@ from paperclip_client.workdir.index import (
     DIRS,
     INDEX,
     Index,
+    RowChanges,
     Rows,
     Stat,
     load_dirs,
@@ -156,9 +157,9 @@ class Partial:
         self.old = TreeDirs(workdir, self.paths.values(), {})
         self.built: dict[str, bytes] = {}
         self.spec = load_ignore(workdir)
-        # The index's rows, parsed and copied only when something is read (`run`): a scan
-        # that read nothing has the index's `Rows` as they are.
-        self.stats: dict[str, Stat] = {}
+        # The index's rows with what this scan changed in them (only those rows are looked
+        # up); a scan that read nothing has the index's `Rows` as they are.
+        self.stats = RowChanges(index.rows)
         self.links = dict(state.links)
         self.left_out = dict(state.left_out)
         # The directories to build again: their entries by name, as they are encoded (the
@@ -171,7 +172,8 @@ class Partial:
     def run(self) -> Scan:
         whole, named = self._to_read()
         if whole or named:
-            self.stats = dict(self._rows())
+            if not self.index.rows.readable():
+                raise Fallback(f"the stat cache in {INDEX} could not be read")
             for directory in sorted(whole | named.keys(), key=_depth):
                 if directory not in self.paths or self._under_fresh(directory):
                     continue
@@ -383,14 +385,15 @@ class Partial:
     def _result(self, kept: dict[str, str], left_out: dict[str, str], same: Rows | None) -> Scan:
         """The scan; `same`: the index's rows when nothing was read (its header's figures)."""
         stats = self.stats
+        count, size, _newest = (same or stats).summary()
         return Scan(
             tree=self.paths[""],
             entries=self.read.entries,
             dirs=TreeDirs(self.workdir, self.paths.values(), self.built, self.old),
             sources=self.read.sources,
             stats=same if same is not None else stats,
-            files=self.index.count if same is not None else len(stats),
-            bytes=self.index.bytes if same is not None else sum(row[0] for row in stats.values()),
+            files=count,
+            bytes=size,
             hashed=self.read.hashed,
             paths=self.paths,
             links=kept,

@@ -27,6 +27,7 @@ from paperclip_client.workdir.errors import WorkdirChanged, WorkdirError
 from paperclip_client.workdir.index import (
     STATE_DIR,
     Index,
+    RowChanges,
     Rows,
     Stat,
     gc_paused,
@@ -55,7 +56,7 @@ class Scan:
     entries: dict[str, Entry]  # a partial scan's: those it read
     dirs: Mapping[str, bytes]
     sources: dict[str, tuple[str, int, int]]
-    stats: dict[str, Stat] | Rows
+    stats: dict[str, Stat] | Rows | RowChanges
     files: int = 0
     bytes: int = 0
     hashed: int = 0  # files read (not answered by the stat cache)
