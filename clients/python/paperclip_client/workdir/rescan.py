@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from paperclip_client.workdir.errors import WorkdirError
 from paperclip_client.workdir.index import (
     DIRS,
     INDEX,
+    STATE_DIR,
     Index,
     RowChanges,
     Rows,
@@ -36,6 +38,7 @@ from paperclip_client.workdir.index import (
 )
 from paperclip_client.workdir.scanning import (
     IGNORE_FILE,
+    MAX_DEPTH,
     Scan,
     _collect,
     collect_named,
@@ -167,20 +170,28 @@ class Partial:
         # from the server gets, as the index is).
         self.kids: dict[str, dict[str, Raw]] = {}
         self.fresh: set[str] = set()  # directories read whole in this scan
+        # Entries left out of the tree that this scan saw (ignored, or in a directory outside
+        # the tree that the watcher named), with their stat: `_refuse_hidden_links`.
+        self.unread: list[tuple[str, os.stat_result]] = []
+        self.named: dict[str, set[str]] = {}
         self.read = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
 
     def run(self) -> Scan:
         whole, named = self._to_read()
+        self.named = named
         if whole or named:
             if not self.index.rows.readable():
                 raise Fallback(f"the stat cache in {INDEX} could not be read")
             for directory in sorted(whole | named.keys(), key=_depth):
-                if directory not in self.paths or self._under_fresh(directory):
+                if self._under_fresh(directory):
                     continue
-                if directory in whole:
+                if directory not in self.paths:
+                    self._outside(directory, None if directory in whole else named[directory])
+                elif directory in whole:
                     self._relist(directory)
                 else:
                     self._update(directory, named[directory])
+            self._refuse_hidden_links()
             assert isinstance(self.read.stats, dict)  # noqa: S101 - its own, read into
             self.stats.update(self.read.stats)
             new_links = sorted(set(self.read.linked) - set(self.state.linked))
@@ -276,7 +287,8 @@ class Partial:
         }
         found: dict[str, tuple[str, os.stat_result | str]] = {}
         try:
-            _collect(self.workdir, directory, self.spec, found, self.warn, _depth(directory), keep)
+            depth = _depth(directory)
+            _collect(self.workdir, directory, self.spec, found, self.warn, depth, keep, self.unread)
         except WorkdirError as exc:
             raise Fallback(str(exc)) from exc
         for name, entry in old.items():
@@ -305,7 +317,9 @@ class Partial:
                 keep.add(path)
             here: dict[str, tuple[str, os.stat_result | str]] = {}
             try:
-                collect_named(self.workdir, directory, name, self.spec, here, self.warn, keep)
+                collect_named(
+                    self.workdir, directory, name, self.spec, here, self.warn, keep, self.unread
+                )
             except WorkdirError as exc:
                 raise Fallback(str(exc)) from exc
             if was_dir and (path not in keep or here.get(path, ("",))[0] != "dir"):
@@ -313,6 +327,55 @@ class Partial:
             found.update(here)
         self.kids[directory] = kids
         self._take(found, keep)
+
+    def _outside(self, directory: str, names: set[str] | None) -> None:
+        """The entries the watcher names (`names`; None: every entry) of a directory outside
+        the tree (ignored, or in an ignored one), into `unread`."""
+        if directory == STATE_DIR or directory.startswith(f"{STATE_DIR}/"):
+            return
+        try:
+            with os.scandir(self.workdir / directory) as listing:
+                here = {e.name for e in listing} if names is None else names
+        except OSError:
+            return  # gone (or never there): nothing in it to write through
+        for name in sorted(here):
+            try:
+                info = os.lstat(self.workdir / directory / name)
+            except OSError:
+                continue
+            self.unread.append((_join(directory, name), info))
+
+    def _refuse_hidden_links(self) -> None:
+        """A file left out of the tree (ignored, or outside it) with other hard links may be
+        a new name of a tracked file (`ln d/f build/f`, `build/` ignored): a write through it
+        is an event of that name alone, and the tracked name would never be read again. The
+        full scan reads every tracked file's stat (and lists the linked ones, which each
+        partial scan reads again): it follows when such a file's inode is a tracked file's
+        in the stat cache, but for the linked files already known. A directory left out is
+        looked into when it is new (made or moved in since the last snapshot, or in a
+        directory that is); one that was there already had its own events."""
+        suspects: list[tuple[str, int]] = []
+        for path, info in self.unread:
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                suspects.append((path, info.st_ino))
+            elif stat.S_ISDIR(info.st_mode) and self._new(path):
+                suspects.extend(_linked_under(self.workdir, path))
+        if not suspects:
+            return
+        rows = self._rows()
+        known = {rows[p][3] for p in self.state.linked if p in rows}
+        tracked = {row[3] for row in rows.values()} - known
+        for path, inode in suspects:
+            if inode in tracked:
+                raise Fallback(f"{path}: a new hard link of a tracked file (left out of the tree)")
+
+    def _new(self, path: str) -> bool:
+        parent, _, name = path.rpartition("/")
+        return (
+            path in self.answer.trees
+            or name in self.named.get(parent, ())
+            or self._under_fresh(parent)
+        )
 
     def _take(self, found: dict[str, tuple[str, os.stat_result | str]], keep: set[str]) -> None:
         """What a listing or a look at named entries found: its files read (or answered by
@@ -333,6 +396,9 @@ class Partial:
         """Forget what the last tree had under `top` (gone, or read whole again)."""
         prefix = f"{top}/"
         for path in [p for p in self.paths if p == top or p.startswith(prefix)]:
+            # Read whole again, a tracked path deep in it that the ignore rules match would
+            # be left out, as if deleted (only the full scan knows every tracked path).
+            self._refuse_ignored(path, self._old(path))
             for name, entry in self._old(path).items():
                 if entry["type"] == "file":
                     self.stats.pop(_join(path, name), None)
@@ -401,6 +467,29 @@ class Partial:
             linked=self.read.linked,
             vouched=frozenset(self.state.paths.values()),
         )
+
+
+def _linked_under(root: Path, top: str) -> Iterator[tuple[str, int]]:
+    """The files with other hard links under `top` (symlinks not followed), and their inodes."""
+    stack = [(top, _depth(top))]
+    while stack:
+        rel, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            continue
+        try:
+            with os.scandir(root / rel) as listing:
+                items = list(listing)
+        except OSError:
+            continue
+        for item in items:
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                stack.append((f"{rel}/{item.name}", depth + 1))
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                yield f"{rel}/{item.name}", info.st_ino
 
 
 class TreeDirs(Mapping[str, bytes]):

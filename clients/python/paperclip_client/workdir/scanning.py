@@ -314,9 +314,11 @@ def _collect(
     warn: Say,
     depth: int,
     keep: Container[str] = (),
+    ignored: list[tuple[str, os.stat_result]] | None = None,
 ) -> None:
     """Every entry under `rel` into `found`, but the directories in `keep`: recorded, not
-    entered (a partial scan keeps what it knows of them)."""
+    entered (a partial scan keeps what it knows of them), and the entries the ignore rules
+    match, which go into `ignored` when it is given (with their stat)."""
     if depth >= MAX_DEPTH:
         raise WorkdirError(f"{rel}: directories nested more than {MAX_DEPTH} deep")
     for item in _listing(root, rel):
@@ -327,7 +329,7 @@ def _collect(
             info = item.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue  # removed while listed
-        _collect_entry(root, rel, name, info, spec, found, warn, depth, keep)
+        _collect_entry(root, rel, name, info, spec, found, warn, depth, keep, ignored)
 
 
 def collect_named(
@@ -338,6 +340,7 @@ def collect_named(
     found: dict[str, tuple[str, os.stat_result | str]],
     warn: Say,
     keep: Container[str] = (),
+    ignored: list[tuple[str, os.stat_result]] | None = None,
 ) -> None:
     """The entry `name` of the directory `rel` into `found` as `_collect` would put it there
     (nothing when it is gone or left out; a directory not in `keep` with all it holds)."""
@@ -350,7 +353,7 @@ def collect_named(
     except OSError as exc:
         raise WorkdirError(f"{rel or '.'}/{name}: cannot be read ({exc.strerror})") from exc
     depth = rel.count("/") + 1 if rel else 0
-    _collect_entry(root, rel, name, info, spec, found, warn, depth, keep)
+    _collect_entry(root, rel, name, info, spec, found, warn, depth, keep, ignored)
 
 
 def _name_wanted(rel: str, name: str, warn: Say) -> bool:
@@ -373,17 +376,22 @@ def _collect_entry(
     warn: Say,
     depth: int,
     keep: Container[str],
+    ignored: list[tuple[str, os.stat_result]] | None = None,
 ) -> None:
     path = f"{rel}/{name}" if rel else name
     if stat.S_ISDIR(info.st_mode):
         if spec is not None and spec.match_file(path + "/"):
+            if ignored is not None:
+                ignored.append((path, info))
             return
         found[path] = ("dir", info)
         if path not in keep:
-            _collect(root, path, spec, found, warn, depth + 1)
+            _collect(root, path, spec, found, warn, depth + 1, (), ignored)
         return
     if spec is None or not spec.match_file(path):
         _collect_one(root, path, info, found, warn)
+    elif ignored is not None:
+        ignored.append((path, info))
 
 
 def _collect_one(

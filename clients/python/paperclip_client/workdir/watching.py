@@ -337,10 +337,12 @@ class Watcher:
     def answer(self, since: object) -> dict[str, object]:
         """The answer to "changed since `since`" (events read up to now) and a new token."""
         if self.blind is not None:
-            self.blind = None
+            was, self.blind = self.blind, None
             self.walk("")  # try again: what failed may have been freed
-            if self.blind is not None:
-                self.lose(self.blind)
+            # Even when it now succeeds, no token issued so far is vouched for: a directory
+            # had no watch from when it failed until this walk, and the answers given in
+            # between (`full`) carried tokens that a later answer would otherwise take up.
+            self.lose(self.blind or f"{was}, until now")
         reason = self._refusal(since)
         body: dict[str, object]
         if reason is not None:
