@@ -426,3 +426,36 @@ def test_the_directory_blobs_are_a_line_each_and_the_first_version_is_still_read
     assert path.read_bytes().startswith(b'{"version": 2,')
     path.write_bytes(head + b"\n" + rest[:-1])  # its last newline lost: not read
     assert index_module.load_dirs(root) == {}
+
+
+def test_a_full_scan_parses_the_rows_at_once_and_many_lookups_end_in_a_parse(
+    tmp_path: Path, parses: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search per row costs more than a parse of all of them once many rows are wanted: a
+    full scan parses them before it reads, and lookups past `LOOKUPS_BEFORE_PARSE` parse."""
+    searches: list[str] = []
+    real = index_module.find
+
+    def find(body: bytes, start: int, key: bytes) -> tuple[int, int]:
+        searches.append(key.decode())
+        return real(body, start, key)
+
+    monkeypatch.setattr(index_module, "find", find)
+    root = tmp_path / "w"
+    make(root, {f"d/f{i}": f"file {i}" for i in range(10)})
+    take_plain(FakeStore(), root)
+    index_module._last_index = None
+    parses.clear()
+    index = workdir.load_index(root)
+    assert index is not None
+    assert workdir.scan(root, max_blob_bytes=10**6, index=index, warn=print).hashed == 0
+    assert (parses, searches) == ([1], [])
+
+    index_module._last_index = None
+    parses.clear()
+    monkeypatch.setattr(index_module, "LOOKUPS_BEFORE_PARSE", 3)
+    index = workdir.load_index(root)
+    assert index is not None
+    found = [index.rows.lookup(f"d/f{i}") for i in range(6)]
+    assert all(row is not None and row[0] == len(f"file {i}") for i, row in enumerate(found))
+    assert (parses, len(searches)) == ([1], 3)

@@ -31,6 +31,9 @@ INDEX = "index.json"
 DIRS = "dirs.json"
 JOURNAL = "checkout.json"
 INDEX_VERSION = 3  # versions 2 (the rows one JSON object) and 1 (one with "files") are read
+# Rows found by a search in the sorted lines (about 20 us each for 50,000 rows) before the
+# rest are parsed at once instead (about 1.5 us a row): a scan that reads many files.
+LOOKUPS_BEFORE_PARSE = 2_000
 DIRS_VERSION = 2  # version 1 (`{"tree", "dirs": {name: text}}`) is still read
 type Stat = list[Any]  # [size, mtime_ns, mode, ino, digest or [chunks], ctime_ns]
 
@@ -111,6 +114,8 @@ class Rows:
             return None  # unreadable: `_check` made the rows `{}`
         if path in self._found:  # a scan, its summary and its writing look each one up
             return self._found[path]
+        if len(self._found) >= max(LOOKUPS_BEFORE_PARSE, (self._expect or (0,))[0] // 25):
+            return self.get().get(path)  # a full scan's: one parse is cheaper than searches
         line, end = find(raw, start, encode_key(path))
         row = row_at(raw, line, end) if end >= 0 else None
         self._found[path] = row

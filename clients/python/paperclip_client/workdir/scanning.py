@@ -199,6 +199,8 @@ def _scan(workdir: Path, *, max_blob_bytes: int, index: Index | None, warn: Say)
         warn(f"{p}: symlink to {target!r} leaves the workdir or loops; left out")
         del found[p]
     result = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
+    if index is not None:
+        index.rows.get()  # every file's row is looked up: parsed at once, not searched for
     read_found(workdir, found, result, index, max_blob_bytes)
     result.tree, result.dirs, result.paths = build_paths(result.entries)
     result.links, result.left_out = kept, left_out
