@@ -179,3 +179,20 @@ def test_hard_links_among_files_left_out_keep_the_partial_scan(
     result, line = take(store, root)
     assert line.startswith("watcher: "), line
     assert result.tree == full_tree(root)
+
+
+def test_a_directory_built_again_orders_its_names_as_the_full_scan_does(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """Names sorted by their UTF-8 bytes, across one-, two-, three- and four-byte
+    characters: the partial scan's order is the full scan's."""
+    store, root = FakeStore(), tmp_path / "w"
+    names = ["Z", "a", "é", "z", "\u00ff", "\u0100", "\uffee", "\U0001f600", "ä", "~"]
+    make(root, {f"d/{name}": name for name in names})
+    watch(watchers, root)
+    take(store, root)
+    (root / "d" / "é").write_text("edited")
+    (root / "d" / "\U0001f601").write_text("new")
+    result, line = take(store, root)
+    assert line.startswith("watcher: "), line
+    assert result.tree == full_tree(root)

@@ -437,7 +437,9 @@ class Partial:
                     self.kids[above] = self._old(above)
         for directory in sorted(self.kids, key=_depth, reverse=True):
             own = [self._with_digest(directory, e) for e in self.kids[directory].values()]
-            own.sort(key=lambda e: str(e["name"]).encode("utf-8"))
+            # By name: a str's order is its UTF-8 bytes' (the canonical order), and names are
+            # UTF-8 (`name_ok`), so there is no need to encode each one to sort.
+            own.sort(key=_name)
             data = canonical_json({"schema": SCHEMA, "entries": own})
             name = blob_name(data)
             self.built[name] = data
@@ -467,6 +469,10 @@ class Partial:
             linked=self.read.linked,
             vouched=frozenset(self.state.paths.values()),
         )
+
+
+def _name(entry: Raw) -> str:
+    return str(entry["name"])
 
 
 def _linked_under(root: Path, top: str) -> Iterator[tuple[str, int]]:
