@@ -13,6 +13,7 @@ from typing import Final
 from paperclip.snapshots.trees import (
     BLOB_NAME,
     MAX_DEPTH,
+    MAX_PATH_BYTES,
     Budget,
     Entry,
     TreeInvalid,
@@ -148,6 +149,7 @@ def walk_changes(
     load_many: Callable[[list[str]], Mapping[str, bytes]],
     head_known_valid: bool = False,
     max_entries: int = 2_000_000,
+    max_path_bytes: int = MAX_PATH_BYTES,
 ) -> Changes | None:
     """Compare the tree `root` with `head`, a tree known to be valid and whole, path by path,
     a level per `load_many` call: a subdirectory with the same blob at the same path in both
@@ -162,8 +164,9 @@ def walk_changes(
     invalid, a cycle, the depth limit, or a symlink added, removed or changed (whether a
     symlink stays inside the tree depends on every other symlink, and only when the two
     trees' symlinks are the same is `head`'s check `root`'s), or more than `max_entries`
-    entries compared (directories shared by many paths). The caller then walks the whole
-    tree, which finds the exact reason or a tree that is fine after all."""
+    entries compared or their paths adding up to more than `max_path_bytes` (directories
+    shared by many paths: `walk`'s two bounds, here over both sides). The caller then walks
+    the whole tree, which finds the exact reason or a tree that is fine after all."""
     if not (BLOB_NAME.fullmatch(root) and BLOB_NAME.fullmatch(head)):
         return None
     changes = Changes(root=root, head=head)
@@ -174,7 +177,7 @@ def walk_changes(
     # (path, our directory blob, theirs at the same path, our chain of directory blobs)
     level: list[tuple[str, str | None, str | None, tuple[str, ...]]] = [("", root, head, ())]
     depth = 0
-    budget = Budget(max_entries)
+    budget = Budget(max_entries, max_path_bytes)
     while level:
         if depth > MAX_DEPTH:
             return None
@@ -195,7 +198,7 @@ def walk_changes(
                 own is None
                 or old is None
                 or (mine is not None and mine in chain)
-                or not budget.spend(len(own) + len(old))
+                or not budget.spend(len(own) + len(old), _path_bytes(path, own, old))
             ):
                 return None
             chain = (*chain, mine) if mine is not None else chain
@@ -212,6 +215,13 @@ def walk_changes(
         return None
     changes.new = ours - theirs
     return changes
+
+
+def _path_bytes(path: str, *sides: Mapping[str, Entry]) -> int:
+    """The length of the paths of the entries of `sides` in the directory at `path` added
+    up, as `walk` counts each (`join_path`), without building them."""
+    count = sum(len(side) for side in sides)
+    return count * (len(path) + 1 if path else 0) + sum(len(n) for side in sides for n in side)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from uuid import UUID
 
+from django.conf import settings
+
 from paperclip.models import RunSnapshot, TreeCounts
 from paperclip.snapshots.changes import Changes, walk_changes
 from paperclip.snapshots.trees import Entry
@@ -84,11 +86,20 @@ def counts_against_head(
 ) -> tuple[Counts, Changes] | None:
     """The counts of `tree` from the head's and a comparison with it (`walk_changes`), and
     that comparison; None when the head's counts are not known or the comparison cannot vouch
-    for the tree."""
+    for the tree, which includes comparing more entries or path text than a registration's
+    whole walk may read (PAPERCLIP_SNAPSHOT_MAX_ENTRIES, PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES:
+    the whole walk then names the reason)."""
     known = tree_counts(company_id=company_id, tree=head)
     if known is None:
         return None
-    changes = walk_changes(tree, head, load_many=load_many, head_known_valid=True)
+    changes = walk_changes(
+        tree,
+        head,
+        load_many=load_many,
+        head_known_valid=True,
+        max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
+        max_path_bytes=settings.PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES,
+    )
     if changes is None:
         return None
     counts = Counts(

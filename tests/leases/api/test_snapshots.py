@@ -20,6 +20,7 @@ from tests.paperclip.factories import (
     IssueFactory,
     NativeRunFactory,
 )
+from tests.paperclip.snapshots.test_tree_bounds import shared_levels
 from tests.recovery.snapshots import entries_of, put_blob, store_tree
 
 pytestmark = pytest.mark.django_db
@@ -327,6 +328,24 @@ def test_a_size_lie_in_a_tree_registered_against_the_head_is_refused(runner: Run
     entries["d1/f2"] = Entry(name="f2", type="file", mode=0o644, size=3, digest=blob_name(b"1 2\n"))
     error = _refusal_after(runner, _stored_root(runner, entries), head)
     assert error["details"] == {"path": "d1/f2", "reason": "size_mismatch"}
+
+
+def test_the_path_bytes_bound_holds_when_registering_against_the_head(
+    runner: Runner, settings: Any
+) -> None:
+    """PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES bounds a registration's memory; the comparison with
+    the head must not let a tree whose shared directories name more path bytes through (the
+    worker would then expand every path of it)."""
+    head = store_tree(runner.company.pk, {"README.md": b"hello\n"})
+    assert runner.register(head).status_code == 201
+    runner.workspace.head_tree = head
+    runner.workspace.save(update_fields=["head_tree"])
+    # 8,190 paths of up to 3 KB (about 12 MB of path text) in 13 small blobs
+    root = shared_levels(runner.company.pk, 12, name_bytes=255)
+    settings.PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES = 1_000_000
+    error = _refusal_after(runner, root, head)
+    assert error["details"]["reason"] == "too_many_entries"
+    assert not RunSnapshot.objects.filter(tree=root).exists()
 
 
 def _refusal_after(runner: Runner, tree: str, base: str) -> dict[str, Any]:

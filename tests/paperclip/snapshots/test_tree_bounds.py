@@ -101,6 +101,24 @@ def test_the_comparison_with_the_head_and_the_diff_give_up_past_their_budget(
     assert refused.value.reason == "too_many_entries"
 
 
+def test_the_comparison_with_the_head_counts_the_path_bytes_it_compares(
+    company: Company,
+) -> None:
+    """About 3.5 KB of directories naming 8,190 paths of up to 3 KB (12 MB of path text): the
+    comparison gives up past `max_path_bytes` as the whole walk refuses the tree, so the
+    registration's bound on path text holds against the head too."""
+    head = store_tree(company.pk, {"README.md": b"hello\n"})
+    root = shared_levels(company.pk, 12, name_bytes=255)
+    load = directory_loader(company.pk)
+    assert changes.walk_changes(root, head, load_many=load, max_path_bytes=1_000_000) is None
+    with pytest.raises(TreeInvalid) as refused:
+        trees.walk(root, load_many=load, max_path_bytes=1_000_000)
+    assert refused.value.reason == "too_many_entries"
+    compared = changes.walk_changes(root, head, load_many=load, max_path_bytes=64 << 20)
+    assert compared is not None
+    assert compared.entries == 2**13 - 2 - 1  # README.md counted out
+
+
 def test_json_nested_past_the_parsers_depth_is_not_json() -> None:
     """A directory blob of 100,000 nested arrays: RecursionError in every decoder, which was
     a 500 at registration (the whole walk, the base, and the comparison with the head)."""
