@@ -460,6 +460,11 @@ PAPERCLIP_SNAPSHOT_MAX_ENTRIES = env.int("PAPERCLIP_SNAPSHOT_MAX_ENTRIES", defau
 PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES = env.int(
     "PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES", default=256 * 1024 * 1024
 )
+# The components of a snapshot's symlink targets its check resolves, every path counted: a
+# shared directory of links with long targets must not keep a web worker resolving for hours.
+PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS = env.int(
+    "PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS", default=5_000_000
+)
 # A running run all of whose leases lapsed this long ago is interrupted by the worker
 # (docs/leases.md#orphaned-runs); twice the CLI's default lease TTL.
 PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS = env.int("PAPERCLIP_ORPHANED_RUN_GRACE_SECONDS", default=600)

@@ -225,6 +225,7 @@ def snapshot_walk(*, company_id: UUID, tree: str) -> Walk:
             load_many=directory_loader(company_id),
             max_entries=settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES,
             max_path_bytes=settings.PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES,
+            max_symlink_steps=settings.PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS,
             keep_files=False,  # registration needs the counts and the blobs, not the paths
         )
     except TreeInvalid as exc:

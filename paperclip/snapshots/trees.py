@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, Final, Literal
 
+from paperclip.snapshots.links import MAX_SYMLINK_STEPS, LinkInvalid, check_links
+
 SCHEMA: Final = "paperclip.dir.v1"
 MAX_DEPTH: Final = 256
 # Names a tree may not hold at its root: the agent CLI's own state directory (a checkout
@@ -28,7 +30,6 @@ MAX_SYMLINK_TARGET_BYTES: Final = 4095
 MAX_PATH_BYTES: Final = 256 * 1024 * 1024
 MAX_NAME_BYTES: Final = 255
 MAX_MODE: Final = 0o7777
-MAX_SYMLINK_HOPS: Final = 40
 BLOB_NAME = re.compile(r"sha256:[0-9a-f]{64}")
 EMPTY_DIR: Final = b'{"entries":[],"schema":"paperclip.dir.v1"}'
 
@@ -470,6 +471,7 @@ def walk(
     load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
     keep_files: bool = True,
     known_valid: bool = False,
+    max_symlink_steps: int = MAX_SYMLINK_STEPS,
 ) -> Walk:
     """Read the tree `root`, validating every directory, the depth (at most 256 directories),
     cycles and symlinks (a target must stay inside the tree, also through the tree's other
@@ -484,7 +486,8 @@ def walk(
     A directory blob reached by several paths is decoded once; every path counts against
     `max_entries`, and the paths' lengths added up against `max_path_bytes` (a few kilobytes
     of directories sharing subdirectories name millions of long paths: the walk's memory is
-    bounded by these, not by what was uploaded). Raises TreeInvalid."""
+    bounded by these, not by what was uploaded); the symlinks' targets, resolved path by path,
+    against `max_symlink_steps` (`check_symlinks`). Raises TreeInvalid."""
     if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
         raise TreeInvalid("", "bad_digest")
     result = Walk(root=root)
@@ -521,7 +524,7 @@ def walk(
         depth += 1
     result.count = count
     result.missing = list(dict.fromkeys(result.missing))
-    check_symlinks(result.entries)
+    check_symlinks(result.entries, max_steps=max_symlink_steps)
     if contents is not None:
         result.missing.extend(contents(sorted(result.contents)))
     return result
@@ -604,49 +607,20 @@ def stored_dir(
     }
 
 
-def check_symlinks(entries: Mapping[str, Entry]) -> None:
+def check_symlinks(entries: Mapping[str, Entry], *, max_steps: int = MAX_SYMLINK_STEPS) -> None:
     """Every symlink resolves inside the tree, to a path and not round a loop: its target is
     followed lexically and through the tree's own symlinks, its last component included (a
     link to `..` inside a subdirectory is fine; two links that together climb out are not;
     nor are links that resolve to each other). A target that names nothing in the tree is
-    fine while it stays inside."""
-    resolved: dict[str, str] = {}  # link path → the path it resolves to, once known
-    for path, entry in entries.items():
-        if entry.type == "symlink":
-            _follow(entries, path, entry, link=path, hops=0, resolved=resolved)
-
-
-def _follow(
-    entries: Mapping[str, Entry],
-    path: str,
-    entry: Entry,
-    *,
-    link: str,
-    hops: int,
-    resolved: dict[str, str],
-) -> str:
-    """Where the symlink `entry` at `path` resolves (`link`: the symlink being checked, named
-    in the error). Each link is resolved once: a loop never resolves, so it stops at the hop
-    limit whatever the order."""
-    if path in resolved:
-        return resolved[path]
-    if hops > MAX_SYMLINK_HOPS:
-        raise TreeInvalid(link, "symlink_loop")
-    parts = [p for p in path.rpartition("/")[0].split("/") if p]
-    for component in (c for c in entry.target.split("/") if c not in ("", ".")):
-        if component == "..":
-            if not parts:
-                raise TreeInvalid(link, "escaping_symlink")
-            parts.pop()
-            continue
-        parts.append(component)
-        here = "/".join(parts)
-        found = entries.get(here)
-        if found is not None and found.type == "symlink":
-            through = _follow(entries, here, found, link=link, hops=hops + 1, resolved=resolved)
-            parts = [p for p in through.split("/") if p]
-    resolved[path] = "/".join(parts)
-    return resolved[path]
+    fine while it stays inside. Each path's links are resolved on their own, so a shared
+    directory's links are resolved wherever it stands: past `max_steps` components of targets
+    resolved the tree is `too_many_entries` (`links.check_links`)."""
+    links = {path: entry.target for path, entry in entries.items() if entry.type == "symlink"}
+    directories = (path for path, entry in entries.items() if entry.type == "dir")
+    try:
+        check_links(links, directories, max_steps=max_steps)
+    except LinkInvalid as exc:
+        raise TreeInvalid(exc.path, exc.reason, exc.detail) from None
 
 
 def build(entries: Mapping[str, Entry]) -> tuple[str, dict[str, bytes]]:

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from leases.services import RuntimeLeaseOwner, runtime_lease_claim
 from paperclip.models import ActivityEvent, CasBlob, HeartbeatRun, RunSnapshot
-from paperclip.snapshots.trees import Entry, blob_name, build, canonical_json
+from paperclip.snapshots.trees import Entry, blob_name, build, canonical_json, encode_dir
 from tests.paperclip.factories import (
     AgentFactory,
     CompanyFactory,
@@ -409,6 +409,42 @@ def test_links_to_links_that_stay_inside_still_register(runner: Runner) -> None:
         "up": Entry(name="up", type="symlink", target="d/.."),
     }
     assert runner.register(_stored_root(runner, entries)).status_code == 201
+
+
+def _links_named_ten_times(runner: Runner, links: int) -> str:
+    """One directory blob of `links` links whose 4,094-byte targets `a/a/…/a/` (2,048
+    components, the last empty) each climb through the link `a -> .` 2,047 times, named by
+    ten entries of the root."""
+    target = "a/" * 2047
+    own = [Entry(name="a", type="symlink", target=".")] + [
+        Entry(name=f"{i:05d}", type="symlink", target=target) for i in range(links)
+    ]
+    shared = put_blob(runner.company.pk, encode_dir(own))
+    named = [Entry(name=f"d{i}", type="dir", mode=0o755, digest=shared) for i in range(10)]
+    return put_blob(runner.company.pk, encode_dir(named))
+
+
+def test_long_link_targets_in_a_shared_directory_are_refused_past_the_step_bound(
+    runner: Runner,
+) -> None:
+    """8 MB of directory blob: 20,000 links to resolve where it stands, 41 million target
+    components. Each path resolves its links on its own, so the components resolved count
+    path by path against PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS (5 million: about 2 s; it took
+    half a minute to register before, and such a tree at the entry limit an hour)."""
+    error = _refusal(runner.register(_links_named_ten_times(runner, 2000)))
+    assert error["details"]["reason"] == "too_many_entries"
+    assert not RunSnapshot.objects.exists()
+
+
+def test_the_step_bound_is_a_setting_and_the_tree_within_it_registers(
+    runner: Runner, settings: Any
+) -> None:
+    root = _links_named_ten_times(runner, 20)  # 10 * (1 + 20 * 2,048) = 409,610 components
+    settings.PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS = 409_609
+    error = _refusal(runner.register(root))
+    assert error["details"]["reason"] == "too_many_entries"
+    settings.PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS = 409_610
+    assert runner.register(root).status_code == 201
 
 
 def _base_refused(runner: Runner, base: str) -> None:

@@ -314,3 +314,117 @@ def test_a_chain_of_links_that_ends_inside_is_fine() -> None:
         for path, target in links.items()
     }
     trees.check_symlinks(entries)
+
+
+def _links(links: dict[str, str], dirs: tuple[str, ...] = ("d",)) -> dict[str, Entry]:
+    return {path: Entry(name=path.rpartition("/")[2], type="dir", mode=0o755) for path in dirs} | {
+        path: Entry(name=path.rpartition("/")[2], type="symlink", target=target)
+        for path, target in links.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("links", "reason"),
+    [
+        ({"d/l": "nope/x/../../.."}, None),  # below a name the tree lacks, and back out
+        ({"d/l": "nope/../../.."}, "escaping_symlink"),
+        ({"d/f": "l/../..", "d/l": "nope/x"}, None),  # through a link to where nothing is
+        ({"d/f": "l/../../../..", "d/l": "nope/x"}, "escaping_symlink"),
+    ],
+)
+def test_names_the_tree_lacks_are_climbed_back_out_of_as_text(
+    links: dict[str, str], reason: str | None
+) -> None:
+    if reason is None:
+        trees.check_symlinks(_links(links))
+        return
+    with pytest.raises(TreeInvalid) as refused:
+        trees.check_symlinks(_links(links))
+    assert refused.value.reason == reason
+
+
+def test_resolving_links_is_bounded_by_the_target_components_resolved_path_by_path() -> None:
+    """Three paths of one shared directory holding `a -> .` (1 component) and
+    `l -> a/a/a/a` (4): 15 components resolved, each path's links on their own (`l` goes
+    through `a` at its own path, resolved once there)."""
+    dirs = ("d0", "d1", "d2")
+    links = {f"{d}/{name}": target for d in dirs for name, target in (("a", "."), ("l", "a/a/a/a"))}
+    trees.check_symlinks(_links(links, dirs), max_steps=15)
+    with pytest.raises(TreeInvalid) as refused:
+        trees.check_symlinks(_links(links, dirs), max_steps=14)
+    assert (refused.value.path, refused.value.reason) == ("d2/l", "too_many_entries")
+    # `.` and empty components count (5 here): skipping one is a step as any other
+    trees.check_symlinks(_links({"d/l": "./././/."}), max_steps=5)
+    with pytest.raises(TreeInvalid, match="too_many_entries"):
+        trees.check_symlinks(_links({"d/l": "./././/."}), max_steps=4)
+
+
+def test_fifty_thousand_short_links_resolve_within_the_default_bound() -> None:
+    """A large legitimate tree (a package manager's links): 350,000 components, far inside
+    the default 5,000,000 (about 2 s of resolving at most, docs/snapshots.md#trees)."""
+    entries = _links(
+        {
+            f"pkg{p}/node_modules/m{m}": f"../../pkg{(p + m) % 500}/lib/x/../index.js"
+            for p in range(500)
+            for m in range(100)
+        },
+        tuple(f"pkg{p}{below}" for p in range(500) for below in ("", "/node_modules", "/lib")),
+    )
+    trees.check_symlinks(entries)
+
+
+def _reference(entries: dict[str, Entry]) -> tuple[str, str] | None:
+    """The check as it was before places were numbered (each component joined into a path
+    and looked up): what the bounded check must still decide, link for link."""
+    resolved: dict[str, str] = {}
+
+    def follow(path: str, entry: Entry, link: str, hops: int) -> str:
+        if path in resolved:
+            return resolved[path]
+        if hops > 40:
+            raise TreeInvalid(link, "symlink_loop")
+        parts = [p for p in path.rpartition("/")[0].split("/") if p]
+        for component in (c for c in entry.target.split("/") if c not in ("", ".")):
+            if component == "..":
+                if not parts:
+                    raise TreeInvalid(link, "escaping_symlink")
+                parts.pop()
+                continue
+            parts.append(component)
+            found = entries.get("/".join(parts))
+            if found is not None and found.type == "symlink":
+                parts = [p for p in follow("/".join(parts), found, link, hops + 1).split("/") if p]
+        resolved[path] = "/".join(parts)
+        return resolved[path]
+
+    try:
+        for path, entry in entries.items():
+            if entry.type == "symlink":
+                follow(path, entry, path, 0)
+    except TreeInvalid as exc:
+        return exc.path, exc.reason
+    return None
+
+
+NAMES = st.sampled_from(["a", "b", "d", "l"])
+TARGETS = st.lists(st.sampled_from(["a", "b", "d", "l", "..", ".", ""]), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.lists(NAMES, min_size=1, max_size=3).map("/".join), TARGETS, max_size=6),
+    st.lists(st.lists(NAMES, min_size=1, max_size=2).map("/".join), max_size=4),
+)
+def test_the_bounded_check_decides_as_the_path_by_path_one(
+    links: dict[str, list[str]], dirs: list[str]
+) -> None:
+    directories = {
+        d for d in dirs if d not in links and not any(d.startswith(f"{p}/") for p in links)
+    }
+    entries = _links({path: "/".join(target) for path, target in links.items()}, tuple(directories))
+    try:
+        trees.check_symlinks(entries)
+        found = None
+    except TreeInvalid as exc:
+        found = (exc.path, exc.reason)
+    assert found == _reference(entries)
