@@ -9,6 +9,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
 from paperclip.models import HeartbeatRun, NativeRunFinalization
+from recovery.canonical import canonical_sha256
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.exports import HELD_EXPORT
 
@@ -16,6 +17,11 @@ OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"
 WAITING_PHASES = ("result_accepted", "workspace_finalizing")
 # The coordinator's failure code while the run is held over a workspace head conflict.
 HEAD_CONFLICT_CODE = "workspace_head_conflict"
+
+
+def owner_fingerprint(run_id: UUID | str, raw_prior: Any) -> str:
+    """Identity of an owner-unverified hold: sha256 of canonical `{runId, owner}`."""
+    return canonical_sha256({"runId": str(run_id), "owner": raw_prior})
 
 
 def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecoveryAction | None:

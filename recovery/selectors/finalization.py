@@ -23,7 +23,12 @@ from paperclip.receipts import raw_owner
 from paperclip.worker.jobs import PendingJob, job_status, pending_jobs
 from recovery.locks import finalization_lock_key, finalization_queueing_lock
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, WAITING_PHASES
+from recovery.selectors.actions import (
+    HEAD_CONFLICT_CODE,
+    OWNER_UNVERIFIED_CAUSE,
+    WAITING_PHASES,
+    owner_fingerprint,
+)
 
 AWAIT_POLL_FIRST = 0.05  # seconds before the second read when no notification comes
 AWAIT_POLL_MAX = 0.5  # and the longest interval between reads, growing from the first
@@ -62,13 +67,29 @@ def _last_error(coordinator: NativeRunFinalization) -> str | None:
 
 
 def owner_hold_live(*, company_id: UUID, run_id: UUID) -> bool:
-    """An owner-unverified hold for this run waits for the board (not yet confirmed)."""
+    """An owner-unverified hold waits for the board on this run: live, its stop not confirmed
+    yet, and naming the owner receipt the run carries now.
+
+    A hold whose owner is no longer the run's receipt (that owner released it, a takeover
+    replaced it, a later owner claimed it) holds nothing: the board could not confirm it (the
+    confirmation is refused `owner_changed`), so the run is not kept waiting for it. The next
+    attempt meets the current receipt and either holds the run for that owner (superseding the
+    old hold) or commits (resolving it)."""
+    profile = (
+        HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
+        .values_list("runner_profile_json", flat=True)
+        .first()
+    )
+    receipt = raw_owner(profile)
+    if receipt is None:
+        return False
     return (
         IssueRecoveryAction.objects.filter(
             company_id=company_id,
             cause=OWNER_UNVERIFIED_CAUSE,
             status__in=LIVE_STATUSES,
             evidence__runId=str(run_id),
+            fingerprint=owner_fingerprint(run_id, receipt),
         )
         .exclude(evidence__has_key="workspaceOwnerStop")
         .exists()

@@ -106,8 +106,14 @@ def owner_hold_verdict(action: IssueRecoveryAction) -> OwnerVerdict:
         return OwnerVerdict(
             "owner_changed",
             "The run's current owner receipt is not the one recorded on this hold: the hold "
-            "is out of date (a confirmation would be refused as stale).",
-            ("Compare the recorded owner with the run's current receipt below.",),
+            "no longer holds the run (a confirmation would be refused as stale). The next "
+            "finalization attempt meets the current receipt: it commits the saved result, "
+            "which resolves this hold, or holds the run for that owner, which replaces it.",
+            (
+                "Nothing to confirm here: follow the run's finalization state (finalize now, "
+                "or wait for the reconciler).",
+                "Compare the recorded owner with the run's current receipt below.",
+            ),
             False,
         )
     receipt = read_owner(recorded)

@@ -13,10 +13,9 @@ from django.db.models.functions import Now
 
 from paperclip.activity import activity_record
 from paperclip.db.advisory import advisory_xact_lock
-from recovery.canonical import canonical_sha256
 from recovery.locks import recovery_source_key
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, owner_fingerprint
 from recovery.services.actions import RecoveryActionInput, upsert_source_scoped_in_tx
 from recovery.services.ownership.outcomes import NotAcquired, WaitReason
 
@@ -29,11 +28,6 @@ OWNER_UNVERIFIED_NEXT_ACTION = (
     "receipt; the saved result is then finalized without another provider turn. Do not start "
     "a replacement run and do not delete workspace files."
 )
-
-
-def owner_fingerprint(run_id: UUID | str, raw_prior: Any) -> str:
-    """Identity of an owner-unverified hold: sha256 of canonical `{runId, owner}`."""
-    return canonical_sha256({"runId": str(run_id), "owner": raw_prior})
 
 
 def require_stop_verification(

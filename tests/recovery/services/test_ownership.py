@@ -24,7 +24,7 @@ from recovery.adapters.identity import (
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_lock_key, recovery_source_key
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, owner_fingerprint
 from recovery.services import (
     Acquired,
     FinalizationOwnership,
@@ -32,7 +32,7 @@ from recovery.services import (
     with_finalization_ownership,
 )
 from recovery.services.ownership import acquire, memory, prior_owner
-from recovery.services.ownership.owner_hold import OWNER_UNVERIFIED_NEXT_ACTION, owner_fingerprint
+from recovery.services.ownership.owner_hold import OWNER_UNVERIFIED_NEXT_ACTION
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import CompanyFactory, HeartbeatRunFactory, IssueFactory
 from tests.recovery.factories import RecoveryActionFactory, make_binding, receipt_for

@@ -39,7 +39,7 @@ from recovery.adapters.platform import StopProofCheck, StopStatus, worker_stop_s
 from recovery.errors import FinalizationBindingMissing, FinalizationOwnershipLost
 from recovery.locks import finalization_queueing_lock
 from recovery.models import IssueRecoveryAction
-from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE, owner_fingerprint
 from recovery.services import (
     Acquired,
     FinalizationOwnership,
@@ -49,7 +49,6 @@ from recovery.services import (
 )
 from recovery.services.finalization_jobs import FOLLOW_UP_DELAY
 from recovery.services.ownership import acquire, memory, receipt_release
-from recovery.services.ownership.owner_hold import owner_fingerprint
 from recovery.services.worker_stops import worker_stop_record
 from tests.helpers import raw_connection, wait_for_lock_waiters
 from tests.paperclip.factories import (
