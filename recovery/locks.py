@@ -27,6 +27,13 @@ def finalization_lock_key(company_id: UUID | str, run_id: UUID | str) -> str:
     return f"native-workspace-finalization:{company_id}:{run_id}"
 
 
+def board_request_key(company_id: UUID | str, run_id: UUID | str) -> str:
+    """Serializes the board's requests on a run's hold (owner-stop confirmation, export
+    retry): a repeat submitted while the first is in its transaction waits for it, then
+    answers as its replay."""
+    return f"recovery:board-request:{company_id}:{run_id}"
+
+
 def recovery_source_key(company_id: UUID | str, issue_id: UUID | str) -> str:
     """Serializes the single writer of an issue's live recovery action."""
     return f"recovery:source-issue:{company_id}:{issue_id}"

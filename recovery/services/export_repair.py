@@ -24,7 +24,7 @@ from leases.environment.export_resume.preserve import export_resume_preserve
 from leases.models import EnvironmentLease, WorkspaceRuntimeLease
 from paperclip.access import Actor
 from paperclip.activity import activity_record
-from paperclip.db.advisory import try_advisory_xact_lock
+from paperclip.db.advisory import advisory_xact_lock, try_advisory_xact_lock
 from paperclip.db.clock import db_now_iso
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest, NotFoundError
@@ -34,7 +34,7 @@ from recovery.errors import (
     WorkspaceExportRetryStale,
     WorkspaceExportStopUnconfirmed,
 )
-from recovery.locks import finalization_lock_key
+from recovery.locks import board_request_key, finalization_lock_key
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.exports import (
     export_descriptor,
@@ -177,6 +177,16 @@ def _replay(action: IssueRecoveryAction | None, *, run_id: UUID) -> ExportRetry 
     )
 
 
+def _replay_read(
+    *, company_id: UUID, issue_id: UUID, action_id: UUID, run_id: UUID
+) -> ExportRetry | None:
+    """`_replay` on the hold as it is now (read without locks)."""
+    action = IssueRecoveryAction.objects.filter(
+        pk=action_id, company_id=company_id, source_issue_id=issue_id, cause=EXPORT_REPAIR_CAUSE
+    ).first()
+    return _replay(action, run_id=run_id)
+
+
 def workspace_export_retry(
     *, actor: Actor, issue_id: UUID, action_id: UUID, run_id: UUID, repair_note: str
 ) -> ExportRetry:
@@ -192,7 +202,9 @@ def workspace_export_retry(
     of the same sandbox). Anything else is WorkspaceExportRetryStale naming the check;
     WorkspaceCopybackActive while an attempt holds the finalization lock; NotFoundError for
     an issue the actor can't see; InvalidRequest for a short note. A repeat while the retry
-    is queued answers the same and writes nothing. The hold stays live until the export
+    is queued answers the same and writes nothing; one submitted while the first is still in
+    its transaction waits for it (the run's board-request key, taken before the
+    finalization key) and answers the same. The hold stays live until the export
     commits (which resolves it) or fails again (which asks for the next repair).
 
     Writes, in one transaction: the request on the hold's evidence, its next action, the
@@ -205,18 +217,23 @@ def workspace_export_retry(
     if company_id is None or not actor.can_access(company_id):
         raise NotFoundError()
     # A repeat answers the same even while the attempt it queued holds the lock.
-    replay = _replay(
-        IssueRecoveryAction.objects.filter(
-            pk=action_id, company_id=company_id, source_issue_id=issue_id, cause=EXPORT_REPAIR_CAUSE
-        ).first(),
-        run_id=run_id,
+    replay = _replay_read(
+        company_id=company_id, issue_id=issue_id, action_id=action_id, run_id=run_id
     )
     if replay is not None:
         return replay
     with busy_on_lock_timeout(), transaction.atomic(durable=True):
+        set_local_lock_timeout()
+        # A double submission waits here for the first to commit, then answers as its replay:
+        # checked before the finalization key, which the attempt the first one queued may hold.
+        advisory_xact_lock(board_request_key(company_id, run_id))
+        replay = _replay_read(
+            company_id=company_id, issue_id=issue_id, action_id=action_id, run_id=run_id
+        )
+        if replay is not None:
+            return replay
         if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
             raise WorkspaceCopybackActive(run_id=str(run_id))
-        set_local_lock_timeout()
         bound = lock_hold_binding(
             company_id=company_id,
             issue_id=issue_id,
@@ -224,9 +241,6 @@ def workspace_export_retry(
             run_id=run_id,
             stale=WorkspaceExportRetryStale,
         )
-        replay = _replay(bound.action, run_id=run_id)
-        if replay is not None:
-            return replay
         result_id = _require_export_hold_current(bound, company_id=company_id, run_id=run_id)
         lease = _require_lease_current(bound)
         return _record_retry(

@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 
 from paperclip.access import Actor
 from paperclip.activity import activity_record
-from paperclip.db.advisory import try_advisory_xact_lock
+from paperclip.db.advisory import advisory_xact_lock, try_advisory_xact_lock
 from paperclip.db.clock import db_now_iso
 from paperclip.db.locking import (
     busy_on_lock_timeout,
@@ -28,6 +28,7 @@ from recovery.errors import (
     WorkspaceOwnerRecoveryStale,
 )
 from recovery.locks import (
+    board_request_key,
     coordinators_for_update,
     finalization_lock_key,
     issues_for_update,
@@ -101,6 +102,23 @@ def _replay(
     return OwnerStopConfirmation(run_id=run_id, result_id=coordinator.result_id, replayed=True)
 
 
+def _replay_read(
+    *, company_id: UUID, issue_id: UUID, action_id: UUID, run_id: UUID, owner_token: str
+) -> OwnerStopConfirmation | None:
+    """`_replay` on the rows as they are now (read without locks)."""
+    return _replay(
+        action=IssueRecoveryAction.objects.filter(
+            pk=action_id, company_id=company_id, source_issue_id=issue_id
+        ).first(),
+        run=HeartbeatRun.objects.filter(pk=run_id, company_id=company_id).first(),
+        coordinator=NativeRunFinalization.objects.filter(
+            run_id=run_id, company_id=company_id, issue_id=issue_id
+        ).first(),
+        run_id=run_id,
+        owner_token=owner_token,
+    )
+
+
 def recovery_owner_stop_confirm(
     *,
     actor: Actor,
@@ -115,8 +133,10 @@ def recovery_owner_stop_confirm(
     copy-back processes) has stopped; release exactly that receipt so the ordinary
     reconciler finalizes the saved result. Changes nothing else.
 
-    Locks, in one transaction: `pg_try_advisory_xact_lock` on the run's finalization key (held
-    → WorkspaceCopybackActive), then issue → coordinator → run → action FOR NO KEY UPDATE. Rejects
+    Locks, in one transaction: the run's board-request key (`board_request_key`, waited for:
+    a duplicate submission overlapping the first waits for it to commit and answers as its
+    replay), then `pg_try_advisory_xact_lock` on the run's finalization key (held →
+    WorkspaceCopybackActive), then issue → coordinator → run → action FOR NO KEY UPDATE. Rejects
     with WorkspaceOwnerRecoveryStale when the action, run, coordinator, result, issue binding
     or receipt is no longer the recorded one or a newer run exists; WorkspaceControllerAlive
     when the owner is on this host and its process is alive; NotFoundError for an issue the
@@ -137,14 +157,10 @@ def recovery_owner_stop_confirm(
         raise NotFoundError()
     company_id: UUID = visible
     # An exact repeat answers the same even while the reconciler it woke holds the lock.
-    replay = _replay(
-        action=IssueRecoveryAction.objects.filter(
-            pk=action_id, company_id=company_id, source_issue_id=issue_id
-        ).first(),
-        run=HeartbeatRun.objects.filter(pk=run_id, company_id=company_id).first(),
-        coordinator=NativeRunFinalization.objects.filter(
-            run_id=run_id, company_id=company_id, issue_id=issue_id
-        ).first(),
+    replay = _replay_read(
+        company_id=company_id,
+        issue_id=issue_id,
+        action_id=action_id,
         run_id=run_id,
         owner_token=owner_token,
     )
@@ -189,23 +205,26 @@ def _confirm_in_tx(
     stop_evidence: str,
 ) -> OwnerStopConfirmation:
     require_transaction()
-    # The same key a live controller holds for the whole copy-back: if we get it, no
-    # finalization of this run is in progress anywhere.
-    if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
-        raise WorkspaceCopybackActive(run_id=str(run_id))
     set_local_lock_timeout()
-    bound = lock_hold_binding(
-        company_id=company_id, issue_id=issue_id, action_id=action_id, run_id=run_id
-    )
-    replay = _replay(
-        action=bound.action,
-        run=bound.run,
-        coordinator=bound.coordinator,
+    # A double submission waits here for the first to commit, then answers as its replay:
+    # checked before the finalization key, which the job the first one queued may hold by now.
+    advisory_xact_lock(board_request_key(company_id, run_id))
+    replay = _replay_read(
+        company_id=company_id,
+        issue_id=issue_id,
+        action_id=action_id,
         run_id=run_id,
         owner_token=owner_token,
     )
     if replay is not None:
         return replay
+    # The same key a live controller holds for the whole copy-back: if we get it, no
+    # finalization of this run is in progress anywhere.
+    if not try_advisory_xact_lock(finalization_lock_key(company_id, run_id)):
+        raise WorkspaceCopybackActive(run_id=str(run_id))
+    bound = lock_hold_binding(
+        company_id=company_id, issue_id=issue_id, action_id=action_id, run_id=run_id
+    )
     result_id = _require_hold_current(bound, company_id=company_id, run_id=run_id)
     raw = _require_owner_stoppable(bound, owner_token=owner_token)
     return _record_confirmation(
