@@ -9,9 +9,10 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
 from paperclip.models import HeartbeatRun, NativeRunFinalization
+from paperclip.receipts import OWNER_KEY
 from recovery.canonical import canonical_sha256
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.exports import HELD_EXPORT
+from recovery.selectors.exports import EXPORT_RETRY_KEY, HELD_EXPORT
 
 OWNER_UNVERIFIED_CAUSE = "native_workspace_finalization_owner_unverified"
 WAITING_PHASES = ("result_accepted", "workspace_finalizing")
@@ -36,11 +37,14 @@ def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecove
 
 
 def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | None:
-    """The live recovery action that holds the run's finalization for the board, or None: an
-    owner-unverified hold whose stop is not confirmed yet, an unresolved workspace head
-    conflict, or a held workspace export waiting for its repair. The oldest one when there are
-    several."""
-    return (
+    """The live recovery action the run's finalization waits on the board for, or None. When
+    a run was held again while an earlier hold is still live, the one it waits on now comes
+    first: an owner-unverified hold whose stop is not confirmed yet and that names the run's
+    current owner receipt, then an unresolved workspace head conflict, then a held workspace
+    export waiting for its repair, then a held export whose retry is already recorded; the
+    oldest within each. An owner hold naming an earlier receipt holds nothing
+    (`owner_hold_live`) and is not offered."""
+    holds = (
         IssueRecoveryAction.objects.filter(
             company_id=company_id, status__in=LIVE_STATUSES, evidence__runId=str(run_id)
         )
@@ -51,8 +55,30 @@ def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | N
         )
         .select_related("source_issue")
         .order_by("created_at", "id")
+    )
+    profile = (
+        HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
+        .values_list("runner_profile_json", flat=True)
         .first()
     )
+    receipt = profile.get(OWNER_KEY) if isinstance(profile, dict) else None
+    current_owner = owner_fingerprint(run_id, receipt) if receipt is not None else None
+    ranked = [
+        (rank, hold)
+        for hold in holds
+        if (rank := _hold_rank(hold, current_owner=current_owner)) is not None
+    ]
+    return min(ranked, key=lambda pair: pair[0])[1] if ranked else None
+
+
+def _hold_rank(hold: IssueRecoveryAction, *, current_owner: str | None) -> int | None:
+    """Where `hold` comes in `run_board_hold` (lower first), or None when it holds nothing."""
+    if hold.cause == OWNER_UNVERIFIED_CAUSE:
+        return 0 if current_owner is not None and hold.fingerprint == current_owner else None
+    if hold.cause == HEAD_CONFLICT_CODE:
+        return 1
+    evidence = hold.evidence if isinstance(hold.evidence, dict) else {}
+    return 3 if EXPORT_RETRY_KEY in evidence else 2
 
 
 def recovery_action_list_for_issue(

@@ -25,6 +25,8 @@ from recovery.selectors.source.inspection import WORKSPACE_EXPORT_CAUSES
 # A held export the finalizer opened carries its descriptor; an export-cause action recorded
 # otherwise (a failed run's retained sandbox as its recovery source) is inspected, not retried.
 HELD_EXPORT: Final = Q(cause__in=WORKSPACE_EXPORT_CAUSES, evidence__has_key="descriptor")
+# Where a held export records the board's queued retry (`workspace_export_retry`).
+EXPORT_RETRY_KEY: Final = "workspaceExportRetry"
 
 
 def is_held_export(action: IssueRecoveryAction | None) -> bool:

@@ -29,14 +29,16 @@ from paperclip.db.clock import db_now_iso
 from paperclip.db.locking import busy_on_lock_timeout, require_transaction, set_local_lock_timeout
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.models import HeartbeatRun, Issue, NativeRunFinalization
+from paperclip.worker.jobs import pending_jobs
 from recovery.errors import (
     WorkspaceCopybackActive,
     WorkspaceExportRetryStale,
     WorkspaceExportStopUnconfirmed,
 )
-from recovery.locks import board_request_key, finalization_lock_key
+from recovery.locks import board_request_key, finalization_lock_key, finalization_queueing_lock
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.exports import (
+    EXPORT_RETRY_KEY,
     export_descriptor,
     is_held_export,
     lease_stop_confirmed,
@@ -62,7 +64,6 @@ QUEUED_NEXT_ACTION: Final = (
     "Workspace export is queued for the saved result; the agent will not repeat its work. "
     "The outcome shows in the run's finalization state."
 )
-_RETRY_KEY: Final = "workspaceExportRetry"
 
 
 def _fingerprint(run_id: UUID, result_id: UUID | None) -> str:
@@ -127,12 +128,12 @@ def export_hold_in_tx(
     )
     action = upsert.action
     evidence = action.evidence if isinstance(action.evidence, dict) else {}
-    if _RETRY_KEY in evidence:
+    if EXPORT_RETRY_KEY in evidence:
         # The board's retry ran and failed again: keep it in the history and wait for the
         # next repair.
         earlier = evidence.get("retries")
         retries: list[Any] = earlier if isinstance(earlier, list) else []
-        evidence = {k: v for k, v in evidence.items() if k != _RETRY_KEY}
+        evidence = {k: v for k, v in evidence.items() if k != EXPORT_RETRY_KEY}
         evidence["retries"] = [*retries, {**evidence_retry(action), "failure": failure}]
         action.evidence = evidence
         action.next_action = REPAIR_NEXT_ACTION
@@ -144,7 +145,7 @@ def export_hold_in_tx(
 def evidence_retry(action: IssueRecoveryAction) -> dict[str, Any]:
     """The board's queued retry recorded on the hold (empty when none waits)."""
     evidence = action.evidence if isinstance(action.evidence, dict) else {}
-    retry = evidence.get(_RETRY_KEY)
+    retry = evidence.get(EXPORT_RETRY_KEY)
     return retry if isinstance(retry, dict) else {}
 
 
@@ -159,7 +160,10 @@ class ExportRetry:
 
 def _replay(action: IssueRecoveryAction | None, *, run_id: UUID) -> ExportRetry | None:
     """The earlier answer when this hold already has a retry queued for its saved result
-    (whatever the note): a duplicate request writes nothing."""
+    (whatever the note) and that retry still stands: the run committed, or a finalization job
+    of the run still waits or runs. A duplicate request writes nothing. A recorded retry whose
+    job ended without either (its worker died and the run was held again for its owner) is
+    no answer: the request goes on to the locked checks, which say what the run waits for."""
     if action is None:
         return None
     evidence = action.evidence if isinstance(action.evidence, dict) else {}
@@ -167,6 +171,11 @@ def _replay(action: IssueRecoveryAction | None, *, run_id: UUID) -> ExportRetry 
     if evidence.get("runId") != str(run_id) or not retry:
         return None
     if retry.get("resultId") != evidence.get("resultId"):
+        return None
+    committed = NativeRunFinalization.objects.filter(
+        run_id=run_id, company_id=action.company_id, phase=NativeRunFinalization.Phase.COMMITTED
+    ).exists()
+    if not committed and not pending_jobs(finalization_queueing_lock(run_id)):
         return None
     lease_id = retry.get("leaseId")
     return ExportRetry(
@@ -337,7 +346,7 @@ def _record_retry(
         "actorId": actor.actor_id,
         "requestedAt": db_now_iso(),
     }
-    action.evidence = {**bound.evidence, _RETRY_KEY: retry}
+    action.evidence = {**bound.evidence, EXPORT_RETRY_KEY: retry}
     action.next_action = QUEUED_NEXT_ACTION
     action.updated_at = Now()
     action.save(update_fields=["evidence", "next_action", "updated_at"])
