@@ -6,7 +6,8 @@ view of the process rendering the page: the recorded owner as `recorded_owner` s
 platform's signed stop receipt, the OS process table and the durable copy-back barrier; then
 says the ruling in words: on another host, or under this host name but another kernel boot, or
 on this host and still alive, or dead but without the barrier, or a worker whose platform stop
-proof is pending; or that the next attempt takes over by itself. Reads only (the OS process
+proof is pending; or that it has stopped (the board confirms it, or, for a platform worker,
+the attempt the reconciler queues takes over by itself). Reads only (the OS process
 table and a few rows); never takes a lock.
 """
 
@@ -211,31 +212,41 @@ def verdict_of_ruling(
 
 
 def _taken_over(ruling: Ruling, receipt: OwnerReceipt, where: str, reason: str) -> OwnerVerdict:
-    """The rule lets the next finalization attempt take the owner over by itself."""
+    """The rule would let a finalization attempt take the owner over by itself. While the hold
+    is live, only a platform-proof takeover gets that attempt (the reconciler defers a job for
+    a run whose owner was a platform worker); otherwise `finalize` is refused as held and the
+    reconciler skips the run, so the board confirms."""
     if ruling.basis == "platform_stop_proof":
         worker = receipt.worker.get("id", "?") if receipt.worker is not None else "?"
         return OwnerVerdict(
             "platform_proved",
             f"The owner ({where}) ran as platform worker {worker}, and the platform reported "
-            "it stopped (a signed stop receipt): the next finalization attempt takes over by "
-            "itself.",
-            ("Nothing to confirm: finalize now, or wait for the reconciler.",),
+            "it stopped (a signed stop receipt): the attempt the reconciler queues on its next "
+            "pass takes over by itself.",
+            (
+                "Nothing to confirm: wait for the reconciler (finalize is refused while this "
+                "hold is live); to resume sooner, confirm the owner stopped.",
+            ),
             True,
         )
+    confirm = (
+        "Confirm the owner stopped to resume finalization: while this hold is live nothing "
+        "queues an attempt (finalize is refused as held, the reconciler skips the run)."
+    )
     if ruling.basis == "same_boot_joined":
         return OwnerVerdict(
             "joined_here",
             f"The owner ({where}) is this very process and its finalization already ended "
-            "here (its receipt was left behind): the next attempt takes over by itself.",
-            ("Nothing to confirm: finalize now, or wait for the reconciler.",),
+            "here (its receipt was left behind): it has stopped.",
+            (confirm,),
             True,
         )
     return OwnerVerdict(
         "same_host_dead_with_barrier",
         f"The owner ran on this host, its process {receipt.pid} is gone "
-        f"({reason}) and a succeeded copy-back barrier exists: the next "
-        "finalization attempt takes over by itself.",
-        ("Nothing to confirm: finalize now, or wait for the reconciler.",),
+        f"({reason}) and a succeeded copy-back barrier exists: it has stopped, and no "
+        "copy-back of it is left running.",
+        (confirm,),
         True,
     )
 
