@@ -196,3 +196,73 @@ def test_a_directory_built_again_orders_its_names_as_the_full_scan_does(
     result, line = take(store, root)
     assert line.startswith("watcher: "), line
     assert result.tree == full_tree(root)
+
+
+def test_a_hard_link_in_a_new_directory_whose_name_is_not_utf8_is_noticed(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """A directory left out of the tree because its name is not UTF-8 is as much outside the
+    tree as an ignored one: a tracked file's new hard link made in it and written through
+    before its watch (the watcher paused, as when it is slow to read) is found there too."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"d/f": "original", "e/g": "g"})
+    w = watch(watchers, root)
+    take(store, root)
+    _result, line = take(store, root)
+    assert line.startswith("watcher: 0 directories changed"), line
+    w.pause()  # the directory and its link are made before the watcher reads the events
+    odd = os.path.join(os.fsencode(root), b"\xff")
+    os.mkdir(odd)
+    os.link(root / "d/f", os.path.join(odd, b"f"))
+    with open(os.path.join(odd, b"f"), "r+b") as handle:  # written through the hidden name
+        handle.write(b"EDITED!!")
+    w.resume()
+    assert (root / "d/f").read_bytes() == b"EDITED!!"
+    result, line = take(store, root)
+    assert b"EDITED!!" in store.blobs.values(), line
+    assert result.tree == full_tree(root), line
+
+
+def test_a_hard_link_in_a_new_ignored_directory_made_before_its_watch_is_noticed(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """A new ignored directory, filled before the watcher reads its events: looked into."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"d/f": "original", "e/g": "g", ".paperclipignore": "build/\n"})
+    w = watch(watchers, root)
+    take(store, root)
+    _result, line = take(store, root)
+    assert line.startswith("watcher: 0 directories changed"), line
+    w.pause()
+    (root / "build").mkdir()
+    os.link(root / "d/f", root / "build/f")
+    with open(root / "build/f", "r+b") as handle:
+        handle.write(b"EDITED!!")
+    w.resume()
+    result, line = take(store, root)
+    assert b"EDITED!!" in store.blobs.values(), line
+    assert result.tree == full_tree(root), line
+
+
+def test_a_write_through_a_hard_link_whose_name_is_not_utf8_is_in_the_next_snapshot(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """`ln d/f d/$'\\xff'`: the new name is left out of the tree (not UTF-8) by
+    `_name_wanted`, before `_collect_entry` could put it into `unread`, so its stat is
+    never looked at (unlike an ignored name, `ln d/f d/f.log`): a write through it is an
+    event of that name alone, and `d/f` is never read again."""
+    store, root = FakeStore(), tmp_path / "w"
+    make(root, {"d/f": "original", "e/g": "g"})
+    watch(watchers, root)
+    take(store, root)
+    _result, line = take(store, root)
+    assert line.startswith("watcher: 0 directories changed"), line
+    odd = os.path.join(os.fsencode(root / "d"), b"\xff")
+    os.link(root / "d/f", odd)
+    _result, line = take(store, root)  # the link alone: nothing changed yet
+    with open(odd, "r+b") as handle:  # written in place, through the left-out name
+        handle.write(b"EDITED!!")
+    assert (root / "d/f").read_bytes() == b"EDITED!!"
+    result, line = take(store, root)
+    assert b"EDITED!!" in store.blobs.values(), line
+    assert result.tree == full_tree(root), line

@@ -355,10 +355,14 @@ class Partial:
         looked into when it is new (made or moved in since the last snapshot, or in a
         directory that is); one that was there already had its own events."""
         suspects: list[tuple[str, int]] = []
-        for path, info in self.unread:
+        walked: list[str] = []
+        for path, info in sorted(self.unread, key=lambda item: _depth(item[0])):
             if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
                 suspects.append((path, info.st_ino))
             elif stat.S_ISDIR(info.st_mode) and self._new(path):
+                if any(path.startswith(f"{top}/") for top in walked):
+                    continue  # looked into with a directory above it
+                walked.append(path)
                 suspects.extend(_linked_under(self.workdir, path))
         if not suspects:
             return

@@ -326,6 +326,7 @@ def _collect(
     for item in _listing(root, rel):
         name = item.name
         if not _name_wanted(rel, name, warn):
+            _left_out(root, rel, name, ignored)
             continue
         try:
             info = item.stat(follow_symlinks=False)
@@ -347,6 +348,7 @@ def collect_named(
     """The entry `name` of the directory `rel` into `found` as `_collect` would put it there
     (nothing when it is gone or left out; a directory not in `keep` with all it holds)."""
     if not _name_wanted(rel, name, warn):
+        _left_out(root, rel, name, ignored)
         return
     try:
         info = os.lstat(under(root, f"{rel}/{name}" if rel else name))
@@ -356,6 +358,20 @@ def collect_named(
         raise WorkdirError(f"{rel or '.'}/{name}: cannot be read ({exc.strerror})") from exc
     depth = rel.count("/") + 1 if rel else 0
     _collect_entry(root, rel, name, info, spec, found, warn, depth, keep, ignored)
+
+
+def _left_out(
+    root: Path, rel: str, name: str, ignored: list[tuple[str, os.stat_result]] | None
+) -> None:
+    """A name left out of the tree (not UTF-8, too long) into `ignored` as an ignored one,
+    when it is given (but the client's own state directory)."""
+    if ignored is None or (not rel and name == STATE_DIR):
+        return
+    path = f"{rel}/{name}" if rel else name
+    try:
+        ignored.append((path, os.lstat(root / path)))
+    except OSError:
+        return
 
 
 def _name_wanted(rel: str, name: str, warn: Say) -> bool:
