@@ -6,10 +6,12 @@ workspace `cwd`, the data directory or `/` and have the worker copy it into its 
 The copy-back therefore reads a directory only when, symbolic links resolved, it lies inside
 one of the operator's `PAPERCLIP_COPYBACK_ROOTS`, and never when it is, contains or lies inside
 an execution workspace's `cwd` (of any company), the data directory or the store's directory.
+The roots hold every company's run directories, so neither does it read one that is, contains
+or lies inside a directory another company's run named as its own.
 
 The decision (`copyback_refusal`) is a plain function of paths; `copyback_source_refusal`
-gathers its inputs (the settings and every workspace `cwd`) and is what the result endpoint
-and the worker call.
+gathers its inputs (the settings, every workspace `cwd` and the other companies' run
+directories) and is what the result endpoint and the worker call.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from uuid import UUID
 
 from django.conf import settings
 
-from recovery.selectors.exports import execution_workspace_cwds, execution_workspace_has_head
+from recovery.selectors.exports import (
+    execution_workspace_cwds,
+    execution_workspace_has_head,
+    other_company_run_dirs,
+)
 
 type CopybackRefusal = Literal[
     "copyback_disabled",
@@ -34,6 +40,7 @@ type CopybackRefusal = Literal[
     "inside_execution_workspace",
     "contains_execution_workspace",
     "workspace_has_head",
+    "another_company_run",
 ]
 
 REFUSAL_TEXT: Final[dict[str, str]] = {
@@ -55,6 +62,9 @@ REFUSAL_TEXT: Final[dict[str, str]] = {
         " into its cwd would be undone by the head's next materialization. Send the result"
         " with workspace_tree (paperclip-agent run does)."
     ),
+    # Says nothing of which company or run: the agent learns only that the directory is not
+    # its company's to copy.
+    "another_company_run": "The run's workspace directory is not one of this company's runs.",
 }
 
 
@@ -75,6 +85,7 @@ def copyback_refusal(
     cwds: Iterable[str],
     data_dir: str,
     store_dir: str | None,
+    other_runs: Iterable[str] = (),
     resolved: bool = False,
 ) -> CopybackRefusal | None:
     """Why the copy-back must not read `source`, or None when it may (`resolved`: `source`
@@ -87,6 +98,10 @@ def copyback_refusal(
     everything in it is refused, except below a root that itself lies inside the data
     directory: naming such a root (the demo's `<data dir>/demo`) is the operator granting that
     part of it. The store's directory and every workspace `cwd` are refused whatever the roots.
+    `other_runs` are the directories other companies' runs named: one that, resolved, lies
+    strictly inside a root is theirs, and a source that is, holds or lies inside it is
+    refused. One outside every root (or a root itself) is ignored: the copy-back never reads
+    it, and counting it would let an agent that names `/` stop every other company's copy-back.
     Touches the filesystem only through `realpath`.
     """
     if not roots:
@@ -108,6 +123,16 @@ def copyback_refusal(
         return "data_directory"
     if store_dir is not None and _related(path, os.path.realpath(store_dir)):
         return "store_directory"
+    if refusal := _workspace_refusal(path, cwds):
+        return refusal
+    if _names_another_run(path, real_roots, other_runs):
+        return "another_company_run"
+    return None
+
+
+def _workspace_refusal(path: str, cwds: Iterable[str]) -> CopybackRefusal | None:
+    """How `path` relates to the first workspace `cwd` it is, lies inside or holds (each
+    resolved), or None."""
     for cwd in cwds:
         if not cwd.startswith("/"):
             continue  # not a path the copy-back could write either
@@ -119,6 +144,18 @@ def copyback_refusal(
         if _inside(real_cwd, path):
             return "contains_execution_workspace"
     return None
+
+
+def _names_another_run(path: str, real_roots: Sequence[str], other_runs: Iterable[str]) -> bool:
+    """`path` is, holds or lies inside one of `other_runs` that lies strictly inside a root
+    (each resolved)."""
+    for other in other_runs:
+        if not other.startswith("/") or "\x00" in other:
+            continue
+        real_other = os.path.realpath(other)
+        if any(_inside(real_other, root) for root in real_roots) and _related(path, real_other):
+            return True
+    return False
 
 
 def copyback_roots() -> list[str]:
@@ -134,18 +171,26 @@ def copyback_workspace_refusal(workspace_id: UUID | None) -> CopybackRefusal | N
     return "workspace_has_head"
 
 
-def copyback_source_refusal(source: str) -> CopybackRefusal | None:
-    """`copyback_refusal` against this deployment: its settings and every execution
-    workspace's `cwd` of every company (one query, skipped when the copy-back is off)."""
-    return copyback_checked_source(source)[1]
+def copyback_source_refusal(source: str, *, company_id: UUID | None) -> CopybackRefusal | None:
+    """`copyback_refusal` against this deployment: its settings, every execution workspace's
+    `cwd` of every company and the run directories of every company but `company_id` (the
+    run's; None compares no run's directory, for a check of the settings alone). Two queries,
+    skipped when the copy-back is off."""
+    return copyback_checked_source(source, company_id=company_id)[1]
 
 
-def copyback_checked_source(source: str) -> tuple[str, CopybackRefusal | None]:
+def copyback_checked_source(
+    source: str, *, company_id: UUID | None
+) -> tuple[str, CopybackRefusal | None]:
     """`source` resolved once (`realpath`) and the refusal of that very path, as
     `copyback_source_refusal` judges it. The worker copies from the path returned, and from
     nothing that does not lie inside it: resolving the agent's path again later (it may have
     swapped a directory along it for a link since) would judge one directory and copy
-    another."""
+    another.
+
+    The other companies' run directories are read in one query (distinct values) and each is
+    resolved here: a prefix filter on the stored text would miss a directory recorded through
+    a link, and the guard compares where paths point."""
     if not source.startswith("/") or "\x00" in source:
         return source, "not_absolute"
     path = os.path.realpath(source)
@@ -158,5 +203,6 @@ def copyback_checked_source(source: str) -> tuple[str, CopybackRefusal | None]:
         cwds=execution_workspace_cwds(),
         data_dir=str(settings.DATA_DIR),
         store_dir=str(settings.PAPERCLIP_CAS_DIR),
+        other_runs=other_company_run_dirs(company_id) if company_id is not None else (),
         resolved=True,
     )

@@ -124,6 +124,43 @@ def test_symbolic_links_are_resolved_before_judging(tmp_path: Path) -> None:
     assert copyback_refusal(str(tmp_path / "runs" / "run-1"), **linked) is None
 
 
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("/srv/runs/run-b", "another_company_run"),
+        ("/srv/runs/run-b/sub", "another_company_run"),
+        ("/srv/runs/host", "another_company_run"),
+        ("/srv/runs/run-bb", None),
+        ("/srv/runs/run-a", None),
+        ("/elsewhere/run-b", "outside_copyback_roots"),
+    ],
+)
+def test_another_companys_run_directory_is_refused_after_the_roots(
+    source: str, reason: str | None
+) -> None:
+    other_runs = ["/srv/runs/run-b", "/srv/runs/host/run-c", "relative/run"]
+    assert _refusal(source, other_runs=other_runs) == reason
+
+
+def test_another_companys_directory_outside_the_roots_counts_for_nothing() -> None:
+    """Never copied back, so no run directory of theirs: `/` or the root itself named by
+    another company's run refuses nothing."""
+    assert _refusal("/srv/runs/run-a", other_runs=["/", "/srv/runs", "/srv/runs/"]) is None
+
+
+def test_another_companys_run_directory_is_compared_resolved(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    (runs / "real-b").mkdir(parents=True)
+    (runs / "b-link").symlink_to(runs / "real-b")
+    (runs / "a-link").symlink_to(runs / "real-b")
+    kwargs: dict[str, Any] = {"roots": [str(runs)], "cwds": [], "data_dir": "/nonexistent"}
+    other_runs = [str(runs / "b-link")]
+    for source in (runs / "real-b", runs / "a-link", runs / "real-b" / "x"):
+        assert copyback_refusal(str(source), store_dir=None, other_runs=other_runs, **kwargs) == (
+            "another_company_run"
+        )
+
+
 def _roots_setting(value: str) -> subprocess.CompletedProcess[str]:
     """PAPERCLIP_COPYBACK_ROOTS as a fresh process's settings read it (nothing connects)."""
     env = {

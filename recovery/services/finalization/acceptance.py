@@ -191,7 +191,9 @@ def _check_acceptable(
         raise RunNotFinalizable(status=run.status)
     source = workspace_dir(run)
     if workspace_tree is None and source is not None:
-        refusal = copyback_source_refusal(source) or copyback_workspace_refusal(workspace_id)
+        refusal = copyback_source_refusal(
+            source, company_id=run.company_id
+        ) or copyback_workspace_refusal(workspace_id)
         if refusal is not None:
             raise WorkspaceCopybackNotAllowed(reason=refusal)
 

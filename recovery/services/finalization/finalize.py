@@ -157,10 +157,11 @@ def _copy_back(
             "The run has a workspace directory but its execution workspace has no cwd.",
         )
     # Again here, right before the copy: the directory may have been replaced since the
-    # result was accepted (by a link into another workspace, say), or the settings or the
-    # workspaces changed. The copy reads the path judged here, resolved once, and nothing
-    # outside it (a link swapped in along the agent's path afterwards is not followed).
-    resolved, refusal = copyback_checked_source(source)
+    # result was accepted (by a link into another workspace, say), the settings or the
+    # workspaces changed, or another company's run named the directory since. The copy reads
+    # the path judged here, resolved once, and nothing outside it (a link swapped in along
+    # the agent's path afterwards is not followed).
+    resolved, refusal = copyback_checked_source(source, company_id=run.company_id)
     refusal = refusal or copyback_workspace_refusal(run_workspace_id(run, issue))
     if refusal is not None:
         raise CopybackError(WorkspaceCopybackNotAllowed.code, f"{refusal}: {REFUSAL_TEXT[refusal]}")

@@ -347,3 +347,90 @@ def test_links_that_leave_the_copy_through_other_links_are_not_copied(
     )
     assert sorted(operation.metadata["copied"]["skipped"]) == ["b_secret", "l2"]
     assert operation.metadata["copied"]["symlinks"] == 1
+
+
+@pytest.mark.parametrize("target", ["theirs", "theirs_link", "inside_theirs", "holds_theirs"])
+def test_another_companys_run_directory_is_never_copied_back(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any, target: str
+) -> None:
+    """B's runner made B's run directory under the shared copy-back root; A's agent names that
+    directory (or a link to it, a directory inside it, one holding it) as its own run's. The
+    worker (often root) must not copy B's work into A's workspace: refused with a reason that
+    says nothing about B, nothing written."""
+    a, b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    theirs = tmp_path / "runs" / "host" / "run-b"
+    (theirs / "sub").mkdir(parents=True)
+    (theirs / "b-work.txt").write_text("company B's unpublished work\n")
+    (tmp_path / "runs" / "innocent").symlink_to(theirs)
+    b.run(str(theirs))
+    workspace_dir = {
+        "theirs": str(theirs),
+        "theirs_link": str(tmp_path / "runs" / "innocent"),
+        "inside_theirs": str(theirs / "sub"),
+        "holds_theirs": str(tmp_path / "runs" / "host"),
+    }[target]
+    run_id = a.run(workspace_dir)
+    before = _written()
+    error = assert_error(a.post_result(run_id), 409, "workspace_copyback_not_allowed")
+    assert error["details"] == {"reason": "another_company_run"}
+    assert _written() == before
+    run_jobs()
+    assert _files(a.cwd) == []
+
+
+def test_a_run_directory_recorded_through_a_link_is_matched_by_where_it_points(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    """B's run names its directory through a link (`runs/b-link -> runs/real-b`); A names the
+    real directory. Compared as written, the two differ."""
+    a, b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    real = tmp_path / "runs" / "real-b"
+    real.mkdir(parents=True)
+    (real / "b-work.txt").write_text("company B's unpublished work\n")
+    (tmp_path / "runs" / "b-link").symlink_to(real)
+    b.run(str(tmp_path / "runs" / "b-link"))
+    run_id = a.run(str(real))
+    error = assert_error(a.post_result(run_id), 409, "workspace_copyback_not_allowed")
+    assert error["details"] == {"reason": "another_company_run"}
+
+
+def test_a_directory_another_company_names_outside_the_roots_refuses_nothing(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    """B's agent names `/` (or the root itself) as its run's directory: the copy-back never
+    reads it, so it is no run directory of B's, and A's own run directory is copied back."""
+    a, b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    own = tmp_path / "runs" / "run-a"
+    own.mkdir(parents=True)
+    (own / "out.txt").write_text("A's work\n")
+    b.run("/")
+    b.run(str(tmp_path / "runs"))
+    run_id = a.run(str(own))
+    assert a.post_result(run_id).status_code == 201
+    run_jobs()
+    assert (a.cwd / "out.txt").read_text() == "A's work\n"
+
+
+def test_the_worker_refuses_a_directory_another_company_named_since_the_result(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    """A's result was accepted while no other company named its directory; B's run names it
+    before the worker copies. The worker checks again and copies nothing: the run is held for
+    the board with the reason."""
+    a, b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    shared = tmp_path / "runs" / "run-x"
+    shared.mkdir(parents=True)
+    (shared / "out.txt").write_text("whose work?\n")
+    run_id = a.run(str(shared))
+    assert a.post_result(run_id).status_code == 201
+    b.run(str(shared))
+    run_jobs()
+    assert _files(a.cwd) == []
+    coordinator = NativeRunFinalization.objects.get(run_id=run_id)
+    assert coordinator.failure_code == "workspace_copyback_not_allowed"
+    assert coordinator.failure_detail["detail"].startswith("another_company_run:")
+    assert coordinator.attempt == 1

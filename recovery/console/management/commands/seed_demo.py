@@ -73,7 +73,9 @@ class Command(BaseCommand):
         root = demo_dir()
         # Two of the demo's runs are copied back from their directories (the legacy copy-back),
         # which reads only under PAPERCLIP_COPYBACK_ROOTS (docs/security.md#the-legacy-copy-back).
-        refusal = copyback_source_refusal(str(root / HELD_WORKDIR))
+        # A check of the settings alone (the demo company may not exist yet): no company's
+        # run directories are compared.
+        refusal = copyback_source_refusal(str(root / HELD_WORKDIR), company_id=None)
         if refusal is not None:
             raise CommandError(
                 f"The demo's runs are copied back from {root}, which the legacy "
