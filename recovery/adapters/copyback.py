@@ -10,7 +10,8 @@ when the source changes during the copy: the source is the resolved path the cal
 never resolved again; every directory and file is opened without following a final link, and
 where the kernel says the opened object lies (/proc/self/fd) must be inside the source, else
 it is skipped and reported (a directory along or below the source swapped for a link to
-elsewhere after it was judged or listed; docs/security.md). A crash
+elsewhere after it was judged or listed; docs/security.md). Files and directories get their
+source's permission bits and times, never a setuid, setgid or sticky bit. A crash
 at any point leaves either the old destination or the new one plus named leftovers that the
 next attempt for the same run cleans up; the source stays authoritative throughout.
 """
@@ -103,15 +104,23 @@ def _opened_inside(fd: int, root: str | None) -> bool:
     return where == root or where.startswith(root.rstrip("/") + "/")
 
 
+def _permissions(mode: int) -> int:
+    """The permission bits of `mode` alone: the worker copying may run as root and owns what
+    it writes, so a setuid, setgid or sticky bit the agent set on its own file or directory is
+    never copied (a setuid program of the agent's would become a setuid-root one)."""
+    return stat.S_IMODE(mode) & 0o777
+
+
 def _same_file_state(current: os.stat_result, previous: os.stat_result) -> bool:
     """The incremental rule (docs/recovery.md#incremental-copy-back): a regular file of the
     previous destination stands for the source's when size, modification time (ns) and mode
-    all match; the quick check rsync makes by default, plus the mode."""
+    all match; the quick check rsync makes by default, plus the mode (the mode a copy gets,
+    `_permissions`, and the previous file's must be exactly that)."""
     return (
         stat.S_ISREG(previous.st_mode)
         and previous.st_size == current.st_size
         and previous.st_mtime_ns == current.st_mtime_ns
-        and previous.st_mode == current.st_mode
+        and stat.S_IMODE(previous.st_mode) == _permissions(current.st_mode)
     )
 
 
@@ -121,13 +130,13 @@ def default_threads() -> int:
 
 
 def _copy_file(source: str, target: str, state: os.stat_result, root: str | None = None) -> int:
-    """Copy one regular file's bytes, mode and times; returns the bytes copied. O_NOFOLLOW on
-    both ends: an entry swapped for a symlink since it was listed is refused (ELOOP), never
-    followed, and O_EXCL never writes through anything already at the target; a file reached
-    through a directory swapped for a link (outside `root`) is refused the same way before a
-    byte of it is read. Opened without blocking: a file swapped for a FIFO since it was
-    listed would otherwise block the worker until someone wrote to it; it is refused (ELOOP,
-    skipped) as anything no longer a regular file is."""
+    """Copy one regular file's bytes, permission bits (`_permissions`) and times; returns the
+    bytes copied. O_NOFOLLOW on both ends: an entry swapped for a symlink since it was listed
+    is refused (ELOOP), never followed, and O_EXCL never writes through anything already at
+    the target; a file reached through a directory swapped for a link (outside `root`) is
+    refused the same way before a byte of it is read. Opened without blocking: a file swapped
+    for a FIFO since it was listed would otherwise block the worker until someone wrote to
+    it; it is refused (ELOOP, skipped) as anything no longer a regular file is."""
     fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not _opened_inside(fd_in, root):
@@ -151,7 +160,7 @@ def _copy_file(source: str, target: str, state: os.stat_result, root: str | None
                 while block := os.read(fd_in, 1 << 20):
                     os.write(fd_out, block)
                     copied += len(block)
-            os.fchmod(fd_out, stat.S_IMODE(state.st_mode))
+            os.fchmod(fd_out, _permissions(state.st_mode))
             os.utime(fd_out, ns=(state.st_atime_ns, state.st_mtime_ns))
         finally:
             os.close(fd_out)
@@ -280,8 +289,8 @@ class LocalDirectoryCopyback:
 
 class _TreeCopy:
     """One copy of `src` into a new `staging` directory (private, 0700, until it is complete:
-    then every directory gets its source's mode and times, deepest first, as `cp -a` leaves
-    them)."""
+    then every directory gets its source's permission bits and times, deepest first, as
+    `cp -a` leaves them, setuid, setgid and sticky bits dropped)."""
 
     def __init__(
         self,
@@ -327,7 +336,7 @@ class _TreeCopy:
                 raise
         self._drop_escaping_links()
         for path, state in reversed(self.dir_states):
-            os.chmod(path, stat.S_IMODE(state.st_mode))
+            os.chmod(path, _permissions(state.st_mode))
             os.utime(path, ns=(state.st_atime_ns, state.st_mtime_ns))
         return CopybackReport(
             self.files,

@@ -42,6 +42,27 @@ def test_the_destination_gets_the_source_directory_mode_and_times(
     assert (dest / "sub" / "a.txt").read_text() == "a"
 
 
+@pytest.mark.parametrize("incremental", [False, True])
+def test_setuid_setgid_and_sticky_bits_are_never_copied(tmp_path: Path, incremental: bool) -> None:
+    """The worker copying may run as root and owns what it writes: a setuid program of the
+    agent's would become a setuid-root one. Only the permission bits are kept, for files,
+    directories and the destination itself; an incremental copy never links the previous copy
+    in for a source that still carries the bits, and the result is the same."""
+    src, dest = tmp_path / "work", tmp_path / "host" / "repo"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin" / "tool").write_text("#!/bin/sh\nid\n")
+    (src / "bin" / "tool").chmod(0o6755)
+    (src / "bin").chmod(0o2755)
+    src.chmod(0o1777)
+    backend = LocalDirectoryCopyback(incremental=incremental)
+    for _ in range(2):
+        backend.copy_back(run_id=uuid.uuid4(), source=str(src), destination=str(dest), check=_noop)
+        copyback_discards_wait()
+        assert stat.S_IMODE((dest / "bin" / "tool").stat().st_mode) == 0o755
+        assert stat.S_IMODE((dest / "bin").stat().st_mode) == 0o755
+        assert stat.S_IMODE(dest.stat().st_mode) == 0o777
+
+
 def test_a_source_inside_the_destination_is_refused_and_left_alone(tmp_path: Path) -> None:
     dest = tmp_path / "repo"
     src = dest / ".runs" / "work"

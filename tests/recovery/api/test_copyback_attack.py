@@ -7,6 +7,7 @@ Everything through the API, the worker a real one (`run_worker --once`)."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -434,3 +435,28 @@ def test_the_worker_refuses_a_directory_another_company_named_since_the_result(
     assert coordinator.failure_code == "workspace_copyback_not_allowed"
     assert coordinator.failure_detail["detail"].startswith("another_company_run:")
     assert coordinator.attempt == 1
+
+
+def test_a_copy_back_never_makes_a_setuid_or_setgid_file_or_directory(
+    tenants: tuple[Tenant, Tenant], tmp_path: Path, settings: Any
+) -> None:
+    """The agent's run directory holds a program it made setuid, in a setgid directory: the
+    worker (often root) writes the copy as its own, so with its source's mode the cwd got a
+    setuid-root program. Only the permission bits are copied, as materialization does."""
+    a, _b = tenants
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(tmp_path / "runs")]
+    own = tmp_path / "runs" / "run-a"
+    (own / "bin").mkdir(parents=True)
+    tool = own / "bin" / "tool"
+    tool.write_text("#!/bin/sh\nid\n")
+    if os.geteuid() == 0:  # as an agent would: its own file, not root's
+        os.chown(tool, 65534, 65534)
+    tool.chmod(0o4755)
+    (own / "bin").chmod(0o2755)
+    run_id = a.run(str(own))
+    assert a.post_result(run_id).status_code == 201
+    run_jobs()
+    copied = a.cwd / "bin" / "tool"
+    assert copied.read_text() == "#!/bin/sh\nid\n"
+    assert stat.S_IMODE(copied.stat().st_mode) == 0o755
+    assert stat.S_IMODE((a.cwd / "bin").stat().st_mode) == 0o755
