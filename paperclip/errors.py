@@ -86,3 +86,11 @@ class AgentNotActive(RuleViolationError):
 class BoardUserInactive(RuleViolationError):
     code = "board_user_inactive"
     message = "The user is inactive and cannot act as the board."
+
+
+class WorkspaceCwdNotAllowed(RuleViolationError):
+    code = "workspace_cwd_not_allowed"
+    message = (
+        "The cwd is, holds or lies inside another company's workspace, the data directory or"
+        " the blob store; only a superuser may give a workspace such a cwd."
+    )

@@ -97,3 +97,9 @@ def run_lock_with_issue(
         if run.issue_id == (issue.pk if issue is not None else None):
             return LockedRun(run=run, issue=issue, coordinator=coordinator)
     raise ResourceBusy(run_id=str(run_id))
+
+
+def workspace_cwds_key() -> str:
+    """The advisory key every write of a workspace's `cwd` takes: the check that a new `cwd`
+    is no other company's sees every `cwd` committed before it, none written beside it."""
+    return "paperclip:workspace-cwds"

@@ -35,6 +35,7 @@ from paperclip.admin.toolkit import (
     short_id,
 )
 from paperclip.credentials import agent_key_revoke, board_token_revoke
+from paperclip.errors import WorkspaceCwdNotAllowed
 from paperclip.models import (
     Agent,
     AgentApiKey,
@@ -47,7 +48,7 @@ from paperclip.models import (
     NativeRunResult,
     WorkspaceOperation,
 )
-from paperclip.services import absolute_path_error
+from paperclip.services import absolute_path_error, workspace_cwd_check_in_tx
 from paperclip.snapshots.adopt import workspace_cwd_adopt_defer_in_tx
 from paperclip.snapshots.behind import (
     MaterializeRetry,
@@ -270,12 +271,24 @@ class ExecutionWorkspaceAdminForm(_ModelForm):
             "metadata",
         )
 
+    # Set per request by ExecutionWorkspaceAdmin.get_form: a superuser may give any cwd.
+    superuser = False
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         company_id = _record_company_id(self, data)
         issue = data.get("source_issue")
         if issue is not None and company_id is not None and issue.company_id != company_id:
             self.add_error("source_issue", "Must belong to the workspace's company.")
+        cwd = data.get("cwd")
+        moved = {"cwd", "company"} & set(self.changed_data)
+        if cwd and company_id is not None and moved:
+            # The admin's change view runs inside a transaction: the advisory lock taken here
+            # is held until the save commits.
+            try:
+                workspace_cwd_check_in_tx(cwd=cwd, company_id=company_id, superuser=self.superuser)
+            except WorkspaceCwdNotAllowed as exc:
+                self.add_error("cwd", exc.message)
         return data
 
     def clean_cwd(self) -> str | None:
@@ -384,6 +397,14 @@ class ExecutionWorkspaceAdmin(AuditedAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         return history_urls(self) + super().get_urls()
+
+    def get_form(
+        self, request: HttpRequest, obj: Any | None = None, change: bool = False, **kwargs: Any
+    ) -> type[_ModelForm]:
+        # A class of this request's own, so the flag is this user's alone.
+        form = super().get_form(request, obj, change, **kwargs)
+        superuser = bool(getattr(request.user, "is_superuser", False))
+        return type(form.__name__, (form,), {"superuser": superuser})
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ExecutionWorkspace]:
         # The change page names the run that published the head by its agent.

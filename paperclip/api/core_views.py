@@ -385,7 +385,9 @@ class ExecutionWorkspaceCreateApi(APIView):
         request=InputSerializer,
         responses={
             201: ExecutionWorkspaceOutputSerializer,
-            **error_responses(*AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND),
+            **error_responses(
+                *AUTH_ERRORS, INVALID_REQUEST, NOT_FOUND, (422, "workspace_cwd_not_allowed")
+            ),
         },
     )
     def post(self, request: Request, company_id: UUID) -> Response:

@@ -13,8 +13,9 @@ What lives where:
 - `runs`: `run_create`, `run_transition` (the run lifecycle is in its docstring) and the
   helpers other apps compose inside their own transaction, `run_finish_in_tx` and
   `issue_slots_release_in_tx`;
-- `shared`: `absolute_path_error` (also used by the API serializers and the admin) and the
-  board check and audit helper the modules above use.
+- `shared`: `absolute_path_error` (also used by the API serializers and the admin),
+  `workspace_cwd_check_in_tx` (also used by the admin) and the board check and audit helper
+  the modules above use.
 
 Code inside this package imports from the defining module; this facade is for the rest of
 the project (API, admin, commands, other apps, tests).
@@ -47,7 +48,7 @@ from paperclip.services.runs import (
     run_interrupt,
     run_transition,
 )
-from paperclip.services.shared import absolute_path_error
+from paperclip.services.shared import absolute_path_error, workspace_cwd_check_in_tx
 
 __all__ = [
     "AgentCreated",
@@ -70,4 +71,5 @@ __all__ = [
     "run_finish_in_tx",
     "run_interrupt",
     "run_transition",
+    "workspace_cwd_check_in_tx",
 ]

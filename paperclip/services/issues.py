@@ -19,7 +19,12 @@ from paperclip.db.locking import busy_on_lock_timeout, set_local_lock_timeout
 from paperclip.errors import InvalidRequest, NotFoundError
 from paperclip.locks import issues_for_update
 from paperclip.models import Agent, ExecutionWorkspace, Issue
-from paperclip.services.shared import absolute_path_error, audit, require_board
+from paperclip.services.shared import (
+    absolute_path_error,
+    audit,
+    require_board,
+    workspace_cwd_check_in_tx,
+)
 from paperclip.snapshots.adopt import workspace_cwd_adopt_defer_in_tx
 
 
@@ -133,15 +138,21 @@ def execution_workspace_create(
     *, actor: Actor, company_id: UUID | str, name: str, cwd: str | None = None
 ) -> ExecutionWorkspaceCreated:
     """Create an execution workspace; `cwd`, if given, must be an absolute path, and the
-    worker adopts what it holds as the workspace's first head (a job deferred here).
+    worker adopts what it holds as the workspace's first head (a job deferred here). Unless a
+    superuser gives it, the `cwd` must not be, hold or lie inside another company's workspace
+    `cwd`, the data directory or the blob store (`workspace_cwd_check_in_tx`).
 
-    Raises PermissionDenied, InvalidRequest (bad cwd) or NotFoundError (company not visible).
+    Locks: the advisory key `workspace_cwds_key()` when a `cwd` is given. Raises
+    PermissionDenied, InvalidRequest (bad cwd), WorkspaceCwdNotAllowed or NotFoundError
+    (company not visible).
     """
     require_board(actor)
     if cwd is not None and (problem := absolute_path_error(cwd)):
         raise InvalidRequest(fields={"cwd": [problem]})
     company = selectors.company_get(actor=actor, company_id=company_id)
     with transaction.atomic(durable=True):
+        if cwd is not None:
+            workspace_cwd_check_in_tx(cwd=cwd, company_id=company.pk, superuser=actor.is_superuser)
         workspace = ExecutionWorkspace.objects.create(company=company, name=name, cwd=cwd)
         audit(
             actor,

@@ -1,17 +1,25 @@
 """Helpers the core services share: path validation (also used by the API serializers and the
-admin), the board-only check, and the audit row every state change writes inside its
-transaction.
+admin), the check that a workspace's `cwd` is no other company's (also used by the admin), the
+board-only check, and the audit row every state change writes inside its transaction.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from pathlib import PurePosixPath
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
+
 from paperclip.access import Actor
 from paperclip.activity import activity_record
-from paperclip.errors import PermissionDenied
+from paperclip.db.advisory import advisory_xact_lock
+from paperclip.db.locking import require_transaction
+from paperclip.errors import PermissionDenied, WorkspaceCwdNotAllowed
+from paperclip.locks import workspace_cwds_key
+from paperclip.models import ExecutionWorkspace
 
 
 def absolute_path_error(value: str) -> str | None:
@@ -27,6 +35,52 @@ def absolute_path_error(value: str) -> str | None:
     if ".." in PurePosixPath(value).parts:
         return "Must not contain '..' segments."
     return None
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path.startswith(parent.rstrip("/") + "/")
+
+
+def cwd_overlaps(cwd: str, others: Iterable[str]) -> bool:
+    """`cwd` is, holds or lies inside one of `others` (absolute paths), each compared with its
+    symbolic links resolved (`realpath`): a link to another company's directory, or a `cwd`
+    recorded through one, is judged by where it points."""
+    path = os.path.realpath(cwd)
+    for other in others:
+        if not other.startswith("/"):
+            continue
+        real = os.path.realpath(other)
+        if path == real or _inside(path, real) or _inside(real, path):
+            return True
+    return False
+
+
+def workspace_cwd_check_in_tx(*, cwd: str, company_id: UUID, superuser: bool) -> None:
+    """Refuse (WorkspaceCwdNotAllowed) a `cwd` for a workspace of `company_id` that is, holds or
+    lies inside another company's workspace `cwd`, the data directory or the blob store, unless
+    a superuser gives it.
+
+    The worker adopts a `cwd` as its workspace's head and writes the head back into it, often
+    as root, so such a `cwd` let one company's board read or overwrite another company's
+    files, or the server's own. A superuser is trusted with the whole machine. Takes the
+    advisory lock `workspace_cwds_key()` (for superusers too, so that a check beside their
+    write still sees it), then reads every other company's distinct `cwd`; the error names
+    none of them.
+    """
+    require_transaction()
+    advisory_xact_lock(workspace_cwds_key())
+    if superuser:
+        return
+    others = (
+        ExecutionWorkspace.objects.exclude(company_id=company_id)
+        .filter(cwd__startswith="/")
+        .order_by()
+        .values_list("cwd", flat=True)
+        .distinct()
+    )
+    reserved = [str(settings.DATA_DIR), str(settings.PAPERCLIP_CAS_DIR)]
+    if cwd_overlaps(cwd, [*reserved, *(other for other in others if other)]):
+        raise WorkspaceCwdNotAllowed()
 
 
 def require_board(actor: Actor) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.contrib import admin
 from django.test import Client
@@ -123,6 +125,66 @@ def test_admin_add_issue_writes_audit_and_checks_company(superuser_client: Clien
     assert good.status_code == 302
     issue = Issue.objects.get()
     assert ActivityEvent.objects.filter(action="issue.created", entity_id=str(issue.pk)).exists()
+
+
+WORKSPACE_FORM = {
+    "name": "w",
+    "status": "active",
+    "mode": "shared_workspace",
+    "strategy_type": "local_directory",
+    "provider_type": "local_fs",
+    "metadata": "null",
+}
+
+
+def _member_client(company: Company) -> Client:
+    """A staff board member of `company` alone, with every model permission."""
+    from django.contrib.auth.models import Permission
+
+    user = UserFactory()
+    user.user_permissions.set(Permission.objects.all())
+    BoardMembership.objects.create(user=user, company=company)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_admin_refuses_a_board_member_another_companys_cwd(tmp_path: Path) -> None:
+    """As the API does: the add form and the change form of a workspace refuse, for anyone
+    but a superuser, a cwd that is, holds or lies inside another company's workspace cwd."""
+    company = CompanyFactory()
+    theirs = tmp_path / "workspaces" / "b"
+    ExecutionWorkspaceFactory(cwd=str(theirs))
+    client = _member_client(company)
+    before = ActivityEvent.objects.count()
+    fields = {"company": company.pk, **WORKSPACE_FORM}
+    added = client.post(
+        reverse("admin:paperclip_executionworkspace_add"), {**fields, "cwd": str(theirs)}
+    )
+    assert added.status_code == 200  # form redisplayed with the error
+    assert "another company" in added.context["adminform"].form.errors["cwd"][0]
+    assert not ExecutionWorkspace.objects.filter(company=company).exists()
+    mine = ExecutionWorkspaceFactory(company=company, cwd=str(tmp_path / "workspaces" / "a"))
+    changed = client.post(
+        reverse("admin:paperclip_executionworkspace_change", args=[mine.pk]),
+        {**fields, "cwd": str(tmp_path / "workspaces")},
+    )
+    assert changed.status_code == 200
+    assert "cwd" in changed.context["adminform"].form.errors
+    mine.refresh_from_db()
+    assert mine.cwd == str(tmp_path / "workspaces" / "a")
+    assert ActivityEvent.objects.count() == before
+
+
+def test_admin_lets_a_superuser_give_any_cwd(superuser_client: Client, tmp_path: Path) -> None:
+    company = CompanyFactory()
+    ExecutionWorkspaceFactory(cwd=str(tmp_path / "workspaces" / "b"))
+    response = superuser_client.post(
+        reverse("admin:paperclip_executionworkspace_add"),
+        {"company": company.pk, **WORKSPACE_FORM, "cwd": str(tmp_path / "workspaces")},
+    )
+    assert response.status_code == 302
+    assert ExecutionWorkspace.objects.filter(company=company).exists()
 
 
 def test_staff_member_sees_only_their_companies() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -333,6 +334,72 @@ def test_workspace_create_validates_fields(
     assert field in assert_error(response, 400, "invalid_request")["details"]["fields"]
     assert not ExecutionWorkspace.objects.exists()
     assert audit_count() == before
+
+
+@pytest.mark.parametrize("target", ["theirs", "inside", "holding", "link", "data", "store"])
+def test_a_board_member_cannot_give_a_workspace_another_companys_cwd(
+    make_board_client: Callable[..., APIClient],
+    company: Company,
+    tmp_path: Path,
+    settings: Any,
+    target: str,
+) -> None:
+    """A workspace's cwd is adopted as its head and materialized by a worker that may run as
+    root: a cwd that is, holds or lies inside another company's workspace cwd (links
+    resolved), the data directory or the blob store would let this company's board read or
+    overwrite what is not its own. Refused with one code that names nothing of the other
+    company; nothing written."""
+    settings.DATA_DIR = tmp_path / "data"
+    settings.PAPERCLIP_CAS_DIR = tmp_path / "blobs"
+    theirs = tmp_path / "workspaces" / "b" / "work"
+    theirs.mkdir(parents=True)
+    ExecutionWorkspaceFactory(cwd=str(theirs))  # another company's
+    (tmp_path / "innocent").symlink_to(theirs)
+    cwd = {
+        "theirs": str(theirs),
+        "inside": str(theirs / "src"),
+        "holding": str(tmp_path / "workspaces"),
+        "link": str(tmp_path / "innocent"),
+        "data": str(tmp_path / "data" / "pgdata"),
+        "store": str(tmp_path / "blobs"),
+    }[target]
+    client = make_board_client(company)
+    before = audit_count()
+    response = client.post(
+        f"/api/companies/{company.pk}/execution-workspaces",
+        {"name": "borrowed", "cwd": cwd},
+        format="json",
+    )
+    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
+    assert not ExecutionWorkspace.objects.filter(company=company).exists()
+    assert audit_count() == before
+
+
+def test_a_cwd_beside_another_companys_or_shared_within_the_company_is_allowed(
+    make_board_client: Callable[..., APIClient], company: Company, tmp_path: Path
+) -> None:
+    ExecutionWorkspaceFactory(cwd=str(tmp_path / "workspaces" / "b"))
+    ExecutionWorkspaceFactory(company=company, cwd=str(tmp_path / "workspaces" / "a"))
+    client = make_board_client(company)
+    for cwd in (tmp_path / "workspaces" / "bb", tmp_path / "workspaces" / "a" / "sub"):
+        response = client.post(
+            f"/api/companies/{company.pk}/execution-workspaces",
+            {"name": "w", "cwd": str(cwd)},
+            format="json",
+        )
+        assert response.status_code == 201, response.json()
+
+
+def test_a_superuser_may_give_a_workspace_any_cwd(
+    make_board_client: Callable[..., APIClient], company: Company, tmp_path: Path
+) -> None:
+    ExecutionWorkspaceFactory(cwd=str(tmp_path / "workspaces" / "b"))
+    response = make_board_client(superuser=True).post(
+        f"/api/companies/{company.pk}/execution-workspaces",
+        {"name": "w", "cwd": str(tmp_path / "workspaces")},
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
 
 
 # --- scoping: another company's objects are 404 everywhere; malformed ids are JSON 404 ------
