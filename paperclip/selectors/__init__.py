@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from django.db.models.fields.json import KT
+
 from paperclip.access import Actor, scoped_get
 from paperclip.errors import NotFoundError
 from paperclip.ids import parse_uuid
@@ -52,3 +54,22 @@ def execution_workspace_get(*, actor: Actor, workspace_id: UUID | str) -> Execut
 
 def run_get(*, actor: Actor, run_id: UUID | str) -> HeartbeatRun:
     return scoped_get(HeartbeatRun.objects.all(), actor, run_id)
+
+
+def other_company_run_dirs(company_id: UUID) -> list[str]:
+    """The distinct run directories (`workspaceDir`) named by the runs of every company but
+    `company_id` (neither the copy-back nor a workspace `cwd` of this company may be one).
+
+    All of them, not only those under a copy-back root by their text: a directory recorded
+    through a symbolic link lies wherever the link points, so the guard compares them resolved.
+    """
+    key = "runner_profile_json__nativeExecutionInput__binding__workspaceDir"
+    values = (
+        HeartbeatRun.objects.exclude(company_id=company_id)
+        .annotate(run_dir=KT(key))
+        .filter(run_dir__startswith="/")
+        .order_by()
+        .values_list("run_dir", flat=True)
+        .distinct()
+    )
+    return [value for value in values if value]

@@ -20,6 +20,7 @@ from paperclip.db.locking import require_transaction
 from paperclip.errors import PermissionDenied, WorkspaceCwdNotAllowed
 from paperclip.locks import workspace_cwds_key
 from paperclip.models import ExecutionWorkspace
+from paperclip.selectors import other_company_run_dirs
 
 
 def absolute_path_error(value: str) -> str | None:
@@ -57,20 +58,29 @@ def cwd_overlaps(cwd: str, others: Iterable[str]) -> bool:
 
 def workspace_cwd_check_in_tx(*, cwd: str, company_id: UUID, superuser: bool) -> None:
     """Refuse (WorkspaceCwdNotAllowed) a `cwd` for a workspace of `company_id` that is, holds or
-    lies inside another company's workspace `cwd`, the data directory or the blob store, unless
-    a superuser gives it.
+    lies inside another company's workspace `cwd`, the data directory or the blob store; that
+    is or holds a copy-back root (`PAPERCLIP_COPYBACK_ROOTS`: they hold every company's run
+    directories); or that is, holds or lies inside another company's run directory under such
+    a root; unless a superuser gives it.
 
     The worker adopts a `cwd` as its workspace's head and writes the head back into it, often
     as root, so such a `cwd` let one company's board read or overwrite another company's
-    files, or the server's own. A superuser is trusted with the whole machine. Takes the
-    advisory lock `workspace_cwds_key()` (for superusers too, so that a check beside their
-    write still sees it), then reads every other company's distinct `cwd`; the error names
-    none of them.
+    files, or the server's own (and a `cwd` holding a root made every copy-back under it
+    refused). Run directories outside every root are not counted: the server never reads
+    them, and one naming `/` would otherwise refuse every `cwd`. Every path is compared with
+    its links resolved, the settings' too (a relative store directory included). A superuser
+    is trusted with the whole machine. Takes the advisory lock `workspace_cwds_key()` (for
+    superusers too, so that a check beside their write still sees it), then reads every
+    other company's distinct `cwd` and run directory; the error names none of them.
     """
     require_transaction()
     advisory_xact_lock(workspace_cwds_key())
     if superuser:
         return
+    path = os.path.realpath(cwd)
+    roots = [os.path.realpath(root) for root in settings.PAPERCLIP_COPYBACK_ROOTS]
+    if any(path == root or _inside(root, path) for root in roots):
+        raise WorkspaceCwdNotAllowed()
     others = (
         ExecutionWorkspace.objects.exclude(company_id=company_id)
         .filter(cwd__startswith="/")
@@ -78,8 +88,13 @@ def workspace_cwd_check_in_tx(*, cwd: str, company_id: UUID, superuser: bool) ->
         .values_list("cwd", flat=True)
         .distinct()
     )
-    reserved = [str(settings.DATA_DIR), str(settings.PAPERCLIP_CAS_DIR)]
-    if cwd_overlaps(cwd, [*reserved, *(other for other in others if other)]):
+    run_dirs = [
+        real
+        for real in map(os.path.realpath, other_company_run_dirs(company_id) if roots else ())
+        if any(_inside(real, root) for root in roots)
+    ]
+    reserved = [os.path.realpath(settings.DATA_DIR), os.path.realpath(settings.PAPERCLIP_CAS_DIR)]
+    if cwd_overlaps(cwd, [*reserved, *(other for other in others if other), *run_dirs]):
         raise WorkspaceCwdNotAllowed()
 
 

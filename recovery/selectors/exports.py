@@ -9,7 +9,6 @@ from typing import Any, Final
 from uuid import UUID
 
 from django.db.models import Q
-from django.db.models.fields.json import KT
 
 from leases.environment.export_resume.termination import remote_termination_has
 from leases.models import EnvironmentLease
@@ -54,25 +53,6 @@ def execution_workspace_cwds() -> list[str]:
     recovery.services.copyback_guard)."""
     cwds = ExecutionWorkspace.objects.exclude(cwd__isnull=True).exclude(cwd="")
     return [cwd for cwd in cwds.order_by().values_list("cwd", flat=True).distinct() if cwd]
-
-
-def other_company_run_dirs(company_id: UUID) -> list[str]:
-    """The distinct run directories (`workspaceDir`) named by the runs of every company but
-    `company_id` (the copy-back never reads one for this company: recovery.services.copyback_guard).
-
-    All of them, not only those under a copy-back root by their text: a directory recorded
-    through a symbolic link lies wherever the link points, so the guard compares them resolved.
-    """
-    key = "runner_profile_json__nativeExecutionInput__binding__workspaceDir"
-    values = (
-        HeartbeatRun.objects.exclude(company_id=company_id)
-        .annotate(run_dir=KT(key))
-        .filter(run_dir__startswith="/")
-        .order_by()
-        .values_list("run_dir", flat=True)
-        .distinct()
-    )
-    return [value for value in values if value]
 
 
 def execution_workspace_has_head(workspace_id: UUID) -> bool:

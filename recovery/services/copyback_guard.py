@@ -23,11 +23,8 @@ from uuid import UUID
 
 from django.conf import settings
 
-from recovery.selectors.exports import (
-    execution_workspace_cwds,
-    execution_workspace_has_head,
-    other_company_run_dirs,
-)
+from paperclip.selectors import other_company_run_dirs
+from recovery.selectors.exports import execution_workspace_cwds, execution_workspace_has_head
 
 type CopybackRefusal = Literal[
     "copyback_disabled",

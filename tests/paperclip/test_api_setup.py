@@ -493,3 +493,63 @@ def test_member_of_two_companies_acts_in_both(
             client.post(f"/api/companies/{c.pk}/issues", {"title": "t"}, format="json").status_code
             == 201
         )
+
+
+@pytest.mark.parametrize("target", ["their_run_dir", "inside_their_run_dir", "copyback_root"])
+def test_a_board_member_cannot_give_a_workspace_another_companys_run_directory_or_a_root(
+    make_board_client: Callable[..., APIClient],
+    company: Company,
+    tmp_path: Path,
+    settings: Any,
+    target: str,
+) -> None:
+    """The copy-back roots hold every company's run directories: a cwd naming another
+    company's run directory, or the root that holds them all, would be adopted as this
+    company's head as another company's workspace cwd would, and would make every copy-back
+    under it refused (`inside_execution_workspace`)."""
+    from tests.paperclip.factories import HeartbeatRunFactory
+
+    roots = tmp_path / "runs"
+    theirs = roots / "run-b"
+    theirs.mkdir(parents=True)
+    (theirs / "secret.txt").write_text("company B's work")
+    settings.PAPERCLIP_COPYBACK_ROOTS = [str(roots)]
+    HeartbeatRunFactory(  # another company's run, its directory under the root
+        runner_profile_json={"nativeExecutionInput": {"binding": {"workspaceDir": str(theirs)}}}
+    )
+    cwd = {
+        "their_run_dir": str(theirs),
+        "inside_their_run_dir": str(theirs / "src"),
+        "copyback_root": str(roots),
+    }[target]
+    client = make_board_client(company)
+    before = audit_count()
+    response = client.post(
+        f"/api/companies/{company.pk}/execution-workspaces",
+        {"name": "borrowed", "cwd": cwd},
+        format="json",
+    )
+    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
+    assert not ExecutionWorkspace.objects.filter(company=company).exists()
+    assert audit_count() == before
+
+
+def test_a_relative_store_directory_is_still_refused(
+    make_board_client: Callable[..., APIClient],
+    company: Company,
+    tmp_path: Path,
+    settings: Any,
+) -> None:
+    """A relative PAPERCLIP_CAS_DIR is resolved as the copy-back guard resolves it."""
+    import os
+
+    store = tmp_path / "blobs"
+    store.mkdir()
+    settings.PAPERCLIP_CAS_DIR = Path(os.path.relpath(store))
+    client = make_board_client(company)
+    response = client.post(
+        f"/api/companies/{company.pk}/execution-workspaces",
+        {"name": "borrowed", "cwd": str(store)},
+        format="json",
+    )
+    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
