@@ -4,7 +4,6 @@ files. Not part of the test suite."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -234,9 +233,11 @@ def make_world(n: int, cwd: Path) -> World:
 
 
 def dir_blobs(workdir: Path) -> dict[str, int]:
-    """The directory blobs of the tree the workdir last held (the client's dirs.json)."""
-    data = json.loads((workdir / ".paperclip" / "dirs.json").read_text())
-    return {name: len(text.encode()) for name, text in data["dirs"].items()}
+    """The directory blobs of the tree the workdir last held (the client's dirs.json), by
+    name, with their sizes."""
+    from paperclip_client.workdir.index import load_dirs  # the client's reading of its file
+
+    return {name: len(blob) for name, blob in load_dirs(workdir).items()}
 
 
 def same_files(a: Path, b: Path) -> bool:
