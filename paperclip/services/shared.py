@@ -6,7 +6,7 @@ board-only check, and the audit row every state change writes inside its transac
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 from uuid import UUID
@@ -38,8 +38,29 @@ def absolute_path_error(value: str) -> str | None:
     return None
 
 
-def _inside(path: str, parent: str) -> bool:
-    return path.startswith(parent.rstrip("/") + "/")
+def path_inside(path: str, parent: str) -> bool:
+    """`path` lies strictly inside `parent` (both normalized, absolute)."""
+    return path.startswith(parent.rstrip("/") + "/") and path != parent
+
+
+def paths_related(path: str, other: str) -> bool:
+    """`path` is `other`, lies inside it, or holds it (both normalized, absolute)."""
+    return path == other or path_inside(path, other) or path_inside(other, path)
+
+
+def run_dirs_under(run_dirs: Iterable[str], real_roots: Sequence[str]) -> list[str]:
+    """The run directories, as runs named them, that lie strictly inside one of `real_roots`
+    (resolved), each resolved (`realpath`: one named through a link lies where it points).
+    One outside every root, or a root itself, is left out: the copy-back never reads it, and
+    counting it would let a run naming `/` stand in every other company's way."""
+    found = []
+    for named in run_dirs:
+        if not named.startswith("/") or "\x00" in named:
+            continue
+        real = os.path.realpath(named)
+        if any(path_inside(real, root) for root in real_roots):
+            found.append(real)
+    return found
 
 
 def cwd_overlaps(cwd: str, others: Iterable[str]) -> bool:
@@ -47,13 +68,9 @@ def cwd_overlaps(cwd: str, others: Iterable[str]) -> bool:
     symbolic links resolved (`realpath`): a link to another company's directory, or a `cwd`
     recorded through one, is judged by where it points."""
     path = os.path.realpath(cwd)
-    for other in others:
-        if not other.startswith("/"):
-            continue
-        real = os.path.realpath(other)
-        if path == real or _inside(path, real) or _inside(real, path):
-            return True
-    return False
+    return any(
+        paths_related(path, os.path.realpath(other)) for other in others if other.startswith("/")
+    )
 
 
 def workspace_cwd_check_in_tx(*, cwd: str, company_id: UUID, superuser: bool) -> None:
@@ -79,7 +96,7 @@ def workspace_cwd_check_in_tx(*, cwd: str, company_id: UUID, superuser: bool) ->
         return
     path = os.path.realpath(cwd)
     roots = [os.path.realpath(root) for root in settings.PAPERCLIP_COPYBACK_ROOTS]
-    if any(path == root or _inside(root, path) for root in roots):
+    if any(path == root or path_inside(root, path) for root in roots):
         raise WorkspaceCwdNotAllowed()
     others = (
         ExecutionWorkspace.objects.exclude(company_id=company_id)
@@ -88,11 +105,7 @@ def workspace_cwd_check_in_tx(*, cwd: str, company_id: UUID, superuser: bool) ->
         .values_list("cwd", flat=True)
         .distinct()
     )
-    run_dirs = [
-        real
-        for real in map(os.path.realpath, other_company_run_dirs(company_id) if roots else ())
-        if any(_inside(real, root) for root in roots)
-    ]
+    run_dirs = run_dirs_under(other_company_run_dirs(company_id), roots) if roots else []
     reserved = [os.path.realpath(settings.DATA_DIR), os.path.realpath(settings.PAPERCLIP_CAS_DIR)]
     if cwd_overlaps(cwd, [*reserved, *(other for other in others if other), *run_dirs]):
         raise WorkspaceCwdNotAllowed()

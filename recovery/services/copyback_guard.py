@@ -24,6 +24,7 @@ from uuid import UUID
 from django.conf import settings
 
 from paperclip.selectors import other_company_run_dirs
+from paperclip.services.shared import path_inside, paths_related, run_dirs_under
 from recovery.selectors.exports import execution_workspace_cwds, execution_workspace_has_head
 
 type CopybackRefusal = Literal[
@@ -65,16 +66,6 @@ REFUSAL_TEXT: Final[dict[str, str]] = {
 }
 
 
-def _inside(path: str, parent: str) -> bool:
-    """`path` lies strictly inside `parent` (both normalized, absolute)."""
-    return path.startswith(parent.rstrip("/") + "/") and path != parent
-
-
-def _related(path: str, other: str) -> bool:
-    """`path` is `other`, lies inside it, or holds it."""
-    return path == other or _inside(path, other) or _inside(other, path)
-
-
 def copyback_refusal(
     source: str,
     *,
@@ -109,20 +100,20 @@ def copyback_refusal(
     real_roots = [os.path.realpath(root) for root in roots]
     # Checked first, so that a path outside the roots tells its agent nothing about which
     # directories are other companies' workspaces.
-    if not any(path == root or _inside(path, root) for root in real_roots):
+    if not any(path == root or path_inside(path, root) for root in real_roots):
         return "outside_copyback_roots"
     if path in real_roots:
         return "copyback_root"
     data = os.path.realpath(data_dir)
-    if _related(path, data) and not any(
-        _inside(root, data) and _inside(path, root) for root in real_roots
+    if paths_related(path, data) and not any(
+        path_inside(root, data) and path_inside(path, root) for root in real_roots
     ):
         return "data_directory"
-    if store_dir is not None and _related(path, os.path.realpath(store_dir)):
+    if store_dir is not None and paths_related(path, os.path.realpath(store_dir)):
         return "store_directory"
     if refusal := _workspace_refusal(path, cwds):
         return refusal
-    if _names_another_run(path, real_roots, other_runs):
+    if any(paths_related(path, theirs) for theirs in run_dirs_under(other_runs, real_roots)):
         return "another_company_run"
     return None
 
@@ -136,23 +127,11 @@ def _workspace_refusal(path: str, cwds: Iterable[str]) -> CopybackRefusal | None
         real_cwd = os.path.realpath(cwd)
         if path == real_cwd:
             return "execution_workspace"
-        if _inside(path, real_cwd):
+        if path_inside(path, real_cwd):
             return "inside_execution_workspace"
-        if _inside(real_cwd, path):
+        if path_inside(real_cwd, path):
             return "contains_execution_workspace"
     return None
-
-
-def _names_another_run(path: str, real_roots: Sequence[str], other_runs: Iterable[str]) -> bool:
-    """`path` is, holds or lies inside one of `other_runs` that lies strictly inside a root
-    (each resolved)."""
-    for other in other_runs:
-        if not other.startswith("/") or "\x00" in other:
-            continue
-        real_other = os.path.realpath(other)
-        if any(_inside(real_other, root) for root in real_roots) and _related(path, real_other):
-            return True
-    return False
 
 
 def copyback_roots() -> list[str]:
