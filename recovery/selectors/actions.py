@@ -9,7 +9,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
 from paperclip.models import HeartbeatRun, NativeRunFinalization
-from paperclip.receipts import OWNER_KEY
+from paperclip.receipts import raw_owner
 from recovery.canonical import canonical_sha256
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.exports import EXPORT_RETRY_KEY, HELD_EXPORT
@@ -23,6 +23,18 @@ HEAD_CONFLICT_CODE = "workspace_head_conflict"
 def owner_fingerprint(run_id: UUID | str, raw_prior: Any) -> str:
     """Identity of an owner-unverified hold: sha256 of canonical `{runId, owner}`."""
     return canonical_sha256({"runId": str(run_id), "owner": raw_prior})
+
+
+def current_owner_fingerprint(*, company_id: UUID, run_id: UUID) -> str | None:
+    """The fingerprint a hold of the run's current owner receipt carries (`owner_fingerprint`),
+    or None when the run has no receipt (or is not the company's)."""
+    profile = (
+        HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
+        .values_list("runner_profile_json", flat=True)
+        .first()
+    )
+    receipt = raw_owner(profile)
+    return owner_fingerprint(run_id, receipt) if receipt is not None else None
 
 
 def recovery_action_get_live(*, company_id: UUID, issue_id: UUID) -> IssueRecoveryAction | None:
@@ -56,13 +68,7 @@ def run_board_hold(*, company_id: UUID, run_id: UUID) -> IssueRecoveryAction | N
         .select_related("source_issue")
         .order_by("created_at", "id")
     )
-    profile = (
-        HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
-        .values_list("runner_profile_json", flat=True)
-        .first()
-    )
-    receipt = profile.get(OWNER_KEY) if isinstance(profile, dict) else None
-    current_owner = owner_fingerprint(run_id, receipt) if receipt is not None else None
+    current_owner = current_owner_fingerprint(company_id=company_id, run_id=run_id)
     ranked = [
         (rank, hold)
         for hold in holds

@@ -27,7 +27,7 @@ from recovery.selectors.actions import (
     HEAD_CONFLICT_CODE,
     OWNER_UNVERIFIED_CAUSE,
     WAITING_PHASES,
-    owner_fingerprint,
+    current_owner_fingerprint,
 )
 
 AWAIT_POLL_FIRST = 0.05  # seconds before the second read when no notification comes
@@ -75,13 +75,8 @@ def owner_hold_live(*, company_id: UUID, run_id: UUID) -> bool:
     confirmation is refused `owner_changed`), so the run is not kept waiting for it. The next
     attempt meets the current receipt and either holds the run for that owner (superseding the
     old hold) or commits (resolving it)."""
-    profile = (
-        HeartbeatRun.objects.filter(pk=run_id, company_id=company_id)
-        .values_list("runner_profile_json", flat=True)
-        .first()
-    )
-    receipt = raw_owner(profile)
-    if receipt is None:
+    current_owner = current_owner_fingerprint(company_id=company_id, run_id=run_id)
+    if current_owner is None:
         return False
     return (
         IssueRecoveryAction.objects.filter(
@@ -89,7 +84,7 @@ def owner_hold_live(*, company_id: UUID, run_id: UUID) -> bool:
             cause=OWNER_UNVERIFIED_CAUSE,
             status__in=LIVE_STATUSES,
             evidence__runId=str(run_id),
-            fingerprint=owner_fingerprint(run_id, receipt),
+            fingerprint=current_owner,
         )
         .exclude(evidence__has_key="workspaceOwnerStop")
         .exists()
