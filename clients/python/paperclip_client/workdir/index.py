@@ -12,7 +12,7 @@ import stat
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -152,12 +152,8 @@ class Rows:
             count, size, newest = self._expect
         ordered = sorted((encode_key(p), row) for p, row in changes.items())
         body, replaced = splice(raw, start, ordered)
-        for (_key, row), was in zip(ordered, replaced, strict=True):
-            if was is not None:
-                count, size = count - 1, size - was[0]
-            if row is not None:
-                count, size, newest = count + 1, size + row[0], max(newest, row[1])
-        return body, (count, size, newest)
+        pairs = zip(replaced, (row for _key, row in ordered), strict=True)
+        return body, _summary_after((count, size, newest), pairs)
 
     def _check(self) -> bool:
         """(Lock held.) The sorted lines against the header's checksum, once: rows that do
@@ -220,18 +216,26 @@ class RowChanges:
     def summary(self) -> tuple[int, int, int]:
         """(count, bytes, newest_ns), the newest an upper bound (a row gone may have been
         the newest: the header then only says "racy" where a parse would not)."""
-        count, size, newest = self.base.summary()
-        for path, row in self.changes().items():
-            was = self.base.lookup(path)
-            if was is not None:
-                count, size = count - 1, size - was[0]
-            if row is not None:
-                count, size, newest = count + 1, size + row[0], max(newest, row[1])
-        return count, size, newest
+        pairs = ((self.base.lookup(p), row) for p, row in self.changes().items())
+        return _summary_after(self.base.summary(), pairs)
 
     def unchanged(self) -> bool:
         """Whether every change leaves the base's row as it was."""
         return all(self.base.lookup(p) == row for p, row in self.changes().items())
+
+
+def _summary_after(
+    summary: tuple[int, int, int], replaced: Iterable[tuple[Stat | None, Stat | None]]
+) -> tuple[int, int, int]:
+    """(count, bytes, newest_ns) of rows after each (old row, new row) of `replaced` (None: no
+    such row); the newest an upper bound, as an old row's mtime is never taken back."""
+    count, size, newest = summary
+    for was, row in replaced:
+        if was is not None:
+            count, size = count - 1, size - was[0]
+        if row is not None:
+            count, size, newest = count + 1, size + row[0], max(newest, row[1])
+    return count, size, newest
 
 
 def summarize(rows: Mapping[str, Stat]) -> tuple[int, int, int] | None:

@@ -402,8 +402,9 @@ class Partial:
         for path in [p for p in self.paths if p == top or p.startswith(prefix)]:
             # Read whole again, a tracked path deep in it that the ignore rules match would
             # be left out, as if deleted (only the full scan knows every tracked path).
-            self._refuse_ignored(path, self._old(path))
-            for name, entry in self._old(path).items():
+            old = self._old(path)
+            self._refuse_ignored(path, old)
+            for name, entry in old.items():
                 if entry["type"] == "file":
                     self.stats.pop(_join(path, name), None)
             del self.paths[path]
