@@ -18,6 +18,7 @@ from tests.clients.test_watch import (
     Watcher,
     full_tree,
     make,
+    settled,
     take,
     watch,
     watchers,
@@ -124,9 +125,7 @@ def test_a_write_through_a_hard_link_in_an_ignored_directory_is_in_the_next_snap
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"d/f": "original", "e/g": "g", "build/out": "o", ".paperclipignore": "build/\n"})
     watch(watchers, root)
-    take(store, root)
-    _result, line = take(store, root)
-    assert line.startswith("watcher: 0 directories changed"), line
+    settled(store, root)
     os.link(root / "d/f", root / "build/f")
     with open(root / "build/f", "r+b") as handle:  # written in place, through the other name
         handle.write(b"EDITED!!")
@@ -145,9 +144,7 @@ def test_a_write_through_an_ignored_hard_link_in_the_same_directory_is_in_the_ne
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"d/f": "original", "e/g": "g", ".paperclipignore": "*.log\n"})
     watch(watchers, root)
-    take(store, root)
-    _result, line = take(store, root)
-    assert line.startswith("watcher: 0 directories changed"), line
+    settled(store, root)
     os.link(root / "d/f", root / "d/f.log")
     _result, line = take(store, root)  # the link alone: nothing changed yet
     with open(root / "d/f.log", "r+b") as handle:
@@ -169,9 +166,7 @@ def test_hard_links_among_files_left_out_keep_the_partial_scan(
     for i in range(3):
         (shared / f"p{i}").write_text(f"package {i}")
     watch(watchers, root)
-    take(store, root)
-    _result, line = take(store, root)
-    assert line.startswith("watcher: 0 directories changed"), line
+    settled(store, root)
     (root / "node_modules" / "pkg").mkdir(parents=True)
     for i in range(3):
         os.link(shared / f"p{i}", root / "node_modules" / "pkg" / f"p{i}")
@@ -207,9 +202,7 @@ def test_a_hard_link_in_a_new_directory_whose_name_is_not_utf8_is_noticed(
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"d/f": "original", "e/g": "g"})
     w = watch(watchers, root)
-    take(store, root)
-    _result, line = take(store, root)
-    assert line.startswith("watcher: 0 directories changed"), line
+    settled(store, root)
     w.pause()  # the directory and its link are made before the watcher reads the events
     odd = os.path.join(os.fsencode(root), b"\xff")
     os.mkdir(odd)
@@ -230,9 +223,7 @@ def test_a_hard_link_in_a_new_ignored_directory_made_before_its_watch_is_noticed
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"d/f": "original", "e/g": "g", ".paperclipignore": "build/\n"})
     w = watch(watchers, root)
-    take(store, root)
-    _result, line = take(store, root)
-    assert line.startswith("watcher: 0 directories changed"), line
+    settled(store, root)
     w.pause()
     (root / "build").mkdir()
     os.link(root / "d/f", root / "build/f")
@@ -254,9 +245,7 @@ def test_a_write_through_a_hard_link_whose_name_is_not_utf8_is_in_the_next_snaps
     store, root = FakeStore(), tmp_path / "w"
     make(root, {"d/f": "original", "e/g": "g"})
     watch(watchers, root)
-    take(store, root)
-    _result, line = take(store, root)
-    assert line.startswith("watcher: 0 directories changed"), line
+    settled(store, root)
     odd = os.path.join(os.fsencode(root / "d"), b"\xff")
     os.link(root / "d/f", odd)
     _result, line = take(store, root)  # the link alone: nothing changed yet

@@ -336,6 +336,20 @@ def test_workspace_create_validates_fields(
     assert audit_count() == before
 
 
+def assert_cwd_refused(client: APIClient, company: Company, cwd: str) -> None:
+    """A workspace of `company` with `cwd` is refused with 422 `workspace_cwd_not_allowed`,
+    naming nothing, and nothing is written: no workspace, no audit row."""
+    before = audit_count()
+    response = client.post(
+        f"/api/companies/{company.pk}/execution-workspaces",
+        {"name": "borrowed", "cwd": cwd},
+        format="json",
+    )
+    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
+    assert not ExecutionWorkspace.objects.filter(company=company).exists()
+    assert audit_count() == before
+
+
 @pytest.mark.parametrize("target", ["theirs", "inside", "holding", "link", "data", "store"])
 def test_a_board_member_cannot_give_a_workspace_another_companys_cwd(
     make_board_client: Callable[..., APIClient],
@@ -363,16 +377,7 @@ def test_a_board_member_cannot_give_a_workspace_another_companys_cwd(
         "data": str(tmp_path / "data" / "pgdata"),
         "store": str(tmp_path / "blobs"),
     }[target]
-    client = make_board_client(company)
-    before = audit_count()
-    response = client.post(
-        f"/api/companies/{company.pk}/execution-workspaces",
-        {"name": "borrowed", "cwd": cwd},
-        format="json",
-    )
-    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
-    assert not ExecutionWorkspace.objects.filter(company=company).exists()
-    assert audit_count() == before
+    assert_cwd_refused(make_board_client(company), company, cwd)
 
 
 def test_a_cwd_beside_another_companys_or_shared_within_the_company_is_allowed(
@@ -522,16 +527,7 @@ def test_a_board_member_cannot_give_a_workspace_another_companys_run_directory_o
         "inside_their_run_dir": str(theirs / "src"),
         "copyback_root": str(roots),
     }[target]
-    client = make_board_client(company)
-    before = audit_count()
-    response = client.post(
-        f"/api/companies/{company.pk}/execution-workspaces",
-        {"name": "borrowed", "cwd": cwd},
-        format="json",
-    )
-    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
-    assert not ExecutionWorkspace.objects.filter(company=company).exists()
-    assert audit_count() == before
+    assert_cwd_refused(make_board_client(company), company, cwd)
 
 
 def test_a_relative_store_directory_is_still_refused(
@@ -546,10 +542,4 @@ def test_a_relative_store_directory_is_still_refused(
     store = tmp_path / "blobs"
     store.mkdir()
     settings.PAPERCLIP_CAS_DIR = Path(os.path.relpath(store))
-    client = make_board_client(company)
-    response = client.post(
-        f"/api/companies/{company.pk}/execution-workspaces",
-        {"name": "borrowed", "cwd": str(store)},
-        format="json",
-    )
-    assert assert_error(response, 422, "workspace_cwd_not_allowed")["details"] == {}
+    assert_cwd_refused(make_board_client(company), company, str(store))
