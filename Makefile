@@ -33,7 +33,7 @@ help:
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py,"
 	@echo "                bench/copyback.py, bench/renew_load.py, bench/scale.py, bench/snapshots.py,"
 	@echo "                bench/registration.py, bench/history.py, bench/cas_sync.py,"
-	@echo "                bench/snapshots.py --cas s3"
+	@echo "                bench/snapshots.py --cas s3, bench/snapshots.py --scale"
 	@echo "                (BENCH_ARGS=...)"
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
 	@echo "make chaos      runtime-lease chaos test, DURATION=600 seconds (CHAOS_ARGS=...), with"
@@ -108,6 +108,7 @@ bench: $(STAMP)
 		else echo "skip $$f (not written yet)"; fi; \
 	done
 	@echo "== bench/snapshots.py --cas s3"; $(PY) bench/snapshots.py --cas s3 $(BENCH_ARGS)
+	@echo "== bench/snapshots.py --scale"; $(PY) bench/snapshots.py --scale $(BENCH_ARGS)
 
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.run --duration $(DURATION) $(CHAOS_ARGS)

@@ -1,4 +1,5 @@
-"""What the snapshot benches share (bench/snapshots.py, bench/snapshots_cas.py): the server,
+"""What the snapshot benches share (bench/snapshots.py, bench/snapshots_cas.py,
+bench/snapshots_scale.py): the database, the server,
 worker and CLI processes they start, the world each round runs in, and the checks of a tree's
 files. Not part of the test suite."""
 
@@ -42,6 +43,32 @@ def compile_client() -> None:
     compileall.compile_dir(ROOT / "clients" / "python" / "paperclip_client", quiet=1)
 
 
+def prepare(bench_url: str, scratch: Path) -> dict[str, str]:
+    """Django set up on the throwaway database (migrated), its data directory in `scratch`:
+    the environment the server and the worker start with."""
+    os.environ["DATABASE_URL"] = bench_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
+    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
+    data = scratch / "data"
+    data.mkdir()
+    os.environ["PAPERCLIP_DATA_DIR"] = str(data)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    log("migrating ...")
+    call_command("migrate", verbosity=0)
+    connection.close()
+    return {
+        **os.environ,
+        "DJANGO_CONN_MAX_AGE": "600",
+        "DJANGO_DEBUG": "false",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    }
+
+
 # --- processes ------------------------------------------------------------------------------
 
 
@@ -58,6 +85,39 @@ def subprocess_running(
         finally:
             stop_process(proc, timeout=30)
             log(f"{label} (pid {proc.pid}) stopped")
+
+
+@contextmanager
+def serving(
+    kind: str,
+    env: dict[str, str],
+    logs: Path,
+    *,
+    label: str = "",
+    worker_prefix: list[str] | None = None,
+) -> Iterator[tuple[str, RssSampler]]:
+    """The HTTP server (`kind`) and a worker running with `env`, their output in `logs`
+    (`server<label>.log`, `worker<label>.log`): the server's URL and a sampler of its RSS."""
+    from tests.support.servers import free_port, wait_for_server
+
+    port = free_port()
+    argv = server_argv(kind, port)
+    with ExitStack() as stack:
+        log(f"starting {kind}{label}: {Path(argv[0]).name} {' '.join(argv[1:])}")
+        server = stack.enter_context(
+            subprocess_running(f"{kind}{label}", argv, env, logfile=logs / f"server{label}.log")
+        )
+        wait_for_server(port, server, request_timeout=30).close()
+        stack.enter_context(
+            subprocess_running(
+                f"worker{label}",
+                [*(worker_prefix or [sys.executable]), "manage.py", "run_worker"],
+                env,
+                logfile=logs / f"worker{label}.log",
+            )
+        )
+        sampler = stack.enter_context(RssSampler(server.pid))
+        yield f"http://127.0.0.1:{port}", sampler
 
 
 def server_argv(kind: str, port: int) -> list[str]:

@@ -47,7 +47,9 @@ when /dev/shm has not).
 
 Options: --files N, --changed F, --rounds N, --server production|gunicorn, --dir DIR,
 --keep-db, --quick (1,000 files, 1 round: a smoke run), --cas s3 (the s3 backend against this
-one in the same run: bench/snapshots_cas.py).
+one in the same run: bench/snapshots_cas.py), --scale (the same change on --files files and on
+four times as many, the watcher running, and a run that changed nothing:
+bench/snapshots_scale.py).
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -83,9 +84,7 @@ from bench.snapshots_git import (  # noqa: E402
 )
 from bench.snapshots_git import report_lines as git_report  # noqa: E402
 from tests.support.servers import (  # noqa: E402 - after the path setup
-    free_port,
     throwaway_database,
-    wait_for_server,
 )
 
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -98,12 +97,12 @@ from bench.snapshot_runs import (  # noqa: E402 - the processes and worlds both 
     job_seconds,
     log,
     make_world,
+    prepare,
     run_cli,
     same_files,
     scan_line,
-    server_argv,
+    serving,
     start_watcher,
-    subprocess_running,
     wait_materialized,
 )
 
@@ -325,53 +324,19 @@ def checkout_at_head(r: Round, paths: list[Path]) -> None:
 
 def run(bench_url: str, scratch: Path, config: Config, server_kind: str) -> int:
     compile_client()
-    os.environ["DATABASE_URL"] = bench_url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
-    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
-    data = scratch / "data"
-    data.mkdir()
-    os.environ["PAPERCLIP_DATA_DIR"] = str(data)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    log("migrating ...")
-    call_command("migrate", verbosity=0)
-    connection.close()
+    env = prepare(bench_url, scratch)
     source = scratch / "source"
     log(f"writing {config.files:,} files in {source} ...")
     paths = make_tree(source, config.files, seed=1)
     total = sum(p.stat().st_size for p in paths)
     log(f"  {total / MB:.0f} MiB")
 
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_CONN_MAX_AGE": "600",
-        "DJANGO_DEBUG": "false",
-        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
-    }
     worker_log = scratch / "worker.log"
     worker_prefix = [sys.executable]
     if config.profile is not None:
         worker_prefix += ["-m", "cProfile", "-o", str(config.profile.with_suffix(".worker.prof"))]
     figures = Figures()
-    with ExitStack() as stack:
-        argv = server_argv(server_kind, port)
-        log(f"starting {server_kind}: {Path(argv[0]).name} {' '.join(argv[1:])}")
-        server = stack.enter_context(
-            subprocess_running(server_kind, argv, env, logfile=scratch / "server.log")
-        )
-        wait_for_server(port, server, request_timeout=30).close()
-        stack.enter_context(
-            subprocess_running(
-                "worker", [*worker_prefix, "manage.py", "run_worker"], env, logfile=worker_log
-            )
-        )
-        sampler = stack.enter_context(RssSampler(server.pid))
-        url = f"http://127.0.0.1:{port}"
+    with serving(server_kind, env, scratch, worker_prefix=worker_prefix) as (url, sampler):
         for n in range(config.rounds):
             one_round(n, url, source, paths, scratch, config, sampler, figures, worker_log)
         web_processes = len(sampler.web_pids)
@@ -463,6 +428,12 @@ def main() -> int:
         default="filesystem",
         help="s3: the s3 backend against the filesystem one, same run (bench/snapshots_cas.py)",
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="the same change on --files files and 4x as many, watcher running"
+        " (bench/snapshots_scale.py)",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     config = Config(
@@ -489,6 +460,12 @@ def main() -> int:
     name = os.environ.get("PAPERCLIP_BENCH_SNAPSHOTS_DB", "paperclip_bench_snapshots")
     try:
         with throwaway_database(server_url, name, keep=args.keep_db, log=log) as bench_url:
+            if args.scale:
+                from bench.snapshots_scale import run_scale
+
+                return run_scale(
+                    bench_url, scratch, config.files, config.changed, config.rounds, args.server
+                )
             if args.cas == "s3":
                 from bench.snapshots_cas import run_cas
 

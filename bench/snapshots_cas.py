@@ -31,13 +31,11 @@ under 200 MB while the tree moves (medians over the rounds).
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -46,20 +44,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.copyback import make_tree  # noqa: E402 - after the path setup
-from bench.rss import RssSampler  # noqa: E402
 from bench.snapshot_runs import (  # noqa: E402
     MB,
     compile_client,
     make_world,
+    prepare,
     run_cli,
     same_files,
-    server_argv,
-    subprocess_running,
+    serving,
     wait_materialized,
 )
 from bench.snapshot_runs import log as log  # noqa: E402
 from tests.support.s3 import S3Server, rclone_s3  # noqa: E402
-from tests.support.servers import free_port, wait_for_server  # noqa: E402
 
 VARIANTS: Final = ("filesystem", "s3", "s3-proxied")
 TARGET_RATIO: Final = 0.5
@@ -113,28 +109,8 @@ def one_variant(
     variant: str, n: int, source: Path, scratch: Path, env: dict[str, str], server_kind: str,
     figures: VariantFigures,
 ) -> None:  # fmt: skip
-    port = free_port()
     label = f"{variant} #{n + 1}"
-    with ExitStack() as stack:
-        server = stack.enter_context(
-            subprocess_running(
-                f"{label} server",
-                server_argv(server_kind, port),
-                env,
-                logfile=scratch / f"server-{variant}.log",
-            )
-        )
-        wait_for_server(port, server, request_timeout=30).close()
-        stack.enter_context(
-            subprocess_running(
-                f"{label} worker",
-                [sys.executable, "manage.py", "run_worker"],
-                env,
-                logfile=scratch / f"worker-{variant}.log",
-            )
-        )
-        sampler = stack.enter_context(RssSampler(server.pid))
-        url = f"http://127.0.0.1:{port}"
+    with serving(server_kind, env, scratch, label=f"-{variant}") as (url, sampler):
         world = make_world(n * len(VARIANTS) + VARIANTS.index(variant), scratch / f"cwd-{label}")
         work = scratch / f"work-{variant}-{n}"
         subprocess.run(["cp", "-a", source, work], check=True)
@@ -162,32 +138,12 @@ def one_variant(
 
 def run_cas(bench_url: str, scratch: Path, files: int, rounds: int, server_kind: str) -> int:
     compile_client()
-    os.environ["DATABASE_URL"] = bench_url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "paperclip.settings"
-    os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only")
-    data = scratch / "data"
-    data.mkdir()
-    os.environ["PAPERCLIP_DATA_DIR"] = str(data)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    log("migrating ...")
-    call_command("migrate", verbosity=0)
-    connection.close()
+    base = prepare(bench_url, scratch)
     source = scratch / "source"
     log(f"writing {files:,} files in {source} ...")
     paths = make_tree(source, files, seed=1)
     total = sum(p.stat().st_size for p in paths)
     log(f"  {total / MB:.0f} MiB")
-    base = {
-        **os.environ,
-        "DJANGO_CONN_MAX_AGE": "600",
-        "DJANGO_DEBUG": "false",
-        "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
-    }
     figures = {variant: VariantFigures() for variant in VARIANTS}
     with rclone_s3(scratch / "s3") as s3:
         log(f"rclone serve s3 at {s3.endpoint} over {s3.root}")

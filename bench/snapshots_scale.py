@@ -1,0 +1,204 @@
+"""A later run's cost as the workspace grows: the same change on a tree and on one four times
+its size, with `paperclip-agent watch` running, in the same run.
+
+Run with `.venv/bin/python bench/snapshots.py --scale` (`make bench` runs it after the other
+snapshot benches). Not part of the test suite.
+
+The production HTTP server, a real `manage.py run_worker` and the real `paperclip-agent` CLI,
+as in bench/snapshots.py. Two trees of bench/copyback.py's shape (sizes 100 B to 16 KiB in
+200 x 7 directories): --files files and four times as many, so the larger tree's directories
+hold four times as many entries. Each tree gets its own company and workspace, a watcher
+started before anything else, and a first run (untimed: it publishes the head and gives the
+watcher's first token). Then each of --rounds rounds (at least 3), for each tree in turn (the
+small one first in even rounds, last in odd ones):
+
+1. a later run: the same number of files in each tree (--changed of --files: 500 for 50,000)
+   get 8 bytes appended, then `paperclip-agent run -- true`, timed from the CLI's start until
+   the workspace's `cwd_tree` is the head (the worker's materialization included);
+2. a run that changed nothing: the CLI's whole time, before and after its command (`true`),
+   and the same split for the later run (its command starts at its `started:` line).
+
+Targets (medians over the rounds): the larger tree's later run, end to end, at most 1.5x the
+smaller tree's; a run that changed nothing under 0.3 s of CLI time on each tree. Each tree's
+`cwd` is compared with its workdir at the end.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.copyback import make_tree  # noqa: E402 - after the path setup
+from bench.rss import RssSampler  # noqa: E402
+from bench.snapshot_runs import (  # noqa: E402
+    MB,
+    World,
+    compile_client,
+    log,
+    make_world,
+    prepare,
+    run_cli,
+    same_files,
+    scan_line,
+    serving,
+    start_watcher,
+    wait_materialized,
+)
+
+SCALE: Final = 4
+MIN_ROUNDS: Final = 3
+TARGET_GROWTH: Final = 1.5
+TARGET_UNCHANGED: Final = 0.3  # seconds of CLI time
+
+
+@dataclass
+class Tree:
+    """One tree, its workspace, and its runs' figures (seconds)."""
+
+    files: int
+    work: Path
+    world: World
+    paths: list[Path]
+    later: list[float] = field(default_factory=list)  # end to end
+    later_before: list[float] = field(default_factory=list)  # the CLI's, before its command
+    later_after: list[float] = field(default_factory=list)  # and after it
+    unchanged: list[float] = field(default_factory=list)  # the CLI's whole time
+    unchanged_before: list[float] = field(default_factory=list)
+    scans: list[str] = field(default_factory=list)  # the later runs' watcher / full scan lines
+    unchanged_lines: list[str] = field(default_factory=list)  # when each CLI line came
+
+
+def run_scale(
+    bench_url: str, scratch: Path, files: int, changed: float, rounds: int, server_kind: str
+) -> int:
+    compile_client()
+    env = prepare(bench_url, scratch)
+    count = max(1, int(files * changed))
+    rounds = max(rounds, MIN_ROUNDS)
+    with serving(server_kind, env, scratch) as (url, sampler), watching() as watchers:
+        trees = [
+            first_run(url, sampler, scratch, n, size, watchers)
+            for n, size in enumerate((files, files * SCALE))
+        ]
+        for n in range(rounds):
+            for tree in trees if n % 2 == 0 else trees[::-1]:
+                later_run(url, sampler, tree, count, seed=100 + n)
+                unchanged_run(url, sampler, tree)
+                log(
+                    f"  round {n + 1}, {tree.files:,} files: later run ({count:,} files changed)"
+                    f" end to end {tree.later[-1]:.2f} s (CLI before its command"
+                    f" {tree.later_before[-1]:.2f} s, after it {tree.later_after[-1]:.2f} s;"
+                    f" {tree.scans[-1]}); a run that changed nothing: CLI"
+                    f" {tree.unchanged[-1]:.2f} s (before its command"
+                    f" {tree.unchanged_before[-1]:.2f} s; its lines at {tree.unchanged_lines[-1]})"
+                )
+    for tree in trees:
+        if not same_files(tree.work, tree.world.cwd):
+            raise RuntimeError(f"the cwd {tree.world.cwd} differs from the workdir {tree.work}")
+    return report(trees, count, rounds)
+
+
+@contextmanager
+def watching() -> Iterator[list[subprocess.Popen[str]]]:
+    """The watchers started inside, stopped on leaving."""
+    watchers: list[subprocess.Popen[str]] = []
+    try:
+        yield watchers
+    finally:
+        for proc in watchers:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def first_run(
+    url: str, sampler: RssSampler, scratch: Path, n: int, files: int,
+    watchers: list[subprocess.Popen[str]],
+) -> Tree:  # fmt: skip
+    work = scratch / f"work-{files}"
+    log(f"writing {files:,} files in {work} ...")
+    paths = make_tree(work, files, seed=1)
+    log(f"  {sum(p.stat().st_size for p in paths) / MB:.0f} MiB")
+    world = make_world(n, scratch / f"cwd-{files}")
+    watchers.append(start_watcher(work))
+    started = time.perf_counter()
+    first = run_cli(url, world, work, sampler, None)
+    wait_materialized(world.workspace_id, first.head())
+    log(f"  first run (untimed here): {time.perf_counter() - started:.2f} s end to end")
+    return Tree(files, work, world, paths)
+
+
+def later_run(url: str, sampler: RssSampler, tree: Tree, count: int, seed: int) -> None:
+    for path in random.Random(seed).sample(tree.paths, count):
+        with path.open("ab") as handle:
+            handle.write(b"changed\n")
+    started = time.perf_counter()
+    later = run_cli(url, tree.world, tree.work, sampler, None)
+    wait_materialized(tree.world.workspace_id, later.head())
+    tree.later.append(time.perf_counter() - started)
+    before = later.at("started:")
+    tree.later_before.append(before)
+    tree.later_after.append(later.seconds - before)
+    tree.scans.append(scan_line(later))
+
+
+def unchanged_run(url: str, sampler: RssSampler, tree: Tree) -> None:
+    run = run_cli(url, tree.world, tree.work, sampler, None)
+    wait_materialized(tree.world.workspace_id, run.head())
+    tree.unchanged.append(run.seconds)
+    tree.unchanged_before.append(run.at("started:"))
+    tree.unchanged_lines.append(
+        ", ".join(f"{line.split(':')[0]} {t:.2f}" for t, line in run.lines if ":" in line)
+    )
+
+
+def report(trees: list[Tree], count: int, rounds: int) -> int:
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    log("")
+    log(f"{rounds} rounds, medians; the same {count:,} files changed in each tree")
+    for tree in trees:
+        log(
+            f"{tree.files:>9,} files: later run end to end {med(tree.later):.2f} s (CLI before"
+            f" its command {med(tree.later_before):.2f} s, after it"
+            f" {med(tree.later_after):.2f} s); a run that changed nothing: CLI"
+            f" {med(tree.unchanged):.2f} s (before its command {med(tree.unchanged_before):.2f} s)"
+        )
+    small, large = trees
+    growth = med(large.later) / med(small.later)
+    after_growth = med(large.later_after) / med(small.later_after)
+    log(f"the CLI's time after the command grew {after_growth:.2f}x")
+    full_scans = [s for t in trees for s in t.scans if not s.startswith("watcher:")]
+    if full_scans:
+        log(f"NOTE: {len(full_scans)} later run(s) scanned in full: {full_scans[0]}")
+    log("")
+    checks = [
+        (
+            growth <= TARGET_GROWTH,
+            f"later run on {large.files:,} files vs {small.files:,} files, the same"
+            f" {count:,} files changed, watcher running: {med(large.later):.2f} s against"
+            f" {med(small.later):.2f} s, ratio {growth:.2f} (<= {TARGET_GROWTH})",
+        ),
+        *(
+            (
+                med(tree.unchanged) < TARGET_UNCHANGED,
+                f"a run that changed nothing on {tree.files:,} files: CLI"
+                f" {med(tree.unchanged):.2f} s (< {TARGET_UNCHANGED})",
+            )
+            for tree in trees
+        ),
+    ]
+    for ok, text in checks:
+        log(f"{'MET   ' if ok else 'MISSED'} {text}")
+    return 0
