@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from paperclip.snapshots.bounds import MAX_ENTRIES, MAX_PATH_BYTES
 from paperclip.snapshots.trees import (
     BLOB_NAME,
     MAX_DEPTH,
-    MAX_PATH_BYTES,
     Budget,
     Entry,
     TreeInvalid,
@@ -148,7 +148,7 @@ def walk_changes(
     *,
     load_many: Callable[[list[str]], Mapping[str, bytes]],
     head_known_valid: bool = False,
-    max_entries: int = 2_000_000,
+    max_entries: int = MAX_ENTRIES,
     max_path_bytes: int = MAX_PATH_BYTES,
 ) -> Changes | None:
     """Compare the tree `root` with `head`, a tree known to be valid and whole, path by path,

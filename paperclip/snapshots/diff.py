@@ -17,6 +17,7 @@ from uuid import UUID
 
 from django.conf import settings
 
+from paperclip.snapshots.bounds import MAX_ENTRIES
 from paperclip.snapshots.counts import known_valid_trees
 from paperclip.snapshots.merge import changed_paths
 from paperclip.snapshots.store.reads import directory_loader
@@ -135,7 +136,7 @@ class _Walk:
     read: int = 0
     # Entries compared, both sides: directories shared by many paths (a few kilobytes an
     # agent uploaded) must not make a diff walk millions of paths.
-    max_entries: int = 2_000_000
+    max_entries: int = MAX_ENTRIES
     compared: int = 0
 
     def run(self) -> None:

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, Final, Literal
 
-from paperclip.snapshots.links import MAX_SYMLINK_STEPS, LinkInvalid, check_links
+from paperclip.snapshots import bounds
+from paperclip.snapshots.bounds import MAX_PATH_BYTES
+from paperclip.snapshots.links import LinkInvalid, check_links
 
 SCHEMA: Final = "paperclip.dir.v1"
 MAX_DEPTH: Final = 256
@@ -25,9 +27,6 @@ MAX_DEPTH: Final = 256
 RESERVED_ROOT_NAMES: Final = frozenset({".paperclip"})
 # The longest symlink target Linux writes (PATH_MAX, 4,096 bytes with its NUL).
 MAX_SYMLINK_TARGET_BYTES: Final = 4095
-# The paths of one walk added up (bytes of text): what bounds its memory when directories are
-# shared by many paths (PAPERCLIP_SNAPSHOT_MAX_PATH_BYTES for a registration).
-MAX_PATH_BYTES: Final = 256 * 1024 * 1024
 MAX_NAME_BYTES: Final = 255
 MAX_MODE: Final = 0o7777
 BLOB_NAME = re.compile(r"sha256:[0-9a-f]{64}")
@@ -465,13 +464,13 @@ def walk(
     root: str,
     load: Callable[[str], bytes | None] | None = None,
     *,
-    max_entries: int = 2_000_000,
-    max_path_bytes: int = MAX_PATH_BYTES,
+    max_entries: int | None = None,
+    max_path_bytes: int | None = None,
     contents: Callable[[Iterable[str]], Iterable[str]] | None = None,
     load_many: Callable[[list[str]], Mapping[str, bytes]] | None = None,
     keep_files: bool = True,
     known_valid: bool = False,
-    max_symlink_steps: int = MAX_SYMLINK_STEPS,
+    max_symlink_steps: int | None = None,
 ) -> Walk:
     """Read the tree `root`, validating every directory, the depth (at most 256 directories),
     cycles and symlinks (a target must stay inside the tree, also through the tree's other
@@ -487,14 +486,18 @@ def walk(
     `max_entries`, and the paths' lengths added up against `max_path_bytes` (a few kilobytes
     of directories sharing subdirectories name millions of long paths: the walk's memory is
     bounded by these, not by what was uploaded); the symlinks' targets, resolved path by path,
-    against `max_symlink_steps` (`check_symlinks`). Raises TreeInvalid."""
+    against `max_symlink_steps` (`check_symlinks`). The bounds not given are `bounds`'s, for
+    trees that were registered. Raises TreeInvalid."""
     if not isinstance(root, str) or not BLOB_NAME.fullmatch(root):
         raise TreeInvalid("", "bad_digest")
     result = Walk(root=root)
     level: list[tuple[str, str, tuple[str, ...]]] = [("", root, ())]
     depth = 0
     count = 0
-    budget = Budget(max_entries, max_path_bytes)
+    budget = Budget(
+        bounds.walk_entries() if max_entries is None else max_entries,
+        bounds.walk_path_bytes() if max_path_bytes is None else max_path_bytes,
+    )
     decoded: dict[str, Sequence[Entry]] = {}
     while level:
         if depth > MAX_DEPTH:
@@ -607,18 +610,20 @@ def stored_dir(
     }
 
 
-def check_symlinks(entries: Mapping[str, Entry], *, max_steps: int = MAX_SYMLINK_STEPS) -> None:
+def check_symlinks(entries: Mapping[str, Entry], *, max_steps: int | None = None) -> None:
     """Every symlink resolves inside the tree, to a path and not round a loop: its target is
     followed lexically and through the tree's own symlinks, its last component included (a
     link to `..` inside a subdirectory is fine; two links that together climb out are not;
     nor are links that resolve to each other). A target that names nothing in the tree is
     fine while it stays inside. Each path's links are resolved on their own, so a shared
     directory's links are resolved wherever it stands: past `max_steps` components of targets
-    resolved the tree is `too_many_entries` (`links.check_links`)."""
+    resolved the tree is `too_many_entries` (`links.check_links`; by default `bounds`'s, for
+    trees that were registered)."""
     links = {path: entry.target for path, entry in entries.items() if entry.type == "symlink"}
     directories = (path for path, entry in entries.items() if entry.type == "dir")
+    steps = bounds.walk_symlink_steps() if max_steps is None else max_steps
     try:
-        check_links(links, directories, max_steps=max_steps)
+        check_links(links, directories, max_steps=steps)
     except LinkInvalid as exc:
         raise TreeInvalid(exc.path, exc.reason, exc.detail) from None
 

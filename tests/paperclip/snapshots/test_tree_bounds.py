@@ -13,8 +13,9 @@ import pytest
 
 from paperclip.ids import parse_count
 from paperclip.models import Company
-from paperclip.snapshots import changes, trees
+from paperclip.snapshots import bounds, changes, trees
 from paperclip.snapshots.diff import TreeUnreadable, tree_diff
+from paperclip.snapshots.head import PublishError, tree_entries
 from paperclip.snapshots.registration import SnapshotTreeInvalid, snapshot_walk
 from paperclip.snapshots.store.reads import directory_loader
 from paperclip.snapshots.store.uploads import cas_put
@@ -139,3 +140,31 @@ def test_whole_numbers_padded_with_zeros_are_counted_by_their_value() -> None:
     assert parse_count("11", high=10) is None
     assert parse_count("²", high=10) is None
     assert parse_count(None, high=10) is None
+
+
+def test_walks_of_registered_trees_allow_the_larger_of_each_setting_and_its_built_in_bound(
+    company: Company, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree registered under a setting raised past the built-in bound is still read by the
+    walks the worker and the console make (publication reads it through `tree_entries`); a
+    setting lowered later does not strand a tree registered before. The built-in bounds are
+    lowered here so that a small tree passes them."""
+    root = shared_levels(company.pk, 12)  # 8,190 paths
+    monkeypatch.setattr(bounds, "MAX_ENTRIES", 1_000)
+    settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES = 10_000  # raised past the built-in bound
+    assert snapshot_walk(company_id=company.pk, tree=root).count == 2**13 - 2
+    assert len(tree_entries(company.pk, root)) == 2**13 - 2
+    settings.PAPERCLIP_SNAPSHOT_MAX_ENTRIES = 1_000
+    with pytest.raises(PublishError):  # past both: refused, with the reason
+        tree_entries(company.pk, root)
+    monkeypatch.setattr(bounds, "MAX_ENTRIES", 10_000)  # lowered below the built-in bound
+    assert len(tree_entries(company.pk, root)) == 2**13 - 2
+
+    links = {f"l{i}": Entry(name=f"l{i}", type="symlink", target="a/../a/../b") for i in range(10)}
+    monkeypatch.setattr(bounds, "MAX_SYMLINK_STEPS", 10)
+    settings.PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS = 1_000
+    trees.check_symlinks(links)
+    settings.PAPERCLIP_SNAPSHOT_MAX_SYMLINK_STEPS = 10
+    with pytest.raises(TreeInvalid) as refused:
+        trees.check_symlinks(links)
+    assert refused.value.reason == "too_many_entries"
