@@ -9,12 +9,13 @@ from django.db.models import Count, Min, QuerySet
 
 from paperclip.attention import AttentionScope, AttentionTile, TileSource, counted_tile, scoped
 from paperclip.models import NativeRunFinalization
-from recovery.models import LIVE_STATUSES, IssueRecoveryAction
-from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE, WAITING_PHASES
+from recovery.models import IssueRecoveryAction
+from recovery.selectors.actions import HEAD_CONFLICT_CODE, WAITING_PHASES
 from recovery.selectors.holds import (
     EXPORT_RETRY_EXHAUSTED,
     HOLD_FILTERS,
     HOLD_REMEDIATION,
+    OWNER_UNVERIFIED,
     TILE_REASONS,
     board_holds,
 )
@@ -23,11 +24,9 @@ from recovery.selectors.holds import (
 def held_finalization_actions(
     queryset: QuerySet[IssueRecoveryAction] | None = None,
 ) -> QuerySet[IssueRecoveryAction]:
-    """Owner-unverified holds waiting for the board: live, and no stop confirmed yet."""
-    base = IssueRecoveryAction.objects.all() if queryset is None else queryset
-    return base.filter(cause=OWNER_UNVERIFIED_CAUSE, status__in=LIVE_STATUSES).exclude(
-        evidence__has_key="workspaceOwnerStop"
-    )
+    """Owner-unverified holds waiting for the board: live, no stop confirmed yet, and naming
+    the owner receipt their run carries now."""
+    return board_holds(queryset, reason=OWNER_UNVERIFIED)
 
 
 def failed_finalizations(

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
+from paperclip.receipts import OWNER_KEY
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction
 from recovery.selectors.actions import HEAD_CONFLICT_CODE, OWNER_UNVERIFIED_CAUSE
 from recovery.selectors.exports import HELD_EXPORT
@@ -50,7 +51,14 @@ TILE_REASONS: Final[tuple[tuple[str, str], ...]] = (
     (EXPORT_RETRY_EXHAUSTED, "export retries spent"),
 )
 
-_OWNER_HOLD: Final = Q(cause=OWNER_UNVERIFIED_CAUSE) & ~Q(evidence__has_key="workspaceOwnerStop")
+# An owner-unverified hold waits for the board while its stop is not confirmed and it names the
+# owner receipt its run carries now (`owner_hold_live`): one naming an earlier owner (released,
+# taken over) holds nothing, so it is neither counted nor listed as held.
+_OWNER_HOLD: Final = (
+    Q(cause=OWNER_UNVERIFIED_CAUSE)
+    & ~Q(evidence__has_key="workspaceOwnerStop")
+    & Q(evidence__owner=F(f"held_run__runner_profile_json__{OWNER_KEY}"))
+)
 HOLD_FILTERS: Final[dict[str, Q]] = {
     OWNER_UNVERIFIED: _OWNER_HOLD,
     HEAD_CONFLICT: Q(cause=HEAD_CONFLICT_CODE),

@@ -23,10 +23,13 @@ from paperclip.models import (
 )
 from paperclip.receipts import OWNER_KEY
 from recovery.adapters.platform import worker_stop_signature
+from recovery.console.attention import attention_summary
 from recovery.errors import WorkspaceOwnerRecoveryStale
 from recovery.models import IssueRecoveryAction
 from recovery.selectors.actions import OWNER_UNVERIFIED_CAUSE
+from recovery.selectors.attention import held_finalization_actions
 from recovery.selectors.finalization import finalization_state
+from recovery.selectors.holds import board_holds
 from recovery.services import (
     Acquired,
     NotAcquired,
@@ -178,3 +181,30 @@ def test_a_run_taken_over_on_platform_proof_whose_copyback_failed_waits_for_its_
     NativeRunFinalization.objects.filter(pk=b.run.pk).update(next_attempt_at=None)
     ProcrastinateJob.objects.filter(status="todo").update(status="failed")
     assert finalizations_reconcile().skipped_held == 0
+
+
+def test_a_hold_naming_an_earlier_owner_is_not_counted_listed_or_offered_as_held(
+    tmp_path: Path,
+) -> None:
+    """The dashboard's "held for the board: owner unverified" tile, the list filter it opens
+    and the hold's "Confirm owner stopped" button count a hold only while it names the run's
+    current receipt, as the reconciler and `finalize` do."""
+    owner_a = receipt_for(hostname="gone-a.example")
+    b = make_binding(tmp_path=tmp_path, receipt=owner_a, phase="workspace_finalizing")
+    assert run_finalize(company_id=b.company.pk, run_id=b.run.pk) == NotAcquired("owner_unverified")
+    (hold,) = _live_owner_holds(b.run.pk)
+
+    def counted() -> tuple[int, bool, bool]:
+        summary = attention_summary(company_ids=[b.company.pk], include_jobs=False)
+        (tile,) = (t for t in summary.tiles if t.detail == "owner_unverified")
+        listed = board_holds(reason="owner_unverified").filter(pk=hold.pk).exists()
+        return tile.count, listed, held_finalization_actions().filter(pk=hold.pk).exists()
+
+    assert counted() == (1, True, True)
+    owner_f = receipt_for(hostname="gone-f.example")  # a later owner claimed the run
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: owner_f})
+    assert counted() == (0, False, False)
+    _remove_receipt(company_id=b.company.pk, run_id=b.run.pk, token=owner_f["token"])
+    assert counted() == (0, False, False)  # released: no receipt at all
+    HeartbeatRun.objects.filter(pk=b.run.pk).update(runner_profile_json={OWNER_KEY: owner_a})
+    assert counted() == (1, True, True)  # the hold's own owner again
