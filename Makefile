@@ -33,6 +33,7 @@ help:
 	@echo "make bench      run bench/leases.py, bench/checkpoints.py, bench/finalize.py,"
 	@echo "                bench/copyback.py, bench/renew_load.py, bench/scale.py, bench/snapshots.py,"
 	@echo "                bench/registration.py, bench/history.py, bench/cas_sync.py,"
+	@echo "                bench/cli_start.py,"
 	@echo "                bench/snapshots.py --cas s3, bench/snapshots.py --scale"
 	@echo "                (BENCH_ARGS=...)"
 	@echo "make fuzz       the schema-driven fuzz tests with more cases (FUZZ_EXAMPLES=$(FUZZ_EXAMPLES))"
@@ -103,7 +104,7 @@ fuzz: $(STAMP)
 	PAPERCLIP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:logging tests/fuzz $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py bench/copyback.py bench/renew_load.py bench/scale.py bench/snapshots.py bench/registration.py bench/history.py bench/cas_sync.py; do \
+	@for f in bench/leases.py bench/checkpoints.py bench/finalize.py bench/copyback.py bench/renew_load.py bench/scale.py bench/snapshots.py bench/registration.py bench/history.py bench/cas_sync.py bench/cli_start.py; do \
 		if [ -f "$$f" ]; then echo "== $$f"; $(PY) "$$f" $(BENCH_ARGS) || exit 1; \
 		else echo "skip $$f (not written yet)"; fi; \
 	done

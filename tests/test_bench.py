@@ -49,6 +49,12 @@ def test_the_store_sync_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_the_cli_start_bench_runs_to_the_end() -> None:
+    done = run_bench("bench/cli_start.py", ["--quick"], {})
+    assert re.search(r"^(MET|MISSED): start to first request", done.stdout, re.MULTILINE)
+
+
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_finalize_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
     """bench/finalize.py also starts gunicorn and two workers and writes workspace trees:
