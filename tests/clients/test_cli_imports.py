@@ -33,6 +33,14 @@ HEAVY = (
     "paperclip_client.workdir",
     "paperclip_client.run_workspace",
 )
+# Modules the CLI reaches only after its first request, imported where first used: the
+# models (read from the first answer on), the session checkpoints (with --session-dir) and the
+# directory blobs (the checkout). (`dataclasses` is not one: h11 needs it to send.)
+AFTER_FIRST_REQUEST = (
+    "paperclip_client.models",
+    "paperclip_client.session",
+    "paperclip_client.trees",
+)
 # The same code as this test's: the package's own directory first on the path.
 CLIENT_PATH = str(Path(paperclip_client.__file__).resolve().parents[1])
 
@@ -61,6 +69,44 @@ def test_importing_the_cli_loads_no_heavy_module() -> None:
     assert heavy_in(modules) == []
 
 
+def test_importing_the_cli_leaves_what_the_first_request_does_not_need() -> None:
+    """The package's `__init__` no longer imports its whole API, `models` is imported at the
+    first answer read, the session and tree modules where a run uses them."""
+    modules = loaded_after(
+        "import paperclip_client.cli\n"
+        "from paperclip_client.cli import parser\n"
+        "from paperclip_client.client import Client\n"
+        "parser().parse_args(['run', '--workspace', 'w', '--issue', 'i', '--', 'true'])\n"
+        "Client('http://127.0.0.1:9', 'k.s').close()"
+    )
+    early = [m for m in modules if m in AFTER_FIRST_REQUEST]
+    assert early == []
+
+
+def test_the_package_api_is_whole_when_imported_late() -> None:
+    """Every name of `paperclip_client.__all__` is there for `from paperclip_client import`,
+    and the lazily named models are the module's own classes."""
+    modules = loaded_after(
+        "import paperclip_client\n"
+        "from paperclip_client import *  # noqa: F403\n"
+        "import paperclip_client.models as models\n"
+        "from paperclip_client import client, keepers\n"
+        "for name in paperclip_client.__all__:\n"
+        "    assert getattr(paperclip_client, name) is not None, name\n"
+        "assert paperclip_client.models is models\n"
+        "assert client.models.Run is models.Run\n"
+        "assert keepers.models.RuntimeLease is models.RuntimeLease\n"
+        "assert set(paperclip_client.__all__) <= set(dir(paperclip_client))\n"
+        "try:\n"
+        "    paperclip_client.Nothing\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('an unknown name resolved')"
+    )
+    assert "paperclip_client.models" in modules
+
+
 def test_the_console_script_path_loads_no_heavy_module_before_main() -> None:
     """The shim pip writes (`from paperclip_client.cli import entry`), and what `main` reaches
     before its first request: the parser and the client."""
@@ -78,7 +124,7 @@ def test_httpx_loaded_without_its_cli_still_works_and_its_cli_still_imports() ->
     """httpx takes its own fallback for the held-back module (its `main` stub), and the entry
     is gone afterwards: a later `import httpx._main` is not refused by us."""
     modules = loaded_after(
-        "import paperclip_client, httpx, sys\n"
+        "import paperclip_client.client, httpx, sys\n"
         "assert 'httpx._main' not in sys.modules, 'held-back entry left behind'\n"
         "assert callable(httpx.main) and httpx.Client\n"
         "import importlib.util\n"

@@ -7,12 +7,17 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import IO, Any, NamedTuple, cast
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, cast
 
-from paperclip_client import models
 from paperclip_client._httpx import httpx
+from paperclip_client._lazy import LazyModule
 from paperclip_client.errors import BlobCorrupt
 from paperclip_client.transport import Transport, operation
+
+if TYPE_CHECKING:
+    from paperclip_client import models
+else:  # imported at the first answer read, not at the CLI's start (_lazy.py says why)
+    models = LazyModule("paperclip_client.models")
 
 FIND_MISSING_MAX = 10_000
 # Requests to the store at once while uploading or fetching (`--transfers`).

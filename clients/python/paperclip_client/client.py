@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from paperclip_client import models
+from paperclip_client._lazy import LazyModule
 from paperclip_client.cas import StoreCalls
 from paperclip_client.errors import ApiError
 from paperclip_client.transport import drop_none, operation
+
+if TYPE_CHECKING:
+    from paperclip_client import models
+else:  # imported at the first answer read, not at the CLI's start (_lazy.py says why)
+    models = LazyModule("paperclip_client.models")
 
 
 def operations() -> dict[str, str]:

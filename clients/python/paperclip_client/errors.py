@@ -60,6 +60,19 @@ class LocalChanges(WorkdirError):
         self.paths = list(paths)
 
 
+class TreeError(ValueError):
+    """A directory blob the client will not act on (`path`: where; `reason`: why)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path or '/'}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class CheckpointError(Exception):
+    """The checkpoint cannot be saved or restored as asked."""
+
+
 class BlobCorrupt(PaperclipError):
     """A blob downloaded from the store does not hash to its name (nothing was kept)."""
 

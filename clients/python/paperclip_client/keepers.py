@@ -28,8 +28,9 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from paperclip_client._lazy import LazyModule
 from paperclip_client.client import Client
 from paperclip_client.errors import (
     ApiError,
@@ -39,7 +40,12 @@ from paperclip_client.errors import (
     ServerUnreachable,
     WorkspaceRuntimeLeaseConflict,
 )
-from paperclip_client.models import ControllerLease, LeaseClaim, LeaseRenewal, RuntimeLease
+
+if TYPE_CHECKING:
+    from paperclip_client import models
+    from paperclip_client.models import ControllerLease, LeaseClaim, LeaseRenewal, RuntimeLease
+else:  # imported at the first answer read, not at the CLI's start (_lazy.py says why)
+    models = LazyModule("paperclip_client.models")
 
 
 class LeaseLost(PaperclipError):
@@ -378,7 +384,7 @@ class RuntimeLeaseKeeper(_Keeper):
                 raise error
             raise LeaseLost(f"the {self.kind} was refused: {error.code}")
         lease = renewal.lease
-        if not isinstance(lease, RuntimeLease) or lease.generation != self.generation:
+        if not isinstance(lease, models.RuntimeLease) or lease.generation != self.generation:
             raise LeaseLost(f"the {self.kind} generation moved from {self.generation}")
         self.lease = lease
         return _granted(lease.renewed_at, lease.expires_at)
@@ -501,7 +507,7 @@ class ControllerLeaseKeeper(_Keeper):
                 raise error
             raise LeaseLost(f"the {self.kind} was refused: {error.code}")
         lease = renewal.lease
-        if not isinstance(lease, ControllerLease) or lease.generation != self.generation:
+        if not isinstance(lease, models.ControllerLease) or lease.generation != self.generation:
             raise LeaseLost(f"the {self.kind} expired and was minted anew")
         self.lease = lease
         return float(self.ttl_seconds)

@@ -18,16 +18,36 @@ def build[T](cls: type[T], data: Any) -> T:
     """An instance of the dataclass `cls` from a JSON object."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-    hints = get_type_hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name == "raw":
+    for name, hint, required in _fields(cls):
+        if name == "raw":
             values["raw"] = data
-        elif f.name in data:
-            values[f.name] = _convert(hints[f.name], data[f.name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            values[f.name] = None
+        elif name in data:
+            values[name] = _convert(hint, data[name])
+        elif required:
+            values[name] = None
     return cls(**values)
+
+
+# Each model's fields as (name, resolved type, required), worked out at its first build
+# rather than at every one (`get_type_hints` evaluates every annotation's string).
+_FIELDS: dict[type, tuple[tuple[str, Any, bool], ...]] = {}
+
+
+def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    known = _FIELDS.get(cls)
+    if known is None:
+        hints = get_type_hints(cls)
+        known = tuple(
+            (
+                f.name,
+                hints[f.name],
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(cls)
+        )
+        _FIELDS[cls] = known  # the same tuple whichever thread got here first
+    return known
 
 
 def _convert(hint: Any, value: Any) -> Any:

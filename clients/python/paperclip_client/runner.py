@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from paperclip_client.cli_output import (
     EXIT_LOST,
@@ -36,18 +36,21 @@ from paperclip_client.cli_output import (
 from paperclip_client.client import Client
 from paperclip_client.errors import (
     ApiError,
+    CheckpointError,
     DatabaseUnavailable,
     FinalizationNotAcquired,
     IssueExecutionLocked,
     OutcomeUnknown,
     PaperclipError,
     ServerUnreachable,
+    TreeError,
     WorkdirError,
     WorkspaceRuntimeLeaseConflict,
 )
 from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
-from paperclip_client.session import CheckpointError, SessionCheckpointer, restore
-from paperclip_client.trees import TreeError
+
+if TYPE_CHECKING:  # imported where a session directory is given (issue #42: the CLI's start)
+    from paperclip_client.session import SessionCheckpointer
 
 T = TypeVar("T")
 CONTROLLER_TTL_MAX = 3600
@@ -118,6 +121,8 @@ class Runner:
         args = self.args
         if not args.resume:
             return
+        from paperclip_client.session import restore  # only with --resume: issue #42
+
         session_dir = Path(args.session_dir).resolve()
         try:
             header = restore(self.client, args.resume, session_dir)
@@ -310,6 +315,8 @@ class Runner:
         self._checkout(workdir)
         checkpointer: SessionCheckpointer | None = None
         if args.session_dir:
+            from paperclip_client.session import SessionCheckpointer  # as in _resume
+
             session_dir = Path(args.session_dir).resolve()
             session_dir.mkdir(parents=True, exist_ok=True)
             checkpointer = SessionCheckpointer(

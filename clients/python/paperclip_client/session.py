@@ -28,6 +28,9 @@ from typing import Any
 
 from paperclip_client.client import Client
 
+# Defined with the other error classes, so that the CLI catches it without importing this module.
+from paperclip_client.errors import CheckpointError as CheckpointError
+
 FORMAT = "paperclip-client/session-v1"
 HEADER = "header"
 BLOB = "blob:"
@@ -36,10 +39,6 @@ BLOB = "blob:"
 MAX_PART_BYTES = 8 * 1024 * 1024
 MAX_WRITE_BYTES = 16 * 1024 * 1024
 MAX_PARTS_PER_WRITE = 10_000
-
-
-class CheckpointError(Exception):
-    """The checkpoint cannot be saved or restored as asked."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+# Defined with the other error classes, so that the CLI catches it without importing this module.
+from paperclip_client.errors import TreeError as TreeError
+
 SCHEMA: Final = "paperclip.dir.v1"
 MAX_NAME_BYTES: Final = 255
 MAX_MODE: Final = 0o7777
@@ -25,15 +28,6 @@ MAX_SYMLINK_HOPS: Final = 40
 BLOB_NAME: Final = re.compile(r"sha256:[0-9a-f]{64}")
 
 type EntryType = Literal["file", "dir", "symlink"]
-
-
-class TreeError(ValueError):
-    """A directory blob the client will not act on (`path`: where; `reason`: why)."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path or '/'}: {reason}")
-        self.path = path
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
