@@ -40,6 +40,7 @@ AFTER_FIRST_REQUEST = (
     "paperclip_client.models",
     "paperclip_client.session",
     "paperclip_client.trees",
+    "uuid",  # with platform: the controller lease's boot id, made after the first answer
     # httpcore's and httpx's, run at first use (paperclip_client._httpx.DEFERRED): the CA
     # bundle's module (https:// only), async support, host names outside ASCII.
     "certifi.core",

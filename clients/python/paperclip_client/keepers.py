@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -444,7 +443,11 @@ class ControllerLeaseKeeper(_Keeper):
         )
         self.client = client
         self.run_id = run_id
-        self.boot_id = boot_id or str(uuid.uuid4())
+        if not boot_id:
+            import uuid  # with platform, not on the way to the CLI's first request (issue #42)
+
+            boot_id = str(uuid.uuid4())
+        self.boot_id = boot_id
         self.lease: ControllerLease | None = None
         self._sent_at: datetime | None = None
 

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -201,6 +200,8 @@ class Runner:
                 )
             say(f"lease: runtime lease {claim.outcome}, generation {runtime.generation}{origin}")
             self._start_run(run.id, agent_id)
+            import uuid  # with platform, not on the way to the first request (issue #42)
+
             controller = ControllerLeaseKeeper(
                 self.client,
                 run.id,
