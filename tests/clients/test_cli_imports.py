@@ -90,6 +90,26 @@ def test_importing_the_cli_leaves_what_the_first_request_does_not_need() -> None
     assert early == []
 
 
+def test_the_first_request_goes_out_before_the_models_load() -> None:
+    """`me()`, the run's first request, is sent before `paperclip_client.models` is imported
+    (naming `models.Me` in the same call would import it first); its answer then loads it."""
+    modules = loaded_after(
+        "import sys\n"
+        "from paperclip_client.cli import Client\n"
+        "from paperclip_client._httpx import httpx\n"
+        "seen = []\n"
+        "def answer(request):\n"
+        "    seen.append((request.url.path, 'paperclip_client.models' in sys.modules))\n"
+        "    body = {'actor_type': 'agent', 'company_ids': ['c'], 'agent_id': 'a'}\n"
+        "    return httpx.Response(200, json=body)\n"
+        "client = Client('http://paperclip.test', 'k.s', transport=httpx.MockTransport(answer))\n"
+        "me = client.me()\n"
+        "assert seen == [('/api/me', False)], seen\n"
+        "assert me.agent_id == 'a' and me.company_ids == ['c'], me"
+    )
+    assert "paperclip_client.models" in modules
+
+
 def test_the_package_api_is_whole_when_imported_late() -> None:
     """Every name of `paperclip_client.__all__` is there for `from paperclip_client import`,
     and the lazily named models are the module's own classes."""

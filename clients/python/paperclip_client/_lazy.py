@@ -4,7 +4,9 @@ Issue #42 (the CLI's start to its first request under 0.1 s): `paperclip_client.
 frozen, slotted dataclasses and `dataclasses` with `inspect`: about 25 ms here) is needed to
 read the first answer, not to send the first request. The modules that build models name it
 through `LazyModule`, which imports it at the first attribute read and keeps each attribute
-it hands out (later reads are plain attribute reads). Type checkers see the real module
+it hands out (later reads are plain attribute reads). A call reads the answer before it names
+a model: in `models.build(models.Me, self._get(...))` the names are read, and the module
+imported, before the request is sent. Type checkers see the real module
 (`if TYPE_CHECKING:` imports), so this only changes when the import happens.
 tests/clients/test_cli_imports.py fails when the CLI's import loads it again.
 """

@@ -34,7 +34,8 @@ class StoreCalls(Transport):
     @operation("cas_limits")
     def cas_config(self) -> models.CasConfig:
         """The store's limits: what a client needs to plan uploads."""
-        return models.build(models.CasConfig, self._get("/api/cas"))
+        data = self._get("/api/cas")
+        return models.build(models.CasConfig, data)
 
     @operation("cas_find_missing")
     def cas_find_missing(
