@@ -18,7 +18,8 @@ stops there. Timed from just before the process is spawned to that arrival, on
 In the same rounds, alternating with the CLI: the bare interpreter (`python -c pass`, spawn to
 exit) and the floor of any Python client (`python -c` sending the request through a raw
 socket, spawn to arrival), both in the installed layout; and the import alone
-(`import paperclip_client.cli` timed inside the process with `perf_counter`). The client is
+(`import paperclip_client.cli` timed inside the process: wall time, and CPU time, which the
+load of other processes moves less). The client is
 compiled first (bench/snapshot_runs.py's `compile_client`: bytecode written, as an installed
 CLI has it). Prints medians and minimums of --runs rounds and the load average before and after.
 """
@@ -59,8 +60,8 @@ if __name__ == "__main__":
     sys.exit(entry())
 """
 IMPORT_ONLY = (
-    "import time; t = time.perf_counter(); import paperclip_client.cli;"
-    " print(time.perf_counter() - t)"
+    "import time; t, c = time.perf_counter(), time.process_time(); import paperclip_client.cli;"
+    " print(time.perf_counter() - t, time.process_time() - c)"
 )
 RAW_REQUEST = (
     "import socket, sys; s = socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
@@ -147,11 +148,14 @@ def spawn_to_request(server: FirstRequest, argv: list[str], env: dict[str, str])
     return server.first()[0] - start
 
 
-def import_only(python: Path, env: dict[str, str]) -> float:
+def import_only(python: Path, env: dict[str, str], cpu: list[float]) -> float:
+    """The import's wall time; its CPU time (less moved by other processes' load) into `cpu`."""
     done = subprocess.run(
         [python, "-c", IMPORT_ONLY], env=env, check=True, capture_output=True, text=True
     )
-    return float(done.stdout)
+    wall, used = done.stdout.split()
+    cpu.append(float(used))
+    return float(wall)
 
 
 def ms(values: list[float]) -> str:
@@ -174,6 +178,7 @@ def main() -> int:
     cli_args += [f"http://127.0.0.1:{server.port}", "--key", "k.s", "--", "true"]
     dev_script = Path(sys.executable).with_name("paperclip-agent")
     load_before = os.getloadavg()
+    import_cpu: list[float] = []
     with tempfile.TemporaryDirectory(prefix="cli-start-") as scratch:
         python, script = installed_layout(Path(scratch) / "venv")
         kinds: dict[str, Callable[[], float]] = {
@@ -183,7 +188,7 @@ def main() -> int:
             "dev CLI (editable), start to first request": lambda: run_cli(
                 server, [str(dev_script), *cli_args], dev_env
             ),
-            "import paperclip_client.cli (installed)": lambda: import_only(python, env),
+            "import paperclip_client.cli (installed)": lambda: import_only(python, env, import_cpu),
             "bare interpreter, python -c pass": lambda: spawn_to_exit(
                 [str(python), "-c", "pass"], env
             ),
@@ -204,6 +209,7 @@ def main() -> int:
     print(
         f"{args.runs} rounds, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
+    times["  the same import's CPU time"] = import_cpu[1:]  # the untimed warm-up's left out
     for name, values in times.items():
         print(f"{name:<46} {ms(values)}")
     cli = statistics.median(times["installed CLI, start to first request"])
