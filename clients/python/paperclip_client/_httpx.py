@@ -38,11 +38,15 @@ class Deferred(types.ModuleType):
     """Stands in `sys.modules` for a module that has not run yet (see the module's doc)."""
 
     def __getattr__(self, attr: str) -> Any:
-        name = self.__name__
-        with _SWAP:  # one thread takes the stand-in out; the import system does the rest
-            if sys.modules.get(name) is self:
-                del sys.modules[name]
-        return getattr(importlib.import_module(name), attr)
+        real = self.__dict__.get("_deferred_real")
+        if real is None:
+            name = self.__name__
+            with _SWAP:  # one thread takes the stand-in out; the import system does the rest
+                if sys.modules.get(name) is self:
+                    del sys.modules[name]
+            real = importlib.import_module(name)
+            self.__dict__["_deferred_real"] = real  # the one sys.modules holds: later reads
+        return getattr(real, attr)
 
 
 def _defer(names: tuple[str, ...]) -> None:
