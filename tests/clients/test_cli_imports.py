@@ -124,6 +124,8 @@ def test_the_package_api_is_whole_when_imported_late() -> None:
         "assert client.models.Run is models.Run\n"
         "assert keepers.models.RuntimeLease is models.RuntimeLease\n"
         "assert set(paperclip_client.__all__) <= set(dir(paperclip_client))\n"
+        "for sub in ('client', 'cas', 'transport', 'keepers', 'session'):\n"
+        "    assert getattr(paperclip_client, sub).__name__ == f'paperclip_client.{sub}'\n"
         "try:\n"
         "    paperclip_client.Nothing\n"
         "except AttributeError:\n"

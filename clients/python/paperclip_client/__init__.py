@@ -31,7 +31,11 @@ if TYPE_CHECKING:
 # `paperclip-agent` start imports this package first, and most of these modules are not on
 # the way to its first request (issue #42). `from paperclip_client import Client` still works.
 _LAZY = {
-    "models": ("paperclip_client.models", None),
+    # The submodules the package's import used to load, read as its attributes.
+    **{
+        sub: (f"paperclip_client.{sub}", None)
+        for sub in ("models", "client", "cas", "transport", "keepers", "session")
+    },
     "Client": ("paperclip_client.client", "Client"),
     "operations": ("paperclip_client.client", "operations"),
     "ControllerLeaseKeeper": ("paperclip_client.keepers", "ControllerLeaseKeeper"),
