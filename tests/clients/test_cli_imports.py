@@ -41,12 +41,6 @@ AFTER_FIRST_REQUEST = (
     "paperclip_client.session",
     "paperclip_client.trees",
     "uuid",  # with platform: the controller lease's boot id, made after the first answer
-    # httpcore's and httpx's, run at first use (paperclip_client._httpx.DEFERRED): the CA
-    # bundle's module (https:// only), async support, host names outside ASCII.
-    "certifi.core",
-    "importlib.resources",
-    "anyio._lazyimport",
-    "idna.core",
 )
 # The same code as this test's: the package's own directory first on the path.
 CLIENT_PATH = str(Path(paperclip_client.__file__).resolve().parents[1])
@@ -191,75 +185,3 @@ def test_a_client_of_an_http_server_loads_no_certificate_bundle(
     assert loads == []
     Client("https://paperclip.example.test", "k.s").close()
     assert loads != []
-
-
-def test_the_deferred_modules_work_when_first_used() -> None:
-    """certifi, anyio and idna, stood in for while httpx loads, give their real module at the
-    first use: a CA bundle path, an async request (through anyio), an IDNA host name; a later
-    `import` or `find_spec` of them works too."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SSL_CERT_")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import asyncio, importlib.util, sys\n"
-            "from paperclip_client._httpx import DEFERRED, Deferred, httpx\n"
-            "import httpcore\n"
-            "assert all(isinstance(sys.modules[n], Deferred) for n in DEFERRED), DEFERRED\n"
-            "assert importlib.util.find_spec('certifi').name == 'certifi'\n"
-            "host = httpx.URL('http://b\\u00fccher.example/').raw_host\n"
-            "assert host == b'xn--bcher-kva.example', host\n"
-            "async def refused():\n"
-            "    async with httpcore.AsyncConnectionPool() as pool:\n"
-            "        try:\n"
-            "            await pool.request('GET', 'http://127.0.0.1:9/')\n"
-            "        except httpcore.ConnectError:\n"
-            "            return True\n"
-            "assert asyncio.run(refused())\n"
-            "httpx.Client(base_url='https://paperclip.example.test').close()\n"
-            "import certifi, idna, anyio\n"
-            "assert certifi.where().endswith('.pem') and 'certifi.core' in sys.modules\n"
-            "assert not any(isinstance(sys.modules[n], Deferred) for n in DEFERRED)\n"
-            "assert sys.modules['idna'].encode('b\\u00fccher') == b'xn--bcher-kva'",
-        ],
-        env={**env, "PYTHONPATH": CLIENT_PATH},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-
-
-def test_threads_reading_a_stand_in_at_once_get_one_module() -> None:
-    """The first reads of a stand-in from several threads import the module once: each thread
-    gets the same module object, the one `sys.modules` then holds."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, threading\n"
-            "from importlib.machinery import PathFinder\n"
-            "from paperclip_client._httpx import Deferred\n"
-            "stand_in = Deferred('colorsys')\n"
-            "stand_in.__spec__ = PathFinder.find_spec('colorsys')\n"
-            "sys.modules['colorsys'] = stand_in\n"
-            "seen = []\n"
-            "start = threading.Barrier(8)\n"
-            "def read():\n"
-            "    start.wait()\n"
-            "    seen.append((stand_in.rgb_to_hsv, sys.modules['colorsys']))\n"
-            "threads = [threading.Thread(target=read) for _ in range(8)]\n"
-            "[t.start() for t in threads]\n"
-            "[t.join() for t in threads]\n"
-            "assert len(seen) == 8 and len(set(seen)) == 1, seen\n"
-            "function, module = seen[0]\n"
-            "assert not isinstance(module, Deferred) and function is module.rgb_to_hsv",
-        ],
-        env={**os.environ, "PYTHONPATH": CLIENT_PATH},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
