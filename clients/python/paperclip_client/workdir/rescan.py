@@ -16,14 +16,14 @@ means the full scan, never an error; one line says which path was taken and why.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from paperclip_client.trees import SCHEMA, blob_name, canonical_json
+from paperclip_client.trees import blob_name
+from paperclip_client.workdir import splice
 from paperclip_client.workdir.errors import WorkdirError
 from paperclip_client.workdir.index import (
     DIRS,
@@ -47,6 +47,7 @@ from paperclip_client.workdir.scanning import (
     read_found,
     scan,
 )
+from paperclip_client.workdir.splice import Entries
 from paperclip_client.workdir.transfer import Say
 from paperclip_client.workdir.watch_state import (
     Answer,
@@ -57,6 +58,8 @@ from paperclip_client.workdir.watch_state import (
 )
 
 type Raw = dict[str, Any]  # a directory entry as encoded (`Entry.as_json`)
+# A directory's entries by name: read whole (a plain dict), or the old blob's with changes.
+type Kids = dict[str, Raw] | Entries
 
 
 class Fallback(Exception):
@@ -167,8 +170,10 @@ class Partial:
         self.left_out = dict(state.left_out)
         # The directories to build again: their entries by name, as they are encoded (the
         # blobs of the last tree are the client's own, read back without the checks a tree
-        # from the server gets, as the index is).
-        self.kids: dict[str, dict[str, Raw]] = {}
+        # from the server gets, as the index is): a directory listed again or read whole is
+        # a dict; one changed in some entries is its old blob's bytes and the changes
+        # (`splice.Entries`), spliced into those bytes when it is built again.
+        self.kids: dict[str, Kids] = {}
         self.fresh: set[str] = set()  # directories read whole in this scan
         # Entries left out of the tree that this scan saw (ignored, or in a directory outside
         # the tree that the watcher named), with their stat: `_refuse_hidden_links`.
@@ -250,12 +255,10 @@ class Partial:
         except WorkdirError as exc:
             raise Fallback(str(exc)) from None
 
-    def _old(self, directory: str) -> dict[str, Raw]:
-        try:
-            entries = json.loads(self._blob(directory))["entries"]
-            return {str(e["name"]): e for e in entries}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise Fallback(f"{DIRS} could not be read") from exc
+    def _old(self, directory: str) -> Entries:
+        """The entries of `directory` in the last tree, found in its blob's bytes one by one
+        as they are wanted."""
+        return Entries(self._blob(directory), _decoded)
 
     def _refuse_ignored(self, directory: str, old: Mapping[str, Raw]) -> None:
         """A path the last tree holds that the ignore rules match is not ignored (it is
@@ -271,7 +274,7 @@ class Partial:
     def _relist(self, directory: str) -> None:
         """List `directory` and `lstat` its entries again; a directory that is new there, or
         that the watcher says was made or moved in, is read whole."""
-        old = self._old(directory)
+        old = _decoded(self._blob(directory))
         self._refuse_ignored(directory, old)
         for name, entry in old.items():
             if entry["type"] == "file":
@@ -402,7 +405,7 @@ class Partial:
         for path in [p for p in self.paths if p == top or p.startswith(prefix)]:
             # Read whole again, a tracked path deep in it that the ignore rules match would
             # be left out, as if deleted (only the full scan knows every tracked path).
-            old = self._old(path)
+            old = _decoded(self._blob(path))
             self._refuse_ignored(path, old)
             for name, entry in old.items():
                 if entry["type"] == "file":
@@ -433,22 +436,40 @@ class Partial:
         return kept, left_out
 
     def _rebuild(self) -> None:
-        """The blobs of the directories read again and of every one above them."""
+        """The blobs of the directories read again and of every one above them (deepest
+        first: a directory's entry in its parent takes its new blob's name)."""
         for directory in list(self.kids):
             above = directory
             while above:
                 above = _parent(above)
                 if above not in self.kids:
                     self.kids[above] = self._old(above)
+        built: dict[str, set[str]] = {}  # the directories built again, by parent
+        for directory in self.kids:
+            if directory:
+                built.setdefault(_parent(directory), set()).add(directory.rpartition("/")[2])
         for directory in sorted(self.kids, key=_depth, reverse=True):
-            own = [self._with_digest(directory, e) for e in self.kids[directory].values()]
-            # By name: a str's order is its UTF-8 bytes' (the canonical order), and names are
-            # UTF-8 (`name_ok`), so there is no need to encode each one to sort.
-            own.sort(key=_name)
-            data = canonical_json({"schema": SCHEMA, "entries": own})
+            kids = self.kids[directory]
+            if isinstance(kids, Entries):
+                data = self._spliced(directory, kids, built.get(directory, set()))
+            else:
+                data = splice.encode_entries(
+                    {n: self._with_digest(directory, e) for n, e in kids.items()}
+                )
             name = blob_name(data)
             self.built[name] = data
             self.paths[directory] = name
+
+    def _spliced(self, directory: str, kids: Entries, built: set[str]) -> bytes:
+        """The blob of a directory changed in some entries: its directories among them and
+        those built again (`built`) take their blob's name, every other entry is the old
+        blob's as it is (a directory there names the blob it has in `paths`, which this scan
+        changed only for those built again or gone)."""
+        for name in built.union(kids.names()):
+            entry = kids.get(name)
+            if entry is not None and entry["type"] == "dir":
+                kids[name] = self._with_digest(directory, entry)
+        return kids.encode()
 
     def _with_digest(self, directory: str, entry: Raw) -> Raw:
         if entry["type"] != "dir":
@@ -476,8 +497,12 @@ class Partial:
         )
 
 
-def _name(entry: Raw) -> str:
-    return str(entry["name"])
+def _decoded(blob: bytes) -> dict[str, Raw]:
+    """A directory blob of the last tree decoded whole (`splice.decode_entries`)."""
+    try:
+        return splice.decode_entries(blob)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Fallback(f"{DIRS} could not be read") from exc
 
 
 def _linked_under(root: Path, top: str) -> Iterator[tuple[str, int]]:
