@@ -477,11 +477,16 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """`data` (or its pieces, written in turn) as the file `path`, in place of what it was
+    only once written whole."""
     path.parent.mkdir(exist_ok=True)
     temp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
     with temp.open("wb") as handle:
-        handle.write(data)
+        if isinstance(data, bytes):
+            handle.write(data)
+        else:
+            handle.writelines(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
@@ -540,16 +545,20 @@ def save_state(
     return index_id
 
 
-def _dirs_bytes(tree: str | None, dirs: Mapping[str, bytes]) -> bytes:
-    """`dirs.json`: a header line, then a line a blob, `<name>\t<blob>\n` (a directory blob
-    is canonical JSON: JSON escapes every tab and newline in it). Version 1, one JSON object
-    of the blobs as text, where one is not such a line (never from this client)."""
-    lines = [b"%s\t%s\n" % (name.encode("utf-8"), data) for name, data in dirs.items()]
+def _dirs_bytes(tree: str | None, dirs: Mapping[str, bytes]) -> list[bytes]:
+    """`dirs.json`, in pieces to be written in turn (the blobs not copied into one): a header
+    line, then a line a blob, `<name>\t<blob>\n` (a directory blob is canonical JSON: JSON
+    escapes every tab and newline in it). Version 1, one JSON object of the blobs as text,
+    where one is not such a line (never from this client)."""
     header = json.dumps({"version": DIRS_VERSION, "tree": tree}).encode()
-    if all(line.count(b"\t") == 1 and line.count(b"\n") == 1 for line in lines):
-        return b"%s\n%s" % (header, b"".join(lines))
-    body = {"tree": tree, "dirs": {k: v.decode("utf-8") for k, v in dirs.items()}}
-    return json.dumps(body, ensure_ascii=False).encode()
+    pieces = [header, b"\n"]
+    for name, data in dirs.items():
+        key = name.encode("utf-8")
+        if b"\t" in data or b"\n" in data or b"\t" in key or b"\n" in key:
+            body = {"tree": tree, "dirs": {k: v.decode("utf-8") for k, v in dirs.items()}}
+            return [json.dumps(body, ensure_ascii=False).encode()]
+        pieces += (key, b"\t", data, b"\n")
+    return pieces
 
 
 STAMP = "stamp"
@@ -586,21 +595,29 @@ def load_dirs(workdir: Path) -> dict[str, bytes]:
     newline = data.find(b"\n")
     header = _json(data[:newline]) if newline >= 0 else None
     if isinstance(header, dict) and header.get("version") == DIRS_VERSION:
-        blobs: dict[str, bytes] = {}
-        body = data[newline + 1 :]
-        if body and not body.endswith(b"\n"):
-            return {}
-        for line in body.split(b"\n")[:-1]:
-            name, tab, blob = line.partition(b"\t")
-            if not tab:
-                return {}
-            blobs[name.decode("utf-8", "replace")] = blob
-        return blobs
+        return _dirs_lines(data, newline + 1)
     try:
         old = json.loads(data)
         return {str(k): str(v).encode("utf-8") for k, v in old["dirs"].items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
+
+
+def _dirs_lines(data: bytes, start: int) -> dict[str, bytes]:
+    """The blobs of the lines of `dirs.json` from `start`, each sliced once from the file's
+    bytes (`{}` when a line is not `<name>\t<blob>\n`)."""
+    blobs: dict[str, bytes] = {}
+    end = len(data)
+    if start < end and not data.endswith(b"\n"):
+        return {}
+    while start < end:
+        stop = data.find(b"\n", start)
+        tab = data.find(b"\t", start, stop)
+        if tab < 0:
+            return {}
+        blobs[data[start:tab].decode("utf-8", "replace")] = data[tab + 1 : stop]
+        start = stop + 1
+    return blobs
 
 
 def stored_by_index(workdir: Path, index: Index | None, *, server: str, workspace: str) -> set[str]:
