@@ -176,3 +176,28 @@ def test_a_name_that_is_not_utf8_is_in_no_blob() -> None:
     assert spliced.get("\udcff") is None
     assert spliced.pop("\udcff") is None
     assert spliced.encode() == encode_entries(old)
+
+
+def test_past_the_searches_allowed_the_blob_is_decoded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each lookup searches the blob: past `MAX_SEARCHED` (many changes in a large directory)
+    one whole decoding is cheaper, and the result is the same."""
+    old: dict[str, Raw] = {
+        f"f{i}": {"name": f"f{i}", "type": "symlink", "target": "t"} for i in range(9)
+    }
+    blob = encode_entries(old)
+    monkeypatch.setattr(splice, "MAX_SEARCHED", 3 * len(blob))
+    decoded: list[bytes] = []
+
+    def decode(data: bytes) -> dict[str, Raw]:
+        decoded.append(data)
+        return decode_entries(data)
+
+    spliced = Entries(blob, decode)
+    for i in range(6):
+        spliced[f"f{i}"] = {"name": f"f{i}", "type": "symlink", "target": f"new {i}"}
+        assert spliced.get(f"f{i + 3}") == old[f"f{i + 3}"]
+    expected = {**old, **{f"f{i}": spliced[f"f{i}"] for i in range(6)}}
+    assert spliced.encode() == encode_entries(expected)
+    assert decoded == [blob]

@@ -38,8 +38,8 @@ type Raw = dict[str, Any]  # a directory entry as encoded (`Entry.as_json`)
 HEAD: Final = b'{"entries":['
 TAIL: Final = b'],"schema":"' + SCHEMA.encode() + b'"}'
 BETWEEN: Final = b'},{"'
-# Changes times blob bytes past which the blob is decoded whole instead: each change not yet
-# found searches the blob once.
+# Lookups (or changes) times blob bytes past which the blob is decoded whole instead: each
+# entry looked up in the bytes searches them once.
 MAX_SEARCHED: Final = 64 * 1024 * 1024
 
 
@@ -140,8 +140,12 @@ class Entries:
         return self.whole
 
     def _find(self, name: str) -> tuple[int, int, Raw] | None:
-        """The old entry `name`: where its bytes start and end in the blob, and it decoded."""
+        """The old entry `name`: where its bytes start and end in the blob, and it decoded
+        (NotSpliced past as many lookups as `MAX_SEARCHED` allows: one decoding is then
+        cheaper than the searches)."""
         if name not in self._spans:
+            if (len(self._spans) + 1) * len(self.blob) > MAX_SEARCHED:
+                raise NotSpliced
             self._spans[name] = _locate(self.blob, name)
         return self._spans[name]
 
