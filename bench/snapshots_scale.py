@@ -45,6 +45,7 @@ from bench.snapshot_runs import (  # noqa: E402
     MB,
     World,
     compile_client,
+    job_seconds,
     log,
     make_world,
     prepare,
@@ -76,6 +77,7 @@ class Tree:
     unchanged: list[float] = field(default_factory=list)  # the CLI's whole time
     unchanged_before: list[float] = field(default_factory=list)
     scans: list[str] = field(default_factory=list)  # the later runs' watcher / full scan lines
+    jobs: list[str] = field(default_factory=list)  # the later runs' worker job times
     unchanged_lines: list[str] = field(default_factory=list)  # when each CLI line came
 
 
@@ -93,13 +95,15 @@ def run_scale(
         ]
         for n in range(rounds):
             for tree in trees if n % 2 == 0 else trees[::-1]:
-                later_run(url, sampler, tree, count, seed=100 + n)
+                later_run(
+                    url, sampler, tree, count, seed=100 + n, worker_log=scratch / "worker.log"
+                )
                 unchanged_run(url, sampler, tree)
                 log(
                     f"  round {n + 1}, {tree.files:,} files: later run ({count:,} files changed)"
                     f" end to end {tree.later[-1]:.2f} s (CLI before its command"
                     f" {tree.later_before[-1]:.2f} s, after it {tree.later_after[-1]:.2f} s;"
-                    f" {tree.scans[-1]}); a run that changed nothing: CLI"
+                    f" {tree.scans[-1]}; {tree.jobs[-1]}); a run that changed nothing: CLI"
                     f" {tree.unchanged[-1]:.2f} s (before its command"
                     f" {tree.unchanged_before[-1]:.2f} s; its lines at {tree.unchanged_lines[-1]})"
                 )
@@ -138,7 +142,9 @@ def first_run(
     return Tree(files, work, world, paths)
 
 
-def later_run(url: str, sampler: RssSampler, tree: Tree, count: int, seed: int) -> None:
+def later_run(
+    url: str, sampler: RssSampler, tree: Tree, count: int, seed: int, worker_log: Path
+) -> None:
     for path in random.Random(seed).sample(tree.paths, count):
         with path.open("ab") as handle:
             handle.write(b"changed\n")
@@ -150,6 +156,7 @@ def later_run(url: str, sampler: RssSampler, tree: Tree, count: int, seed: int) 
     tree.later_before.append(before)
     tree.later_after.append(later.seconds - before)
     tree.scans.append(scan_line(later))
+    tree.jobs.append(job_seconds(worker_log, later.head()))
 
 
 def unchanged_run(url: str, sampler: RssSampler, tree: Tree) -> None:
