@@ -50,6 +50,7 @@ from paperclip_client.workdir.scanning import (
 from paperclip_client.workdir.splice import Entries
 from paperclip_client.workdir.transfer import Say
 from paperclip_client.workdir.watch_state import (
+    STATE,
     Answer,
     WatchState,
     ask,
@@ -180,6 +181,10 @@ class Partial:
         self.unread: list[tuple[str, os.stat_result]] = []
         self.named: dict[str, set[str]] = {}
         self.read = Scan(tree="", entries={}, dirs={}, sources={}, stats={})
+        # The last tree's blobs read, checked (`_blob`), and its directories' entries looked
+        # up to check their subdirectories' blobs, by directory.
+        self.blobs: dict[str, bytes] = {}
+        self.listings: dict[str, Entries] = {}
 
     def run(self) -> Scan:
         whole, named = self._to_read()
@@ -250,10 +255,48 @@ class Partial:
             path = _parent(path)
 
     def _blob(self, directory: str) -> bytes:
-        try:
-            return self.old[self.paths[directory]]
-        except WorkdirError as exc:
-            raise Fallback(str(exc)) from None
+        """The last tree's blob of `directory`, a directory of that tree this scan has not
+        built again nor forgotten (`_last`)."""
+        name = self.paths.get(directory)
+        if name is None or name != self.state.paths.get(directory):
+            raise Fallback(f"{directory or '.'}: not a directory of the last tree")
+        return self._last(directory)
+
+    def _last(self, directory: str) -> bytes:
+        """The blob `watch.json`'s `paths` names for `directory`, checked: its bytes are what
+        its name says (`dirs.json`), and that name is the one its parent's blob, checked the
+        same way up to the root (the index's tree), gives it. The entries a partial scan does
+        not touch are kept as these blobs hold them: state altered since the last snapshot
+        (by hand, a bad disk, a bug) gives the full scan, never a tree the workdir does not
+        hold."""
+        data = self.blobs.get(directory)
+        if data is None:
+            name = self.state.paths.get(directory)
+            if name is None:
+                raise Fallback(f"{STATE}: {directory}: a directory of the last tree it omits")
+            try:
+                data = self.old[name]
+            except WorkdirError as exc:
+                raise Fallback(str(exc)) from None
+            if blob_name(data) != name:
+                raise Fallback(f"{DIRS}: {directory or '.'}: its blob is not what its name says")
+            if directory:
+                parent, _, base = directory.rpartition("/")
+                self._held_as(parent, base, name)
+            self.blobs[directory] = data
+        return data
+
+    def _held_as(self, directory: str, name: str, blob: str | None) -> None:
+        """The last tree's `directory` holds the directory `name` with the blob `blob` (None:
+        holds no directory `name`), else the full scan (`watch.json` is not that tree's)."""
+        listing = self.listings.get(directory)
+        if listing is None:
+            listing = self.listings[directory] = Entries(self._last(directory), _decoded)
+        entry = listing.get(name)
+        held = entry.get("digest") if entry is not None and entry["type"] == "dir" else None
+        if held != blob:
+            path = _join(directory, name)
+            raise Fallback(f"{STATE}: {path}: not the directory the last tree holds there")
 
     def _old(self, directory: str) -> Entries:
         """The entries of `directory` in the last tree, found in its blob's bytes one by one
@@ -288,6 +331,9 @@ class Partial:
             for n, e in old.items()
             if e["type"] == "dir" and _join(directory, n) not in self.answer.trees
         }
+        for path in keep:  # kept, not read: the blob `paths` names must be the tree's
+            if self.state.paths.get(path) != old[path.rpartition("/")[2]].get("digest"):
+                raise Fallback(f"{STATE}: {path}: not the directory the last tree holds there")
         found: dict[str, tuple[str, os.stat_result | str]] = {}
         try:
             depth = _depth(directory)
@@ -317,6 +363,9 @@ class Partial:
             self.links.pop(path, None)
             self.left_out.pop(path, None)
             if was_dir and path not in self.answer.trees:
+                assert prev is not None  # noqa: S101 - was_dir
+                if self.state.paths.get(path) != prev.get("digest"):
+                    raise Fallback(f"{STATE}: {path}: not the directory the last tree holds there")
                 keep.add(path)
             here: dict[str, tuple[str, os.stat_result | str]] = {}
             try:
@@ -336,6 +385,11 @@ class Partial:
         the tree (ignored, or in an ignored one), into `unread`."""
         if directory == STATE_DIR or directory.startswith(f"{STATE_DIR}/"):
             return
+        if directory not in self.state.paths:  # not the last tree's: it must not hold it
+            below, above = directory, _parent(directory)
+            while above not in self.state.paths:
+                below, above = above, _parent(above)
+            self._held_as(above, below.rpartition("/")[2], None)
         try:
             with os.scandir(self.workdir / directory) as listing:
                 here = {e.name for e in listing} if names is None else names
