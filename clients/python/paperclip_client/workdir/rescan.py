@@ -332,8 +332,7 @@ class Partial:
             if e["type"] == "dir" and _join(directory, n) not in self.answer.trees
         }
         for path in keep:  # kept, not read: the blob `paths` names must be the tree's
-            if self.state.paths.get(path) != old[path.rpartition("/")[2]].get("digest"):
-                raise Fallback(f"{STATE}: {path}: not the directory the last tree holds there")
+            self._held_as(directory, path.rpartition("/")[2], self.state.paths.get(path))
         found: dict[str, tuple[str, os.stat_result | str]] = {}
         try:
             depth = _depth(directory)
@@ -363,9 +362,7 @@ class Partial:
             self.links.pop(path, None)
             self.left_out.pop(path, None)
             if was_dir and path not in self.answer.trees:
-                assert prev is not None  # noqa: S101 - was_dir
-                if self.state.paths.get(path) != prev.get("digest"):
-                    raise Fallback(f"{STATE}: {path}: not the directory the last tree holds there")
+                self._held_as(directory, name, self.state.paths.get(path))  # kept, not read
                 keep.add(path)
             here: dict[str, tuple[str, os.stat_result | str]] = {}
             try:
