@@ -37,6 +37,7 @@ from typing import BinaryIO, Final
 
 from paperclip.snapshots.trees import (
     MAX_MODE,
+    MAX_NAME_BYTES,
     Entry,
     TreeInvalid,
     blob_name,
@@ -125,19 +126,48 @@ def _children(target: Mapping[str, Entry]) -> dict[str, dict[str, Entry]]:
     path's own name is checked, and its parent must be a directory of the target: so every
     component of every path is checked once, as the name of its own entry."""
     children: dict[str, dict[str, Entry]] = {}
+    # The last parent found to be a directory, and its entries: a tree's paths come a
+    # directory at a time, so most paths ask about the same parent as the one before.
+    known: str | None = None
+    siblings: dict[str, Entry] = {}
     for path, entry in target.items():
         if not isinstance(path, str):
             raise TreeInvalid(str(path), "bad_name")
         parent, _, name = path.rpartition("/")
-        if name_problem(name) or (not parent and path != name):  # "/name" has an empty one
+        if not _good_name(name) or (not parent and path != name):  # "/name" has an empty one
             raise TreeInvalid(path, "bad_name")
-        if parent and (parent not in target or target[parent].type != "dir"):
-            bad = any(name_problem(p) for p in parent.split("/"))
-            raise TreeInvalid(path, "bad_name" if bad else "not_a_directory")
-        _check_entry(path, entry)
-        children.setdefault(parent, {})[name] = entry
+        if parent != known:
+            if parent and (parent not in target or target[parent].type != "dir"):
+                bad = any(name_problem(p) for p in parent.split("/"))
+                raise TreeInvalid(path, "bad_name" if bad else "not_a_directory")
+            known, siblings = parent, children.setdefault(parent, {})
+        if not _plain_file(entry):
+            _check_entry(path, entry)
+        siblings[name] = entry
     check_symlinks(target)
     return children
+
+
+def _good_name(name: str) -> bool:
+    """`name_problem(name) is None` for a name taken after the last "/" of a path."""
+    if name.isascii():
+        size = len(name)  # one byte a character: nothing to encode
+    else:
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            return False
+    return 1 <= size <= MAX_NAME_BYTES and name not in (".", "..") and "\0" not in name
+
+
+def _plain_file(entry: Entry) -> bool:
+    """A file `_check_entry` passes, told at once (anything else: `_check_entry` decides)."""
+    return (
+        entry.type == "file"
+        and 0 <= entry.mode <= MAX_MODE
+        and entry.size >= 0
+        and (entry.digest is not None if entry.chunks is None else bool(entry.chunks))
+    )
 
 
 def _check_entry(path: str, entry: Entry) -> None:
@@ -224,6 +254,21 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _unchanged_file(entry: Entry, before: Entry | None, found: os.stat_result) -> bool:
+    """The common case of `Materializer.file_entry` with a previous tree, decided at once: a
+    regular file of the entry's size and mode on disk, where the previous tree held a file of
+    the same content (compared as `same_content` does, its blobs). False means only that
+    `file_entry` decides."""
+    return (
+        before is not None
+        and found.st_mode == stat.S_IFREG | entry.mode
+        and found.st_size == entry.size
+        and before.type == "file"
+        and before.digest == entry.digest
+        and before.chunks == entry.chunks
+    )
+
+
 class Materializer:
     def __init__(
         self,
@@ -291,20 +336,33 @@ class Materializer:
         entries the target has not."""
         wanted = self.children.get(path, {})
         changed = False
-        if any(name not in wanted for name in os.listdir(fd)):
+        if not all(map(wanted.__contains__, os.listdir(fd))):
             self.extras.add(path)
             up = path
             while up:  # its ancestors, which `remove_extras` walks through
                 up = up.rpartition("/")[0]
                 self.on_the_way.add(up)
+        prefix = f"{path}/" if path else ""
+        skip, previous = self.skip, self.previous
         for name in sorted(wanted):
-            entry, where = wanted[name], join_path(path, name)
-            if where in self.skip:
+            entry, where = wanted[name], prefix + name
+            if where in skip:
                 continue
-            found = lstat_at(name, fd)
-            if entry.type == "dir":
+            try:  # `lstat_at`, without its call
+                found: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                found = None
+            kind = entry.type
+            if (
+                kind == "file"
+                and previous is not None
+                and found is not None
+                and _unchanged_file(entry, previous.get(where), found)
+            ):
+                self.unchanged += 1  # what `file_entry` would find, without its layers
+            elif kind == "dir":
                 changed |= self.dir_entry(fd, name, where, entry, found)
-            elif entry.type == "file":
+            elif kind == "file":
                 changed |= self.file_entry(fd, name, where, entry, found)
             else:
                 changed |= self.symlink_entry(fd, name, entry, found)
