@@ -412,6 +412,8 @@ class MaterializeOutcome:
 def _without_special_bits(entries: dict[str, Entry]) -> dict[str, Entry]:
     """Permission bits only: an agent's tree never makes a setuid, setgid or sticky entry in a
     cwd written by a worker that may run as root."""
+    if all(entry.mode <= 0o777 for entry in entries.values()):
+        return entries  # the common case: the comprehension below would change nothing
     return {
         path: entry
         if entry.type == "symlink" or entry.mode <= 0o777
