@@ -37,7 +37,6 @@ from typing import BinaryIO, Final
 
 from paperclip.snapshots.trees import (
     MAX_MODE,
-    MAX_NAME_BYTES,
     Entry,
     TreeInvalid,
     blob_name,
@@ -134,40 +133,17 @@ def _children(target: Mapping[str, Entry]) -> dict[str, dict[str, Entry]]:
         if not isinstance(path, str):
             raise TreeInvalid(str(path), "bad_name")
         parent, _, name = path.rpartition("/")
-        if not _good_name(name) or (not parent and path != name):  # "/name" has an empty one
+        if name_problem(name) or (not parent and path != name):  # "/name" has an empty one
             raise TreeInvalid(path, "bad_name")
         if parent != known:
             if parent and (parent not in target or target[parent].type != "dir"):
                 bad = any(name_problem(p) for p in parent.split("/"))
                 raise TreeInvalid(path, "bad_name" if bad else "not_a_directory")
             known, siblings = parent, children.setdefault(parent, {})
-        if not _plain_file(entry):
-            _check_entry(path, entry)
+        _check_entry(path, entry)
         siblings[name] = entry
     check_symlinks(target)
     return children
-
-
-def _good_name(name: str) -> bool:
-    """`name_problem(name) is None` for a name taken after the last "/" of a path."""
-    if name.isascii():
-        size = len(name)  # one byte a character: nothing to encode
-    else:
-        try:
-            size = len(name.encode("utf-8"))
-        except UnicodeEncodeError:
-            return False
-    return 1 <= size <= MAX_NAME_BYTES and name not in (".", "..") and "\0" not in name
-
-
-def _plain_file(entry: Entry) -> bool:
-    """A file `_check_entry` passes, told at once (anything else: `_check_entry` decides)."""
-    return (
-        entry.type == "file"
-        and 0 <= entry.mode <= MAX_MODE
-        and entry.size >= 0
-        and (entry.digest is not None if entry.chunks is None else bool(entry.chunks))
-    )
 
 
 def _check_entry(path: str, entry: Entry) -> None:
