@@ -413,7 +413,10 @@ def main() -> int:
     parser.add_argument("--server", choices=("production", "gunicorn"), default="production")
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument(
-        "--profile", type=Path, default=None, help="cProfile the CLI into PATH.<run>.prof"
+        "--profile",
+        type=Path,
+        default=None,
+        help="cProfile the CLI into PATH.<run>.prof and the worker into PATH.worker.prof",
     )
     parser.add_argument(
         "--watcher",
@@ -464,7 +467,13 @@ def main() -> int:
                 from bench.snapshots_scale import run_scale
 
                 return run_scale(
-                    bench_url, scratch, config.files, config.changed, config.rounds, args.server
+                    bench_url,
+                    scratch,
+                    config.files,
+                    config.changed,
+                    config.rounds,
+                    args.server,
+                    profile=config.profile,
                 )
             if args.cas == "s3":
                 from bench.snapshots_cas import run_cas

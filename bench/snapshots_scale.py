@@ -82,13 +82,26 @@ class Tree:
 
 
 def run_scale(
-    bench_url: str, scratch: Path, files: int, changed: float, rounds: int, server_kind: str
+    bench_url: str,
+    scratch: Path,
+    files: int,
+    changed: float,
+    rounds: int,
+    server_kind: str,
+    profile: Path | None = None,
 ) -> int:
+    """With `profile`, the worker runs under cProfile into `PATH.worker.prof`."""
     compile_client()
     env = prepare(bench_url, scratch)
     count = max(1, int(files * changed))
     rounds = max(rounds, MIN_ROUNDS)
-    with serving(server_kind, env, scratch) as (url, sampler), watching() as watchers:
+    worker_prefix = [sys.executable]
+    if profile is not None:
+        worker_prefix += ["-m", "cProfile", "-o", str(profile.with_suffix(".worker.prof"))]
+    with (
+        serving(server_kind, env, scratch, worker_prefix=worker_prefix) as (url, sampler),
+        watching() as watchers,
+    ):
         trees = [
             first_run(url, sampler, scratch, n, size, watchers)
             for n, size in enumerate((files, files * SCALE))
