@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from itertools import compress
+from typing import Any, Final
 
 from paperclip.snapshots.bounds import MAX_ENTRIES, MAX_PATH_BYTES
 from paperclip.snapshots.trees import (
@@ -26,22 +27,44 @@ from paperclip.snapshots.trees import (
     entry_pieces,
     join_path,
     known_entries,
+    known_objects,
+    plain_files,
     stored_dir,
 )
 
 
-def decode_known_pair(
-    now: bytes, then: bytes, path: str
-) -> tuple[tuple[Entry, ...], tuple[Entry, ...]]:
+@dataclass(frozen=True, slots=True)
+class KnownPair:
+    """Two directory blobs at one path of trees known valid, as materialization reads them:
+    `now` and `then`, each side's entries but the regular files both hold byte for byte
+    (their mode without setuid, setgid or sticky bits), which are in `alike` instead as the
+    blob's own JSON objects (name, type, mode, size, digest or chunks), in name order."""
+
+    now: tuple[Entry, ...]
+    then: tuple[Entry, ...]
+    alike: list[dict[str, Any]]
+
+
+def decode_known_pair(now: bytes, then: bytes, path: str) -> KnownPair:
     """Two directory blobs at `path` of trees known valid, decoded as `decode_known_dir`
-    decodes each, with the entries they hold byte for byte decoded once and shared (most of a
-    directory that changed is what it was). TreeInvalid as `decode_known_dir`."""
+    decodes each, with the entries they hold byte for byte decoded once and shared, and the
+    regular files among those not built as entries at all (`KnownPair.alike`): most of a
+    directory that changed is what it was, and a materialization compares such a file with
+    the disk by `lstat` alone. TreeInvalid as `decode_known_dir`."""
     ours, theirs = entry_pieces(now), entry_pieces(then)
     if ours is None or theirs is None:
-        return decode_known_dir(now, path), decode_known_dir(then, path)
+        return KnownPair(decode_known_dir(now, path), decode_known_dir(then, path), [])
+    held = set(theirs)
+    shared = [piece for piece in ours if piece in held]
+    raws = known_objects(shared, path)
+    plain = plain_files(raws)
+    alike: list[dict[str, Any]] = list(compress(raws, plain))
+    apart = set(compress(shared, plain))
+    ours = [piece for piece in ours if piece not in apart]
+    theirs = [piece for piece in theirs if piece not in apart]
     pieces = list(dict.fromkeys(ours + theirs))
     decoded = dict(zip(pieces, known_entries(pieces, path), strict=True))
-    return tuple(decoded[p] for p in ours), tuple(decoded[p] for p in theirs)
+    return KnownPair(tuple(decoded[p] for p in ours), tuple(decoded[p] for p in theirs), alike)
 
 
 def differing_entries(

@@ -44,7 +44,7 @@ from paperclip.snapshots.behind import (
     materialize_defer_in_tx,
     materialize_failure_record,
 )
-from paperclip.snapshots.changes import decode_known_pair
+from paperclip.snapshots.changes import KnownPair, decode_known_pair
 from paperclip.snapshots.counts import (
     counts_against_head,
     counts_of,
@@ -57,7 +57,13 @@ from paperclip.snapshots.merge import merge3, merge_trees, unknown_base
 from paperclip.snapshots.processes import Processes
 from paperclip.snapshots.store.ahead import ReadAhead
 from paperclip.snapshots.store.backends import blob_file
-from paperclip.snapshots.store.reads import cas_blob_file, cas_open, cas_rows, directory_loader
+from paperclip.snapshots.store.reads import (
+    ChunkStream,
+    cas_blob_file,
+    cas_open,
+    cas_rows,
+    directory_loader,
+)
 from paperclip.snapshots.store.uploads import cas_store_blobs
 from paperclip.snapshots.trees import (
     RESERVED_ROOT_NAMES,
@@ -138,25 +144,28 @@ def tree_entries(company_id: UUID, tree: str | None) -> dict[str, Entry]:
     return walked.entries
 
 
+type Alike = dict[str, list[dict[str, Any]]]
+
+
 def tree_diff_entries(
     company_id: UUID, target: str, previous: str | None
-) -> tuple[dict[str, Entry], dict[str, Entry] | None]:
+) -> tuple[dict[str, Entry], dict[str, Entry] | None, Alike]:
     """The entries materialization needs to take a directory from `previous` to `target`:
     both trees read together level by level, descending only into directories whose blob
     differs between them (an unchanged subtree is one entry, its directory, on both sides),
-    so a small change costs a few directory reads, not the whole tree. Without a readable
-    `previous`, the whole target and None. Raises PublishError as `tree_entries`."""
+    so a small change costs a few directory reads, not the whole tree. The regular files such
+    a directory holds alike in both known valid trees are apart, by their directory's path,
+    as their blobs' JSON objects (`materialize`'s `alike`). Without a readable `previous`,
+    the whole target, None and nothing apart. Raises PublishError as `tree_entries`."""
     if previous is None:
-        return tree_entries(company_id, target), None
+        return tree_entries(company_id, target), None, {}
     load_many = directory_loader(company_id)
     # Both trees are normally known valid (a head is registered or built by the publisher):
     # their directories are then decoded without the checks they passed when recorded.
     known = known_valid_trees(company_id=company_id, trees=[target, previous])
-    decode_target = decode_known_dir if target in known else decode_dir
-    decode_previous = decode_known_dir if previous in known else decode_dir
-    both_known = target in known and previous in known
     ours: dict[str, Entry] = {}
     theirs: dict[str, Entry] = {}
+    alike: Alike = {}
     level: list[tuple[str, str, str | None]] = [("", target, previous)]
     while level:
         stored = load_many(sorted({d for _, t, p in level for d in (t, p) if d}))
@@ -164,18 +173,22 @@ def tree_diff_entries(
         for path, digest, before in level:
             if digest not in stored or (before is not None and before not in stored):
                 if path == "" and digest in stored:
-                    return tree_entries(company_id, target), None  # previous collected
+                    return tree_entries(company_id, target), None, {}  # previous collected
                 raise PublishError(
                     "snapshot_blobs_missing", f"tree {target}: directory {path or '/'} gone"
                 )
             try:
-                if before is not None and both_known:
-                    now, then = decode_known_pair(stored[digest], stored[before], path)
-                else:
-                    now = decode_target(stored[digest], path)
-                    then = decode_previous(stored[before], path) if before is not None else ()
+                pair = _decoded_pair(
+                    stored[digest],
+                    None if before is None else stored[before],
+                    path,
+                    (target in known, previous in known),
+                )
             except TreeInvalid as exc:
                 raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
+            now, then = pair.now, pair.then
+            if pair.alike:
+                alike[path] = pair.alike
             earlier = {entry.name: entry for entry in then}
             for entry in then:
                 theirs[f"{path}/{entry.name}" if path else entry.name] = entry
@@ -193,7 +206,19 @@ def tree_diff_entries(
         check_symlinks(ours)
     except TreeInvalid as exc:
         raise PublishError("snapshot_tree_invalid", f"tree {target}: {exc}") from exc
-    return ours, theirs
+    return ours, theirs, alike
+
+
+def _decoded_pair(
+    data: bytes, before: bytes | None, path: str, known: tuple[bool, bool]
+) -> KnownPair:
+    """The directory blob at `path` of the target and of the previous tree (`before`; None
+    when that has none there), each known valid or not (`known`)."""
+    if before is not None and all(known):
+        return decode_known_pair(data, before, path)
+    now = (decode_known_dir if known[0] else decode_dir)(data, path)
+    then = () if before is None else (decode_known_dir if known[1] else decode_dir)(before, path)
+    return KnownPair(now, then, [])
 
 
 def _store(company_id: UUID, blobs: dict[str, bytes]) -> None:
@@ -369,34 +394,6 @@ def materializations_reconcile() -> int:
             if materialize_defer_in_tx(workspace_id=workspace_id) is not None:
                 deferred += 1
     return deferred
-
-
-class _ChunkStream(io.RawIOBase):
-    """A blob's pieces as a readable stream (for `materialize`, which reads files in pieces)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            piece = next(self._chunks, None)
-            if piece is None:
-                return 0
-            self._pending = piece
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-        super().close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,9 +573,9 @@ def _materialize_round(
     the diff did not descend into (the same blob in both trees) that is no longer a directory
     in `cwd` (removed by hand) makes it the whole head against the disk: the diff has none of
     its entries to write back."""
-    whole, before = tree_diff_entries(company_id, head, previous_tree)
+    whole, before, alike = tree_diff_entries(company_id, head, previous_tree)
     if before is not None and _unexpanded_gone(cwd, whole, before):
-        whole, before = tree_entries(company_id, head), None
+        whole, before, alike = tree_entries(company_id, head), None, {}
     target = _without_special_bits(whole)
     previous = _without_special_bits(before) if before is not None else None
     # One query for the rows of every blob the materializer may write, not one per file
@@ -601,12 +598,13 @@ def _materialize_round(
         reader = cas_open(company_id=company_id, digest=digest, known=known)
         if reader is None:
             raise PublishError("snapshot_blobs_missing", f"blob {digest} not stored")
-        return io.BufferedReader(_ChunkStream(reader.chunks), 1 << 20)
+        return io.BufferedReader(ChunkStream(reader.chunks), 1 << 20)
 
     return materialize(
         destination=cwd,
         target=target,
         previous=previous,
+        alike=alike,
         open_blob=open_blob,
         check=check,
         split=_processes(company_id, known) if ahead is None else None,

@@ -5,7 +5,10 @@ Entry, directories included), a function that opens a blob, and a `check` that r
 
 - Only entries whose type, mode or content differ on disk are touched. With `previous` (the
   tree the destination last held) an entry equal in both trees is trusted when `lstat` still
-  shows its type, size and mode; without it, a regular file of the right size is hashed.
+  shows its type, size and mode; without it, a regular file of the right size is hashed. The
+  regular files a changed directory holds alike in both trees may come apart (`alike`, as
+  their blob's JSON objects): each costs one `lstat`, and is built, checked and written as
+  any entry only when that differs.
 - Every file is written to a temporary sibling `.<name>.pcl-tmp-<16 hex>` in its directory
   and renamed onto its path (a symlink likewise): no partly written file is ever at a path.
 - Symlinks in the destination are never followed: directories are walked through file
@@ -31,9 +34,9 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
-from typing import BinaryIO, Final
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, BinaryIO, Final
 
 from paperclip.snapshots.trees import (
     MAX_MODE,
@@ -54,6 +57,7 @@ _EMPTY_BLOB: Final = blob_name(b"")
 DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE: Final = stat.S_IFREG
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,9 @@ class MaterializeReport:
     temporaries: int  # stray temporary siblings (of an interrupted attempt) removed
 
 
+_COUNTS: Final = tuple(field.name for field in fields(MaterializeReport))
+
+
 def _nothing() -> None:
     return None
 
@@ -78,6 +85,7 @@ def materialize(
     target: Mapping[str, Entry],
     previous: Mapping[str, Entry] | None,
     open_blob: Callable[[str], BinaryIO],
+    alike: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     check: Callable[[], None] = _nothing,
     check_every: float = 0.2,
     durable: bool = False,
@@ -91,6 +99,11 @@ def materialize(
     here after, and what remains to remove is removed here last.
 
     `previous` is the tree the destination last held (None: unknown, compare with the disk).
+    `alike` (only with `previous`), by a directory's path: regular files that both trees hold
+    alike in that directory of the target, in neither map, as the JSON objects of their
+    directory blob (`changes.decode_known_pair`: name, mode without bits above 0o777, size,
+    digest or chunks); each is left alone when `lstat` shows a regular file of its size and
+    mode, else built, its name checked, and written as any entry (never before a check).
     `open_blob(name)` returns a readable binary stream of a blob (closed here). `check()` is
     called before the first change and then at most every `check_every` seconds of work;
     whatever it raises stops the work and propagates. `durable` fsyncs every written file
@@ -99,6 +112,12 @@ def materialize(
     directory, an escaping symlink), and TreeInvalid(path, "size_mismatch") when a file's
     blobs do not add up to its size (that file is left as it was)."""
     children = _children(target)
+    alike = alike or {}
+    if alike and previous is None:
+        raise ValueError("files held alike by the previous tree need the previous tree")
+    for path in alike:
+        if path and path not in children and (path not in target or target[path].type != "dir"):
+            raise TreeInvalid(path, "not_a_directory")
     os.makedirs(destination, exist_ok=True)
     # The destination itself is the caller's configured path and may be a symlink; nothing
     # below it is followed.
@@ -106,7 +125,7 @@ def materialize(
     try:
         # One file at a time per process: threads were measured slower (2 cores; the GIL, and
         # creates and renames in one directory serialize on its lock in the kernel anyway).
-        work = Materializer(children, previous, open_blob, check, check_every, durable)
+        work = Materializer(children, previous, open_blob, check, check_every, durable, alike)
         work.check()
         if split is not None:
             work.skip = split(work, destination)
@@ -254,9 +273,15 @@ class Materializer:
         check: Callable[[], None],
         check_every: float,
         durable: bool,
+        alike: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
         self.children = children
         self.previous = previous
+        self.alike = alike or {}
+        # The names a directory of `alike` is to hold (its target entries' and its files held
+        # alike), and the files held alike built as entries when the disk differed.
+        self.named: dict[str, set[str]] = {}
+        self.built: dict[str, Entry] = {}
         self.open_blob = open_blob
         self._check = check
         self.check_every = check_every
@@ -273,28 +298,13 @@ class Materializer:
         self.made: set[str] = set()
 
     def report(self) -> MaterializeReport:
-        return MaterializeReport(
-            written=self.written,
-            bytes_written=self.bytes_written,
-            symlinks=self.symlinks,
-            directories=self.directories,
-            modes=self.modes,
-            removed=self.removed,
-            unchanged=self.unchanged,
-            temporaries=self.temporaries,
-        )
+        return MaterializeReport(**{name: getattr(self, name) for name in _COUNTS})
 
     def add(self, done: tuple[MaterializeReport, set[str], set[str]]) -> None:
         """Count what a child process wrote, and note what it found to remove."""
         report, extras, on_the_way = done
-        self.written += report.written
-        self.bytes_written += report.bytes_written
-        self.symlinks += report.symlinks
-        self.directories += report.directories
-        self.modes += report.modes
-        self.removed += report.removed
-        self.unchanged += report.unchanged
-        self.temporaries += report.temporaries
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(report, name))
         self.extras |= extras
         self.on_the_way |= on_the_way
 
@@ -312,13 +322,15 @@ class Materializer:
         entries the target has not."""
         wanted = self.children.get(path, {})
         changed = False
-        if not all(map(wanted.__contains__, os.listdir(fd))):
+        if not all(map(self.names_of(path).__contains__, os.listdir(fd))):
             self.extras.add(path)
             up = path
             while up:  # its ancestors, which `remove_extras` walks through
                 up = up.rpartition("/")[0]
                 self.on_the_way.add(up)
         prefix = f"{path}/" if path else ""
+        if path in self.alike:
+            changed |= self.alike_files(fd, prefix, self.alike[path])
         skip, previous = self.skip, self.previous
         for name in sorted(wanted):
             entry, where = wanted[name], prefix + name
@@ -345,13 +357,61 @@ class Materializer:
         if changed and self.durable:
             os.fsync(fd)
 
+    def names_of(self, path: str) -> Collection[str]:
+        """The names the directory at `path` is to hold."""
+        wanted = self.children.get(path, {})
+        if path not in self.alike:
+            return wanted
+        if path not in self.named:
+            self.named[path] = {*wanted, *(raw["name"] for raw in self.alike[path])}
+        return self.named[path]
+
+    def alike_files(self, fd: int, prefix: str, alike: Sequence[Mapping[str, Any]]) -> bool:
+        """The files held alike in the open directory `fd`: one `lstat` each."""
+        changed = False
+        for raw in alike:
+            name = raw["name"]
+            try:
+                found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                found = None
+            if (
+                found is None
+                or found.st_mode != _FILE | raw["mode"]
+                or found.st_size != raw["size"]
+            ):
+                changed |= self.alike_entry(fd, prefix + name, raw, found)
+            else:
+                self.unchanged += 1
+        return changed
+
+    def alike_entry(
+        self, fd: int, path: str, raw: Mapping[str, Any], found: os.stat_result | None
+    ) -> bool:
+        """A file held alike that is not on disk as its `lstat` should show: built as an entry,
+        checked as `_children` checks the target's, and dealt with as any file."""
+        chunks = raw.get("chunks")
+        entry = Entry(
+            name=raw["name"],
+            type="file",
+            mode=raw["mode"],
+            size=raw["size"],
+            digest=raw.get("digest"),
+            chunks=tuple(chunks) if chunks is not None else None,
+        )
+        if name_problem(entry.name):
+            raise TreeInvalid(path, "bad_name")
+        _check_entry(path, entry)
+        self.built[path] = entry  # what the previous tree held there, for `same_content`
+        return self.file_entry(fd, entry.name, path, entry, found)
+
     def remove_extras(self, fd: int, path: str) -> None:
         """Delete what the directories noted by `directory` hold beyond their target entries
         (stray temporaries included), walking to them from the open directory `fd` (at
         `path`) through descriptors that follow no link. A directory whose mode forbids it
         is given its owner's rwx for the removal and its mode back after."""
         if path in self.extras:
-            wanted = self.children.get(path, {})
+            wanted = self.names_of(path)
             changed = False
             for name in sorted(os.listdir(fd)):
                 if name in wanted:
@@ -541,7 +601,7 @@ class Materializer:
         if found.st_size != entry.size:
             return False
         if self.previous is not None:
-            before = self.previous.get(path)
+            before = self.built.get(path) or self.previous.get(path)
             if before is None or before.type != "file" or before.blobs() != entry.blobs():
                 return False  # changed since the destination was written: write it
             if stat.S_IMODE(found.st_mode) in (before.mode, entry.mode):

@@ -16,8 +16,8 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO
 
@@ -49,8 +49,8 @@ class Processes:
 @dataclass(slots=True)
 class _Share:
     """One child's part: directories `names` (paths below `destination`), the target's
-    entries at and below them and the previous tree's below them, and the file of each blob
-    they write."""
+    entries at and below them, the previous tree's below them and the files both hold alike
+    there (`materialize`'s `alike`), and the file of each blob they write."""
 
     destination: str
     names: list[str]
@@ -58,6 +58,7 @@ class _Share:
     previous: dict[str, Entry] | None
     files: dict[str, str]
     durable: bool
+    alike: dict[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
 
 def _write_in_processes(work: Materializer, destination: str, processes: Processes) -> set[str]:
@@ -148,6 +149,8 @@ def _shares(
         share.files.update(blobs)
         for below in _subtree(work.children, path):
             share.children[below] = work.children.get(below, {})
+            if below in work.alike:
+                share.alike[below] = work.alike[below]
     if work.previous is not None:
         _deal_previous(work.previous, shares)
     return shares, expanded
@@ -289,11 +292,12 @@ def _packed(share: _Share) -> tuple[Any, ...]:
         previous,
         share.files,
         share.durable,
+        share.alike,
     )
 
 
 def _unpacked(packed: tuple[Any, ...]) -> _Share:
-    destination, names, children, previous, files, durable = packed
+    destination, names, children, previous, files, durable, alike = packed
     return _Share(
         destination=destination,
         names=names,
@@ -301,6 +305,7 @@ def _unpacked(packed: tuple[Any, ...]) -> _Share:
         previous=None if previous is None else {p: Entry(*r) for p, r in previous.items()},
         files=files,
         durable=durable,
+        alike=alike,
     )
 
 
@@ -334,11 +339,15 @@ def _write_share(share: _Share, parent: int) -> tuple[MaterializeReport, set[str
             raise SystemExit("the materializing process is gone")
 
     def open_blob(name: str) -> BinaryIO:
+        if name not in share.files:  # a file held alike, changed on disk: the caller writes it
+            raise LookupError(f"blob {name} was not given to this process")
         return io.FileIO(os.open(share.files[name], os.O_RDONLY | os.O_CLOEXEC), "rb")
 
     root = os.open(share.destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        work = Materializer(share.children, share.previous, open_blob, check, 0.2, share.durable)
+        work = Materializer(
+            share.children, share.previous, open_blob, check, 0.2, share.durable, share.alike
+        )
         for path in share.names:
             above, _, name = path.rpartition("/")
             fd = open_below(root, above)

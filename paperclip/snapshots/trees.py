@@ -332,6 +332,12 @@ def known_entries(pieces: list[bytes], path: str) -> list[Entry]:
     """The entries of `pieces` of one directory (at `path`) of a tree known valid, decoded in
     one parse and built without `decode_dir`'s checks (they passed when the tree was
     recorded) but their shape. TreeInvalid when they do not parse as entries of that shape."""
+    return [_known_entry(raw, path) for raw in known_objects(pieces, path)]
+
+
+def known_objects(pieces: list[bytes], path: str) -> list[Any]:
+    """The JSON values of `pieces` of one directory (at `path`), in one parse, unchecked.
+    TreeInvalid when they do not parse as one value per piece."""
     if not pieces:
         return []
     try:
@@ -340,7 +346,23 @@ def known_entries(pieces: list[bytes], path: str) -> list[Entry]:
             raise ValueError("not one entry per piece")
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError too; nesting too deep
         raise TreeInvalid(path, "not_json", str(exc)[:200]) from exc
-    return [_known_entry(raw, path) for raw in raws]
+    return raws
+
+
+def plain_files(raws: list[Any]) -> list[bool]:
+    """For each of `raws` (values of `known_objects`): whether it has the shape of a regular
+    file's entry whose mode has no bit above 0o777 (setuid, setgid, sticky), its mode and size
+    integers."""
+    digest, chunks = _KEYS["file"]
+    return [
+        type(raw) is dict
+        and (raw.keys() == digest or raw.keys() == chunks)
+        and raw["type"] == "file"
+        and type(raw["mode"]) is int
+        and 0 <= raw["mode"] <= 0o777
+        and type(raw["size"]) is int
+        for raw in raws
+    ]
 
 
 def decode_known_dir(data: bytes, path: str = "") -> tuple[Entry, ...]:

@@ -329,3 +329,31 @@ def blob_row(company_id: UUID, digest: str) -> tuple[int, int] | None:
         .first()
     )
     return None if row is None else (int(row[0]), int(row[1]))
+
+
+class ChunkStream(io.RawIOBase):
+    """A blob's pieces as a readable stream (materialization reads files in pieces)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            piece = next(self._chunks, None)
+            if piece is None:
+                return 0
+            self._pending = piece
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        super().close()

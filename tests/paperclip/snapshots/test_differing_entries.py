@@ -39,8 +39,9 @@ def entries(draw: st.DrawFn) -> list[Entry]:
         kind = draw(st.sampled_from(["file", "dir", "symlink"]))
         data = draw(st.sampled_from([b"", b"x", b"yy"]))
         if kind == "file":
+            mode = draw(st.sampled_from([0o644, 0o755, 0o4755]))
             found[name] = Entry(
-                name=name, type="file", mode=0o644, size=len(data), digest=blob_name(data)
+                name=name, type="file", mode=mode, size=len(data), digest=blob_name(data)
             )
         elif kind == "dir":
             found[name] = Entry(name=name, type="dir", mode=0o755, digest=blob_name(data))
@@ -196,10 +197,35 @@ def test_a_known_valid_directory_decodes_to_the_same_entries(found: list[Entry])
 def test_a_pair_of_known_valid_directories_decodes_as_each_alone(
     ours: list[Entry], theirs: list[Entry], shared: list[Entry]
 ) -> None:
-    """`decode_known_pair` (materialization's diff) shares the entries both directories hold
-    byte for byte, and answers exactly what decoding each alone answers."""
+    """`decode_known_pair` (materialization's diff) answers what decoding each directory alone
+    answers, but for the regular files both hold byte for byte with no mode bit above 0o777:
+    those are on neither side but apart, in name order, as their JSON objects."""
     now = trees.encode_dir({e.name: e for e in shared + ours}.values())
     then = trees.encode_dir({e.name: e for e in shared + theirs}.values())
     pair = changes.decode_known_pair(now, then, "p")
-    assert pair == (trees.decode_known_dir(now, "p"), trees.decode_known_dir(then, "p"))
-    assert pair == (trees.decode_dir(now, "p"), trees.decode_dir(then, "p"))
+    whole_now, whole_then = trees.decode_dir(now, "p"), trees.decode_dir(then, "p")
+    alike = [e for e in whole_now if e in whole_then and e.type == "file" and e.mode <= 0o777]
+    assert pair.alike == [e.as_json() for e in alike]
+    assert pair.now == tuple(e for e in whole_now if e not in alike)
+    assert pair.then == tuple(e for e in whole_then if e not in alike)
+    assert (pair.now, pair.then) == (
+        tuple(e for e in trees.decode_known_dir(now, "p") if e not in alike),
+        tuple(e for e in trees.decode_known_dir(then, "p") if e not in alike),
+    )
+
+
+def test_files_held_alike_with_a_special_mode_bit_or_chunks() -> None:
+    """A setuid file stays an entry on both sides (materialization drops the bit, so the disk
+    never shows it); a chunked file held alike is apart with its chunks."""
+    chunks = (blob_name(b"a"), blob_name(b"b"))
+    setuid = Entry(name="s", type="file", mode=0o4755, size=1, digest=blob_name(b"s"))
+    big = Entry(name="big", type="file", mode=0o600, size=2, chunks=chunks)
+    before = Entry(name="f", type="file", mode=0o644, size=1, digest=blob_name(b"1"))
+    after = Entry(name="f", type="file", mode=0o644, size=1, digest=blob_name(b"2"))
+    pair = changes.decode_known_pair(
+        trees.encode_dir([big, after, setuid]), trees.encode_dir([big, before, setuid]), ""
+    )
+    assert pair.alike == [
+        {"name": "big", "type": "file", "mode": 0o600, "size": 2, "chunks": list(chunks)}
+    ]
+    assert (pair.now, pair.then) == ((after, setuid), (before, setuid))

@@ -109,15 +109,37 @@ def run(
     previous: Mapping[str, Entry] | None,
     store: Store,
     check: Callable[[], None] | None = None,
+    *,
+    apart: bool = False,
 ) -> MaterializeReport:
+    """`apart`: the regular files both trees hold alike are given apart (`alike`), as the
+    workspace's materialization gives them (`changes.decode_known_pair`)."""
+    alike: dict[str, list[dict[str, Any]]] = {}
+    if apart and previous is not None:
+        target, previous, alike = held_apart(target, previous)
     return materialize(
         destination=str(destination),
         target=target,
         previous=previous,
+        alike=alike,
         open_blob=store.open,
         check=check or (lambda: None),
         check_every=0.0,
     )
+
+
+def held_apart(
+    target: Mapping[str, Entry], previous: Mapping[str, Entry]
+) -> tuple[dict[str, Entry], dict[str, Entry], dict[str, list[dict[str, Any]]]]:
+    """`target` and `previous` without the regular files both hold alike (no mode bit above
+    0o777), and those files by their directory's path as their blob's JSON objects."""
+    ours, theirs = dict(target), dict(previous)
+    alike: dict[str, list[dict[str, Any]]] = {}
+    for path, entry in target.items():
+        if entry.type == "file" and entry.mode <= 0o777 and previous.get(path) == entry:
+            alike.setdefault(path.rpartition("/")[0], []).append(entry.as_json())
+            del ours[path], theirs[path]
+    return ours, theirs, alike
 
 
 def fingerprint(root: Path) -> dict[str, tuple[Any, ...]]:
@@ -632,6 +654,7 @@ def apply_hostile(
     old=st.none() | SPECS,
     new=SPECS,
     known=st.booleans(),
+    apart=st.booleans(),
     crash_after=st.none() | st.integers(0, 25),
     data=st.data(),
 )
@@ -639,6 +662,7 @@ def test_any_tree_over_any_destination_is_exact_and_stays_inside(
     old: dict[str, Any] | None,
     new: dict[str, Any],
     known: bool,
+    apart: bool,
     crash_after: int | None,
     data: st.DataObject,
 ) -> None:
@@ -670,12 +694,12 @@ def test_any_tree_over_any_destination_is_exact_and_stays_inside(
                     raise InterruptedError
 
             with contextlib.suppress(InterruptedError):
-                run(dest, target, recorded, store, check=check)
+                run(dest, target, recorded, store, check=check, apart=apart)
             assert fingerprint(outside) == seen
-        run(dest, target, recorded, store)
+        run(dest, target, recorded, store, apart=apart)
         assert flat(read_tree(str(dest))) == flat(target, store)
         assert fingerprint(outside) == seen
-        again = run(dest, target, target, store)
+        again = run(dest, target, target, store, apart=apart)
         assert again.written + again.modes + again.removed + again.symlinks == 0
         assert again.directories + again.temporaries == 0
 
@@ -755,3 +779,77 @@ def test_an_extra_directory_deeper_than_the_recursion_limit_is_removed(tmp_path:
     finally:
         if (dest / "d").exists():  # pytest's own removal of its temporary directories recurses
             subprocess.run(["rm", "-rf", str(dest / "d")], check=True)
+
+
+def test_files_held_alike_cost_an_lstat_and_are_written_back_when_it_differs(
+    tmp_path: Path,
+) -> None:
+    """Files both trees hold alike, given apart, are left alone while `lstat` shows them as
+    written; one removed, resized, re-moded or replaced by hand beside a changed file is put
+    back, and what the directory holds beyond them is removed."""
+    store = Store()
+    old = make_tree({**BASE, "src/c.py": b"c"}, store)
+    new = make_tree({**BASE, "src/c.py": b"cc"}, store)
+    dest = tmp_path / "dest"
+    outside = make_outside(tmp_path)
+    run(dest, old, None, store)
+    seen = fingerprint(outside)
+    untouched = inodes(dest)
+    (dest / "src" / "a.py").unlink()
+    (dest / "src" / "empty").write_bytes(b"grown")
+    (dest / "README").chmod(0o600)
+    (dest / "private").unlink()
+    (dest / "private").symlink_to(outside / "file")
+    (dest / "src" / "junk").write_bytes(b"junk")
+    report = run(dest, new, old, store, apart=True)
+    assert flat(read_tree(str(dest))) == flat(new)
+    assert fingerprint(outside) == seen
+    # c.py (changed), a.py, empty and private (by hand); README's mode put back in place
+    assert (report.written, report.modes, report.removed) == (4, 1, 1)
+    assert inodes(dest)["bin/run"] == untouched["bin/run"]
+    again = run(dest, new, new, store, apart=True)
+    assert again.written + again.modes + again.removed + again.symlinks == 0
+
+
+def test_files_held_alike_need_the_previous_tree_and_a_directory_of_the_target(
+    tmp_path: Path,
+) -> None:
+    store = Store()
+    tree = make_tree(BASE, store)
+    alike = {"src": [tree["src/a.py"].as_json()]}
+    with pytest.raises(ValueError, match="previous tree"):
+        materialize(
+            destination=str(tmp_path), target=tree, previous=None, open_blob=store.open, alike=alike
+        )
+    with pytest.raises(TreeInvalid) as raised:
+        materialize(
+            destination=str(tmp_path / "d"),
+            target=tree,
+            previous=tree,
+            open_blob=store.open,
+            alike={"README": [tree["src/a.py"].as_json()]},
+        )
+    assert raised.value.reason == "not_a_directory"
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_bad_name_held_alike_is_refused_before_anything_is_written_under_it(
+    tmp_path: Path,
+) -> None:
+    store = Store()
+    old = make_tree({**BASE, "src/c.py": b"c"}, store)
+    new = make_tree({**BASE, "src/c.py": b"cc"}, store)
+    dest = tmp_path / "dest"
+    run(dest, old, None, store)
+    bad = {**old["src/a.py"].as_json(), "name": "../escape"}
+    with pytest.raises(TreeInvalid) as raised:
+        materialize(
+            destination=str(dest),
+            target=new,
+            previous=old,
+            open_blob=store.open,
+            alike={"src": [bad]},
+        )
+    assert raised.value.reason == "bad_name"
+    assert not (dest / "escape").exists()
+    assert not any(name.startswith(".escape") for name in os.listdir(dest))

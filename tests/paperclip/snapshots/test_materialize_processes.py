@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.materialize import Materializer, MaterializeReport, materialize
 from paperclip.snapshots.processes import Processes
 from paperclip.snapshots.trees import Entry
-from tests.paperclip.snapshots.test_materialize import Store, make_tree
+from tests.paperclip.snapshots.test_materialize import Store, held_apart, make_tree
 
 
 class FileStore(Store):
@@ -55,6 +56,7 @@ def materialized(
     *,
     blob_file: Callable[[str], str | None] | None = None,
     check: Callable[[], None] = lambda: None,
+    apart: bool = False,
 ) -> tuple[MaterializeReport, list[set[str]]]:
     split = Processes(count=2, blob_file=blob_file or store.file, min_files=1)
     delegated: list[set[str]] = []
@@ -63,10 +65,14 @@ def materialized(
         delegated.append(split(work, where))
         return delegated[-1]
 
+    alike: dict[str, list[dict[str, Any]]] = {}
+    if apart and previous is not None:
+        target, previous, alike = held_apart(target, previous)
     report = materialize(
         destination=str(destination),
         target=target,
         previous=previous,
+        alike=alike,
         open_blob=store.open,
         check=check,
         check_every=0.01,
@@ -254,3 +260,28 @@ def test_files_the_previous_tree_held_alike_do_not_count_toward_the_children(
     )
     assert (report.written, dealt) == (6, [])
     assert read_tree(str(destination)) == after
+
+
+@pytest.mark.parametrize("disturbed", [False, True], ids=["as-written", "changed-by-hand"])
+def test_children_compare_the_files_held_alike(tmp_path: Path, disturbed: bool) -> None:
+    """The files both trees hold alike go to the child writing their directory, which
+    compares them with the disk by `lstat`. One changed by hand needs a blob the child was
+    not given (only the change's are): the child fails and the caller writes the tree."""
+    store = FileStore(tmp_path / "store")
+    old = make_tree(layout(), store)
+    materialized(tmp_path / "dest", old, None, store)
+    new_spec = layout() | {
+        f"top{t}/sub{s}/f0": b"v2 %d %d" % (t, s) for t in range(6) for s in range(2)
+    }
+    new = make_tree(new_spec, store)
+    if disturbed:
+        (tmp_path / "dest" / "top0" / "sub0" / "f3").unlink()
+        (tmp_path / "dest" / "top1" / "sub1" / "f2").write_bytes(b"resized by hand")
+    report, delegated = materialized(tmp_path / "dest", new, old, store, apart=True)
+    assert read_tree(str(tmp_path / "dest")) == new
+    assert report.written == 12 + 2 * disturbed
+    if disturbed:
+        assert delegated == [set()]
+    else:
+        assert delegated == [{f"top{t}/sub{s}" for t in range(6) for s in range(2)}]
+        assert report.unchanged >= 48  # the four files held alike in each of 12 directories
