@@ -90,7 +90,8 @@ def run_scale(
     server_kind: str,
     profile: Path | None = None,
 ) -> int:
-    """With `profile`, the worker runs under cProfile into `PATH.worker.prof`."""
+    """With `profile`, the worker runs under cProfile into `PATH.worker.prof`, and each later
+    run's CLI into `PATH.later-<files>-<round>.prof`."""
     compile_client()
     env = prepare(bench_url, scratch)
     count = max(1, int(files * changed))
@@ -108,8 +109,17 @@ def run_scale(
         ]
         for n in range(rounds):
             for tree in trees if n % 2 == 0 else trees[::-1]:
+                cli_profile = None
+                if profile is not None:
+                    cli_profile = profile.with_suffix(f".later-{tree.files}-{n + 1}.prof")
                 later_run(
-                    url, sampler, tree, count, seed=100 + n, worker_log=scratch / "worker.log"
+                    url,
+                    sampler,
+                    tree,
+                    count,
+                    seed=100 + n,
+                    worker_log=scratch / "worker.log",
+                    profile=cli_profile,
                 )
                 unchanged_run(url, sampler, tree)
                 log(
@@ -156,13 +166,19 @@ def first_run(
 
 
 def later_run(
-    url: str, sampler: RssSampler, tree: Tree, count: int, seed: int, worker_log: Path
+    url: str,
+    sampler: RssSampler,
+    tree: Tree,
+    count: int,
+    seed: int,
+    worker_log: Path,
+    profile: Path | None = None,
 ) -> None:
     for path in random.Random(seed).sample(tree.paths, count):
         with path.open("ab") as handle:
             handle.write(b"changed\n")
     started = time.perf_counter()
-    later = run_cli(url, tree.world, tree.work, sampler, None)
+    later = run_cli(url, tree.world, tree.work, sampler, profile)
     wait_materialized(tree.world.workspace_id, later.head())
     tree.later.append(time.perf_counter() - started)
     before = later.at("started:")
