@@ -52,11 +52,12 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def make_tree(root: Path, files: int, seed: int) -> list[Path]:
+def make_tree(root: Path, files: int, seed: int, tops: int = 200) -> list[Path]:
+    """`files` files of 100 B to 16 KiB in `tops` x 7 directories."""
     rnd = random.Random(seed)
     paths = []
     for i in range(files):
-        directory = root / f"d{i % 200:03d}" / f"e{i % 7}"
+        directory = root / f"d{i % tops:03d}" / f"e{i % 7}"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"f{i:06d}.txt"
         path.write_bytes(rnd.randbytes(rnd.randint(100, 16_000)))

@@ -1,16 +1,20 @@
-"""A later run's cost as the workspace grows: the same change on a tree and on one four times
+"""A later run's cost as the workspace grows: the same change on a tree and on two four times
 its size, with `paperclip-agent watch` running, in the same run.
 
 Run with `.venv/bin/python bench/snapshots.py --scale` (`make bench` runs it after the other
 snapshot benches). Not part of the test suite.
 
 The production HTTP server, a real `manage.py run_worker` and the real `paperclip-agent` CLI,
-as in bench/snapshots.py. Two trees of bench/copyback.py's shape (sizes 100 B to 16 KiB in
-200 x 7 directories): --files files and four times as many, so the larger tree's directories
-hold four times as many entries. Each tree gets its own company and workspace, a watcher
-started before anything else, and a first run (untimed: it publishes the head and gives the
-watcher's first token). Then each of --rounds rounds (at least 3), for each tree in turn (the
-small one first in even rounds, last in odd ones):
+as in bench/snapshots.py. Three trees of bench/copyback.py's shape (sizes 100 B to 16 KiB in
+200 x 7 directories): --files files, and four times as many in two shapes: **wider**, in the
+same directories, each holding four times as many entries, and **deeper**, in four times as
+many directories (800 x 7), each holding as many entries as the small tree's. A change costs
+what the directories it touches hold (each is one blob, read, hashed, uploaded, compared and
+written back whole, as a git tree object is), so the wider tree measures that too, and the
+deeper one what grows with the workspace alone. Each tree gets its own company and
+workspace, a watcher started before anything else, and a first run (untimed: it publishes the
+head and gives the watcher's first token). Then each of --rounds rounds (at least 3), for each
+tree in turn (the small one first in even rounds, last in odd ones):
 
 1. a later run: the same number of files in each tree (--changed of --files: 500 for 50,000)
    get 8 bytes appended, then `paperclip-agent run -- true`, timed from the CLI's start until
@@ -18,7 +22,7 @@ small one first in even rounds, last in odd ones):
 2. a run that changed nothing: the CLI's whole time, before and after its command (`true`),
    and the same split for the later run (its command starts at its `started:` line).
 
-Targets (medians over the rounds): the larger tree's later run, end to end, at most 1.5x the
+Targets (medians over the rounds): each larger tree's later run, end to end, at most 1.5x the
 smaller tree's; a run that changed nothing under 0.3 s of CLI time on each tree. Each tree's
 `cwd` is compared with its workdir at the end.
 """
@@ -58,6 +62,7 @@ from bench.snapshot_runs import (  # noqa: E402
 )
 
 SCALE: Final = 4
+TOPS: Final = 200  # top-level directories of the small tree and the wider one, 7 below each
 MIN_ROUNDS: Final = 3
 TARGET_GROWTH: Final = 1.5
 TARGET_UNCHANGED: Final = 0.3  # seconds of CLI time
@@ -68,6 +73,7 @@ class Tree:
     """One tree, its workspace, and its runs' figures (seconds)."""
 
     files: int
+    shape: str  # "", "wider" or "deeper"
     work: Path
     world: World
     paths: list[Path]
@@ -78,6 +84,15 @@ class Tree:
     unchanged_before: list[float] = field(default_factory=list)
     scans: list[str] = field(default_factory=list)  # the later runs' watcher / full scan lines
     jobs: list[str] = field(default_factory=list)  # the later runs' worker job times
+
+    @property
+    def name(self) -> str:
+        return f"{self.files}-{self.shape}" if self.shape else str(self.files)
+
+    @property
+    def label(self) -> str:
+        return f"{self.files:,} files" + (f", {self.shape}" if self.shape else "")
+
     unchanged_lines: list[str] = field(default_factory=list)  # when each CLI line came
 
 
@@ -103,15 +118,17 @@ def run_scale(
         serving(server_kind, env, scratch, worker_prefix=worker_prefix) as (url, sampler),
         watching() as watchers,
     ):
+        shapes = [(files, "", TOPS), (files * SCALE, "wider", TOPS)]
+        shapes.append((files * SCALE, "deeper", TOPS * SCALE))
         trees = [
-            first_run(url, sampler, scratch, n, size, watchers)
-            for n, size in enumerate((files, files * SCALE))
+            first_run(url, sampler, scratch, n, size, watchers, shape=shape, tops=tops)
+            for n, (size, shape, tops) in enumerate(shapes)
         ]
         for n in range(rounds):
             for tree in trees if n % 2 == 0 else trees[::-1]:
                 cli_profile = None
                 if profile is not None:
-                    cli_profile = profile.with_suffix(f".later-{tree.files}-{n + 1}.prof")
+                    cli_profile = profile.with_suffix(f".later-{tree.name}-{n + 1}.prof")
                 later_run(
                     url,
                     sampler,
@@ -123,7 +140,7 @@ def run_scale(
                 )
                 unchanged_run(url, sampler, tree)
                 log(
-                    f"  round {n + 1}, {tree.files:,} files: later run ({count:,} files changed)"
+                    f"  round {n + 1}, {tree.label}: later run ({count:,} files changed)"
                     f" end to end {tree.later[-1]:.2f} s (CLI before its command"
                     f" {tree.later_before[-1]:.2f} s, after it {tree.later_after[-1]:.2f} s;"
                     f" {tree.scans[-1]}; {tree.jobs[-1]}); a run that changed nothing: CLI"
@@ -150,19 +167,20 @@ def watching() -> Iterator[list[subprocess.Popen[str]]]:
 
 def first_run(
     url: str, sampler: RssSampler, scratch: Path, n: int, files: int,
-    watchers: list[subprocess.Popen[str]],
+    watchers: list[subprocess.Popen[str]], *, shape: str, tops: int,
 ) -> Tree:  # fmt: skip
-    work = scratch / f"work-{files}"
-    log(f"writing {files:,} files in {work} ...")
-    paths = make_tree(work, files, seed=1)
+    name = f"{files}-{shape}" if shape else str(files)
+    work = scratch / f"work-{name}"
+    log(f"writing {files:,} files in {tops} x 7 directories in {work} ...")
+    paths = make_tree(work, files, seed=1, tops=tops)
     log(f"  {sum(p.stat().st_size for p in paths) / MB:.0f} MiB")
-    world = make_world(n, scratch / f"cwd-{files}")
+    world = make_world(n, scratch / f"cwd-{name}")
     watchers.append(start_watcher(work))
     started = time.perf_counter()
     first = run_cli(url, world, work, sampler, None)
     wait_materialized(world.workspace_id, first.head())
     log(f"  first run (untimed here): {time.perf_counter() - started:.2f} s end to end")
-    return Tree(files, work, world, paths)
+    return Tree(files, shape, work, world, paths)
 
 
 def later_run(
@@ -206,30 +224,34 @@ def report(trees: list[Tree], count: int, rounds: int) -> int:
     log(f"{rounds} rounds, medians; the same {count:,} files changed in each tree")
     for tree in trees:
         log(
-            f"{tree.files:>9,} files: later run end to end {med(tree.later):.2f} s (CLI before"
+            f"{tree.label:>22}: later run end to end {med(tree.later):.2f} s (CLI before"
             f" its command {med(tree.later_before):.2f} s, after it"
             f" {med(tree.later_after):.2f} s); a run that changed nothing: CLI"
             f" {med(tree.unchanged):.2f} s (before its command {med(tree.unchanged_before):.2f} s)"
         )
-    small, large = trees
-    growth = med(large.later) / med(small.later)
-    after_growth = med(large.later_after) / med(small.later_after)
-    log(f"the CLI's time after the command grew {after_growth:.2f}x")
+    small, *larger = trees
+    for large in larger:
+        after_growth = med(large.later_after) / med(small.later_after)
+        log(f"the CLI's time after the command grew {after_growth:.2f}x ({large.shape})")
     full_scans = [s for t in trees for s in t.scans if not s.startswith("watcher:")]
     if full_scans:
         log(f"NOTE: {len(full_scans)} later run(s) scanned in full: {full_scans[0]}")
     log("")
     checks = [
-        (
-            growth <= TARGET_GROWTH,
-            f"later run on {large.files:,} files vs {small.files:,} files, the same"
-            f" {count:,} files changed, watcher running: {med(large.later):.2f} s against"
-            f" {med(small.later):.2f} s, ratio {growth:.2f} (<= {TARGET_GROWTH})",
+        *(
+            (
+                med(large.later) / med(small.later) <= TARGET_GROWTH,
+                f"later run on {large.label} vs {small.label}, the same {count:,} files"
+                f" changed, watcher running: {med(large.later):.2f} s against"
+                f" {med(small.later):.2f} s, ratio {med(large.later) / med(small.later):.2f}"
+                f" (<= {TARGET_GROWTH})",
+            )
+            for large in larger
         ),
         *(
             (
                 med(tree.unchanged) < TARGET_UNCHANGED,
-                f"a run that changed nothing on {tree.files:,} files: CLI"
+                f"a run that changed nothing on {tree.label}: CLI"
                 f" {med(tree.unchanged):.2f} s (< {TARGET_UNCHANGED})",
             )
             for tree in trees

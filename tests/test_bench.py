@@ -135,19 +135,20 @@ def test_snapshots_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_snapshots_scale_bench_runs_to_the_end_and_cleans_up(tmp_path: Path) -> None:
-    """bench/snapshots.py --scale runs both trees with their watchers and stops every process."""
+    """bench/snapshots.py --scale runs its three trees with their watchers and stops every
+    process."""
     name = f"paperclip_bench_scale_smoke_{os.getpid()}"
     done = run_bench(
         "bench/snapshots.py",
         ["--scale", "--quick", "--files", "100", "--dir", str(tmp_path)],
         {"PAPERCLIP_BENCH_SNAPSHOTS_DB": name},
     )
-    for files in ("100", "400"):
+    for tree in ("100 files", "400 files, wider", "400 files, deeper"):
         for n in (1, 2, 3):  # at least three rounds, whatever --rounds says
-            assert f"round {n}, {files} files: later run (1 files changed)" in done.stdout
-    assert "later run on 400 files vs 100 files, the same 1 files changed" in done.stdout
-    assert "a run that changed nothing on 100 files: CLI" in done.stdout
-    assert "a run that changed nothing on 400 files: CLI" in done.stdout
+            assert f"round {n}, {tree}: later run (1 files changed)" in done.stdout
+        assert f"a run that changed nothing on {tree}: CLI" in done.stdout
+    for shape in ("wider", "deeper"):
+        assert f"later run on 400 files, {shape} vs 100 files, the same 1 files" in done.stdout
     assert "scanned in full" not in done.stdout  # the watcher answered every later run
     assert_dropped(name)
     assert list(tmp_path.iterdir()) == []
