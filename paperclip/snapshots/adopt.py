@@ -17,9 +17,9 @@ from paperclip.db.locking import require_transaction
 from paperclip.models import ExecutionWorkspace
 from paperclip.snapshots.counts import counts_of, tree_counts_record
 from paperclip.snapshots.diff import ChangeCounts
+from paperclip.snapshots.dirfd import DIR_FLAGS, READ_FLAGS
 from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.history import SYSTEM_ACTOR, head_move_record_in_tx
-from paperclip.snapshots.materialize import DIR_FLAGS, READ_FLAGS
 from paperclip.snapshots.store.uploads import cas_put, cas_store_blobs
 from paperclip.snapshots.trees import RESERVED_ROOT_NAMES, Entry, TreeInvalid, build, check_symlinks
 from paperclip.worker.jobs import job_defer_in_tx

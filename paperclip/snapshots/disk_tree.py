@@ -8,7 +8,8 @@ import hashlib
 import os
 import stat
 
-from paperclip.snapshots.materialize import CHUNK_BYTES, DIR_FLAGS, READ_FLAGS
+from paperclip.snapshots.dirfd import DIR_FLAGS, READ_FLAGS
+from paperclip.snapshots.materialize import CHUNK_BYTES
 from paperclip.snapshots.trees import (
     MAX_DEPTH,
     MAX_SYMLINK_TARGET_BYTES,

@@ -30,14 +30,19 @@ import errno
 import hashlib
 import io
 import os
-import re
-import secrets
 import stat
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, BinaryIO, Final
 
+from paperclip.snapshots.dirfd import (
+    READ_FLAGS,
+    is_temp_name,
+    lstat_at,
+    open_dir,
+    temp_name,
+)
 from paperclip.snapshots.trees import (
     MAX_MODE,
     Entry,
@@ -46,16 +51,11 @@ from paperclip.snapshots.trees import (
     check_symlinks,
     join_path,
     name_problem,
+    names_problem,
 )
 
 CHUNK_BYTES: Final = 1 << 20
-TEMP_MARK: Final = ".pcl-tmp-"
-_TEMP_NAME = re.compile(r"\..*\.pcl-tmp-[0-9a-f]{16}", re.DOTALL)
-_TEMP_OVERHEAD: Final = len(".") + len(TEMP_MARK) + 16
-_NAME_MAX: Final = 255
 _EMPTY_BLOB: Final = blob_name(b"")
-DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE: Final = stat.S_IFREG
 
@@ -115,9 +115,7 @@ def materialize(
     alike = alike or {}
     if alike and previous is None:
         raise ValueError("files held alike by the previous tree need the previous tree")
-    for path in alike:
-        if path and path not in children and (path not in target or target[path].type != "dir"):
-            raise TreeInvalid(path, "not_a_directory")
+    named = {path: _alike_names(target, children, path, raws) for path, raws in alike.items()}
     os.makedirs(destination, exist_ok=True)
     # The destination itself is the caller's configured path and may be a symlink; nothing
     # below it is followed.
@@ -126,6 +124,7 @@ def materialize(
         # One file at a time per process: threads were measured slower (2 cores; the GIL, and
         # creates and renames in one directory serialize on its lock in the kernel anyway).
         work = Materializer(children, previous, open_blob, check, check_every, durable, alike)
+        work.named = named
         work.check()
         if split is not None:
             work.skip = split(work, destination)
@@ -165,6 +164,40 @@ def _children(target: Mapping[str, Entry]) -> dict[str, dict[str, Entry]]:
     return children
 
 
+def _alike_names(
+    target: Mapping[str, Entry],
+    children: Mapping[str, Mapping[str, Entry]],
+    path: str,
+    alike: Sequence[Mapping[str, Any]],
+) -> set[str]:
+    """The names the directory at `path` is to hold, its target entries' and its files held
+    alike, after checking those files (TreeInvalid before anything is touched): in a
+    directory of the target, each a name, none twice, each a regular file's mode with no bit
+    above 0o777 (the caller leaves such a file in the target, whose special bits are
+    dropped) and a size."""
+    if path and path not in children and (path not in target or target[path].type != "dir"):
+        raise TreeInvalid(path, "not_a_directory")
+    try:
+        names = [raw["name"] for raw in alike]
+        modes = [raw["mode"] for raw in alike]
+        sizes = [raw["size"] for raw in alike]
+    except (KeyError, TypeError):
+        raise TreeInvalid(path, "bad_fields") from None
+    if (problem := names_problem(names)) is not None:
+        raise TreeInvalid(join_path(path, names[problem[0]]), problem[1])
+    wanted = children.get(path, {})
+    found = {*wanted, *names}
+    if len(found) != len(wanted) + len(names):
+        raise TreeInvalid(path, "duplicate_name")
+    if names and (
+        not {int}.issuperset(map(type, modes + sizes))  # a bool is not a mode
+        or not 0 <= min(modes) <= max(modes) <= 0o777
+        or min(sizes) < 0
+    ):
+        raise TreeInvalid(path, "bad_mode")
+    return found
+
+
 def _check_entry(path: str, entry: Entry) -> None:
     if entry.type == "symlink":
         if not entry.target or "\0" in entry.target or entry.target.startswith("/"):
@@ -176,43 +209,6 @@ def _check_entry(path: str, entry: Entry) -> None:
         raise TreeInvalid(path, "bad_mode")
     if entry.type == "file" and (entry.size < 0 or not entry.blobs()):
         raise TreeInvalid(path, "bad_digest")
-
-
-def lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
-    """`name`'s own status in the open directory `dir_fd` (a link not followed), or None."""
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-def _open_dir(name: str, dir_fd: int) -> int:
-    """A descriptor of the directory `name` (never through a symlink)."""
-    try:
-        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-    except PermissionError:
-        # Not running as root and the directory is not readable (an earlier tree gave it
-        # mode 0o000, say): give its owner rwx through a handle that cannot follow a link.
-        handle = os.open(
-            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-        )
-        try:
-            mode = stat.S_IMODE(os.fstat(handle).st_mode)
-            os.chmod(f"/proc/self/fd/{handle}", mode | 0o700)
-        finally:
-            os.close(handle)
-        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-
-
-def temp_name(name: str) -> str:
-    """The temporary sibling a file or symlink `name` is written to before its rename."""
-    room = _NAME_MAX - _TEMP_OVERHEAD
-    base = name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
-    return f".{base}{TEMP_MARK}{secrets.token_hex(8)}"
-
-
-def is_temp_name(name: str) -> bool:
-    return _TEMP_NAME.fullmatch(name) is not None
 
 
 def _copy(source: BinaryIO, out: int, limit: int, tick: Callable[[], None]) -> int:
@@ -399,9 +395,7 @@ class Materializer:
             digest=raw.get("digest"),
             chunks=tuple(chunks) if chunks is not None else None,
         )
-        if name_problem(entry.name):
-            raise TreeInvalid(path, "bad_name")
-        _check_entry(path, entry)
+        _check_entry(path, entry)  # its name, mode and size were checked with the others
         self.built[path] = entry  # what the previous tree held there, for `same_content`
         return self.file_entry(fd, entry.name, path, entry, found)
 
@@ -436,7 +430,7 @@ class Materializer:
             if found is None or not stat.S_ISDIR(found.st_mode):
                 continue
             mode = stat.S_IMODE(found.st_mode)
-            child = _open_dir(name, fd)
+            child = open_dir(name, fd)
             try:
                 if mode & 0o700 != 0o700:
                     os.fchmod(child, mode | 0o700)
@@ -457,7 +451,7 @@ class Materializer:
         stack: list[tuple[int, str, int, Iterator[str]]] = []  # parent, name, its fd, names
 
         def enter(parent: int, directory: str, mode: int) -> None:
-            child = _open_dir(directory, parent)
+            child = open_dir(directory, parent)
             try:
                 if stat.S_IMODE(mode) & 0o700 != 0o700:
                     os.fchmod(child, 0o700)  # to list it and remove what it holds
@@ -511,7 +505,7 @@ class Materializer:
                 self.unchanged += 1
                 return False
             self.tick()
-            child = _open_dir(name, fd)
+            child = open_dir(name, fd)
             try:
                 os.fchmod(child, entry.mode)
             finally:
@@ -528,7 +522,7 @@ class Materializer:
             os.mkdir(name, 0o700, dir_fd=fd)
             self.directories += 1
             changed = True
-        child = _open_dir(name, fd)
+        child = open_dir(name, fd)
         try:
             mode = stat.S_IMODE(os.fstat(child).st_mode)
             if mode & 0o700 != 0o700:
@@ -562,7 +556,7 @@ class Materializer:
             os.mkdir(name, 0o700, dir_fd=fd)
             self.directories += 1
             self.made.add(path)
-        child = _open_dir(name, fd)
+        child = open_dir(name, fd)
         try:
             mode = stat.S_IMODE(os.fstat(child).st_mode)
             if mode & 0o700 != 0o700:
@@ -684,16 +678,3 @@ class Materializer:
         os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
         self.symlinks += 1
         return True
-
-
-def open_below(fd: int, path: str) -> int:
-    """A descriptor of the directory `path` below the open directory `fd`, each component
-    opened without following a link (a new descriptor of `fd` itself for "")."""
-    current = os.dup(fd)
-    for name in path.split("/") if path else ():
-        try:
-            inner = _open_dir(name, current)
-        finally:
-            os.close(current)
-        current = inner
-    return current

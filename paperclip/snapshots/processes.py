@@ -21,12 +21,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, BinaryIO
 
-from paperclip.snapshots.materialize import (
-    Materializer,
-    MaterializeReport,
-    lstat_at,
-    open_below,
-)
+from paperclip.snapshots.dirfd import lstat_at, open_below
+from paperclip.snapshots.materialize import Materializer, MaterializeReport
 from paperclip.snapshots.trees import Entry, join_path
 
 logger = logging.getLogger(__name__)

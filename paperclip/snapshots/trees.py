@@ -129,6 +129,26 @@ def name_problem(name: object) -> str | None:
     return None
 
 
+def names_problem(names: list[Any]) -> tuple[int, str] | None:
+    """The first of `names` that cannot name an entry (its index and `name_problem`'s reason),
+    or None. Short plain names, the common case, are checked all at once: joined (not a str:
+    TypeError) and encoded (a lone surrogate), with no `/` and no NUL, none empty, `.` or
+    `..`, and none over a quarter of the limit in characters (4 bytes each at most)."""
+    try:
+        joined = "\0".join(names)
+        joined.encode("utf-8")
+    except (TypeError, UnicodeEncodeError):
+        joined = "/"
+    if (
+        "/" not in joined
+        and joined.count("\0") == len(names) - 1
+        and {"", ".", ".."}.isdisjoint(names)
+        and max(map(len, names), default=0) <= MAX_NAME_BYTES // 4
+    ):
+        return None
+    return next(((i, why) for i, name in enumerate(names) if (why := name_problem(name))), None)
+
+
 def join_path(parent: str, name: str) -> str:
     """The path of `name` inside the directory at `parent` ("" for the root)."""
     return f"{parent}/{name}" if parent else name
@@ -351,16 +371,14 @@ def known_objects(pieces: list[bytes], path: str) -> list[Any]:
 
 def plain_files(raws: list[Any]) -> list[bool]:
     """For each of `raws` (values of `known_objects`): whether it has the shape of a regular
-    file's entry whose mode has no bit above 0o777 (setuid, setgid, sticky), its mode and size
-    integers."""
+    file's entry, its mode (no bit above 0o777: setuid, setgid, sticky) and size integers."""
     digest, chunks = _KEYS["file"]
     return [
         type(raw) is dict
         and (raw.keys() == digest or raw.keys() == chunks)
         and raw["type"] == "file"
-        and type(raw["mode"]) is int
+        and type(raw["mode"]) is int is type(raw["size"])
         and 0 <= raw["mode"] <= 0o777
-        and type(raw["size"]) is int
         for raw in raws
     ]
 

@@ -30,8 +30,8 @@ import pytest
 from django.db.models import Sum
 
 from paperclip.models import CasBlob, ExecutionWorkspace, HeartbeatRun
+from paperclip.snapshots.dirfd import TEMP_MARK
 from paperclip.snapshots.disk_tree import read_tree
-from paperclip.snapshots.materialize import TEMP_MARK
 from paperclip.snapshots.trees import blob_name, build
 from paperclip_client import Client
 from paperclip_client.errors import NotFound

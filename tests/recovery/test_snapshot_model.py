@@ -66,9 +66,9 @@ from paperclip.models import (
     HeartbeatRun,
     NativeRunFinalization,
 )
+from paperclip.snapshots.dirfd import is_temp_name
 from paperclip.snapshots.disk_tree import read_tree
 from paperclip.snapshots.head import tree_entries, workspace_materialize
-from paperclip.snapshots.materialize import is_temp_name
 from paperclip.snapshots.store.reads import cas_load
 from paperclip.snapshots.trees import Entry, build
 from recovery.models import LIVE_STATUSES, IssueRecoveryAction

@@ -20,14 +20,18 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from paperclip.snapshots.dirfd import is_temp_name, temp_name
 from paperclip.snapshots.disk_tree import read_tree
-from paperclip.snapshots.materialize import (
-    MaterializeReport,
-    is_temp_name,
-    materialize,
-    temp_name,
+from paperclip.snapshots.materialize import MaterializeReport, materialize
+from paperclip.snapshots.trees import (
+    Entry,
+    TreeInvalid,
+    blob_name,
+    build,
+    name_problem,
+    names_problem,
+    walk,
 )
-from paperclip.snapshots.trees import Entry, TreeInvalid, blob_name, build, walk
 
 UNTIMED = settings(
     deadline=None,
@@ -833,15 +837,48 @@ def test_files_held_alike_need_the_previous_tree_and_a_directory_of_the_target(
     assert not (tmp_path / "d").exists()
 
 
-def test_a_bad_name_held_alike_is_refused_before_anything_is_written_under_it(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"name": "../escape"}, "bad_name"),
+        ({"name": "lnk/file", "mode": 0o640, "size": 25}, "bad_name"),  # outside/file as is
+        ({"name": ".."}, "bad_name"),
+        ({"name": "a\0b"}, "bad_name"),
+        ({"name": "\udc80"}, "bad_name"),
+        ({"name": "x" * 256}, "bad_name"),
+        ({"name": "c.py"}, "duplicate_name"),
+        ({"mode": 0o4755}, "bad_mode"),
+        ({"mode": True}, "bad_mode"),
+        ({"size": -1}, "bad_mode"),
+    ],
+    ids=[
+        "dotdot",
+        "through-link",
+        "dots",
+        "nul",
+        "surrogate",
+        "long",
+        "twice",
+        "setuid",
+        "bool",
+        "size",
+    ],
+)
+def test_a_file_held_alike_that_is_not_one_is_refused_before_anything_is_touched(
+    tmp_path: Path, change: dict[str, Any], reason: str
 ) -> None:
+    """`alike` is checked as the target is, up front: a bad name (one through a symlink to
+    a file outside of the size and mode it claims included), a name the target holds too, a
+    special mode bit or a negative size is TreeInvalid with nothing written or stat'ed below."""
     store = Store()
     old = make_tree({**BASE, "src/c.py": b"c"}, store)
     new = make_tree({**BASE, "src/c.py": b"cc"}, store)
     dest = tmp_path / "dest"
+    outside = make_outside(tmp_path)
     run(dest, old, None, store)
-    bad = {**old["src/a.py"].as_json(), "name": "../escape"}
+    (dest / "src" / "lnk").symlink_to(outside)
+    before = fingerprint(tmp_path)
+    bad = {**old["src/a.py"].as_json(), "name": "alike.py", **change}
     with pytest.raises(TreeInvalid) as raised:
         materialize(
             destination=str(dest),
@@ -850,6 +887,13 @@ def test_a_bad_name_held_alike_is_refused_before_anything_is_written_under_it(
             open_blob=store.open,
             alike={"src": [bad]},
         )
-    assert raised.value.reason == "bad_name"
-    assert not (dest / "escape").exists()
-    assert not any(name.startswith(".escape") for name in os.listdir(dest))
+    assert raised.value.reason == reason
+    assert fingerprint(tmp_path) == before
+
+
+@given(names=st.lists(st.text(max_size=70) | st.integers() | st.none(), max_size=6))
+def test_names_checked_at_once_as_one_by_one(names: list[Any]) -> None:
+    first = next(
+        ((i, why) for i, name in enumerate(names) if (why := name_problem(name)) is not None), None
+    )
+    assert names_problem(names) == first
