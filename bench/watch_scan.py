@@ -5,9 +5,9 @@ each in a fresh interpreter as the CLI runs it, against an in-process store (no 
 requests are not timed here; bench/snapshots.py times whole runs).
 
     .venv/bin/python bench/watch_scan.py [--files 50000] [--changed 500] [--runs 5]
-        [--max-size 16000] [--dir D]
+        [--max-size 16000] [--tops 200] [--dir D]
 
-The tree is bench/copyback.py's shape (sizes 100 B to 16 KiB in 200 x 7 directories) on
+The tree is bench/copyback.py's shape (sizes 100 B to 16 KiB in --tops x 7 directories) on
 /dev/shm when it has room. For each mode (a full scan with no watcher; the watcher running)
 and each change (none; --changed files get 8 bytes appended), --runs runs alternate; the
 medians are printed with the load average.
@@ -95,11 +95,11 @@ def child(tree: Path, names_file: Path) -> None:
     print(json.dumps({"before": before, "after": after, "line": line, "tree": taken.tree}))
 
 
-def make_tree(root: Path, files: int, max_size: int = 16_000) -> list[Path]:
+def make_tree(root: Path, files: int, max_size: int = 16_000, tops: int = 200) -> list[Path]:
     rnd = random.Random(1)
     paths = []
     for i in range(files):
-        directory = root / f"d{i % 200:03d}" / f"e{i % 7}"
+        directory = root / f"d{i % tops:03d}" / f"e{i % 7}"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"f{i:06d}.txt"
         path.write_bytes(rnd.randbytes(rnd.randint(100, max_size)))
@@ -107,11 +107,12 @@ def make_tree(root: Path, files: int, max_size: int = 16_000) -> list[Path]:
     return paths
 
 
-def one(tree: Path, names: Path) -> dict[str, object]:
+def one(tree: Path, names: Path, profile: Path | None = None) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(CLIENT)}
     started = time.perf_counter()
+    python = [sys.executable, "-m", "cProfile", "-o", str(profile)] if profile else [sys.executable]
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(tree), str(names)],
+        [*python, __file__, "--child", str(tree), str(names)],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     result: dict[str, object] = json.loads(done.stdout)
@@ -152,6 +153,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-size", type=int, default=16_000, help="bytes (default 16000)")
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--tops", type=int, default=200, help="top-level directories (x 7)")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="cProfile the watched runs into PATH.<n>.prof"
+    )
     parser.add_argument("--child", nargs=2, type=Path)
     args = parser.parse_args()
     if args.child:
@@ -170,7 +175,7 @@ def run(scratch: Path, args: argparse.Namespace) -> int:
     # as an installed CLI has it (bench/snapshot_runs.py's compile_client says why).
     compileall.compile_dir(CLIENT / "paperclip_client", quiet=1)
     tree, names = scratch / "tree", scratch / "names.json"
-    paths = make_tree(tree, args.files, args.max_size)
+    paths = make_tree(tree, args.files, args.max_size, args.tops)
     print(f"tree: {args.files} files in {scratch}; first snapshot:", one(tree, names)["after"])
     times: dict[tuple[str, str], list[dict[str, object]]] = {}
     watcher, start_s = start_watcher(tree)
@@ -184,7 +189,13 @@ def run(scratch: Path, args: argparse.Namespace) -> int:
                     if change != "none":
                         seed += 1
                         touch_some(paths, args.changed, seed)
-                    result = one(tree, names) if mode == "watcher" else _no_watcher(tree, names)
+                    profile = None
+                    if args.profile is not None and mode == "watcher" and change != "none":
+                        profile = args.profile.with_suffix(f".{seed}.prof")
+                    if mode == "watcher":
+                        result = one(tree, names, profile)
+                    else:
+                        result = _no_watcher(tree, names)
                     times.setdefault((mode, change), []).append(result)
         print(f"watcher: RSS {rss_kib(watcher.pid)} KiB at the end")
     finally:
