@@ -102,8 +102,8 @@ def materialize(
     `alike` (only with `previous`), by a directory's path: regular files that both trees hold
     alike in that directory of the target, in neither map, as the JSON objects of their
     directory blob (`changes.decode_known_pair`: name, mode without bits above 0o777, size,
-    digest or chunks); each is left alone when `lstat` shows a regular file of its size and
-    mode, else built, its name checked, and written as any entry (never before a check).
+    digest or chunks), checked up front as the target is; each is left alone when `lstat`
+    shows a regular file of its size and mode, else built and written as any entry.
     `open_blob(name)` returns a readable binary stream of a blob (closed here). `check()` is
     called before the first change and then at most every `check_every` seconds of work;
     whatever it raises stops the work and propagates. `durable` fsyncs every written file
@@ -384,8 +384,8 @@ class Materializer:
     def alike_entry(
         self, fd: int, path: str, raw: Mapping[str, Any], found: os.stat_result | None
     ) -> bool:
-        """A file held alike that is not on disk as its `lstat` should show: built as an entry,
-        checked as `_children` checks the target's, and dealt with as any file."""
+        """A file held alike that is not on disk as its `lstat` should show: built as an entry
+        (its name, mode and size checked up front with the others) and dealt with as any file."""
         chunks = raw.get("chunks")
         entry = Entry(
             name=raw["name"],
@@ -395,7 +395,7 @@ class Materializer:
             digest=raw.get("digest"),
             chunks=tuple(chunks) if chunks is not None else None,
         )
-        _check_entry(path, entry)  # its name, mode and size were checked with the others
+        _check_entry(path, entry)
         self.built[path] = entry  # what the previous tree held there, for `same_content`
         return self.file_entry(fd, entry.name, path, entry, found)
 
