@@ -785,18 +785,27 @@ def test_an_extra_directory_deeper_than_the_recursion_limit_is_removed(tmp_path:
             subprocess.run(["rm", "-rf", str(dest / "d")], check=True)
 
 
-def test_files_held_alike_cost_an_lstat_and_are_written_back_when_it_differs(
+def one_file_changed(
     tmp_path: Path,
-) -> None:
-    """Files both trees hold alike, given apart, are left alone while `lstat` shows them as
-    written; one removed, resized, re-moded or replaced by hand beside a changed file is put
-    back, and what the directory holds beyond them is removed."""
+) -> tuple[Store, dict[str, Entry], dict[str, Entry], Path, Path]:
+    """BASE with `src/c.py` (old), the same with `src/c.py` changed (new), a destination
+    holding old, and an outside directory beside it."""
     store = Store()
     old = make_tree({**BASE, "src/c.py": b"c"}, store)
     new = make_tree({**BASE, "src/c.py": b"cc"}, store)
     dest = tmp_path / "dest"
     outside = make_outside(tmp_path)
     run(dest, old, None, store)
+    return store, old, new, dest, outside
+
+
+def test_files_held_alike_cost_an_lstat_and_are_written_back_when_it_differs(
+    tmp_path: Path,
+) -> None:
+    """Files both trees hold alike, given apart, are left alone while `lstat` shows them as
+    written; one removed, resized, re-moded or replaced by hand beside a changed file is put
+    back, and what the directory holds beyond them is removed."""
+    store, old, new, dest, outside = one_file_changed(tmp_path)
     seen = fingerprint(outside)
     untouched = inodes(dest)
     (dest / "src" / "a.py").unlink()
@@ -870,12 +879,7 @@ def test_a_file_held_alike_that_is_not_one_is_refused_before_anything_is_touched
     """`alike` is checked as the target is, up front: a bad name (one through a symlink to
     a file outside of the size and mode it claims included), a name the target holds too, a
     special mode bit or a negative size is TreeInvalid with nothing written or stat'ed below."""
-    store = Store()
-    old = make_tree({**BASE, "src/c.py": b"c"}, store)
-    new = make_tree({**BASE, "src/c.py": b"cc"}, store)
-    dest = tmp_path / "dest"
-    outside = make_outside(tmp_path)
-    run(dest, old, None, store)
+    store, old, new, dest, outside = one_file_changed(tmp_path)
     (dest / "src" / "lnk").symlink_to(outside)
     before = fingerprint(tmp_path)
     bad = {**old["src/a.py"].as_json(), "name": "alike.py", **change}
