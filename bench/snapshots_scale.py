@@ -87,7 +87,7 @@ class Tree:
 
     @property
     def name(self) -> str:
-        return f"{self.files}-{self.shape}" if self.shape else str(self.files)
+        return tree_name(self.files, self.shape)
 
     @property
     def label(self) -> str:
@@ -106,7 +106,7 @@ def run_scale(
     profile: Path | None = None,
 ) -> int:
     """With `profile`, the worker runs under cProfile into `PATH.worker.prof`, and each later
-    run's CLI into `PATH.later-<files>-<round>.prof`."""
+    run's CLI into `PATH.later-<tree>-<round>.prof` (`<tree>`: `tree_name`)."""
     compile_client()
     env = prepare(bench_url, scratch)
     count = max(1, int(files * changed))
@@ -153,6 +153,12 @@ def run_scale(
     return report(trees, count, rounds)
 
 
+def tree_name(files: int, shape: str) -> str:
+    """A tree's name in paths: its size, and its shape when it has one (`50000`,
+    `200000-wider`)."""
+    return f"{files}-{shape}" if shape else str(files)
+
+
 @contextmanager
 def watching() -> Iterator[list[subprocess.Popen[str]]]:
     """The watchers started inside, stopped on leaving."""
@@ -169,7 +175,7 @@ def first_run(
     url: str, sampler: RssSampler, scratch: Path, n: int, files: int,
     watchers: list[subprocess.Popen[str]], *, shape: str, tops: int,
 ) -> Tree:  # fmt: skip
-    name = f"{files}-{shape}" if shape else str(files)
+    name = tree_name(files, shape)
     work = scratch / f"work-{name}"
     log(f"writing {files:,} files in {tops} x 7 directories in {work} ...")
     paths = make_tree(work, files, seed=1, tops=tops)
