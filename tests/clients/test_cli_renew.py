@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.core.wsgi import get_wsgi_application
 
-from paperclip_client import Client, cli
+from paperclip_client import Client, cli, keepers
 from tests.clients.conftest import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +35,8 @@ class Recording(httpx.BaseTransport):
         return self.app.handle_request(request)
 
 
-def test_a_run_renews_both_its_leases_in_one_request(world: World, tmp_path: Path) -> None:
+def run_recorded(world: World, tmp_path: Path, recent: float) -> Recording:
+    """`paperclip-agent run -- sh -c 'echo made > made.txt'` with the runner's `recent`."""
     recording = Recording()
     args = cli.parser().parse_args(
         [
@@ -45,8 +46,15 @@ def test_a_run_renews_both_its_leases_in_one_request(world: World, tmp_path: Pat
         ]
     )  # fmt: skip
     with Client("http://testserver", world.key, transport=recording, retries=0) as client:
-        code = cli.Runner(client, args, list(args.command[1:])).run()
+        runner = cli.Runner(client, args, list(args.command[1:]))
+        runner.recent = recent
+        code = runner.run()
     assert code == cli.EXIT_NOT_COMMITTED  # (finalize refused above)
+    return recording
+
+
+def test_a_run_renews_both_its_leases_in_one_request(world: World, tmp_path: Path) -> None:
+    recording = run_recorded(world, tmp_path, recent=0.0)  # a renew before each write
     batches = [body for path, body in recording.posts if path == "/api/leases/renew"]
     assert batches, [path for path, _ in recording.posts]
     for body in batches:
@@ -58,3 +66,16 @@ def test_a_run_renews_both_its_leases_in_one_request(world: World, tmp_path: Pat
         if path.endswith("/controller-lease") and isinstance(body, dict) and body.get("lease_owner")
     ]
     assert controller_renews == []  # only the acquire went to the single endpoint
+
+
+def test_a_quick_run_writes_without_renewing_first(world: World, tmp_path: Path) -> None:
+    """Its writes (the operations, the snapshot, the result) each come within `recent` of the
+    claim: none waits on a renew (the server fences each write). The CLI's own window is
+    `RECENT_RENEW_SECONDS`; 25 s here (under the cap of a tenth of the default 300 s TTL), so
+    that a slow machine cannot make this run renew. tests/clients/test_keepers.py shows a
+    write past the window renewing first."""
+    assert keepers.RECENT_RENEW_SECONDS < 25.0
+    recording = run_recorded(world, tmp_path, recent=25.0)
+    paths = [path for path, _body in recording.posts]
+    assert "/api/leases/renew" not in paths, paths
+    assert any(path.endswith("/results") for path in paths)

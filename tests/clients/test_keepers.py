@@ -227,3 +227,53 @@ def test_keepers_renewed_together_renew_both_leases_in_one_request(
             runtime.ensure_held()
             assert switch.paths == [f"/api/execution-workspaces/{ws}/runtime-lease/claim"]
     assert lost.reasons
+
+
+def test_a_write_soon_after_a_renew_does_not_renew_again(
+    api: Client, switch: Switch, world: World, tmp_path: Path
+) -> None:
+    now = [1000.0]
+    ws = str(world.workspace.pk)
+    run_id = new_run(api, world, tmp_path)
+    keeper = RuntimeLeaseKeeper(api, ws, run_id=run_id, ttl_seconds=60, clock=lambda: now[0])
+    with keeper:
+        switch.paths.clear()
+        now[0] += 1.9
+        keeper.ensure_held(recent=2.0)  # the claim, sent 1.9 s ago, vouches for the lease
+        keeper.operation(phase="start", status="running", recent=2.0)
+        assert switch.paths == [f"/api/execution-workspaces/{ws}/operations"]
+        now[0] += 0.2  # 2.1 s since the claim: renewed first
+        switch.paths.clear()
+        keeper.ensure_held(recent=2.0)
+        keeper.ensure_held(recent=2.0)  # ...and that renew vouches for the next
+        assert switch.paths == [f"/api/execution-workspaces/{ws}/runtime-lease/claim"]
+        # At most a tenth of the TTL: with 60 s, `recent` beyond 6 s is 6 s.
+        now[0] += 6.5
+        switch.paths.clear()
+        keeper.ensure_held(recent=600.0)
+        assert len(switch.paths) == 1
+        # Without `recent`, a renew every time (as before).
+        switch.paths.clear()
+        keeper.ensure_held()
+        assert len(switch.paths) == 1
+
+
+def test_a_lease_lost_within_the_recent_window_is_refused_by_the_write_itself(
+    api: Client, switch: Switch, world: World, tmp_path: Path
+) -> None:
+    """The window skips a renew, never the server's fence: a lease taken over a moment after
+    the keeper's renew refuses the fenced write, and the keeper is lost, writing nothing."""
+    ws = str(world.workspace.pk)
+    mine, theirs = new_run(api, world, tmp_path), new_run(api, world, tmp_path)
+    lost = Lost()
+    with RuntimeLeaseKeeper(api, ws, run_id=mine, ttl_seconds=600, on_lost=lost) as keeper:
+        expire(world.workspace)
+        assert api.runtime_lease_claim(ws, run_id=theirs).outcome == "reclaimed"
+        switch.paths.clear()
+        with pytest.raises(LeaseLost, match="workspace_runtime_lease_superseded"):
+            keeper.operation(phase="start", status="running", recent=60.0)
+        assert switch.paths == [f"/api/execution-workspaces/{ws}/operations"]  # no renew first
+        assert keeper.lost
+        assert lost.reasons
+    row = WorkspaceRuntimeLease.objects.get(execution_workspace_id=ws)
+    assert row.owner_key == f"run:{theirs}"

@@ -18,6 +18,13 @@ only its keeper lost). `paperclip-agent` holds its runtime and controller leases
 A lost keeper never writes again: `ensure_held()` raises `LeaseLost`. Callers that write
 (fenced operations, checkpoints, results) call `ensure_held()` first: it renews now, so a
 process that was paused for a long time learns it lost the lease before it writes anything.
+A write a moment after a renew need not wait for another: `ensure_held(recent=S)` skips the
+request when a grant sent less than S seconds ago (at most a tenth of its TTL) was confirmed.
+The lease cannot have expired since, and the server fences each write all the same (its
+generation and fence; a run that ended is refused), so a pause longer than S still renews
+first, and a lease lost by other means within S is refused by the write itself.
+`paperclip-agent run` writes this way (`RECENT_RENEW_SECONDS`): its steps after the command
+(the operation, the snapshot, the result) come within a second of each other.
 """
 
 from __future__ import annotations
@@ -45,6 +52,10 @@ if TYPE_CHECKING:
     from paperclip_client.models import ControllerLease, LeaseClaim, LeaseRenewal, RuntimeLease
 else:  # imported at the first answer read, not at the CLI's start (_lazy.py says why)
     models = LazyModule("paperclip_client.models")
+
+
+# How recent a confirmed renew makes another before a write unneeded (`ensure_held(recent=)`).
+RECENT_RENEW_SECONDS = 2.0
 
 
 class LeaseLost(PaperclipError):
@@ -162,12 +173,17 @@ class _Keeper:
         """Renew now, from the background thread (e.g. after SIGCONT)."""
         self._wake.set()
 
-    def ensure_held(self) -> None:
+    def ensure_held(self, *, recent: float = 0.0) -> None:
         """Renew now, synchronously; raise LeaseLost if the lease is (or turns out) lost.
-        A renew that fails without an answer still counts while the local deadline holds."""
+        A renew that fails without an answer still counts while the local deadline holds.
+        With `recent`, no request when the last grant confirmed was sent less than `recent`
+        seconds ago (and less than a tenth of its TTL): see the module's docstring."""
         with self._lock:
             if self.lost:
                 raise LeaseLost(self.lost_reason or "lost")
+            age = self._clock() - self._confirmed_at
+            if self._thread is not None and 0 <= age < min(recent, self._granted_ttl / 10):
+                return
             self._renew_once()
             if self.lost:
                 raise LeaseLost(self.lost_reason or "lost")
@@ -400,10 +416,12 @@ class RuntimeLeaseKeeper(_Keeper):
         status: str,
         command: str | None = None,
         exit_code: int | None = None,
+        recent: float = 0.0,
     ) -> None:
-        """Record a fenced workspace operation at the current generation (after a renew).
-        A refusal marks the keeper lost and raises LeaseLost."""
-        self.ensure_held()
+        """Record a fenced workspace operation at the current generation (after a renew, or
+        one confirmed within `recent` seconds: `ensure_held`). A refusal marks the keeper lost
+        and raises LeaseLost."""
+        self.ensure_held(recent=recent)
         try:
             self.client.workspace_operation_create(
                 self.workspace_id,

@@ -14,7 +14,7 @@ from paperclip_client.errors import (
     ServerUnreachable,
     SnapshotBlobsMissing,
 )
-from paperclip_client.keepers import LeaseLost, RuntimeLeaseKeeper
+from paperclip_client.keepers import RECENT_RENEW_SECONDS, LeaseLost, RuntimeLeaseKeeper
 from paperclip_client.workdir import (
     ClientStore,
     SnapshotResult,
@@ -56,9 +56,12 @@ def snapshot_register(
     workspace: str,
     base: str | None,
     transfers: int,
+    recent: float = RECENT_RENEW_SECONDS,
 ) -> SnapshotResult:
     """Snapshot the workdir, upload what the server lacks, register it (fenced) as started from
-    the head `base`; the index is written only once the server holds the snapshot."""
+    the head `base`, after a renew unless one was confirmed within `recent` seconds
+    (`RuntimeLeaseKeeper.ensure_held`); the index is written only once the server holds the
+    snapshot."""
     trust: tuple[str, str] | None = (client.base_url, workspace)
     while True:
         taken = snapshot(
@@ -69,7 +72,7 @@ def snapshot_register(
             threads=transfers,
             trust_index=trust,
         )
-        runtime.ensure_held()
+        runtime.ensure_held(recent=recent)
         try:
             client.snapshot_register(
                 run_id,

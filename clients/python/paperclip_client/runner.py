@@ -46,7 +46,12 @@ from paperclip_client.errors import (
     WorkdirError,
     WorkspaceRuntimeLeaseConflict,
 )
-from paperclip_client.keepers import ControllerLeaseKeeper, LeaseLost, RuntimeLeaseKeeper
+from paperclip_client.keepers import (
+    RECENT_RENEW_SECONDS,
+    ControllerLeaseKeeper,
+    LeaseLost,
+    RuntimeLeaseKeeper,
+)
 
 if TYPE_CHECKING:  # imported where a session directory is given (issue #42: the CLI's start)
     from paperclip_client.session import SessionCheckpointer
@@ -76,6 +81,8 @@ class Runner:
         self.session_id: str | None = None
         self.result_posted = False
         self.base: str | None = None  # the workspace head the checkout started from
+        # A write within this many seconds of a confirmed renew is not preceded by another.
+        self.recent = RECENT_RENEW_SECONDS
 
     def on_lost(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -328,7 +335,9 @@ class Runner:
             )
 
         command_text = shlex.join(self.command)
-        runtime.operation(phase="start", status="running", command=command_text[:20000])
+        runtime.operation(
+            phase="start", status="running", command=command_text[:20000], recent=self.recent
+        )
         child = self._spawn(workdir)
         say(f"started: pid {child.pid} in {workdir}: {command_text}")
         forward = self._forward_signals()
@@ -356,12 +365,13 @@ class Runner:
                 workspace=self.args.workspace,
                 base=self.base,
                 transfers=self.args.transfers,
+                recent=self.recent,
             ),
             runtime,
         )
 
         def post() -> None:
-            runtime.ensure_held()
+            runtime.ensure_held(recent=self.recent)
             self.client.result_post(
                 run_id,
                 result={"summary": summary, "exit_code": code, "command": command_text[:20000]},
@@ -431,6 +441,7 @@ class Runner:
                     status="succeeded" if code == 0 else "failed",
                     command=command_text[:20000],
                     exit_code=code,
+                    recent=self.recent,
                 ),
                 runtime,
             )
