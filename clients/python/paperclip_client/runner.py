@@ -53,7 +53,8 @@ from paperclip_client.keepers import (
     RuntimeLeaseKeeper,
 )
 
-if TYPE_CHECKING:  # imported where a session directory is given (issue #42: the CLI's start)
+if TYPE_CHECKING:  # imported where needed, not at the start (issue #42: the CLI's start)
+    from paperclip_client.run_workspace import StateRecording
     from paperclip_client.session import SessionCheckpointer
 
 T = TypeVar("T")
@@ -83,6 +84,9 @@ class Runner:
         self.base: str | None = None  # the workspace head the checkout started from
         # A write within this many seconds of a confirmed renew is not preceded by another.
         self.recent = RECENT_RENEW_SECONDS
+        # The workdir's state being recorded for the registered snapshot, while the result
+        # and the finalization go on: waited for before `run` returns.
+        self.recording: StateRecording | None = None
 
     def on_lost(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -101,9 +105,16 @@ class Runner:
         threading.Thread(target=_load_workdir_modules, name="imports", daemon=True).start()
         workdir = Path(self.args.workdir or os.getcwd()).resolve()
         try:
+            return self._guarded(me.agent_id, workdir)
+        finally:
+            if self.recording is not None:
+                self.recording.wait()
+
+    def _guarded(self, agent_id: str | None, workdir: Path) -> int:
+        try:
             workdir.mkdir(parents=True, exist_ok=True)
             self._resume()
-            return self._run(me.agent_id, workdir)
+            return self._run(agent_id, workdir)
         except LeaseLost as exc:
             return self._lost(str(exc))
         except KeyboardInterrupt:
@@ -320,7 +331,7 @@ class Runner:
     ) -> int:
         # The workdir's modules (scan, upload, checkout: pathspec, thread pools), loaded after
         # the CLI's first request (`_load_workdir_modules`), not before it (issue #42).
-        from paperclip_client.run_workspace import published, snapshot_register
+        from paperclip_client.run_workspace import StateRecording, published, register_snapshot
 
         args = self.args
         self._checkout(workdir)
@@ -357,7 +368,7 @@ class Runner:
         summary = b"".join(self.tail).decode("utf-8", "replace")
         taken = self._patient(
             "snapshot",
-            lambda: snapshot_register(
+            lambda: register_snapshot(
                 self.client,
                 run_id,
                 runtime,
@@ -368,6 +379,9 @@ class Runner:
                 recent=self.recent,
             ),
             runtime,
+        )
+        self.recording = StateRecording(
+            workdir, taken, server=self.client.base_url, workspace=self.args.workspace
         )
 
         def post() -> None:

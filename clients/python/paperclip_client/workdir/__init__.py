@@ -80,7 +80,13 @@ from paperclip_client.workdir.transfer import (
     Store,
     run_parallel,
 )
-from paperclip_client.workdir.uploading import SnapshotResult, commit_snapshot, snapshot, upload
+from paperclip_client.workdir.uploading import (
+    SnapshotResult,
+    commit_snapshot,
+    drop_state,
+    snapshot,
+    upload,
+)
 from paperclip_client.workdir.writer import TMP_PREFIX
 
 __all__ = [
@@ -116,6 +122,7 @@ __all__ = [
     "build",
     "checkout",
     "commit_snapshot",
+    "drop_state",
     "hash_fd",
     "iter_names",
     "load_ignore",

@@ -4,6 +4,7 @@ from the files, large blobs by `PUT`), and record it in the index once it is reg
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -16,6 +17,7 @@ from paperclip_client.workdir import watch_state
 from paperclip_client.workdir.errors import WorkdirChanged
 from paperclip_client.workdir.index import (
     DIRS,
+    INDEX,
     Index,
     Rows,
     fs_now,
@@ -235,6 +237,16 @@ def _known(
     if found.vouched is not None:  # a partial scan: taken only with the index trusted
         return found.vouched
     return stored_by_index(workdir, index, server=server, workspace=workspace)
+
+
+def drop_state(workdir: Path) -> None:
+    """The watcher's token and the index removed (in that order, as `commit_snapshot` replaces
+    them): the workdir then records no tree, and the next snapshot or checkout reads every
+    file. After a `commit_snapshot` that failed part way, which may leave an index of the
+    tree before."""
+    watch_state.drop_state(workdir)
+    with contextlib.suppress(FileNotFoundError):
+        (state_path(workdir) / INDEX).unlink()
 
 
 def commit_snapshot(workdir: Path, result: SnapshotResult, *, server: str, workspace: str) -> None:
