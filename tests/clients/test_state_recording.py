@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from paperclip_client import Client, cli
+from paperclip_client import Client, cli, run_workspace
 from paperclip_client.workdir import INDEX, STATE_DIR, load_index, uploading
 from tests.clients.conftest import World
 from tests.clients.test_cli_renew import Recording
@@ -88,3 +88,24 @@ def test_a_state_the_filesystem_refuses_is_dropped_with_a_warning(
     err = capsys.readouterr().err
     assert "could not record the workdir's state ([Errno 28] No space left on device)" in err
     assert not (work / STATE_DIR / INDEX).exists()  # no index of the tree before
+
+
+def test_an_index_that_cannot_be_removed_either_is_named(
+    world: World,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def refused(*_args: object, **_kwargs: object) -> str:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(uploading, "save_state", refused)
+    monkeypatch.setattr(run_workspace, "drop_state", refused)
+    assert run(world, tmp_path / "work", Recording()) == cli.EXIT_NOT_COMMITTED
+    err = capsys.readouterr().err
+    assert (
+        "could not record the workdir's state ([Errno 30] Read-only file system); the run's work"
+        " is on the server; its index, of the tree before, could not be removed either ([Errno"
+        " 30] Read-only file system): the next run's checkout compares the workdir with that"
+        " tree"
+    ) in " ".join(err.split())

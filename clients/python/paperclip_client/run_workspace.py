@@ -153,13 +153,17 @@ class StateRecording:
             return
         try:
             drop_state(self.workdir)
+            after = "the next run reads every file of the workdir"
         except OSError as exc:
-            warn(f"could not remove the workdir's index either ({exc})")
+            after = (
+                f"its index, of the tree before, could not be removed either ({exc}): the next"
+                " run's checkout compares the workdir with that tree"
+            )
         if not isinstance(self.error, OSError):
             raise self.error
         warn(
             f"could not record the workdir's state ({self.error}); the run's work is on the"
-            " server, and the next run reads every file of the workdir"
+            f" server; {after}"
         )
 
 
