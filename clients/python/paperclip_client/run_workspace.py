@@ -58,30 +58,14 @@ def snapshot_register(
     workspace: str,
     base: str | None,
     transfers: int,
-) -> SnapshotResult:
-    """Snapshot the workdir, upload what the server lacks, register it (fenced) as started from
-    the head `base`; the index is written only once the server holds the snapshot."""
-    taken = register_snapshot(
-        client, run_id, runtime, workdir, workspace=workspace, base=base, transfers=transfers
-    )
-    commit_snapshot(workdir, taken, server=client.base_url, workspace=workspace)
-    return taken
-
-
-def register_snapshot(
-    client: Client,
-    run_id: str,
-    runtime: RuntimeLeaseKeeper,
-    workdir: Path,
-    *,
-    workspace: str,
-    base: str | None,
-    transfers: int,
+    record_state: bool = True,
     recent: float = 0.0,
 ) -> SnapshotResult:
-    """`snapshot_register` without recording the workdir's state (the caller does, once this
-    returns: `commit_snapshot` or a `StateRecording`), its renew skipped when one was confirmed
-    within `recent` seconds (`RuntimeLeaseKeeper.ensure_held`)."""
+    """Snapshot the workdir, upload what the server lacks, register it (fenced) as started from
+    the head `base`; the index is written only once the server holds the snapshot, here, or
+    by the caller with `record_state=False` (`commit_snapshot`, or a `StateRecording`). The
+    renew before the registration is skipped when one was confirmed within `recent` seconds
+    (`RuntimeLeaseKeeper.ensure_held`)."""
     trust: tuple[str, str] | None = (client.base_url, workspace)
     while True:
         taken = snapshot(
@@ -113,6 +97,8 @@ def register_snapshot(
                 runtime.mark_lost(f"the snapshot was refused: {exc.code}")
                 raise LeaseLost(runtime.lost_reason or exc.code) from exc
             raise
+    if record_state:
+        commit_snapshot(workdir, taken, server=client.base_url, workspace=workspace)
     say(
         f"snapshot: {taken.tree} {taken.files} files, {taken.bytes} bytes,"
         f" {taken.uploaded} bytes uploaded"

@@ -331,7 +331,7 @@ class Runner:
     ) -> int:
         # The workdir's modules (scan, upload, checkout: pathspec, thread pools), loaded after
         # the CLI's first request (`_load_workdir_modules`), not before it (issue #42).
-        from paperclip_client.run_workspace import StateRecording, published, register_snapshot
+        from paperclip_client.run_workspace import StateRecording, published, snapshot_register
 
         args = self.args
         self._checkout(workdir)
@@ -368,7 +368,7 @@ class Runner:
         summary = b"".join(self.tail).decode("utf-8", "replace")
         taken = self._patient(
             "snapshot",
-            lambda: register_snapshot(
+            lambda: snapshot_register(
                 self.client,
                 run_id,
                 runtime,
@@ -376,6 +376,7 @@ class Runner:
                 workspace=self.args.workspace,
                 base=self.base,
                 transfers=self.args.transfers,
+                record_state=False,
                 recent=self.recent,
             ),
             runtime,
