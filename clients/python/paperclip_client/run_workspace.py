@@ -111,9 +111,9 @@ class StateRecording:
     snapshot the server holds, in a thread of its own: the runner posts its result and waits
     for the finalization meanwhile. The recording rewrites the index, a cost that follows the
     workspace (0.1 to 0.25 s at 50,000 to 200,000 files), where the requests are mostly a wait
-    on the server. `wait()` before the CLI exits. The state is a cache: a recording that fails
-    leaves no index (the next run reads every file, as after a first checkout), never one of
-    an older tree, and is a warning, not a failed run: the work is the server's already."""
+    on the server. `wait()` before the CLI exits. The state is a cache: when the recording
+    fails, the index is removed (the next run reads every file, as after a first checkout), and
+    the failure is a warning, not a failed run: the work is the server's already."""
 
     def __init__(
         self, workdir: Path, taken: SnapshotResult, *, server: str, workspace: str
