@@ -39,7 +39,7 @@ def rewrite_dirs(root: Path, name: str, data: bytes) -> None:
     """dirs.json with the blob `name` replaced by `data`, its name kept."""
     path = state_path(root) / "dirs.json"
     header, _, _ = path.read_bytes().partition(b"\n")
-    blobs = {**load_dirs(root), name: data}
+    blobs = load_dirs(root) | {name: data}
     path.write_bytes(
         header + b"\n" + b"".join(b"%s\t%s\n" % (k.encode(), v) for k, v in blobs.items())
     )

@@ -428,33 +428,6 @@ def test_the_directory_blobs_are_a_line_each_and_the_first_version_is_still_read
     assert index_module.load_dirs(root) == {}
 
 
-def test_the_directory_blobs_a_change_left_alone_are_written_back_as_they_were_read(
-    tmp_path: Path, watchers: list[Watcher]
-) -> None:
-    """`load_dirs` slices a blob only when it is asked for (`DirLines`), and the next
-    `dirs.json` takes the blobs it did not change from the last one's bytes as they are."""
-    store, root = FakeStore(), tmp_path / "w"
-    make(root, tree_of(root))
-    watch(watchers, root)
-    settled(store, root)
-    path = root / ".paperclip" / workdir.DIRS
-    loaded = index_module.load_dirs(root)
-    assert isinstance(loaded, index_module.DirLines)
-    assert all(loaded.view(name).tobytes() == loaded[name] for name in loaded)
-    before = path.read_bytes().splitlines()[1:]
-    (root / "d1/f1").write_text("edited")
-    result, line = take(store, root)
-    assert line == "watcher: 1 directory changed (1 file read)"
-    after = path.read_bytes().splitlines()[1:]
-    kept = set(before) & set(after)
-    assert len(kept) == 3  # d0, d2, d3: the root and d1 changed
-    assert all(blob_name(blob) == name.decode() for name, blob in (x.split(b"\t") for x in kept))
-    assert dict(index_module.load_dirs(root)) == {
-        k.decode(): v for k, v in (x.split(b"\t") for x in after)
-    }
-    assert result.tree == full_tree(root)
-
-
 def test_a_full_scan_parses_the_rows_at_once_and_many_lookups_end_in_a_parse(
     tmp_path: Path, parses: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

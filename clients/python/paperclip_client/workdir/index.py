@@ -477,7 +477,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def write_atomic(path: Path, data: bytes | Iterable[bytes | memoryview]) -> None:
+def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
     """`data` (or its pieces, written in turn) as the file `path`, in place of what it was
     only once written whole."""
     path.parent.mkdir(exist_ok=True)
@@ -545,31 +545,20 @@ def save_state(
     return index_id
 
 
-def _dirs_bytes(tree: str | None, dirs: Mapping[str, bytes]) -> list[bytes | memoryview]:
+def _dirs_bytes(tree: str | None, dirs: Mapping[str, bytes]) -> list[bytes]:
     """`dirs.json`, in pieces to be written in turn (the blobs not copied into one): a header
     line, then a line a blob, `<name>\t<blob>\n` (a directory blob is canonical JSON: JSON
-    escapes every tab and newline in it; one read from such a line, `DirLines.view`, is written
-    back uncopied). Version 1, one JSON object of the blobs as text, where one is not such a
-    line (never from this client)."""
+    escapes every tab and newline in it). Version 1, one JSON object of the blobs as text,
+    where one is not such a line (never from this client)."""
     header = json.dumps({"version": DIRS_VERSION, "tree": tree}).encode()
-    pieces: list[bytes | memoryview] = [header, b"\n"]
-    view = getattr(dirs, "view", None)  # blobs read from the last `dirs.json`, uncopied
-    for name in dirs:
+    pieces = [header, b"\n"]
+    for name, data in dirs.items():
         key = name.encode("utf-8")
-        data = view(name) if view is not None else None
-        if data is None:
-            data = dirs[name]
-            if b"\t" in data or b"\n" in data:
-                return _dirs_version_1(tree, dirs)
-        if b"\t" in key or b"\n" in key:
-            return _dirs_version_1(tree, dirs)
+        if b"\t" in data or b"\n" in data or b"\t" in key or b"\n" in key:
+            body = {"tree": tree, "dirs": {k: v.decode("utf-8") for k, v in dirs.items()}}
+            return [json.dumps(body, ensure_ascii=False).encode()]
         pieces += (key, b"\t", data, b"\n")
     return pieces
-
-
-def _dirs_version_1(tree: str | None, dirs: Mapping[str, bytes]) -> list[bytes | memoryview]:
-    body = {"tree": tree, "dirs": {k: v.decode("utf-8") for k, v in dirs.items()}}
-    return [json.dumps(body, ensure_ascii=False).encode()]
 
 
 STAMP = "stamp"
@@ -597,7 +586,7 @@ def fs_now(workdir: Path) -> int | None:
         os.close(fd)
 
 
-def load_dirs(workdir: Path) -> Mapping[str, bytes]:
+def load_dirs(workdir: Path) -> dict[str, bytes]:
     """The directory blobs of `dirs.json` by name (`{}` when it cannot be read)."""
     try:
         data = (state_path(workdir) / DIRS).read_bytes()
@@ -614,11 +603,10 @@ def load_dirs(workdir: Path) -> Mapping[str, bytes]:
         return {}
 
 
-def _dirs_lines(data: bytes, start: int) -> Mapping[str, bytes]:
-    """The blobs of the lines of `dirs.json` from `start` (`{}` when a line is not
-    `<name>\t<blob>\n`): where each is, sliced from the file's bytes when asked for
-    (`DirLines`). A name ends at its line's first tab (names hold none)."""
-    spans: dict[str, tuple[int, int]] = {}
+def _dirs_lines(data: bytes, start: int) -> dict[str, bytes]:
+    """The blobs of the lines of `dirs.json` from `start`, each sliced once from the file's
+    bytes (`{}` when a line is not `<name>\t<blob>\n`)."""
+    blobs: dict[str, bytes] = {}
     end = len(data)
     if start < end and not data.endswith(b"\n"):
         return {}
@@ -627,40 +615,9 @@ def _dirs_lines(data: bytes, start: int) -> Mapping[str, bytes]:
         tab = data.find(b"\t", start, stop)
         if tab < 0:
             return {}
-        spans[data[start:tab].decode("utf-8", "replace")] = (tab + 1, stop)
+        blobs[data[start:tab].decode("utf-8", "replace")] = data[tab + 1 : stop]
         start = stop + 1
-    return DirLines(data, spans)
-
-
-class DirLines(Mapping[str, bytes]):
-    """`dirs.json`'s directory blobs by name, each sliced from the file's bytes when asked
-    for: a run reads the few directories its change touches, not a copy of every blob (the
-    file is tens of megabytes at 200,000 files). A blob was read as a line's end (after its
-    name's tab, before its newline), so `view` can hand it to the next `dirs.json` as it is."""
-
-    __slots__ = ("_data", "_spans")
-
-    def __init__(self, data: bytes, spans: dict[str, tuple[int, int]]) -> None:
-        self._data = data
-        self._spans = spans
-
-    def __getitem__(self, name: str) -> bytes:
-        start, stop = self._spans[name]
-        return self._data[start:stop]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._spans
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._spans)
-
-    def __len__(self) -> int:
-        return len(self._spans)
-
-    def view(self, name: str) -> memoryview:
-        """The blob `name` without a copy, as a line of `dirs.json` can hold it."""
-        start, stop = self._spans[name]
-        return memoryview(self._data)[start:stop]
+    return blobs
 
 
 def stored_by_index(workdir: Path, index: Index | None, *, server: str, workspace: str) -> set[str]:

@@ -29,7 +29,6 @@ from paperclip_client.workdir.index import (
     DIRS,
     INDEX,
     STATE_DIR,
-    DirLines,
     Index,
     RowChanges,
     Rows,
@@ -595,9 +594,9 @@ class TreeDirs(Mapping[str, bytes]):
         self.names = frozenset(names)
         self.built = built
         self.old = old
-        self.loaded: Mapping[str, bytes] | None = None
+        self.loaded: dict[str, bytes] | None = None
 
-    def _load(self) -> Mapping[str, bytes]:
+    def _load(self) -> dict[str, bytes]:
         if self.loaded is None:
             loaded = self.old._load() if self.old is not None else load_dirs(self.workdir)
             if not all(n in loaded or n in self.built for n in self.names):
@@ -610,14 +609,6 @@ class TreeDirs(Mapping[str, bytes]):
             raise KeyError(name)
         data = self.built.get(name)
         return data if data is not None else self._load()[name]
-
-    def view(self, name: str) -> memoryview | None:
-        """A blob read from `dirs.json`, uncopied (`DirLines.view`); None for one built now
-        or not read so."""
-        if name not in self.names or name in self.built:
-            return None
-        loaded = self._load()
-        return loaded.view(name) if isinstance(loaded, DirLines) else None
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
